@@ -1,0 +1,1 @@
+"""What Lightning and torch lack for DDP image classification."""

@@ -1,0 +1,104 @@
+"""The Lightning system shared by every image classifier: steps, metrics, optimizers.
+
+Subclasses (LeNetCIFAR, ResNetImageNet) only build ``self.net``, a plain ``nn.Module`` returning logits.
+Every metric is a torchmetrics object updated locally on each rank and reduced once, at epoch end,
+over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
+"""
+
+import torch.nn.functional as F
+from lightning import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy
+
+from lit_ddp.distributed.batch import global_batch_size
+from lit_ddp.models.optim import OptimConfig, build_optimizer
+
+STAGES = ("train", "val", "test")
+
+def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
+    """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes)."""
+    metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
+    for k in top_k:
+        if k > 1:
+            metrics[f"acc_top{k}"] = MulticlassAccuracy(num_classes, top_k=min(k, num_classes), average="micro")
+    return MetricCollection(metrics)
+
+class ImageClassifier(LightningModule):
+    """Cross-entropy classifier over ``self.net``; batches are ``(images, labels)`` already normalised."""
+
+    net: nn.Module
+
+    def __init__(
+        self,
+        num_classes: int,
+        optim: OptimConfig,
+        label_smoothing: float = 0.0,
+        top_k: tuple[int, ...] = (1,),
+    ) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.optim = optim
+        self.label_smoothing = label_smoothing
+        for stage in STAGES:
+            # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
+            setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
+            setattr(self, f"{stage}_loss", MeanMetric())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+        x, y = batch
+        logits = self(x)
+        # Label smoothing is a training regulariser; evaluation reports the plain cross-entropy.
+        smoothing = self.label_smoothing if stage == "train" else 0.0
+        loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
+        metrics: MetricCollection = getattr(self, f"{stage}_metrics")
+        loss_metric: MeanMetric = getattr(self, f"{stage}_loss")
+        # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
+        # also when the last batch or one rank's shard is smaller.
+        n = y.shape[0]
+        if stage == "train":
+            # forward() = update + this batch's value, which Lightning logs per step.
+            loss_metric(loss.detach(), weight=n)
+            self.log("train/loss", loss_metric, on_step=True, on_epoch=True, prog_bar=True)
+        else:
+            loss_metric.update(loss.detach(), weight=n)
+            self.log(f"{stage}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
+        metrics.update(logits.detach(), y)
+        # Logged as objects: Lightning calls compute() (one all-reduce over ranks) at epoch end.
+        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
+        return loss
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        return self._shared_step(batch, "train")
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._shared_step(batch, "test")
+
+    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        x, y = batch
+        probs = self(x).softmax(dim=-1)
+        confidence, pred = probs.max(dim=-1)
+        return {"pred": pred, "confidence": confidence, "target": y}
+
+    def configure_optimizers(self):
+        trainer = self.trainer
+        total_steps = int(trainer.estimated_stepping_batches)
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+        global_batch = global_batch_size(trainer)
+        optimizer, scheduler = build_optimizer(
+            self.net, self.optim, global_batch, total_steps, steps_per_epoch=total_steps / epochs
+        )
+        if self.optim.scale_lr:
+            rank_zero_info(
+                f"lr scaled by global batch: {self.optim.lr} × {global_batch}/{self.optim.base_batch_size}"
+                f" = {optimizer.param_groups[0]['lr']:.4g}"
+            )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+

@@ -1,0 +1,27 @@
+"""LeNet-5 on CIFAR-10 (or the embedded CIFAR-shaped Shapes data)."""
+
+from lit_ddp.models.classifier import ImageClassifier
+from lit_ddp.models.lenet import LeNet
+from lit_ddp.models.optim import OptimConfig
+
+
+class LeNetCIFAR(ImageClassifier):
+    """LeNet-5 classifier for 3×32×32 images.
+
+    Args:
+        num_classes: linked from the data module by the CLI.
+        batch_norm: BatchNorm after each conv and hidden fc layer (exercises SyncBatchNorm cheaply).
+        optim: optimizer and schedule; AdamW with cosine decay trains LeNet well without tuning.
+        label_smoothing: training-loss label smoothing.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        batch_norm: bool = False,
+        optim: OptimConfig = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4),
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(num_classes=num_classes, optim=optim, label_smoothing=label_smoothing)
+        self.save_hyperparameters()
+        self.net = LeNet(num_classes=num_classes, batch_norm=batch_norm)

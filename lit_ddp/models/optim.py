@@ -1,0 +1,96 @@
+"""Optimizer and learning-rate schedule, configured from YAML as ``model.optim.*``.
+
+Names go through small registries, so ``--model.optim.name=sgd`` or ``--model.optim.schedule=step``
+need no code, and a new optimizer or schedule is one entry.
+"""
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
+    "sgd": lambda params, c: torch.optim.SGD(
+        params, lr=c.lr, momentum=c.momentum, nesterov=c.nesterov, weight_decay=c.weight_decay
+    ),
+    "adam": lambda params, c: torch.optim.Adam(params, lr=c.lr, weight_decay=c.weight_decay),
+    "adamw": lambda params, c: torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay),
+}
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _step(progress: float) -> float:
+    # The ResNet paper's ImageNet schedule: ÷10 at 1/3 and 2/3 of training (epochs 30 and 60 of 90).
+    return 0.1 ** math.floor(3 * progress)
+
+
+SCHEDULES: dict[str, Callable[[float], float]] = {"constant": _constant, "cosine": _cosine, "step": _step}
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """What to optimise with. ``lr`` is for a global batch of ``base_batch_size`` when ``scale_lr``."""
+
+    name: Literal["sgd", "adam", "adamw"] = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    nesterov: bool = False  # sgd only
+    schedule: Literal["constant", "cosine", "step"] = "cosine"
+    warmup_epochs: float = 0.0  # linear warmup from ~0, then the schedule over the remaining steps
+    scale_lr: bool = False  # lr × global_batch / base_batch_size (Goyal et al., 2017)
+    base_batch_size: int = 256
+    no_decay_norm_and_bias: bool = True  # no weight decay on BN/LN parameters and biases
+
+
+def param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
+    """Two groups: weights that decay, and norm parameters and biases (1-d tensors) that don't."""
+    if not exclude_norm_and_bias or weight_decay == 0.0:
+        return [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_lambda(schedule: str, total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Multiplier of the base lr at optimizer step ``step`` (LambdaLR stepped every optimizer step)."""
+    shape = SCHEDULES[schedule]
+    total_steps = max(total_steps, 1)
+    warmup_steps = min(warmup_steps, total_steps - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return shape(min((step - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0))
+
+    return factor
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, global_batch: int, total_steps: int, steps_per_epoch: float
+) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_norm_and_bias)
+    optimizer = OPTIMIZERS[cfg.name](groups, cfg)
+    if cfg.scale_lr:
+        for group in optimizer.param_groups:
+            group["lr"] *= global_batch / cfg.base_batch_size
+    warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps))
+    return optimizer, scheduler
+
+
+def iter_lrs(optimizer: Optimizer) -> Iterable[float]:
+    return (g["lr"] for g in optimizer.param_groups)
