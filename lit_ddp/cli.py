@@ -17,11 +17,13 @@
 import sys
 import warnings
 
+from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_ddp.data import ImageDataModule
+from lit_ddp.distributed.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 
@@ -34,7 +36,7 @@ DEFAULT_DATA = "lit_ddp.data.ShapesDataModule"
 
 TRAINER_DEFAULTS = {
     "default_root_dir": "logs",
-    "max_epochs": 8,
+    "max_epochs": 12,
 }
 
 
@@ -54,6 +56,14 @@ class LitDDPCLI(LightningCLI):
             }
         )
 
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: add our plugin
+        # (torch's on CUDA, an all-reduce BatchNorm elsewhere) unless the user passed a LayerSync plugin.
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        if trainer_config.get("sync_batchnorm"):
+            kwargs["plugins"] = with_sync_batchnorm(kwargs.get("plugins", trainer_config.get("plugins")))
+        return super().instantiate_trainer(**kwargs)
+
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:
     return LitDDPCLI(
@@ -70,11 +80,26 @@ def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitD
     )
 
 
+def _user_error(exc: BaseException | None) -> BaseException | None:
+    """The UserError (or Lightning misconfiguration) behind ``exc``: jsonargparse wraps errors raised while
+    it instantiates the data module in its own ValueError, keeping ours in the exception chain."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (UserError, MisconfigurationException)):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def main(args: list[str] | None = None) -> None:
     try:
         build_cli(args)
-    except (UserError, MisconfigurationException) as err:
-        print(f"lit_ddp: error: {err}", file=sys.stderr)
+    except Exception as err:
+        user_error = _user_error(err)
+        if user_error is None:
+            raise
+        print(f"lit_ddp: error: {user_error}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -17,13 +17,17 @@ from lit_ddp.models.optim import OptimConfig, build_optimizer
 
 STAGES = ("train", "val", "test")
 
+
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes)."""
     metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
     for k in top_k:
         if k > 1:
-            metrics[f"acc_top{k}"] = MulticlassAccuracy(num_classes, top_k=min(k, num_classes), average="micro")
+            metrics[f"acc_top{k}"] = MulticlassAccuracy(
+                num_classes, top_k=min(k, num_classes), average="micro"
+            )
     return MetricCollection(metrics)
+
 
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``self.net``; batches are ``(images, labels)`` already normalised."""
@@ -101,4 +105,3 @@ class ImageClassifier(LightningModule):
                 f" = {optimizer.param_groups[0]['lr']:.4g}"
             )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-

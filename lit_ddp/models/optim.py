@@ -88,7 +88,9 @@ def build_optimizer(
         for group in optimizer.param_groups:
             group["lr"] *= global_batch / cfg.base_batch_size
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps)
+    )
     return optimizer, scheduler
 
 

@@ -1,0 +1,141 @@
+"""ImageNet (or any folder in its layout) decoded from JPEG files, the layout pytorch/examples' ImageNet
+script expects::
+
+    data_dir/train/<wnid>/*.JPEG
+    data_dir/val/<wnid>/*.JPEG      (valprep.sh sorts the 50,000 validation images into class folders)
+    data_dir/test/<wnid>/*.JPEG     (optional; without it the test stage uses val/, as ImageNet's test
+                                     labels are not public)
+
+Workers decode with DCT-domain downscaling and crop (``jpeg.py``) and hand over uint8 batches; the flip
+and the normalisation run on whole batches on the device (``ImageDataModule.on_after_batch_transfer``).
+"""
+
+import functools
+from pathlib import Path
+
+import torch
+from lightning.pytorch.trainer.states import RunningStage
+from torch import Tensor
+
+from lit_ddp.data.base import ImageDataModule
+from lit_ddp.data.batch_transforms import random_hflip
+from lit_ddp.data.image_folder import (
+    FileBatch,
+    ImageFileDataset,
+    SkippedImagesReport,
+    drop_unreadable,
+    find_classes,
+    list_images,
+)
+from lit_ddp.data.jpeg import load_eval_crop, load_train_crop
+from lit_ddp.errors import UserError
+
+LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
+
+# Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
+SPLIT_OF_STAGE = {
+    RunningStage.TRAINING: "train",
+    RunningStage.SANITY_CHECKING: "val",
+    RunningStage.VALIDATING: "val",
+    RunningStage.TESTING: "test",
+    RunningStage.PREDICTING: "predict",
+}
+
+
+class ImageNetDataModule(ImageDataModule):
+    """ImageFolder-layout JPEGs: RandomResizedCrop + flip for training, resize + centre crop for evaluation.
+
+    Args:
+        data_dir: folder holding ``train/`` and ``val/`` (and optionally ``test/``) class folders.
+        image_size: side of the square crops fed to the model.
+        val_resize: evaluation images are resized to this short side, then centre-cropped to image_size.
+        batch_size: per device.
+        num_workers: decoding processes per device; each decodes a few hundred images/s
+            (docs/benchmarks.md), so a fast GPU needs about 10.
+        strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
+        crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
+        draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
+    """
+
+    mean = (0.485, 0.456, 0.406)
+    std = (0.229, 0.224, 0.225)
+
+    def __init__(
+        self,
+        data_dir: str = "data/imagenet",
+        image_size: int = 224,
+        val_resize: int = 256,
+        batch_size: int = 256,
+        num_workers: int = 8,
+        seed: int = 0,
+        augment: bool = True,
+        strict: bool = False,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        draft: bool = True,
+    ) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, seed=seed, augment=augment)
+        self.save_hyperparameters()
+        if val_resize < image_size:
+            raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
+        self.data_dir = Path(data_dir)
+        self.image_size = image_size
+        self.val_resize = val_resize
+        self.strict = strict
+        self.crop_scale = crop_scale
+        self.crop_ratio = crop_ratio
+        self.draft = draft
+        # Classes come from the training folder, here in the launching process: the CLI links
+        # num_classes to the model, and a missing folder fails before any rank is spawned.
+        self.class_names = tuple(find_classes(self.data_dir / "train"))
+        self.num_classes = len(self.class_names)
+        if not self.class_names or not (self.data_dir / "val").is_dir():
+            raise UserError(
+                f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
+                " (pass --data.data_dir=<folder holding train/ and val/>)"
+            )
+        self.skipped: dict[str, set[str]] = {}  # split → unreadable files met so far, all ranks
+        self.pending_skipped: dict[str, set[str]] = {}  # this rank's, since the last report
+
+    def _split(self, name: str, train: bool) -> ImageFileDataset:
+        root = self.data_dir / name
+        class_to_idx = {c: i for i, c in enumerate(self.class_names)}
+        unknown = sorted(set(find_classes(root)) - set(class_to_idx))
+        if unknown:
+            raise UserError(f"{root} has class folders that train/ lacks ({', '.join(unknown[:5])}): fix the layout")
+        samples = list_images(root, class_to_idx)
+        if not samples:
+            raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
+        if train:
+            load = functools.partial(
+                load_train_crop, size=self.image_size, scale=self.crop_scale, ratio=self.crop_ratio, draft=self.draft
+            )
+        else:
+            load = functools.partial(load_eval_crop, size=self.image_size, resize=self.val_resize, draft=self.draft)
+        return ImageFileDataset(samples, load, self.image_size)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            self.train_set = self._split("train", train=True)
+        if stage in ("fit", "validate"):
+            self.val_set = self._split("val", train=False)
+        if stage in ("test", "predict"):
+            self.test_set = self._split("test" if (self.data_dir / "test").is_dir() else "val", train=False)
+        trainer = self.trainer
+        # A data module has no epoch-end hooks; the report (a gather over ranks) needs one on every rank.
+        if trainer is not None and not any(isinstance(c, SkippedImagesReport) for c in trainer.callbacks):
+            trainer.callbacks.insert(0, SkippedImagesReport())
+
+    def on_before_batch_transfer(self, batch: FileBatch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        (x, y), bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync
+        if bad:
+            if self.strict:
+                first = next(iter(bad.values()))
+                raise UserError(f"unreadable image file {first}: replace or delete it, or pass --data.strict=false")
+            split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
+            self.pending_skipped.setdefault(split, set()).update(bad.values())
+        return x, y
+
+    def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        return random_hflip(x, generator=generator)

@@ -1,0 +1,127 @@
+"""Data: the on-disk CIFAR-10 reader, the embedded Shapes data, splits, batch augmentation."""
+
+import pickle
+
+import pytest
+import torch
+from conftest import write_cifar10
+from torch.utils.data import DataLoader
+from torchvision.transforms import v2
+
+from lit_ddp.data import CIFAR10DataModule, ShapesDataModule, TensorImageDataset
+from lit_ddp.data.base import collate_batch, split_indices
+from lit_ddp.data.batch_transforms import normalize, random_crop, random_hflip
+from lit_ddp.data.cifar10 import read_batch
+from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+from lit_ddp.errors import UserError
+
+
+def test_cifar_reader_reads_the_original_pickle_format(cifar_root) -> None:
+    folder = cifar_root / "cifar-10-batches-py"
+    images, labels = read_batch(folder / "data_batch_1")
+    with open(folder / "data_batch_1", "rb") as f:
+        raw = pickle.load(f, encoding="bytes")
+    assert images.shape == (20, 3, 32, 32) and images.dtype == torch.uint8
+    # Row layout of the release: 1024 red, then 1024 green, then 1024 blue values, row-major.
+    assert images[3, 1, 2, 5] == raw[b"data"][3][1024 + 2 * 32 + 5]
+    assert labels.tolist() == raw[b"labels"]
+
+
+def test_cifar_datamodule_splits_train_into_train_and_val(cifar_root) -> None:
+    dm = CIFAR10DataModule(data_dir=str(cifar_root), val_size=17, batch_size=8)
+    dm.setup("fit")
+    assert len(dm.train_set) == 100 - 17 and len(dm.val_set) == 17
+    dm.setup("test")
+    assert len(dm.test_set) == 30
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.uint8 and y.dtype == torch.int64
+
+
+def test_cifar_accepts_the_batches_folder_itself(cifar_root) -> None:
+    dm = CIFAR10DataModule(data_dir=str(cifar_root / "cifar-10-batches-py"), val_size=10)
+    dm.setup("fit")
+    assert len(dm.val_set) == 10
+
+
+def test_missing_cifar_names_the_folder_and_the_fix(tmp_path) -> None:
+    with pytest.raises(UserError) as err:
+        CIFAR10DataModule(data_dir=str(tmp_path / "nowhere"))
+    message = str(err.value)
+    assert str(tmp_path / "nowhere" / "cifar-10-batches-py") in message and "--data.download=true" in message
+
+
+def test_corrupt_cifar_file_names_the_file(tmp_path) -> None:
+    root = write_cifar10(tmp_path)
+    bad = root / "cifar-10-batches-py" / "data_batch_3"
+    bad.write_bytes(bad.read_bytes()[:100])  # truncated download
+    dm = CIFAR10DataModule(data_dir=str(root))
+    with pytest.raises(UserError, match="data_batch_3"):
+        dm.setup("fit")
+
+
+def test_split_is_a_function_of_the_seed_only() -> None:
+    # Every rank calls setup() independently: the split must not depend on the rank or on global RNG.
+    torch.manual_seed(1)
+    train_a, val_a = split_indices(1000, 100, seed=3)
+    torch.manual_seed(2)
+    train_b, val_b = split_indices(1000, 100, seed=3)
+    assert torch.equal(train_a, train_b) and torch.equal(val_a, val_b)
+    assert set(train_a.tolist()).isdisjoint(val_a.tolist()) and len(train_a) + len(val_a) == 1000
+    assert not torch.equal(val_a, split_indices(1000, 100, seed=4)[1])
+
+
+def test_bad_val_size_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="val_size"):
+        split_indices(100, 100, seed=0)
+
+
+def test_shapes_are_deterministic_balanced_and_image_like() -> None:
+    x1, y1 = draw_shapes(200, seed=5)
+    x2, y2 = draw_shapes(200, seed=5)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(x1, draw_shapes(200, seed=6)[0])
+    assert x1.shape == (200, 3, 32, 32) and x1.dtype == torch.uint8
+    assert torch.bincount(y1, minlength=10).tolist() == [20] * 10
+    assert x1.float().std() > 30  # not blank: shapes on coloured backgrounds
+
+
+def test_shapes_datamodule_sizes_and_disjoint_splits() -> None:
+    dm = ShapesDataModule(train_size=64, val_size=33, test_size=20, batch_size=16)
+    dm.setup("fit")
+    dm.setup("test")
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (64, 33, 20)
+    assert dm.num_classes == len(CLASS_NAMES) == 10
+    train = {tuple(img.flatten().tolist()) for img in dm.train_set.images}
+    assert not any(tuple(img.flatten().tolist()) in train for img in dm.val_set.images)
+
+
+def test_batched_fetch_matches_per_sample_collate() -> None:
+    images, labels = draw_shapes(40, seed=0)
+    ds = TensorImageDataset(images, labels)
+    batched = next(iter(DataLoader(ds, batch_size=16, collate_fn=collate_batch)))
+    per_sample = torch.utils.data.default_collate([ds[i] for i in range(16)])
+    assert torch.equal(batched[0], per_sample[0]) and torch.equal(batched[1], per_sample[1])
+
+
+def test_random_crop_matches_torchvision_random_crop_semantics() -> None:
+    x = torch.randint(0, 256, (6, 3, 32, 32), dtype=torch.uint8)
+    out = random_crop(x, padding=4, generator=torch.Generator().manual_seed(0))
+    padded = v2.functional.pad(x, [4, 4, 4, 4])  # torchvision pads with zeros
+    for img, src in zip(out, padded, strict=True):
+        windows = [src[:, i : i + 32, j : j + 32] for i in range(9) for j in range(9)]
+        assert any(torch.equal(img, w) for w in windows)
+
+
+def test_hflip_flips_about_half_and_keeps_others() -> None:
+    x = torch.randint(0, 256, (400, 3, 4, 4), dtype=torch.uint8)
+    out = random_hflip(x, generator=torch.Generator().manual_seed(0))
+    flipped = (out == x.flip(-1)).flatten(1).all(1)
+    kept = (out == x).flatten(1).all(1)
+    assert (flipped | kept).all() and 150 < flipped.sum() < 250
+
+
+def test_normalize_matches_torchvision() -> None:
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    expected = v2.functional.normalize(x.float() / 255, mean, std)
+    assert torch.allclose(normalize(x, mean, std), expected, atol=1e-5)

@@ -1,0 +1,93 @@
+"""Models return logits of the right shape; the classifier system's steps, metrics and optimizers."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lit_ddp.models import SYSTEMS, LeNet, LeNetCIFAR, OptimConfig
+from lit_ddp.models.optim import build_optimizer, lr_lambda, param_groups
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_lenet_returns_logits_of_shape_batch_by_classes(batch_norm: bool) -> None:
+    model = LeNet(num_classes=7, batch_norm=batch_norm)
+    logits = model(torch.randn(5, 3, 32, 32))
+    assert logits.shape == (5, 7)
+    # Logits, not probabilities: a softmax layer would make every row sum to 1 and be non-negative.
+    assert not torch.allclose(logits.sum(dim=1), torch.ones(5))
+    assert (logits < 0).any()
+
+
+def test_lenet_architecture_is_lenet5() -> None:
+    model = LeNet()
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    fcs = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert [(c.out_channels, c.kernel_size) for c in convs] == [(6, (5, 5)), (16, (5, 5))]
+    assert [f.out_features for f in fcs] == [120, 84, 10]
+    assert not any(isinstance(m, nn.Softmax) for m in model.modules())
+    assert sum(p.numel() for p in model.parameters()) == 62006  # LeNet-5 on 3×32×32 with 10 classes
+
+
+def test_lenet_batch_norm_adds_bn_after_each_conv_and_hidden_fc() -> None:
+    bns = [m for m in LeNet(batch_norm=True).modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    assert [bn.num_features for bn in bns] == [6, 16, 120, 84]
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in LeNet().modules())
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+def test_systems_save_hyperparameters_and_restore(name: str, tmp_path) -> None:
+    system = SYSTEMS[name](num_classes=4)
+    assert system.hparams.num_classes == 4
+    assert system(torch.randn(2, 3, 32, 32)).shape == (2, 4)
+    path = tmp_path / "m.ckpt"
+    torch.save(
+        {
+            "state_dict": system.state_dict(),
+            "hyper_parameters": dict(system.hparams),
+            "pytorch-lightning_version": "2.6.6",
+        },
+        path,
+    )
+    restored = SYSTEMS[name].load_from_checkpoint(path, weights_only=False)
+    assert restored.hparams.num_classes == 4
+    assert restored.optim == system.optim
+
+
+def test_shared_step_loss_is_cross_entropy_of_logits() -> None:
+    system = LeNetCIFAR()
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    system.log = lambda *a, **k: None  # no trainer attached
+    system.log_dict = lambda *a, **k: None
+    loss = system._shared_step((x, y), "val")
+    assert torch.allclose(loss, nn.functional.cross_entropy(system(x), y))
+    assert system.val_metrics["acc"].compute() == (system(x).argmax(1) == y).float().mean()
+
+
+def test_param_groups_exclude_norm_and_bias_from_weight_decay() -> None:
+    model = LeNet(batch_norm=True)
+    decay, no_decay = param_groups(model, weight_decay=1e-4, exclude_norm_and_bias=True)
+    assert all(p.ndim > 1 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
+    assert no_decay["weight_decay"] == 0.0
+    n = sum(1 for _ in model.parameters())
+    assert len(decay["params"]) + len(no_decay["params"]) == n
+
+
+def test_warmup_then_cosine_schedule() -> None:
+    f = lr_lambda("cosine", total_steps=110, warmup_steps=10)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0)
+    step = lr_lambda("step", total_steps=90, warmup_steps=0)
+    assert [step(0), step(30), step(60)] == pytest.approx([1.0, 0.1, 0.01])
+
+
+def test_scale_lr_multiplies_by_global_batch_over_base() -> None:
+    cfg = OptimConfig(name="sgd", lr=0.1, scale_lr=True, base_batch_size=256)
+    optimizer, _ = build_optimizer(LeNet(), cfg, global_batch=1024, total_steps=10, steps_per_epoch=10)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.4)
+    unscaled, _ = build_optimizer(
+        LeNet(), OptimConfig(lr=0.1), global_batch=1024, total_steps=10, steps_per_epoch=10
+    )
+    assert unscaled.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert math.isclose(cfg.lr, 0.1)  # the config itself is not mutated
