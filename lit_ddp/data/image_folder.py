@@ -27,10 +27,10 @@ FileBatch = tuple[Tensor, Tensor, dict[int, str]]
 
 
 def find_classes(root: Path) -> list[str]:
-    """Sorted class folder names under ``root`` (ImageFolder's order, so label i means the same everywhere)."""
+    """Sorted class folder names under ``root``: ImageFolder's order, so label i means the same everywhere."""
     if not root.is_dir():
         return []
-    return sorted(entry.name for entry in os.scandir(root) if entry.is_dir() and not entry.name.startswith("."))
+    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
 
 
 def list_images(root: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
@@ -39,7 +39,9 @@ def list_images(root: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int
     samples = []
     for name in find_classes(root):
         folder = root / name
-        files = sorted(e.name for e in os.scandir(folder) if e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS))
+        files = sorted(
+            e.name for e in os.scandir(folder) if e.name.lower().endswith(IMG_EXTENSIONS) and e.is_file()
+        )
         samples += [(str(folder / f), class_to_idx[name]) for f in files]
     return samples
 
@@ -73,7 +75,7 @@ class ImageFileDataset(Dataset):
         return x[0], y[0], bad.get(0, "")
 
     def __getitems__(self, indices: Sequence[int]) -> FileBatch:
-        images, errors = zip(*(self._load(i) for i in indices))
+        images, errors = zip(*(self._load(i) for i in indices), strict=True)
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # (B, 3, H, W), channels-last strides
         y = torch.tensor([self.samples[i][1] for i in indices], dtype=torch.long)
         return x, y, {i: e for i, e in enumerate(errors) if e}

@@ -102,16 +102,19 @@ class ImageNetDataModule(ImageDataModule):
         class_to_idx = {c: i for i, c in enumerate(self.class_names)}
         unknown = sorted(set(find_classes(root)) - set(class_to_idx))
         if unknown:
-            raise UserError(f"{root} has class folders that train/ lacks ({', '.join(unknown[:5])}): fix the layout")
+            raise UserError(
+                f"{root} has class folders that train/ lacks ({', '.join(unknown[:5])}): fix the layout"
+            )
         samples = list_images(root, class_to_idx)
         if not samples:
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
         if train:
-            load = functools.partial(
-                load_train_crop, size=self.image_size, scale=self.crop_scale, ratio=self.crop_ratio, draft=self.draft
-            )
+            crop = dict(scale=self.crop_scale, ratio=self.crop_ratio)
+            load = functools.partial(load_train_crop, size=self.image_size, draft=self.draft, **crop)
         else:
-            load = functools.partial(load_eval_crop, size=self.image_size, resize=self.val_resize, draft=self.draft)
+            load = functools.partial(
+                load_eval_crop, size=self.image_size, resize=self.val_resize, draft=self.draft
+            )
         return ImageFileDataset(samples, load, self.image_size)
 
     def setup(self, stage: str) -> None:
@@ -132,7 +135,9 @@ class ImageNetDataModule(ImageDataModule):
         if bad:
             if self.strict:
                 first = next(iter(bad.values()))
-                raise UserError(f"unreadable image file {first}: replace or delete it, or pass --data.strict=false")
+                raise UserError(
+                    f"unreadable image file {first}: replace or delete it, or pass --data.strict=false"
+                )
             split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
             self.pending_skipped.setdefault(split, set()).update(bad.values())
         return x, y

@@ -8,7 +8,18 @@ from lit_ddp.models.classifier import ImageClassifier
 from lit_ddp.models.lenet import LeNet
 from lit_ddp.models.lenet_cifar import LeNetCIFAR
 from lit_ddp.models.optim import OptimConfig
+from lit_ddp.models.resnet import RESNET_ARCHS, build_resnet
+from lit_ddp.models.resnet_imagenet import ResNetImageNet
 
-SYSTEMS: dict[str, type[ImageClassifier]] = {"LeNetCIFAR": LeNetCIFAR}
+SYSTEMS: dict[str, type[ImageClassifier]] = {"LeNetCIFAR": LeNetCIFAR, "ResNetImageNet": ResNetImageNet}
 
-__all__ = ["SYSTEMS", "ImageClassifier", "LeNet", "LeNetCIFAR", "OptimConfig"]
+__all__ = [
+    "RESNET_ARCHS",
+    "SYSTEMS",
+    "ImageClassifier",
+    "LeNet",
+    "LeNetCIFAR",
+    "OptimConfig",
+    "ResNetImageNet",
+    "build_resnet",
+]
