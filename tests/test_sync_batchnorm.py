@@ -1,0 +1,168 @@
+"""AllReduceSyncBatchNorm and its Lightning plugin: conversion, plain behaviour on one process, and on two
+gloo processes the same outputs, gradients and running statistics as BatchNorm on the whole batch."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning import Trainer
+from sync_batchnorm_worker import CASES, STEPS, global_batch
+from torch import nn
+
+from lit_ddp.cli import build_cli
+from lit_ddp.distributed.sync_batchnorm import (
+    AllReduceSyncBatchNorm,
+    SyncBatchNormPlugin,
+    convert_sync_batchnorm,
+    revert_sync_batchnorm,
+    with_sync_batchnorm,
+)
+from lit_ddp.models import LeNet
+
+HERE = Path(__file__).resolve().parent
+
+
+def bn_types(model: nn.Module) -> list[type]:
+    return [type(m) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def test_convert_and_revert_round_trip_keeps_classes_state_and_outputs() -> None:
+    torch.manual_seed(0)
+    model = LeNet(batch_norm=True)
+    model(torch.randn(8, 3, 32, 32))  # non-trivial running statistics
+    model.eval()
+    x = torch.randn(4, 3, 32, 32)
+    expected, state = model(x), {k: v.clone() for k, v in model.state_dict().items()}
+    original = bn_types(model)
+    assert original == [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm1d]
+
+    synced = convert_sync_batchnorm(model)
+    assert bn_types(synced) == [AllReduceSyncBatchNorm] * 4
+    assert not synced.training and synced.state_dict().keys() == state.keys()
+    torch.testing.assert_close(synced(x), expected, rtol=0, atol=0)  # eval: plain BatchNorm
+
+    torch_synced = convert_sync_batchnorm(revert_sync_batchnorm(synced), nn.SyncBatchNorm)
+    assert bn_types(torch_synced) == [nn.SyncBatchNorm] * 4
+    reverted = revert_sync_batchnorm(torch_synced)
+    assert bn_types(reverted) == original  # the original classes, not a generic BatchNorm
+    for key, value in reverted.state_dict().items():
+        torch.testing.assert_close(value, state[key], rtol=0, atol=0)
+    # A plain model loads the reverted weights (the export path).
+    fresh = LeNet(batch_norm=True).eval()
+    fresh.load_state_dict(reverted.state_dict())
+    torch.testing.assert_close(fresh(x), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_one_process_is_plain_batchnorm(momentum: float | None) -> None:
+    """Without a process group (or with one rank) training mode is exactly nn.BatchNorm2d."""
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(3, momentum=momentum)
+    synced = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3, momentum=momentum)))[0]
+    for _ in range(3):
+        x = torch.randn(5, 3, 4, 4) * 2 + 1
+        torch.testing.assert_close(synced(x), plain(x), rtol=0, atol=0)
+    torch.testing.assert_close(synced.running_mean, plain.running_mean, rtol=0, atol=0)
+    torch.testing.assert_close(synced.running_var, plain.running_var, rtol=0, atol=0)
+    assert int(synced.num_batches_tracked) == 3
+
+
+def test_plugin_picks_allreduce_batchnorm_off_cuda_and_reverts() -> None:
+    plugin = SyncBatchNormPlugin()
+    model = plugin.apply(LeNet(batch_norm=True))
+    assert bn_types(model) == [AllReduceSyncBatchNorm] * 4
+    assert bn_types(plugin.revert(model)) == [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm1d]
+
+
+def test_plugin_is_accepted_with_sync_batchnorm_and_added_by_the_cli(tmp_path: Path) -> None:
+    # Lightning refuses sync_batchnorm=True with a LayerSync that is not a TorchSyncBatchNorm: ours is one.
+    trainer = Trainer(
+        sync_batchnorm=True, plugins=[SyncBatchNormPlugin()], accelerator="cpu", devices=2, strategy="ddp"
+    )
+    assert isinstance(trainer.strategy._layer_sync, SyncBatchNormPlugin)
+    assert with_sync_batchnorm(None)[0].__class__ is SyncBatchNormPlugin
+    custom = SyncBatchNormPlugin()
+    assert with_sync_batchnorm([custom]) == [custom]  # a user's own LayerSync is kept, not doubled
+
+    args = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    args += [f"--trainer.default_root_dir={tmp_path}", "--model.batch_norm=true"]
+    cli = build_cli([*args, "--trainer.sync_batchnorm=true"], run=False)
+    assert isinstance(cli.trainer.strategy._layer_sync, SyncBatchNormPlugin)
+    cli = build_cli(args, run=False)
+    assert cli.trainer.strategy._layer_sync is None  # off unless asked for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Run sync_batchnorm_worker.py on 2 gloo ranks; their saved results."""
+    out = tmp_path_factory.mktemp("syncbn")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "sync_batchnorm_worker.py"), str(out)],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)[-4000:]
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("name, sizes, shape", CASES, ids=[c[0] for c in CASES])
+def test_two_ranks_match_batchnorm_on_the_whole_batch(
+    two_rank_results: list[dict], name: str, sizes: tuple[int, ...], shape: tuple[int, ...]
+) -> None:
+    """Forward, input and parameter gradients, and running stats equal one BatchNorm over both ranks' data,
+    for uneven shards and a rank with no samples; running stats identical on both ranks."""
+    x, w = global_batch(name, sizes, shape)
+    x.requires_grad_(True)
+    bn = (nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d)(shape[0])
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 1.5, shape[0]))
+        bn.bias.copy_(torch.linspace(-1.0, 1.0, shape[0]))
+    for _ in range(STEPS - 1):
+        bn(x.detach())
+    y = bn(x)
+    (y * w).sum().backward()
+    bn.eval()
+    y_eval = bn(x.detach())
+
+    ranks = [r[name] for r in two_rank_results]
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(torch.cat([r["y"] for r in ranks]), y.detach(), **tol)
+    torch.testing.assert_close(torch.cat([r["grad_x"] for r in ranks]), x.grad, **tol)
+    # Each rank holds the gradient of its own part of the loss; DDP sums (averages) them.
+    torch.testing.assert_close(sum(r["grad_weight"] for r in ranks), bn.weight.grad, **tol)
+    torch.testing.assert_close(sum(r["grad_bias"] for r in ranks), bn.bias.grad, **tol)
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(ranks[0][key], ranks[1][key], rtol=0, atol=0)  # bitwise, every rank
+        torch.testing.assert_close(ranks[0][key], getattr(bn, key), **tol)
+    torch.testing.assert_close(torch.cat([r["y_eval"] for r in ranks]), y_eval, **tol)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(180)
+def test_eval_mode_runs_no_collective(two_rank_results: list[dict]) -> None:
+    # Rank 0 alone ran an eval forward; had it waited for rank 1 the worker would have hung.
+    assert two_rank_results[0]["eval_only_rank0"].shape == (3, 4, 2, 2)
+    assert "eval_only_rank0" not in two_rank_results[1]
