@@ -1,0 +1,194 @@
+"""ResNet on an ImageNet-layout folder: decoding real files, skipping bad ones, fit/validate/test, CPU DDP."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, read_scalars, run_cli, run_dirs
+from imagenet_tree import CLASSES, make_tree
+from lightning import Callback
+from PIL import Image
+
+from lit_ddp.cli import build_cli
+from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data.image_folder import drop_unreadable
+from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, resized_crop
+from lit_ddp.errors import UserError
+from lit_ddp.models import ResNetImageNet
+
+CONFIG = str(REPO / "configs" / "resnet_imagenet.yaml")
+TRAIN_FILES, VAL_FILES = 3 * 8 + 3, 3 * 4 + 2  # per-class files + the special ones of each split
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("imagenet")
+    return root, make_tree(root)
+
+
+def small_run(root: Path, out: Path) -> list[str]:
+    """The issue's done-when command line (plus a log folder)."""
+    return [
+        f"--config={CONFIG}",
+        f"--data.data_dir={root}",
+        "--model.arch=resnet18",
+        "--data.image_size=64",
+        "--data.val_resize=72",
+        "--data.batch_size=8",
+        "--trainer.accelerator=cpu",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=1",
+        f"--trainer.default_root_dir={out}",
+    ]
+
+
+# ---- decoding -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["grayscale", "cmyk", "png"])
+def test_awkward_files_decode_to_rgb_crops(tree, kind: str) -> None:
+    path = str(tree[1][kind])
+    for crop in (load_train_crop(path, 48, (0.08, 1.0), (3 / 4, 4 / 3)), load_eval_crop(path, 48, 56)):
+        assert crop.shape == (48, 48, 3) and crop.dtype == np.uint8
+    if kind == "grayscale":  # grey stays grey: all three channels equal
+        assert (crop[..., 0] == crop[..., 1]).all() and (crop[..., 1] == crop[..., 2]).all()
+
+
+def test_truncated_and_corrupt_files_raise(tree) -> None:
+    with pytest.raises(OSError, match="truncated"):
+        load_eval_crop(str(tree[1]["truncated"]), 48, 56)
+    with pytest.raises(OSError):
+        load_eval_crop(str(tree[1]["corrupt"]), 48, 56)
+
+
+def test_draft_decodes_fewer_pixels_and_matches_full_decode(tmp_path: Path) -> None:
+    # A smooth 800×600 photo-like image: DCT downscaling and a full decode + resize should agree closely.
+    yy, xx = np.mgrid[0:600, 0:800] / 100.0
+    rgb = np.stack([np.sin(xx), np.cos(yy), np.sin(xx + yy)], -1) * 100 + 128
+    Image.fromarray(rgb.astype(np.uint8)).save(tmp_path / "big.jpg", quality=95)
+    with Image.open(tmp_path / "big.jpg") as img:
+        drafted = resized_crop(img, (0, 0, 600, 600), 64, draft=True)
+        assert img.size == (100, 75)  # reduced 8× while decoding: the 600-pixel crop still has ≥ 64
+    with Image.open(tmp_path / "big.jpg") as img:
+        full = resized_crop(img, (0, 0, 600, 600), 64, draft=False)
+        assert img.size == (800, 600)
+    assert np.abs(drafted.astype(float) - full).mean() < 2.0
+
+
+def test_batches_are_channels_last_and_unreadable_slots_are_dropped(tree) -> None:
+    dm = ImageNetDataModule(data_dir=str(tree[0]), image_size=32, val_resize=36, batch_size=4, num_workers=0)
+    dm.setup("fit")
+    paths = [p for p, _ in dm.train_set.samples]
+    bad_index = paths.index(str(tree[1]["truncated"]))
+    x, y, bad = dm.train_set.__getitems__([0, bad_index, 1])
+    assert x.shape == (3, 3, 32, 32) and x.dtype == torch.uint8
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert list(bad) == [1] and "truncated.JPEG" in bad[1] and "truncated" in bad[1].split("(", 1)[1]
+    (x2, y2), _ = drop_unreadable((x, y, bad))
+    assert x2.shape[0] == 2 and torch.equal(y2, y[[0, 2]])
+
+
+# ---- the data module's errors ---------------------------------------------------------------------
+
+
+def test_missing_or_empty_data_dir_is_one_clear_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    for folder in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(
+            UserError, match=r"expected .*/train/<class>/\*\.JPEG and .*/val/<class>/\*\.JPEG"
+        ):
+            ImageNetDataModule(data_dir=str(folder))
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", f"--config={CONFIG}", f"--data.data_dir={tmp_path / 'missing'}"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "lit_ddp: error: no image folders in" in err and "Traceback" not in err
+
+
+def test_strict_stops_at_the_first_unreadable_file_naming_it(tree, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"unreadable image file .*(truncated|corrupt)\.JPEG"):
+        build_cli(["fit", *small_run(tree[0], tmp_path), "--data.strict=true", "--data.num_workers=0"])
+
+
+# ---- training -------------------------------------------------------------------------------------
+
+
+class CountSamples(Callback):
+    """Images that reached validation_step/test_step, after unreadable files were dropped."""
+
+    def __init__(self) -> None:
+        self.seen = {"val": 0, "test": 0}
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.seen["val"] += len(batch[1])
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.seen["test"] += len(batch[1])
+
+
+@pytest.mark.timeout(300)
+def test_fit_validate_test_in_process(tree, tmp_path: Path) -> None:
+    root, special = tree
+    args = [
+        *small_run(root, tmp_path),
+        "--trainer.max_epochs=3",
+        "--data.num_workers=2",
+        "--model.channels_last=true",
+    ]
+    # Two workers: each meets different files, and the report must still name each bad file once.
+    with pytest.warns(UserWarning, match=r"skipped 1 unreadable train image") as record:
+        cli = build_cli(args, run=False)
+        counter = CountSamples()
+        cli.trainer.callbacks.append(counter)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    skipped = [str(w.message) for w in record if "unreadable" in str(w.message)]
+    assert sum("train image" in m for m in skipped) == 1 and sum("val image" in m for m in skipped) == 1
+    assert str(special["truncated"]) in " ".join(skipped) and str(special["corrupt"]) in " ".join(skipped)
+
+    model, dm, trainer = cli.model, cli.datamodule, cli.trainer
+    assert isinstance(model, ResNetImageNet) and model.hparams.num_classes == len(CLASSES) == dm.num_classes
+    named = {split: [entry.split(" (")[0] for entry in found] for split, found in dm.skipped.items()}
+    assert named == {"train": [str(special["truncated"])], "val": [str(special["corrupt"])]}
+    metrics = trainer.callback_metrics
+    assert metrics["train/skipped_images"] == 1 and metrics["val/skipped_images"] == 1
+    assert 0.0 <= metrics["val/acc"] <= 1.0 and torch.isfinite(metrics["val/loss"])
+    assert metrics["val/acc_top5"] == 1.0  # top-5 of 3 classes is capped at top-3: always right
+    assert counter.seen["val"] == 3 * (VAL_FILES - 1)  # every readable val image once per epoch, no padding
+
+    val = trainer.validate(model, datamodule=dm, verbose=False)[0]
+    test = trainer.test(model, datamodule=dm, verbose=False)[0]
+    assert val["val/acc"] == pytest.approx(metrics["val/acc"].item())  # same weights, same images
+    assert test["test/acc"] == pytest.approx(val["val/acc"])  # no test/ folder: the test stage reads val/
+    assert test["test/acc_top5"] == 1.0 and test["test/skipped_images"] == 1
+    assert counter.seen["test"] == VAL_FILES - 1
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert {"val/acc", "val/acc_top5", "train/loss_epoch", "train/skipped_images"} <= set(scalars)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_two_process_ddp_with_sync_batchnorm_reports_metrics_and_bad_files_once(tree, tmp_path: Path) -> None:
+    root, special = tree
+    args = [
+        "fit",
+        *small_run(root, tmp_path),
+        "--trainer.max_epochs=1",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp_spawn",
+        "--data.num_workers=1",
+    ]
+    result = run_cli(args, cwd=tmp_path, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Each rank reads its own shard, so each rank met at most one of the bad files; rank 0 reports both.
+    assert result.stderr.count("skipped 1 unreadable train image") == 1, result.stderr[-3000:]
+    assert result.stderr.count("skipped 1 unreadable val image") == 1
+    assert str(special["truncated"]) in result.stderr and str(special["corrupt"]) in result.stderr
+    assert "sync_batchnorm: true" in next(tmp_path.rglob("config.yaml")).read_text()  # from the recipe
+    scalars = read_scalars(run_dirs(tmp_path)[0])
+    assert scalars["train/skipped_images"] == [1.0] and scalars["val/skipped_images"][-1] == 1.0
+    assert 0.0 <= scalars["val/acc"][-1] <= 1.0 and scalars["val/acc_top5"][-1] == 1.0
