@@ -10,7 +10,7 @@ from torchvision.transforms import v2
 
 from lit_ddp.data import CIFAR10DataModule, ShapesDataModule, TensorImageDataset
 from lit_ddp.data.base import collate_batch, split_indices
-from lit_ddp.data.batch_transforms import normalize, random_crop, random_hflip
+from lit_ddp.data.batch_transforms import normalize, random_crop, random_crop_flip, random_hflip
 from lit_ddp.data.cifar10 import read_batch
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 from lit_ddp.errors import UserError
@@ -110,6 +110,20 @@ def test_random_crop_matches_torchvision_random_crop_semantics() -> None:
     for img, src in zip(out, padded, strict=True):
         windows = [src[:, i : i + 32, j : j + 32] for i in range(9) for j in range(9)]
         assert any(torch.equal(img, w) for w in windows)
+
+
+def test_random_crop_flip_yields_padded_windows_half_of_them_mirrored() -> None:
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    out = random_crop_flip(x, padding=4, generator=torch.Generator().manual_seed(0))
+    padded = v2.functional.pad(x, [4, 4, 4, 4])
+    mirrored = 0
+    for img, src in zip(out, padded, strict=True):
+        windows = [src[:, i : i + 32, j : j + 32] for i in range(9) for j in range(9)]
+        plain = any(torch.equal(img, w) for w in windows)
+        flipped = any(torch.equal(img, w.flip(-1)) for w in windows)
+        assert plain or flipped
+        mirrored += flipped and not plain
+    assert 16 < mirrored < 48
 
 
 def test_hflip_flips_about_half_and_keeps_others() -> None:

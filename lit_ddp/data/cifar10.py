@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, split_indices
-from lit_ddp.data.batch_transforms import random_crop, random_hflip
+from lit_ddp.data.batch_transforms import random_crop_flip
 from lit_ddp.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
@@ -115,4 +115,4 @@ class CIFAR10DataModule(ImageDataModule):
             self.test_set = TensorImageDataset(*read_split(folder, (TEST_BATCH,)))
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return random_hflip(random_crop(x, self.crop_padding, generator), generator=generator)
+        return random_crop_flip(x, self.crop_padding, generator=generator)

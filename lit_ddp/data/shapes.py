@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, _stable_seed
-from lit_ddp.data.batch_transforms import random_crop, random_hflip
+from lit_ddp.data.batch_transforms import random_crop_flip
 
 CLASS_NAMES = (
     "disc",
@@ -121,4 +121,4 @@ class ShapesDataModule(ImageDataModule):
             self.test_set = self._draw("test")
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return random_hflip(random_crop(x, self.crop_padding, generator), generator=generator)
+        return random_crop_flip(x, self.crop_padding, generator=generator)

@@ -1,0 +1,213 @@
+"""LeNet training throughput (images/s) on CPU, 1 and 2 processes, batch 64 per process, side by side:
+
+  (a) lit_ddp through Lightning (LeNetCIFAR + CIFAR-shaped in-memory uint8 data, batched on-device
+      augmentation and normalisation, DDP when 2 processes);
+  (b) the hand-written DDP loop the usual tutorials teach: a torchvision-style dataset returning PIL
+      images, ToTensor + Normalize per sample, DataLoader + DistributedSampler, DDP, Adam;
+  (c) the bare model step on pre-made, pre-normalised tensors under DDP (the compute limit).
+
+    python benchmarks/bench_lenet_throughput.py                  # all, 1 and 2 processes
+    python benchmarks/bench_lenet_throughput.py --procs 2 --steps 200
+
+Every variant times the same number of optimizer steps after the same warm-up, in fresh processes, and
+(a) does strictly more work per image than (b) (random crop + flip). Not a test: run it on a quiet machine.
+"""
+
+import argparse
+import json
+import os
+import socket
+import tempfile
+import time
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from PIL import Image
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from torchvision import transforms
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.data.shapes import draw_shapes
+from lit_ddp.models import LeNetCIFAR
+from lit_ddp.models.lenet import LeNet
+
+BATCH = 64
+MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _images(n: int) -> tuple[np.ndarray, np.ndarray]:
+    x, y = draw_shapes(n, seed=0)
+    return x.permute(
+        0, 2, 3, 1
+    ).contiguous().numpy(), y.numpy()  # (N, 32, 32, 3) HWC like torchvision's CIFAR10
+
+
+# ---- (b) the tutorial loop ---------------------------------------------------------------------------
+
+
+class PILDataset(Dataset):
+    """What torchvision.datasets.CIFAR10 does per sample: a PIL image through the transform."""
+
+    def __init__(self, data: np.ndarray, targets: np.ndarray, transform) -> None:
+        self.data, self.targets, self.transform = data, targets, transform
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        return self.transform(Image.fromarray(self.data[i])), int(self.targets[i])
+
+
+def _tutorial(rank: int, world: int, port: int, steps: int, warmup: int, workers: int, out) -> None:
+    _init(rank, world, port)
+    data, targets = _images((steps + warmup) * BATCH * world)
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
+    ds = PILDataset(data, targets, tf)
+    loader = DataLoader(
+        ds,
+        batch_size=BATCH,
+        sampler=DistributedSampler(ds),
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
+    model = DDP(LeNet())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    t0 = None
+    for step, (x, y) in enumerate(loader):
+        if step == warmup:
+            dist.barrier()
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps * BATCH * world / (time.perf_counter() - t0))
+    dist.destroy_process_group()
+
+
+# ---- (c) the compute limit ---------------------------------------------------------------------------
+
+
+def _bare(rank: int, world: int, port: int, steps: int, warmup: int, out) -> None:
+    _init(rank, world, port)
+    g = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(BATCH, 3, 32, 32, generator=g) for _ in range(8)]
+    ys = [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
+    model = DDP(LeNet())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(warmup + steps):
+        if step == warmup:
+            dist.barrier()
+            t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(xs[step % 8]), ys[step % 8]).backward()
+        opt.step()
+    dist.barrier()
+    if rank == 0:
+        out.put(steps * BATCH * world / (time.perf_counter() - t0))
+    dist.destroy_process_group()
+
+
+def _spawn(fn, world: int, *args) -> float:
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(fn, args=(world, _free_port(), *args, out), nprocs=world, start_method="spawn")
+    return out.get()
+
+
+# ---- (a) lit_ddp -------------------------------------------------------------------------------------
+
+
+class Timer(L.Callback):
+    """Rank 0 times steps [warmup, warmup + steps); DDP's all-reduce keeps the ranks in lock-step."""
+
+    def __init__(self, world: int, steps: int, warmup: int, out_file: str) -> None:
+        self.world, self.steps, self.warmup, self.out_file = world, steps, warmup, out_file
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.warmup:
+            self.t0 = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        rate = self.steps * BATCH * self.world / (time.perf_counter() - self.t0)
+        if trainer.is_global_zero:
+            with open(self.out_file, "w") as f:
+                f.write(str(rate))
+
+
+def _lit_ddp(world: int, steps: int, warmup: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "rate")
+        dm = ShapesDataModule(train_size=(steps + warmup) * BATCH * world, val_size=BATCH, batch_size=BATCH)
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=world,
+            strategy="ddp_spawn" if world > 1 else "auto",
+            max_epochs=1,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            default_root_dir=tmp,
+            callbacks=[Timer(world, steps, warmup, out_file)],
+        )
+        trainer.fit(LeNetCIFAR(), datamodule=dm)
+        with open(out_file) as f:
+            return float(f.read())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=300, help="timed optimizer steps per process")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--tutorial-workers", type=int, nargs="+", default=[0, 2])
+    args = parser.parse_args()
+
+    results = []
+    for world in args.procs:
+        row = {"procs": world, "lit_ddp": _lit_ddp(world, args.steps, args.warmup)}
+        for w in args.tutorial_workers:
+            row[f"tutorial_w{w}"] = _spawn(_tutorial, world, args.steps, args.warmup, w)
+        row["bare_step"] = _spawn(_bare, world, args.steps, args.warmup)
+        best_tutorial = max(row[f"tutorial_w{w}"] for w in args.tutorial_workers)
+        row["lit_ddp/best_tutorial"] = row["lit_ddp"] / best_tutorial
+        row["lit_ddp/bare_step"] = row["lit_ddp"] / row["bare_step"]
+        results.append(row)
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+
+    print(
+        f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) bare step | a/b | a/c |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        tut = " / ".join(f"{r[f'tutorial_w{w}']:.0f}" for w in args.tutorial_workers)
+        print(
+            f"| {r['procs']} | {r['lit_ddp']:.0f} | {tut} | {r['bare_step']:.0f} |"
+            f" {r['lit_ddp/best_tutorial']:.2f}× | {r['lit_ddp/bare_step']:.2f}× |"
+        )
+
+
+if __name__ == "__main__":
+    main()
