@@ -1,48 +1,14 @@
 """Shared fixtures: small datasets in their real on-disk formats, and a CLI runner."""
 
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
-
-import numpy as np
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 TINY_SHAPES = ["--data.train_size=256", "--data.val_size=101", "--data.test_size=64", "--data.batch_size=32"]
-
-
-def write_cifar10(root: Path, per_batch: int = 20, test_size: int = 30, seed: int = 0) -> Path:
-    """A miniature CIFAR-10 in the original python-pickle layout (cifar-10-batches-py)."""
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-
-    def dump(name: str, n: int) -> None:
-        entry = {
-            b"batch_label": name.encode(),
-            b"labels": [int(v) for v in rng.integers(0, 10, n)],
-            b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
-            b"filenames": [f"img_{i}.png".encode() for i in range(n)],
-        }
-        with open(folder / name, "wb") as f:
-            pickle.dump(entry, f, protocol=2)
-
-    for i in range(1, 6):
-        dump(f"data_batch_{i}", per_batch)
-    dump("test_batch", test_size)
-    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    with open(folder / "batches.meta", "wb") as f:
-        pickle.dump({b"label_names": [n.encode() for n in names], b"num_cases_per_batch": per_batch}, f)
-    return root
-
-
-@pytest.fixture
-def cifar_root(tmp_path: Path) -> Path:
-    return write_cifar10(tmp_path / "cifar")
 
 
 def run_cli(
@@ -72,3 +38,16 @@ def read_scalars(run_dir: Path) -> dict[str, list[float]]:
 def run_dirs(root: Path) -> list[Path]:
     """Run directories (each holds event files) under ``root``."""
     return sorted({p.parent for p in root.rglob("events.out.tfevents.*")})
+
+
+def assert_single_run(root: Path) -> Path:
+    """Exactly one run directory with one config.yaml and checkpoints; returns it."""
+    runs = run_dirs(root)
+    assert len(runs) == 1, runs
+    run = runs[0]
+    assert [p.relative_to(root) for p in root.rglob("config.yaml")] == [
+        (run / "config.yaml").relative_to(root)
+    ]
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    return run

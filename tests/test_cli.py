@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_SHAPES, read_scalars, run_cli, run_dirs
+from conftest import TINY_SHAPES, assert_single_run, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
@@ -16,19 +16,6 @@ QUICK = [
     "--trainer.enable_progress_bar=false",
     "--trainer.log_every_n_steps=1",
 ]
-
-
-def assert_single_run(root: Path) -> Path:
-    """Exactly one run directory with one config.yaml and checkpoints; returns it."""
-    runs = run_dirs(root)
-    assert len(runs) == 1, runs
-    run = runs[0]
-    assert [p.relative_to(root) for p in root.rglob("config.yaml")] == [
-        (run / "config.yaml").relative_to(root)
-    ]
-    assert (run / "checkpoints" / "last.ckpt").is_file()
-    assert len(list(run.glob("events.out.tfevents.*"))) == 1
-    return run
 
 
 def test_fit_in_process_logs_metrics_and_writes_one_run(tmp_path: Path) -> None:
@@ -72,48 +59,10 @@ def test_print_config_shows_the_embedded_default(tmp_path: Path) -> None:
     assert "lit_ddp.models.LeNetCIFAR" in result.stdout and "lit_ddp.data.ShapesDataModule" in result.stdout
 
 
-def test_missing_cifar_is_one_clear_error_without_traceback(tmp_path: Path) -> None:
-    result = run_cli(
-        [
-            "fit",
-            "--config",
-            str(Path(__file__).parents[1] / "configs/lenet_cifar.yaml"),
-            f"--data.data_dir={tmp_path / 'none'}",
-        ],
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert result.returncode == 2
-    assert "--data.download=true" in result.stderr and str(tmp_path / "none") in result.stderr
-    assert "Traceback" not in result.stderr
-    assert not (tmp_path / "logs").exists()  # nothing written
-
-
 def test_unknown_config_key_is_rejected(tmp_path: Path) -> None:
     result = run_cli(["fit", "--model.no_such_option=3"], cwd=tmp_path, timeout=120)
     assert result.returncode != 0 and "no_such_option" in result.stderr
     assert not (tmp_path / "logs").exists()
-
-
-def test_cifar_config_runs_on_generated_cifar(tmp_path: Path, cifar_root: Path) -> None:
-    cfg = Path(__file__).parents[1] / "configs/lenet_cifar.yaml"
-    result = run_cli(
-        [
-            "fit",
-            "--config",
-            str(cfg),
-            "--config",
-            str(cfg.parent / "presets/debug.yaml"),
-            f"--data.data_dir={cifar_root}",
-            "--data.val_size=20",
-            "--data.batch_size=16",
-        ],
-        cwd=tmp_path,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = assert_single_run(tmp_path / "logs")
-    assert "val/acc" in read_scalars(run)
 
 
 @pytest.mark.ddp

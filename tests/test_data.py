@@ -1,62 +1,15 @@
 """Data: the on-disk CIFAR-10 reader, the embedded Shapes data, splits, batch augmentation."""
 
-import pickle
-
 import pytest
 import torch
-from conftest import write_cifar10
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from lit_ddp.data import CIFAR10DataModule, ShapesDataModule, TensorImageDataset
+from lit_ddp.data import ShapesDataModule, TensorImageDataset
 from lit_ddp.data.base import collate_batch, split_indices
 from lit_ddp.data.batch_transforms import normalize, random_crop, random_crop_flip, random_hflip
-from lit_ddp.data.cifar10 import read_batch
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 from lit_ddp.errors import UserError
-
-
-def test_cifar_reader_reads_the_original_pickle_format(cifar_root) -> None:
-    folder = cifar_root / "cifar-10-batches-py"
-    images, labels = read_batch(folder / "data_batch_1")
-    with open(folder / "data_batch_1", "rb") as f:
-        raw = pickle.load(f, encoding="bytes")
-    assert images.shape == (20, 3, 32, 32) and images.dtype == torch.uint8
-    # Row layout of the release: 1024 red, then 1024 green, then 1024 blue values, row-major.
-    assert images[3, 1, 2, 5] == raw[b"data"][3][1024 + 2 * 32 + 5]
-    assert labels.tolist() == raw[b"labels"]
-
-
-def test_cifar_datamodule_splits_train_into_train_and_val(cifar_root) -> None:
-    dm = CIFAR10DataModule(data_dir=str(cifar_root), val_size=17, batch_size=8)
-    dm.setup("fit")
-    assert len(dm.train_set) == 100 - 17 and len(dm.val_set) == 17
-    dm.setup("test")
-    assert len(dm.test_set) == 30
-    x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.uint8 and y.dtype == torch.int64
-
-
-def test_cifar_accepts_the_batches_folder_itself(cifar_root) -> None:
-    dm = CIFAR10DataModule(data_dir=str(cifar_root / "cifar-10-batches-py"), val_size=10)
-    dm.setup("fit")
-    assert len(dm.val_set) == 10
-
-
-def test_missing_cifar_names_the_folder_and_the_fix(tmp_path) -> None:
-    with pytest.raises(UserError) as err:
-        CIFAR10DataModule(data_dir=str(tmp_path / "nowhere"))
-    message = str(err.value)
-    assert str(tmp_path / "nowhere" / "cifar-10-batches-py") in message and "--data.download=true" in message
-
-
-def test_corrupt_cifar_file_names_the_file(tmp_path) -> None:
-    root = write_cifar10(tmp_path)
-    bad = root / "cifar-10-batches-py" / "data_batch_3"
-    bad.write_bytes(bad.read_bytes()[:100])  # truncated download
-    dm = CIFAR10DataModule(data_dir=str(root))
-    with pytest.raises(UserError, match="data_batch_3"):
-        dm.setup("fit")
 
 
 def test_split_is_a_function_of_the_seed_only() -> None:
