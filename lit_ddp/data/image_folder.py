@@ -22,8 +22,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lit_ddp.data.jpeg import DECODE_ERRORS
 
-# (B, 3, H, W) uint8, (B,) int64 labels, {position in batch: "path (reason)"} for the unreadable files
-FileBatch = tuple[Tensor, Tensor, dict[int, str]]
+# (B, 3, H, W) uint8, (B,) int64 labels, {position in batch: (path, reason)} for the unreadable files
+FileBatch = tuple[Tensor, Tensor, dict[int, tuple[str, str]]]
 
 
 def find_classes(root: Path) -> list[str]:
@@ -61,18 +61,18 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _load(self, index: int) -> tuple[np.ndarray, str]:
+    def _load(self, index: int) -> tuple[np.ndarray, tuple[str, str] | None]:
         path = self.samples[index][0]
         try:
-            return self.load(path), ""
+            return self.load(path), None
         except DECODE_ERRORS as err:
             # A black placeholder keeps the batch stackable; the slot is dropped in the main process.
-            return np.zeros((self.size, self.size, 3), np.uint8), f"{path} ({type(err).__name__}: {err})"
+            return np.zeros((self.size, self.size, 3), np.uint8), (path, f"{type(err).__name__}: {err}")
 
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, str]:
-        """One sample: (3, H, W) uint8, label, and "" or the reason it is unreadable."""
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, tuple[str, str] | None]:
+        """One sample: (3, H, W) uint8, label, and None or (path, why it is unreadable)."""
         x, y, bad = self.__getitems__([index])
-        return x[0], y[0], bad.get(0, "")
+        return x[0], y[0], bad.get(0)
 
     def __getitems__(self, indices: Sequence[int]) -> FileBatch:
         images, errors = zip(*(self._load(i) for i in indices), strict=True)
@@ -81,7 +81,7 @@ class ImageFileDataset(Dataset):
         return x, y, {i: e for i, e in enumerate(errors) if e}
 
 
-def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, Tensor], dict[int, str]]:
+def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, Tensor], dict[int, tuple[str, str]]]:
     """Remove the slots of unreadable files. If every file of a batch is unreadable (only plausible with
     tiny batches) the black placeholders are kept, since an empty batch has no loss."""
     x, y, bad = batch
@@ -96,25 +96,28 @@ class SkippedImagesReport(Callback):
     """At each epoch end: gather the unreadable files every rank met, warn once (rank 0) about the new
     ones, and log ``{split}/skipped_images`` (same value on every rank) once a split has any.
 
-    It reads and clears ``trainer.datamodule.pending_skipped`` ({split: {path_and_reason}}) and keeps the
-    union in ``trainer.datamodule.skipped``. The gather is a collective, run by every rank in the same hook.
+    It reads and clears ``trainer.datamodule.pending_skipped`` ({split: {path: reason}}) and keeps the
+    union in ``trainer.datamodule.skipped``. Files are told apart by path: the reason can differ from one
+    crop to the next (a truncated JPEG fails in whichever decoder the crop size picks).
+    The gather is a collective, run by every rank in the same hook.
     """
 
     max_named = 20
 
     def _report(self, trainer: Trainer, pl_module: LightningModule, split: str) -> None:
         dm = trainer.datamodule
-        found = dm.pending_skipped.pop(split, set())
+        found: dict[str, str] = dm.pending_skipped.pop(split, {})
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[set[str] | None] = [None] * dist.get_world_size()
+            gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, found)
-            found = set().union(*gathered)
-        known = dm.skipped.setdefault(split, set())
-        new = sorted(found - known)
-        known.update(new)
+            found = {path: why for rank_found in gathered for path, why in rank_found.items()}
+        known = dm.skipped.setdefault(split, {})
+        new = sorted(set(found) - set(known))
+        known.update({path: found[path] for path in new})
         if new:
             more = len(new) - self.max_named
-            names = "; ".join(new[: self.max_named]) + (f"; and {more} more" if more > 0 else "")
+            named = [f"{path} ({found[path]})" for path in new[: self.max_named]]
+            names = "; ".join(named) + (f"; and {more} more" if more > 0 else "")
             rank_zero_warn(
                 f"skipped {len(new)} unreadable {split} image file(s) (left out of their batches; set"
                 f" --data.strict=true to stop at the first one instead): {names}"

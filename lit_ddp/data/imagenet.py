@@ -94,8 +94,8 @@ class ImageNetDataModule(ImageDataModule):
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
-        self.skipped: dict[str, set[str]] = {}  # split → unreadable files met so far, all ranks
-        self.pending_skipped: dict[str, set[str]] = {}  # this rank's, since the last report
+        self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
+        self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
 
     def _split(self, name: str, train: bool) -> ImageFileDataset:
         root = self.data_dir / name
@@ -108,13 +108,11 @@ class ImageNetDataModule(ImageDataModule):
         samples = list_images(root, class_to_idx)
         if not samples:
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
+        decode = dict(size=self.image_size, draft=self.draft)
         if train:
-            crop = dict(scale=self.crop_scale, ratio=self.crop_ratio)
-            load = functools.partial(load_train_crop, size=self.image_size, draft=self.draft, **crop)
+            load = functools.partial(load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **decode)
         else:
-            load = functools.partial(
-                load_eval_crop, size=self.image_size, resize=self.val_resize, draft=self.draft
-            )
+            load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
         return ImageFileDataset(samples, load, self.image_size)
 
     def setup(self, stage: str) -> None:
@@ -134,12 +132,13 @@ class ImageNetDataModule(ImageDataModule):
         (x, y), bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync
         if bad:
             if self.strict:
-                first = next(iter(bad.values()))
+                path, reason = next(iter(bad.values()))
                 raise UserError(
-                    f"unreadable image file {first}: replace or delete it, or pass --data.strict=false"
+                    f"unreadable image file {path} ({reason}):"
+                    " replace or delete it, or pass --data.strict=false"
                 )
             split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
-            self.pending_skipped.setdefault(split, set()).update(bad.values())
+            self.pending_skipped.setdefault(split, {}).update(bad.values())
         return x, y
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
