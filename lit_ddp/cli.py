@@ -19,9 +19,9 @@ import warnings
 
 from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from lit_ddp.callbacks import ModelCheckpoint
 from lit_ddp.data import ImageDataModule
 from lit_ddp.distributed.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.errors import UserError
