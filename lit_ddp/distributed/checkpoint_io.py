@@ -1,0 +1,127 @@
+"""Checkpoint files that survive crashes, and load safely or fail with one clear error.
+
+* Writes are atomic: the checkpoint goes to a hidden temporary file in the same directory, is flushed to
+  disk, then ``os.replace``-d over the target. A job killed mid-write leaves the previous ``last.ckpt``
+  intact (plus, at worst, a stray ``.last.ckpt.tmp-*`` that the next successful write of that name
+  removes).
+* Reads use ``torch.load(weights_only=True)``: a checkpoint cannot run code when it is loaded. lit_ddp's
+  own hyperparameter types are allow-listed. A missing, truncated or foreign file is a ``UserError``
+  naming it."""
+
+import os
+import pathlib
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+from lit_ddp.errors import UserError
+from lit_ddp.models.optim import OptimConfig
+
+# Types that may appear in saved hyperparameters (a frozen OptimConfig passed from Python, a Path passed as
+# a data directory). Everything else in a Lightning checkpoint is tensors and plain containers.
+SAFE_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
+torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable (POSIX); not possible on every platform/filesystem.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to ``path`` so that a reader sees either the old file or the complete new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by an earlier writer that was killed
+        stale.unlink(missing_ok=True)
+
+
+def load_checkpoint_file(
+    path: str | os.PathLike, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+) -> dict:
+    """The checkpoint dict at ``path``, or a UserError saying why not (``mmap``: a cheap look)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
+    try:
+        try:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
+        except RuntimeError as err:
+            if not (mmap and "mmap can only be used" in str(err)):
+                raise
+            checkpoint = torch.load(
+                path, map_location=map_location, weights_only=weights_only
+            )  # legacy format
+    except pickle.UnpicklingError as err:
+        if "Weights only load failed" in str(err):
+            detail = next((ln for ln in str(err).splitlines() if "GLOBAL" in ln), str(err).splitlines()[0])
+            raise UserError(
+                f"checkpoint {path} holds objects that are not safe to load ({detail.strip()}): load it only"
+                " if you trust it, with torch.serialization.add_safe_globals or --weights_only=false"
+            ) from err
+        raise UserError(f"checkpoint {path} is corrupt (not a readable torch file): {err}") from err
+    except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, ... on damaged files
+        text = str(err).strip()
+        first = f"{type(err).__name__}: {text.splitlines()[0].split('. ')[0] if text else ''}"
+        raise UserError(
+            f"checkpoint {path} is corrupt or truncated ({first}): use an earlier checkpoint of the run"
+        ) from err
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise UserError(
+            f"checkpoint {path} is not a Lightning checkpoint (no state_dict): pass a .ckpt from a run"
+        )
+    return checkpoint
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch CheckpointIO with atomic local writes and safe, explained loads."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None or not _is_local_file_protocol(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)  # remote (fsspec): as Lightning
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(
+        self, path, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if not _is_local_file_protocol(path):
+            return super().load_checkpoint(path, map_location, weights_only)
+        return load_checkpoint_file(
+            path,
+            map_location=map_location if map_location is not None else "cpu",
+            weights_only=True if weights_only is None else weights_only,
+        )
+
+
+def with_atomic_checkpoint_io(plugins=None) -> list:
+    """``plugins`` (None, one, or a list) plus an AtomicCheckpointIO, unless they hold a CheckpointIO."""
+    from lightning.fabric.plugins import CheckpointIO
+
+    plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    if any(isinstance(p, CheckpointIO) for p in plugins):
+        return plugins
+    return [*plugins, AtomicCheckpointIO()]

@@ -1,0 +1,148 @@
+"""A lost rank stops the whole job quickly, and the message says which rank was lost.
+
+What happens when one process of a DDP job dies (SIGKILL, out-of-memory killer, a node going down):
+
+* torchrun and ``srun --kill-on-bad-exit=1`` see the dead worker and kill the others; they name the rank.
+* Lightning's own launcher (``python -m lit_ddp fit --trainer.devices=N``): rank 0 is the parent of ranks
+  1..N-1. Their next collective fails at once on gloo ("Connection reset by peer"), while NCCL may wait
+  for the process-group timeout. Lightning's observer thread in rank 0 kills everything when a child dies,
+  but says so only at INFO level, and nothing watches the parent from the children. ``FaultMonitor``
+  closes both gaps: children exit within ~1 s of losing rank 0, and the failing rank names the lost one.
+* Every collective gets a finite timeout (``--dist_timeout``, default 600 s instead of torch's 30 min),
+  the backstop for a rank that hangs without dying."""
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+from lightning import Callback, LightningModule, Trainer
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+DEFAULT_DIST_TIMEOUT_S = 600.0
+
+_lost_rank_message: str | None = None  # set by FaultMonitor.on_exception, printed by the CLI
+
+
+def set_dist_timeout(trainer: Trainer, seconds: float) -> None:
+    """Give DDP collectives a ``seconds`` timeout unless the strategy was built with its own."""
+    strategy = trainer.strategy
+    if isinstance(strategy, DDPStrategy) and strategy._timeout == default_pg_timeout:
+        strategy._timeout = timedelta(seconds=seconds)
+
+
+def _lost_children(launcher: _SubprocessScriptLauncher, wait_s: float = 3.0) -> list[tuple[int, int, int]]:
+    """(local rank, pid, return code) of the launcher's children that have exited with an error."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lost = [(i + 1, p.pid, p.poll()) for i, p in enumerate(launcher.procs)]
+        lost = [(r, pid, code) for r, pid, code in lost if code not in (None, 0)]
+        if lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.1)  # the peer's socket closed a moment before the kernel reaped it
+
+
+def _how(code: int) -> str:
+    if code < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class FaultMonitor(Callback):
+    """Names the lost rank when a collective fails; makes children of Lightning's launcher follow rank 0."""
+
+    def __init__(self, poll_s: float = 1.0) -> None:
+        self.poll_s = poll_s
+        self._trainer: Trainer | None = None
+        self._parent: int | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        launcher = trainer.strategy.launcher
+        env = (
+            trainer.strategy.cluster_environment if hasattr(trainer.strategy, "cluster_environment") else None
+        )
+        # A child started by Lightning's launcher (not by torchrun/SLURM): its parent is this node's rank 0.
+        from lightning.fabric.plugins.environments import LightningEnvironment
+
+        if (
+            isinstance(launcher, _SubprocessScriptLauncher)
+            and isinstance(env, LightningEnvironment)
+            and trainer.local_rank > 0
+            and self._parent is None
+        ):
+            self._parent = os.getppid()
+            threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
+
+    def _node_rank0(self) -> int:
+        t = self._trainer
+        return t.node_rank * t.num_devices if t is not None else 0
+
+    def _follow_parent(self) -> None:
+        while os.getppid() == self._parent:
+            time.sleep(self.poll_s)
+        rank = self._trainer.global_rank if self._trainer else "?"
+        print(
+            f"lit_ddp: error: lost rank {self._node_rank0()} (pid {self._parent}, the launcher of this node);"
+            f" rank {rank} stops too",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)  # the main thread may be blocked in a collective that would wait for the timeout
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        global _lost_rank_message
+        if trainer.world_size < 2 or not isinstance(exception, RuntimeError):
+            return
+        where = f"at epoch {trainer.current_epoch}, step {trainer.global_step}"
+        launcher = trainer.strategy.launcher
+        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
+            lost = _lost_children(launcher)
+            if lost:
+                names = ", ".join(
+                    f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost
+                )
+                _lost_rank_message = f"lost {names} {where}; the job stops"
+                return
+        if _is_peer_failure(exception):
+            _lost_rank_message = (
+                f"rank {trainer.global_rank} lost contact with another rank {where}"
+                f" ({_first_line(exception)}); the launcher's log names the rank that died"
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(
+        s in text
+        for s in (
+            "Connection reset by peer",
+            "Connection closed by peer",
+            "Broken pipe",
+            "timed out",
+            "Timeout",
+        )
+    )
+
+
+def lost_rank_message() -> str | None:
+    """What a FaultMonitor found out about a lost rank when this process's run failed, if anything."""
+    return _lost_rank_message
+
+
+def fault_tolerance_callbacks() -> list[Callback]:
+    """The callbacks every lit_ddp run gets: checkpoint on preemption, stop on NaN, name a lost rank."""
+    from lit_ddp.callbacks.nan_guard import NanGuard
+    from lit_ddp.callbacks.preemption import PreemptionCheckpoint
+
+    return [PreemptionCheckpoint(), NanGuard(), FaultMonitor()]

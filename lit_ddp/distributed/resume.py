@@ -1,0 +1,103 @@
+"""``--ckpt_path`` checked before any process starts: ``last`` finds the previous run, a bad file fails once.
+
+Lightning resolves ``--ckpt_path=last`` inside the *new* run's directory (``version_N+1/checkpoints``),
+which is empty, so a plain ``fit --ckpt_path=last`` would silently start from scratch. Here ``last`` means
+the newest ``last*.ckpt`` of any earlier run under the logger's directory, and the resumed run keeps
+logging into that run's directory (one TensorBoard run, one checkpoint folder). With no earlier checkpoint
+it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every (re)submission."""
+
+from pathlib import Path
+
+from lightning import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from lit_ddp.distributed.checkpoint_io import load_checkpoint_file
+from lit_ddp.errors import UserError
+
+SPECIAL = ("last", "best", "hpc", "registry")
+
+
+def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | None:
+    logger = trainer.logger
+    if isinstance(logger, TensorBoardLogger | CSVLogger) and logger._version is None:
+        return logger  # version not pinned by the user: we may pick the resumed run's
+    return None
+
+
+def find_last_checkpoint(trainer: Trainer) -> Path | None:
+    """The newest ``last*.ckpt`` of the runs under the logger's ``save_dir/name``, or None."""
+    logger = _logger_with_versions(trainer)
+    checkpoint = trainer.checkpoint_callback
+    if logger is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
+        return None  # a fixed checkpoint dirpath or a pinned version: Lightning's own "last" is right
+    runs = Path(logger.save_dir) / (logger.name or "")
+    candidates = [p for p in runs.glob("*/checkpoints/last*.ckpt") if p.is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def _pin_logger_version(trainer: Trainer, run_dir: Path) -> None:
+    logger = _logger_with_versions(trainer)
+    if logger is not None:
+        name = run_dir.name
+        logger._version = int(name.removeprefix("version_")) if name.startswith("version_") else name
+
+
+def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> None:
+    """UserError unless ``checkpoint``'s weights fit ``model`` (same keys, same shapes)."""
+    saved = checkpoint["state_dict"]
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in saved]
+    unexpected = [k for k in saved if k not in expected]
+    mismatched = [
+        f"{k} {tuple(saved[k].shape)} in the file vs {tuple(v.shape)} in the model"
+        for k, v in expected.items()
+        if k in saved and hasattr(saved[k], "shape") and saved[k].shape != v.shape
+    ]
+    if not (missing or unexpected or mismatched):
+        return
+    problems = []
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensors of another shape (first: {mismatched[0]})")
+    if missing:
+        problems.append(f"{len(missing)} weights missing (first: {missing[0]})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected weights (first: {unexpected[0]})")
+    saved_as = checkpoint.get("hyper_parameters", {}).get("_class_path") or checkpoint.get(
+        "hparams_name", "?"
+    )
+    raise UserError(
+        f"checkpoint {path} does not fit {type(model).__name__}: {'; '.join(problems)}. It was saved by"
+        f" {saved_as} with {_hparams_summary(checkpoint)}: pass the same --model and --model.* options"
+    )
+
+
+def _hparams_summary(checkpoint: dict) -> str:
+    hparams = checkpoint.get("hyper_parameters", {})
+    shown = {k: v for k, v in hparams.items() if not k.startswith("_") and not isinstance(v, dict)}
+    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
+
+
+def check_ckpt_file(ckpt_path: str | None) -> None:
+    """UserError unless an explicit ``ckpt_path`` file loads (safely); special values and None pass."""
+    if ckpt_path and ckpt_path not in SPECIAL and "://" not in str(ckpt_path):
+        load_checkpoint_file(ckpt_path, mmap=True)
+
+
+def prepare_ckpt_path(ckpt_path: str | None, trainer: Trainer, model: LightningModule) -> str | None:
+    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = find_last_checkpoint(trainer)
+        if found is None:
+            return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
+        _pin_logger_version(trainer, found.parent.parent)
+        rank_zero_info(f"resuming from {found}")
+        ckpt_path = str(found)
+    elif ckpt_path in SPECIAL or "://" in ckpt_path:
+        return ckpt_path
+    path = Path(ckpt_path)
+    check_compatible(model, load_checkpoint_file(path, mmap=True), path)
+    return ckpt_path

@@ -1,0 +1,64 @@
+"""A callback that injects one fault into a CLI run, for tests/test_faults.py and tests/test_launchers.py.
+
+Added with ``--trainer.callbacks+=fault_probe.Fault --trainer.callbacks.init_args.action=sigkill ...``
+(tests/ on PYTHONPATH). The fault fires on one rank at a chosen point, so a test knows exactly what was
+lost:
+
+* ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
+* ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint.
+
+Each rank also appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
+process is left behind."""
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+
+ACTIONS = ("sigkill", "sigterm", "sigusr1", "nan", "raise")
+
+
+class Fault(Callback):
+    def __init__(
+        self, action: str, rank: int = 0, at_step: int = -1, at_epoch_end: int = -1, out_dir: str = ""
+    ) -> None:
+        assert action in ACTIONS, action
+        self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
+        self.out_dir = Path(out_dir) if out_dir else None
+        self._batches = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "pids", "a") as f:
+                f.write(f"{trainer.global_rank} {os.getpid()}\n")
+
+    def _fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_rank != self.rank:
+            return
+        if self.action == "nan":
+            # Every rank must see it (as a real divergence would): poison this rank's weights, and DDP's
+            # gradient all-reduce spreads the NaN to the others at this step.
+            with torch.no_grad():
+                next(pl_module.parameters()).fill_(float("nan"))
+        elif self.action == "raise":
+            raise RuntimeError("fault_probe: injected error")
+        else:
+            sig = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}[
+                self.action
+            ]
+            os.kill(os.getpid(), sig)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        # Count batches seen in this process, not trainer.global_step, so a resumed run does not fire again.
+        if self._batches == self.at_step:
+            self._fire(trainer, pl_module)
+        self._batches += 1
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.current_epoch == self.at_epoch_end:
+            self._fire(trainer, pl_module)
