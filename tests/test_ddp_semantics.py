@@ -18,8 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 from ddp_semantics_probe import load
+from torch.utils.data import SequentialSampler
 
 from lit_ddp.cli import build_cli
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.distributed.samplers import UnpaddedDistributedSampler
+from lit_ddp.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 CPU = [
@@ -222,6 +226,22 @@ def test_c_two_process_evaluation_equals_one_process(runs: Path) -> None:
         assert_same_metrics(rank_record["test"][-1], reference_test)
     for rank_record in records(runs, "fit2"):
         assert_same_metrics(rank_record["val"][-1], reference_val)
+
+
+@pytest.mark.parametrize("size, world_size", [(129, 2), (1001, 2), (10, 3), (8, 8)])
+def test_c_unpadded_sampler_shards_cover_every_sample_once(size: int, world_size: int) -> None:
+    shards = [list(UnpaddedDistributedSampler(range(size), world_size, rank)) for rank in range(world_size)]
+    assert sorted(i for shard in shards for i in shard) == list(range(size))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1 and min(map(len, shards)) >= 1
+
+
+def test_c_eval_loader_without_trainer_or_ddp_is_sequential_and_tiny_sets_fail_early() -> None:
+    dm = ShapesDataModule(train_size=64, val_size=33, test_size=10, batch_size=8)
+    dm.setup("validate")
+    loader = dm.val_dataloader()  # no trainer attached: one process, every sample in order
+    assert isinstance(loader.sampler, SequentialSampler) and sum(len(y) for _, y in loader) == 33
+    with pytest.raises(UserError, match="cannot be split over 4 processes"):
+        UnpaddedDistributedSampler(range(3), num_replicas=4, rank=0)
 
 
 # ---- d: training shards ----------------------------------------------------------------------------
