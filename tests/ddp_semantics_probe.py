@@ -76,6 +76,7 @@ class Probe(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.record["epoch_state"].append(self._last_state)
+        self.record["global_step"] = trainer.global_step  # optimizer steps so far
         if self.stop_after_epochs and trainer.current_epoch + 1 >= self.stop_after_epochs:
             trainer.should_stop = True
 

@@ -42,6 +42,7 @@ STEPS = 4
 
 # (c–g): BN + SyncBN, augmentation on, 2 epochs. Odd evaluation sizes that are not multiples of the batch:
 # 129 val images → 65 + 64 per rank → 3 and 2 batches of 32; 193 test images → 97 + 96 → 4 and 3 batches.
+# lr=0.02 moves the model off uniform predictions in 32 steps, so per-sample losses differ and count.
 DATA = ["--data.train_size=512", "--data.val_size=129", "--data.test_size=193", "--data.batch_size=32"]
 LONG = [*DATA, *BN, *SYNC, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1", "--model.optim.lr=0.02"]
 
@@ -172,6 +173,7 @@ def test_a_two_processes_train_the_same_model_as_one_with_twice_the_batch(
     assert [r["world_size"] for r in r2] == [2, 2] and r1["world_size"] == 1
     assert [r["samples"][0][0] for r in (*r2, r1)] == ["DistributedSampler"] * 3
     assert [len(r["samples"][0][1]) for r in r2] == [128, 128] and len(r1["samples"][0][1]) == 256
+    assert [r["global_step"] for r in (*r2, r1)] == [STEPS] * 3
     # Parameters (and buffers) identical on both ranks, and equal to the one-process large-batch run.
     assert_identical(final(r2[0]), final(r2[1]))
     moved, deviation = max_diff(final(r2[0]), r1["init"]), max_diff(final(r2[0]), final(r1))
