@@ -93,6 +93,11 @@ def _user_error(exc: BaseException | None) -> BaseException | None:
 
 
 def main(args: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["new"]:  # scaffold-only: `new` is not a Lightning subcommand
+        from lit_ddp.scaffold.new import main as new_project  # scaffold-only
+
+        return new_project(argv[1:])  # scaffold-only
     try:
         build_cli(args)
     except Exception as err:

@@ -2,24 +2,28 @@
 
 A new system is one ImageClassifier subclass imported here: the CLI finds it by short name
 (``--model=LeNetCIFAR``) and the tests parametrised over ``SYSTEMS`` cover it.
+``# family:`` marks the lines that go when a generated project leaves that model family out.
 """
 
 from lit_ddp.models.classifier import ImageClassifier
 from lit_ddp.models.lenet import LeNet
 from lit_ddp.models.lenet_cifar import LeNetCIFAR
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.models.resnet import RESNET_ARCHS, build_resnet
-from lit_ddp.models.resnet_imagenet import ResNetImageNet
+from lit_ddp.models.resnet import RESNET_ARCHS, build_resnet  # family: resnet_imagenet
+from lit_ddp.models.resnet_imagenet import ResNetImageNet  # family: resnet_imagenet
 
-SYSTEMS: dict[str, type[ImageClassifier]] = {"LeNetCIFAR": LeNetCIFAR, "ResNetImageNet": ResNetImageNet}
+SYSTEMS: dict[str, type[ImageClassifier]] = {
+    "LeNetCIFAR": LeNetCIFAR,
+    "ResNetImageNet": ResNetImageNet,  # family: resnet_imagenet
+}
 
 __all__ = [
-    "RESNET_ARCHS",
+    "RESNET_ARCHS",  # family: resnet_imagenet
     "SYSTEMS",
     "ImageClassifier",
     "LeNet",
     "LeNetCIFAR",
     "OptimConfig",
-    "ResNetImageNet",
-    "build_resnet",
+    "ResNetImageNet",  # family: resnet_imagenet
+    "build_resnet",  # family: resnet_imagenet
 ]

@@ -1,0 +1,16 @@
+"""Refuse bad answers before anything is generated (cookiecutter then removes the half-made project)."""
+
+import json
+import sys
+from pathlib import Path
+
+CONTEXT = json.loads(r"""{{ cookiecutter | jsonify }}""")
+SOURCE = Path(CONTEXT["_repo_dir"])
+sys.path.insert(0, str(SOURCE if (SOURCE / "lit_ddp").is_dir() else SOURCE.parent.parent))
+
+from lit_ddp.scaffold.populate import validate  # noqa: E402
+
+problems = validate(CONTEXT)
+if problems:
+    print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+    sys.exit(1)

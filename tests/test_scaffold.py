@@ -1,0 +1,305 @@
+"""Scaffolding: cookiecutter on this repository and `python -m lit_ddp new` generate projects that are
+the live package renamed (never a drifting copy), prune model families cleanly, and pass their own tests."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cookiecutter.main import cookiecutter
+
+from lit_ddp.errors import UserError
+from lit_ddp.scaffold.new import new
+from lit_ddp.scaffold.populate import FAMILIES, FAMILY_CHOICES, IGNORED, MARKER, SCAFFOLD_ONLY, TREE_ITEMS
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = {".py", ".yaml", ".toml", ".md", ".txt", ".cfg", ""}
+
+
+def bake(tmp: Path, **context) -> Path:
+    return Path(cookiecutter(str(REPO), no_input=True, extra_context=context, output_dir=str(tmp)))
+
+
+def text_files(root: Path):
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in TEXT and "__pycache__" not in path.parts:
+            yield path
+
+
+def family_files(family: str, package: str) -> list[str]:
+    return [rel.format(pkg=package) for rel in FAMILIES[family]]
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+    )
+
+
+@pytest.mark.parametrize("families", sorted(FAMILY_CHOICES))
+def test_bake_each_family_choice_leaves_no_trace_of_the_template(tmp_path: Path, families: str) -> None:
+    project = bake(tmp_path, project_name="Cat Dog Classifier", model_families=families)
+    assert project.name == "cat-dog-classifier"
+    package = project / "cat_dog_classifier"
+    assert (package / "__main__.py").is_file() and (project / ".ci" / "run").is_file()
+    assert not (package / "scaffold").exists() and not (project / "tests" / "test_scaffold.py").exists()
+    for path in text_files(project):
+        text = path.read_text()
+        assert "lit_ddp" not in text and "lit-ddp" not in text, path
+        assert SCAFFOLD_ONLY not in text, path
+    kept = FAMILY_CHOICES[families]
+    for family in FAMILIES:
+        for rel in family_files(family, "cat_dog_classifier"):
+            if (REPO / rel.replace("cat_dog_classifier", "lit_ddp")).exists():
+                assert (project / rel).exists() == (family in kept), rel
+    # Nothing left pointing at a removed module: every module of the new package imports.
+    modules = [
+        ".".join(p.relative_to(project).with_suffix("").parts)
+        for p in package.rglob("*.py")
+        if p.name != "__main__.py"
+    ]
+    result = run(
+        [sys.executable, "-c", f"import importlib; [importlib.import_module(m) for m in {modules!r}]"],
+        cwd=project,
+        PYTHONPATH=str(project),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_readme_and_pyproject_are_rendered_for_the_project(tmp_path: Path) -> None:
+    project = bake(
+        tmp_path,
+        project_name="Cat Dog Classifier",
+        author="Ada",
+        email="ada@example.org",
+        description="Cats versus dogs",
+        python_version="3.11",
+        license="MIT",
+    )
+    readme = (project / "README.md").read_text()
+    assert readme.startswith("# Cat Dog Classifier\n\nCats versus dogs")
+    # The same two set-up commands as this repository's README, for the new package.
+    ours = re.findall(r"(?m)^pip install .*$", (REPO / "README.md").read_text())[:2]
+    theirs = re.findall(r"(?m)^pip install .*$", readme)[:2]
+    assert [c.replace("lit_ddp", "cat_dog_classifier") for c in ours] == theirs
+    pyproject = (project / "pyproject.toml").read_text()
+    assert 'name = "cat-dog-classifier"' in pyproject and 'requires-python = ">=3.11"' in pyproject
+    assert 'description = "Cats versus dogs"' in pyproject and 'email = "ada@example.org"' in pyproject
+    assert 'cat-dog-classifier = "cat_dog_classifier.cli:main"' in pyproject
+    assert (project / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_generated_project_is_the_live_package_renamed(tmp_path: Path) -> None:
+    """The template cannot drift: every generated file is a live file with only the name changed."""
+    project = bake(tmp_path, project_name="Same Same", model_families="both")
+    for item in ("lit_ddp", *TREE_ITEMS):
+        src = REPO / item
+        files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
+        for path in files:
+            rel = path.relative_to(REPO)
+            if any(part in ("__pycache__", "scaffold", "_template") for part in rel.parts) or any(
+                rel.match(pattern) for pattern in IGNORED
+            ):
+                continue
+            generated = project / str(rel).replace("lit_ddp", "same_same", 1)
+            assert generated.is_file(), f"{rel} is not in the generated project"
+            if path.suffix in TEXT and rel.name != "pyproject.toml":
+                expected = "".join(
+                    line for line in path.read_text().splitlines(keepends=True) if SCAFFOLD_ONLY not in line
+                )
+                expected = expected.replace("lit_ddp", "same_same").replace("lit-ddp", "same-same")
+                assert generated.read_text() == expected, rel
+
+
+def test_every_import_of_a_family_module_is_marked() -> None:
+    """An import of an optional family's module must say so, or leaving the family out breaks the project."""
+    owned = {rel.format(pkg="lit_ddp"): family for family in FAMILIES for rel in FAMILIES[family]}
+    modules = {
+        rel[:-3].replace("/", "."): family for rel, family in owned.items() if rel.startswith("lit_ddp/")
+    }
+    for path in [*REPO.glob("lit_ddp/**/*.py"), *REPO.glob("tests/*.py"), *REPO.glob("benchmarks/*.py")]:
+        rel = str(path.relative_to(REPO))
+        if rel in owned or "scaffold" in rel:
+            continue
+        for line in path.read_text().splitlines():
+            for module, family in modules.items():
+                if re.search(rf"\b{re.escape(module)}\b", line) and ("import" in line):
+                    marker = MARKER.search(line)
+                    assert marker and marker.group(1) == family, (
+                        f"{rel}: {line.strip()!r} needs '# family: {family}'"
+                    )
+
+
+def test_family_manifest_names_existing_files() -> None:
+    for family in FAMILIES:
+        for rel in family_files(family, "lit_ddp"):
+            assert (REPO / rel).is_file(), f"FAMILIES[{family!r}] lists {rel}, which does not exist"
+
+
+def test_cookiecutter_json_offers_what_populate_understands() -> None:
+    variables = json.loads((REPO / "cookiecutter.json").read_text())
+    assert set(variables["model_families"]) == set(FAMILY_CHOICES)
+    for key in (
+        "project_name",
+        "project_slug",
+        "package_name",
+        "author",
+        "email",
+        "description",
+        "python_version",
+        "license",
+    ):
+        assert key in variables
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--no-input", "package_name=1bad-name"], "not a valid Python identifier"),
+        (["--no-input", "colour=red"], "unknown template variable 'colour'"),
+        (["--no-input", "model_families=vgg"], "model_families must be one of"),
+        (["--no-input", "project_name"], "is not key=value"),
+    ],
+)
+def test_bad_answers_are_one_clear_error_and_write_nothing(tmp_path: Path, args, message) -> None:
+    dest = tmp_path / "proj"
+    with pytest.raises(UserError, match=message):
+        new([str(dest), *args])
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_non_empty_destination_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    dest = tmp_path / "proj"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="exists and is not empty"):
+        new([str(dest), "--no-input"])
+    assert [p.name for p in dest.iterdir()] == ["notes.txt"]
+    new([str(dest), "--no-input", "--overwrite"])
+    assert (dest / "proj" / "cli.py").is_file() and not (dest / "notes.txt").exists()
+
+
+def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "lit_ddp",
+            "new",
+            str(tmp_path / "bad"),
+            "--no-input",
+            "package_name=1bad-name",
+        ],
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "1bad-name" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cookiecutter_command_project_installs_runs_and_passes_its_tests(tmp_path: Path) -> None:
+    """`cookiecutter <repo>`, then the new project's own README commands, in a fresh virtualenv."""
+    result = run(
+        [
+            "cookiecutter",
+            str(REPO),
+            "--no-input",
+            "project_name=Cat Dog Classifier",
+            "model_families=lenet_cifar",
+        ],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    project = tmp_path / "cat-dog-classifier"
+    venv = tmp_path / "venv"
+    # System site-packages supply torch & co. (no network); the project itself installs with pip -e.
+    # --without-pip: the venv then runs the system pip and setuptools (the bundled ones are too old to build).
+    made = run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    python = str(venv / "bin" / "python")
+    install = run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."], cwd=project
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
+    fit = run([python, "-m", "cat_dog_classifier", "fit", "--trainer.fast_dev_run=true"], cwd=project)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    tests = run(
+        [python, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
+        cwd=project,
+        timeout=540,
+    )
+    assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
+    assert re.search(r"\d+ passed", tests.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_new_from_an_installed_wheel(tmp_path: Path) -> None:
+    """Build a wheel, install it on its own, and generate a project from the template inside it."""
+    src = tmp_path / "src"
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git",
+            "build",
+            "dist",
+            "*.egg-info",
+            "logs",
+            "__pycache__",
+            ".pytest_cache",
+            ".ruff_cache",
+            "data",
+        ),
+    )
+    built = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("lit_ddp-*.whl"))
+    site = tmp_path / "site"
+    installed = run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        cwd=tmp_path,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    env = {"PYTHONPATH": str(site)}
+    where = run([sys.executable, "-c", "import lit_ddp; print(lit_ddp.__file__)"], cwd=tmp_path, **env)
+    assert where.stdout.strip().startswith(str(site))  # the wheel, not this checkout
+    made = run(
+        [sys.executable, "-m", "lit_ddp", "new", str(tmp_path / "x" / "my-proj"), "--no-input"],
+        cwd=tmp_path,
+        **env,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    project = tmp_path / "x" / "my-proj"
+    assert (project / "my_proj" / "cli.py").is_file() and (
+        project / "configs" / "lenet_shapes.yaml"
+    ).is_file()
+    assert not any("lit_ddp" in p.read_text() for p in text_files(project))
+    fit = run(
+        [sys.executable, "-m", "my_proj", "fit", "--trainer.fast_dev_run=true"],
+        cwd=project,
+        PYTHONPATH=str(project),
+    )
+    assert fit.returncode == 0, fit.stderr[-3000:]
