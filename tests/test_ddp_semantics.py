@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,35 +72,39 @@ def launch(world_size: int, jobs: list[list[str]], root: Path, timeout: float) -
     """One ddp_semantics_worker.py process per rank, env as Lightning's launcher sets it for its children."""
     jobs_file = root / f"jobs_{world_size}.json"
     jobs_file.write_text(json.dumps(jobs))
+    paths = [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]  # the probe, lit_ddp, the rest
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "NODE_RANK": "0",
         "WORLD_SIZE": str(world_size),
     }
-    logs = [open(root / f"worker_{world_size}_rank{r}.log", "w+") for r in range(world_size)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "ddp_semantics_worker.py"), str(jobs_file)],
-            env={**env, "LOCAL_RANK": str(r)},
-            stdout=logs[r],
-            stderr=subprocess.STDOUT,
-            cwd=root,
-        )
-        for r in range(world_size)
-    ]
-    try:
-        codes = [p.wait(timeout=timeout) for p in procs]
-    except subprocess.TimeoutExpired:
-        codes = None
-    finally:
-        for p in procs:
-            p.kill()
-    for log in logs:
-        log.seek(0)
-    tails = "\n".join(f"--- rank {r} ---\n{log.read()[-3000:]}" for r, log in enumerate(logs))
+    logs = [root / f"worker_{world_size}_rank{r}.log" for r in range(world_size)]
+    procs = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "ddp_semantics_worker.py"), str(jobs_file)],
+                    env={**env, "LOCAL_RANK": str(r)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=root,
+                )
+            )
+    # Stop at the first failure: the other rank would otherwise wait in a collective until the timeout.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.2)
+    codes = [p.poll() for p in procs]  # None: still running (timed out or left behind by a failed rank)
+    for p in procs:
+        p.kill()
+        p.wait()
+    tails = "\n".join(f"--- rank {r} ---\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
     assert codes == [0] * world_size, f"workers failed or timed out ({codes}):\n{tails}"
 
 
