@@ -60,8 +60,9 @@ def test_shared_step_loss_is_cross_entropy_of_logits() -> None:
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     system.log = lambda *a, **k: None  # no trainer attached
     system.log_dict = lambda *a, **k: None
-    loss = system._shared_step((x, y), "val")
+    loss, logits = system._shared_step((x, y), "val")
     assert torch.allclose(loss, nn.functional.cross_entropy(system(x), y))
+    assert torch.equal(logits, system(x))
     assert system.val_metrics["acc"].compute() == (system(x).argmax(1) == y).float().mean()
 
 

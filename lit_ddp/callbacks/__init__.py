@@ -1,5 +1,33 @@
 """Callbacks lit_ddp adds to Lightning's."""
 
-from lit_ddp.callbacks.checkpoint import ModelCheckpoint
+from lightning import Callback
+from lightning.pytorch.callbacks import LearningRateMonitor
 
-__all__ = ["ModelCheckpoint"]
+from lit_ddp.callbacks.checkpoint import ModelCheckpoint
+from lit_ddp.callbacks.confusion import ConfusionMatrix
+from lit_ddp.callbacks.images import TrainBatchImages
+from lit_ddp.callbacks.run_info import RunInfo
+from lit_ddp.callbacks.summary import EpochSummary
+from lit_ddp.callbacks.throughput import Throughput
+
+# The TensorBoard dashboard: config key → callback every `python -m lit_ddp` run gets. Each is
+# configurable (`--throughput.init_args...`, or a subclass by class_path) and `--KEY=null` turns it off.
+# EpochSummary prints what Throughput logs in the same hook, so it comes after it.
+DASHBOARD_CALLBACKS: dict[str, type[Callback]] = {
+    "lr_monitor": LearningRateMonitor,
+    "throughput": Throughput,
+    "batch_images": TrainBatchImages,
+    "confusion_matrix": ConfusionMatrix,
+    "run_info": RunInfo,
+    "epoch_summary": EpochSummary,
+}
+
+__all__ = [
+    "DASHBOARD_CALLBACKS",
+    "ConfusionMatrix",
+    "EpochSummary",
+    "ModelCheckpoint",
+    "RunInfo",
+    "Throughput",
+    "TrainBatchImages",
+]

@@ -53,7 +53,8 @@ class ImageClassifier(LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> Tensor:
+    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
+        """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
         x, y = batch
         logits = self(x)
         # Label smoothing is a training regulariser; evaluation reports the plain cross-entropy.
@@ -74,13 +75,14 @@ class ImageClassifier(LightningModule):
         metrics.update(logits.detach(), y)
         # Logged as objects: Lightning calls compute() (one all-reduce over ranks) at epoch end.
         self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
-        return loss
+        return loss, logits
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._shared_step(batch, "train")
+        return self._shared_step(batch, "train")[0]
 
-    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, "val")
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        # The logits go to callbacks' on_validation_batch_end (callbacks/confusion.py); Lightning keeps none.
+        return self._shared_step(batch, "val")[1].detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "test")

@@ -1,0 +1,84 @@
+"""Validation confusion matrix over the whole validation set (all ranks), as a labelled figure, plus the
+accuracy of each class.
+
+Needs ``validation_step`` to return the logits (ImageClassifier does): the matrix is updated from them in
+``on_validation_batch_end``, locally, and summed over ranks once, at validation end.
+"""
+
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
+from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+from lit_ddp.callbacks.render import confusion_figure
+from lit_ddp.callbacks.tensorboard import tensorboard_writer
+
+
+def class_names(trainer: Trainer, num_classes: int) -> list[str]:
+    names = list(getattr(trainer.datamodule, "class_names", ()) or ())
+    return [str(s) for s in names] if len(names) == num_classes else [str(i) for i in range(num_classes)]
+
+
+def counts_markdown(matrix: Tensor, names: list[str]) -> str:
+    """The (C, C) counts as a markdown table, rows = true class (exact numbers, next to the figure)."""
+    lines = ["| true \\ predicted | " + " | ".join(names) + " | total |", "|---" * (len(names) + 2) + "|"]
+    for name, row in zip(names, matrix.tolist(), strict=True):
+        lines.append(f"| **{name}** | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
+    return "\n".join(lines)
+
+
+class ConfusionMatrix(Callback):
+    """Logs ``val/confusion_matrix`` (image, and its counts as a text table) and ``val_class_acc/<class>``
+    (scalars) at each validation end.
+
+    Beyond ``max_classes`` classes (ImageNet's 1000) a figure and per-class curves are unreadable: the
+    per-class accuracies are logged as one histogram, ``val_class_acc``, instead.
+    """
+
+    def __init__(self, max_classes: int = 32) -> None:
+        self.max_classes = max_classes
+        self.metric: MulticlassConfusionMatrix | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        num_classes = getattr(pl_module, "num_classes", None) or trainer.datamodule.num_classes
+        self.metric = MulticlassConfusionMatrix(num_classes).to(pl_module.device)
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.metric.reset()
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs,
+        batch,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if isinstance(outputs, Tensor) and not trainer.sanity_checking:
+            self.metric.update(outputs.detach().argmax(dim=1), batch[1])  # (B, C) logits, (B,) labels
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking:  # the same decision on every rank: compute() is a collective
+            return
+        matrix = self.metric.compute()  # (C, C) counts summed over ranks: a collective, on every rank
+        per_class = matrix.diag().float() / matrix.sum(dim=1).clamp(min=1)  # accuracy (recall) per true class
+        names = class_names(trainer, matrix.shape[0])
+        if len(names) <= self.max_classes:
+            # Already whole-set values; sync_dist (an identity here) lets Lightning log them like val/*.
+            scalars = {
+                f"val_class_acc/{n.replace('/', '_')}": a for n, a in zip(names, per_class, strict=True)
+            }
+            pl_module.log_dict(scalars, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
+        self._write(trainer, matrix.cpu(), per_class.cpu(), names)
+
+    @rank_zero_only
+    def _write(self, trainer: Trainer, matrix: Tensor, per_class: Tensor, names: list[str]) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is None:
+            return
+        if len(names) > self.max_classes:
+            writer.add_histogram("val_class_acc", per_class, trainer.global_step)
+        else:
+            writer.add_image("val/confusion_matrix", confusion_figure(matrix, names), trainer.global_step)
+            writer.add_text("val/confusion_matrix", counts_markdown(matrix, names), trainer.global_step)

@@ -1,0 +1,49 @@
+"""One augmented training batch as an image grid, once per run: what the model really sees."""
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_only
+from torch import Tensor
+
+from lit_ddp.callbacks.render import image_grid
+from lit_ddp.callbacks.tensorboard import tensorboard_writer
+
+
+def denormalize(x: Tensor, mean, std) -> Tensor:
+    """(B, C, H, W) float ``(x/255 - mean) / std`` → uint8, the inverse of data.batch_transforms.normalize."""
+    m = torch.tensor(mean, device=x.device).view(1, -1, 1, 1)
+    s = torch.tensor(std, device=x.device).view(1, -1, 1, 1)
+    return ((x.float() * s + m) * 255).round().clamp(0, 255).to(torch.uint8)
+
+
+class TrainBatchImages(Callback):
+    """Logs ``train/batch``: the first ``max_images`` images of rank 0's first training batch, after
+    augmentation, de-normalised with the data module's mean/std and captioned with class names."""
+
+    def __init__(self, max_images: int = 32, tile: int = 64) -> None:
+        self.max_images = max_images
+        self.tile = tile
+        self._done = False
+
+    @rank_zero_only  # a side effect only: no collective here
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        if self._done:
+            return
+        self._done = True  # once per run, also when the first batch is not batch 0 (resumed runs)
+        writer = tensorboard_writer(trainer)
+        if writer is None or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return
+        x, y = batch[0][: self.max_images].detach(), batch[1][: self.max_images].tolist()
+        dm = trainer.datamodule
+        mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
+        if mean is not None and std is not None and x.is_floating_point():
+            x = denormalize(x, mean, std)
+        elif x.is_floating_point():  # unknown normalisation: stretch each image to [0, 255]
+            lo = x.amin(dim=(1, 2, 3), keepdim=True)
+            hi = x.amax(dim=(1, 2, 3), keepdim=True)
+            x = ((x - lo) / (hi - lo).clamp(min=1e-8) * 255).round().to(torch.uint8)
+        names = list(getattr(dm, "class_names", ()) or ())
+        captions = [names[i] if i < len(names) else str(i) for i in y]
+        writer.add_image("train/batch", image_grid(x.cpu(), captions, tile=self.tile), trainer.global_step)

@@ -1,0 +1,140 @@
+"""Once per run: the HParams tab (resolved hyperparameters, final validation metrics attached) and the
+Text tab (the resolved config and the environment), written by rank 0 at the start of fit."""
+
+import dataclasses
+import os
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.tensorboard.summary import hparams
+
+from lit_ddp.callbacks.tensorboard import tensorboard_writer
+from lit_ddp.distributed.batch import global_batch_size
+
+
+def flatten(prefix: str, value, out: dict) -> dict:
+    """Nested dicts and dataclasses → ``{"a/b/c": scalar}`` with TensorBoard's hparam types (int, float,
+    str, bool); anything else as its string."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not str(k).startswith("_"):  # Lightning's private entries (_instantiator, _class_path)
+                flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
+
+
+def strategy_name(trainer: Trainer) -> str:
+    """Lightning's short name: single_device, ddp, ddp_spawn, fsdp, ..."""
+    strategy = trainer.strategy
+    name = (
+        getattr(strategy, "strategy_name", None) or type(strategy).__name__.removesuffix("Strategy").lower()
+    )
+    start_method = getattr(strategy, "_start_method", "popen")  # DDP: how ranks are started
+    return f"{name}_{start_method}" if start_method in ("spawn", "fork") else name
+
+
+def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict:
+    """Model and data hyperparameters plus how the run is spread: devices, nodes, strategy, precision."""
+    params = {"model": type(pl_module).__name__}
+    flatten("model", dict(pl_module.hparams), params)
+    dm = trainer.datamodule
+    if dm is not None:
+        params["data"] = type(dm).__name__
+        flatten("data", dict(dm.hparams), params)
+    params.update(
+        {
+            "trainer/accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),
+            "trainer/devices": trainer.num_devices,
+            "trainer/num_nodes": trainer.num_nodes,
+            "trainer/world_size": trainer.world_size,
+            "trainer/strategy": strategy_name(trainer),
+            "trainer/precision": str(trainer.precision),
+            "trainer/accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "trainer/max_epochs": trainer.max_epochs if trainer.max_epochs is not None else -1,
+            "global_batch_size": global_batch_size(trainer),
+            "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)),  # set by seed_everything
+        }
+    )
+    return params
+
+
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def environment_markdown(trainer: Trainer) -> str:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    rows = {
+        "python": platform.python_version(),
+        "torch": f"{torch.__version__} (CUDA {torch.version.cuda or 'none'})",
+        **{p: _version(p) for p in ("torchvision", "lightning", "torchmetrics", "tensorboard")},
+        "world size": f"{trainer.world_size} = {trainer.num_nodes} node(s) × {trainer.num_devices} device(s)",
+        "accelerator": type(trainer.accelerator).__name__,
+        "strategy": f"{strategy_name(trainer)} ({type(trainer.strategy).__name__})",
+        "precision": str(trainer.precision),
+        "global batch": global_batch_size(trainer),
+        "device": device,
+        "host": f"{platform.node()} ({platform.system()})",
+    }
+    return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows.items())
+
+
+def _code_block(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())  # markdown: indented = verbatim
+
+
+class RunInfo(Callback):
+    """Writes the ``hparams`` summary and the ``config`` and ``environment`` texts.
+
+    Args:
+        metrics: the scalars shown as hparam metrics (their last value: the final validation metrics);
+            default ``val/loss`` and every ``val/`` metric of the module (``val/acc``, ``val/acc_top5``).
+    """
+
+    def __init__(self, metrics: list[str] | None = None) -> None:
+        self.metrics = metrics
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # TensorBoard shows the first hparams summary of a run. Lightning's own is written before fit with
+        # a placeholder metric (hp_metric = -1): turn it off so that the summary below, with the real
+        # validation metrics, is the one shown. Same attribute on every rank, no collective.
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger._default_hp_metric = False
+
+    def _metric_tags(self, pl_module: LightningModule) -> list[str]:
+        if self.metrics is not None:
+            return list(self.metrics)
+        val_metrics = getattr(pl_module, "val_metrics", None)
+        return ["val/loss", *(val_metrics.keys() if val_metrics is not None else ["val/acc"])]
+
+    @rank_zero_only
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        writer = tensorboard_writer(trainer)
+        if writer is None:
+            return
+        params = run_hparams(trainer, pl_module)
+        # Only the metric names go into the summary; TensorBoard reads their values from the scalars.
+        exp, ssi, sei = hparams(params, {tag: 0.0 for tag in self._metric_tags(pl_module)})
+        file_writer = writer._get_file_writer()
+        for summary in (exp, ssi, sei):
+            file_writer.add_summary(summary)
+        # The resolved config LightningCLI saved in the run directory (setup, before fit); else the hparams.
+        config_path = os.path.join(writer.get_logdir(), "config.yaml")
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                config = f.read()
+        else:
+            config = "\n".join(f"{k}: {v}" for k, v in params.items())
+        writer.add_text("config", _code_block(config), trainer.global_step)
+        writer.add_text("environment", environment_markdown(trainer), trainer.global_step)
