@@ -96,6 +96,24 @@ def test_batches_are_channels_last_and_unreadable_slots_are_dropped(tree) -> Non
     assert x2.shape[0] == 2 and torch.equal(y2, y[[0, 2]])
 
 
+# ---- the system ---------------------------------------------------------------------------------------
+
+
+def test_resnet_system_switches() -> None:
+    plain = ResNetImageNet(num_classes=3, arch="resnet18")
+    model = ResNetImageNet(
+        num_classes=3, arch="resnet18", zero_init_residual=True, channels_last=True, compile=True
+    )
+    assert model.net.layer1[0].bn2.weight.abs().sum() == 0  # each residual block starts as the identity
+    assert plain.net.layer1[0].bn2.weight.abs().sum() > 0
+    assert model.net.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    model.configure_model()  # where Lightning compiles it, on each rank
+    assert model.net._compiled_call_impl is not None
+    assert model.state_dict().keys() == plain.state_dict().keys()  # checkpoints load either way
+    with pytest.raises(UserError, match="unknown arch 'resnet19'.*resnet18"):
+        ResNetImageNet(arch="resnet19")
+
+
 # ---- the data module's errors ---------------------------------------------------------------------
 
 

@@ -123,7 +123,9 @@ class SkippedImagesReport(Callback):
                 f" --data.strict=true to stop at the first one instead): {names}"
             )
         if known:
-            pl_module.log(f"{split}/skipped_images", float(len(known)), on_step=False, on_epoch=True)
+            # The same on every rank already; sync_dist (a tiny all-reduce per epoch) tells Lightning so.
+            count = float(len(known))
+            pl_module.log(f"{split}/skipped_images", count, on_step=False, on_epoch=True, sync_dist=True)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._report(trainer, pl_module, "train")
