@@ -21,8 +21,17 @@ from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_ddp.callbacks import ModelCheckpoint
+from lit_ddp.callbacks import DASHBOARD_CALLBACKS, ModelCheckpoint
 from lit_ddp.data import ImageDataModule
+from lit_ddp.distributed.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.distributed.faults import (
+    DEFAULT_DIST_TIMEOUT_S,
+    fault_tolerance_callbacks,
+    lost_rank_message,
+    set_dist_timeout,
+)
+from lit_ddp.distributed.launch import bind_rendezvous_to_loopback, check_launcher_world
+from lit_ddp.distributed.resume import check_ckpt_file, prepare_ckpt_path
 from lit_ddp.distributed.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
@@ -55,6 +64,17 @@ class LitDDPCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
+        # TensorBoard dashboard (lit_ddp/callbacks/__init__.py): on by default, `--KEY=null` turns one off.
+        for key, callback_class in DASHBOARD_CALLBACKS.items():
+            parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
+            class_path = f"{callback_class.__module__}.{callback_class.__name__}"
+            parser.set_defaults({key: {"class_path": class_path}})
+        parser.add_argument(
+            "--dist_timeout",
+            type=float,
+            default=DEFAULT_DIST_TIMEOUT_S,
+            help="Seconds a collective may wait for the other ranks before the job fails (torch: 1800).",
+        )
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: add our plugin
@@ -62,7 +82,33 @@ class LitDDPCLI(LightningCLI):
         trainer_config = self._get(self.config_init, "trainer", default={})
         if trainer_config.get("sync_batchnorm"):
             kwargs["plugins"] = with_sync_batchnorm(kwargs.get("plugins", trainer_config.get("plugins")))
-        return super().instantiate_trainer(**kwargs)
+        # Fault tolerance (lit_ddp/distributed/faults.py): atomic checkpoint writes and safe loads, a
+        # checkpoint on SIGTERM/SIGUSR1, a stop on NaN, a finite collective timeout, a lost rank named.
+        kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins", trainer_config.get("plugins")))
+        callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks()]
+        dashboard = [self._get(self.config_init, key) for key in DASHBOARD_CALLBACKS]
+        kwargs["callbacks"] += [callback for callback in dashboard if callback is not None]
+        trainer = super().instantiate_trainer(**kwargs)
+        set_dist_timeout(trainer, self._get(self.config_init, "dist_timeout", default=DEFAULT_DIST_TIMEOUT_S))
+        return trainer
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters here, first: a corrupt file is one error.
+        subcommand = self.config.get("subcommand")
+        check_ckpt_file(self.config[subcommand].get("ckpt_path") if subcommand else None)
+        super()._parse_ckpt_path()
+
+    def _before_run(self) -> None:
+        # Before any process is spawned (lit_ddp/distributed/launch.py, resume.py): the launcher's world
+        # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
+        check_launcher_world(self.trainer)
+        config = self.config_init[self.subcommand]
+        config["ckpt_path"] = prepare_ckpt_path(config.get("ckpt_path"), self.trainer, self.model)
+        bind_rendezvous_to_loopback(self.trainer, self._get(self.config_init, "dist_timeout"))
+
+    before_fit = before_validate = before_test = before_predict = _before_run
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:
@@ -102,6 +148,9 @@ def main(args: list[str] | None = None) -> None:
         build_cli(args)
     except Exception as err:
         user_error = _user_error(err)
+        if user_error is None and lost_rank_message():
+            print(f"lit_ddp: error: {lost_rank_message()}", file=sys.stderr)
+            sys.exit(1)
         if user_error is None:
             raise
         print(f"lit_ddp: error: {user_error}", file=sys.stderr)

@@ -7,7 +7,8 @@ lost:
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint.
 
-Each rank also appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
+With ``out_dir``, each rank records the labels of every training batch (``batches_rank<r>.txt``: epoch,
+step, labels) and appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
 process is left behind."""
 
 import os
@@ -54,6 +55,10 @@ class Fault(Callback):
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
     ) -> None:
+        if self.out_dir is not None:
+            # Which data this step trains on: the labels identify a batch of the seeded shuffle.
+            with open(self.out_dir / f"batches_rank{trainer.global_rank}.txt", "a") as f:
+                f.write(f"{trainer.current_epoch} {trainer.global_step} {batch[1].tolist()}\n")
         # Count batches seen in this process, not trainer.global_step, so a resumed run does not fire again.
         if self._batches == self.at_step:
             self._fire(trainer, pl_module)
@@ -62,3 +67,33 @@ class Fault(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
             self._fire(trainer, pl_module)
+
+
+def listening_addresses() -> list[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) of the TCP sockets this process listens on (Linux)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (the listing's own fd)
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # state 0A = LISTEN
+                found.append(fields[1].split(":")[0])
+    return found
+
+
+class Listening(Callback):
+    """Writes ``<out_dir>/listen_rank<r>.txt``: the addresses this rank listens on, once training started."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / f"listen_rank{trainer.global_rank}.txt").write_text(" ".join(listening_addresses()))

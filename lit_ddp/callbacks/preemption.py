@@ -66,7 +66,7 @@ class PreemptionCheckpoint(Callback):
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return
         path = last_checkpoint_path(trainer)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)
         batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         where = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
         if 0 < batch < trainer.num_training_batches:

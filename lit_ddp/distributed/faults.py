@@ -83,16 +83,19 @@ class FaultMonitor(Callback):
         t = self._trainer
         return t.node_rank * t.num_devices if t is not None else 0
 
+    def _parent_lost(self, where: str = "") -> str:
+        rank = self._trainer.global_rank if self._trainer else "?"
+        lost = f"lost rank {self._node_rank0()} (pid {self._parent}, the launcher of this node)"
+        return f"{lost}{where}; rank {rank} stops too"
+
     def _follow_parent(self) -> None:
         while os.getppid() == self._parent:
             time.sleep(self.poll_s)
-        rank = self._trainer.global_rank if self._trainer else "?"
-        print(
-            f"lit_ddp: error: lost rank {self._node_rank0()} (pid {self._parent}, the launcher of this node);"
-            f" rank {rank} stops too",
-            file=sys.stderr,
-            flush=True,
-        )
+        time.sleep(self.poll_s)  # a failing collective may report it first, through on_exception and the CLI
+        if _lost_rank_message is None:
+            print(f"lit_ddp: error: {self._parent_lost()}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(5 * self.poll_s)  # the main thread is on its way out
         os._exit(1)  # the main thread may be blocked in a collective that would wait for the timeout
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
@@ -100,6 +103,13 @@ class FaultMonitor(Callback):
         if trainer.world_size < 2 or not isinstance(exception, RuntimeError):
             return
         where = f"at epoch {trainer.current_epoch}, step {trainer.global_step}"
+        if self._parent is not None:
+            deadline = time.monotonic() + 2 * self.poll_s
+            while os.getppid() == self._parent and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if os.getppid() != self._parent:
+                _lost_rank_message = self._parent_lost(f" {where}")
+                return
         launcher = trainer.strategy.launcher
         if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
             lost = _lost_children(launcher)
@@ -118,7 +128,7 @@ class FaultMonitor(Callback):
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+    return text.splitlines()[0].split(". ")[0] if text else type(exc).__name__
 
 
 def _is_peer_failure(exc: BaseException) -> bool:

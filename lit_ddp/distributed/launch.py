@@ -1,0 +1,86 @@
+"""Launcher checks before any rank starts: the world agrees with --trainer.devices; rendezvous on loopback.
+
+* Under torchrun or srun the launcher decides the number of processes; Lightning compares it with
+  ``devices × num_nodes`` only once the ranks are running, with a traceback per rank. The same check here
+  is one line, before training starts, with the flag to change.
+* On one node, Lightning's launcher rendezvouses on ``MASTER_ADDR=127.0.0.1``, but torch's rendezvous server
+  (the TCPStore that rank 0 hosts on ``MASTER_PORT``) listens on every interface: any host that can reach the
+  machine could join or disturb the job. Rank 0 here opens that server itself on 127.0.0.1 only; torch's
+  ``init_process_group`` then reuses it (TCPStore ``multi_tenant``). torchrun hosts its own store in the
+  torchrun process, which this cannot reach: see the README for its flags.
+"""
+
+import socket
+from datetime import timedelta
+
+from lightning import Trainer
+from lightning.fabric.plugins.environments import (
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.distributed import TCPStore
+
+from lit_ddp.errors import UserError
+
+LOOPBACK = ("127.0.0.1", "localhost")
+_rendezvous: tuple[socket.socket, TCPStore] | None = None  # kept alive for the life of the process
+
+
+def check_launcher_world(trainer: Trainer) -> None:
+    """UserError unless the processes torchrun/srun started match ``devices × num_nodes``."""
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if not isinstance(env, TorchElasticEnvironment | SLURMEnvironment):
+        return
+    name = "srun" if isinstance(env, SLURMEnvironment) else "torchrun"
+    hint = "--ntasks-per-node and --nodes" if name == "srun" else "--nproc_per_node and --nnodes"
+    world, wanted = env.world_size(), trainer.num_devices * trainer.num_nodes
+    if world != wanted:
+        raise UserError(
+            f"{name} started {world} processes but --trainer.devices={trainer.num_devices} ×"
+            f" --trainer.num_nodes={trainer.num_nodes} = {wanted}: make them equal ({name}'s {hint})"
+        )
+    try:
+        env.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+    except ValueError as err:  # e.g. SLURM's --ntasks-per-node differs from --trainer.devices
+        raise UserError(f"{name} and the trainer disagree: {err}") from err
+
+
+def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
+    """On a single node launched by Lightning, host rank 0's rendezvous store on 127.0.0.1 only."""
+    global _rendezvous
+    strategy = trainer.strategy
+    env = getattr(strategy, "cluster_environment", None)
+    if (
+        _rendezvous is not None
+        or not isinstance(strategy.launcher, _SubprocessScriptLauncher)
+        or type(env) is not LightningEnvironment
+        or env.creates_processes_externally  # torchrun, or a rank > 0 that Lightning started
+        or trainer.num_nodes != 1
+        or trainer.num_devices < 2
+        or env.main_address not in LOOPBACK
+    ):
+        return False
+    port = env.main_port  # chosen now, and the same that the launcher will hand to the other ranks
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        store = TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=sock.fileno(),
+        )
+    except (OSError, RuntimeError, TypeError) as err:  # a port taken meanwhile, or an older torch
+        sock.close()
+        rank_zero_warn(f"lit_ddp: rendezvous not bound to 127.0.0.1 ({err}); torch's default binding is used")
+        return False
+    _rendezvous = (sock, store)
+    return True

@@ -1,0 +1,149 @@
+"""Launchers on CPU: torchrun, the sbatch templates under a simulated SLURM, rendezvous on loopback only."""
+
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TINY_SHAPES, read_scalars, run_dirs
+
+RUN = [
+    *TINY_SHAPES,
+    "--trainer.max_epochs=1",
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(
+    cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(nproc: int) -> list[str]:
+    # A fixed loopback rendezvous on a free port: tests running side by side must not share torchrun's 29500.
+    port = free_port()
+    return [
+        *(sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"),
+        *("--master_addr=127.0.0.1", f"--master_port={port}", "-m", "lit_ddp", "fit"),
+    ]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_torchrun_two_processes_train_and_write_once(tmp_path: Path) -> None:
+    result = run([*torchrun(2), *RUN, "--trainer.devices=2"], cwd=tmp_path)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    runs = run_dirs(tmp_path / "logs")
+    assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file()
+    assert 0.0 <= read_scalars(runs[0])["val/acc"][-1] <= 1.0
+    assert out.count("global batch = 32 per device × 2 devices") == 1
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in out
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(200)
+def test_torchrun_world_and_devices_disagree_is_one_clear_error(tmp_path: Path) -> None:
+    result = run([*torchrun(2), *RUN, "--trainer.devices=3"], cwd=tmp_path, timeout=180)
+    assert result.returncode != 0
+    line = "lit_ddp: error: torchrun started 2 processes but --trainer.devices=3 × --trainer.num_nodes=1 = 3"
+    assert line in result.stderr
+    assert "Initializing distributed" not in result.stdout + result.stderr  # before any rendezvous
+    assert not (tmp_path / "logs").exists()
+
+
+def render_sbatch(template: Path, nodes: int, tasks_per_node: int) -> tuple[str, dict[str, str]]:
+    """The script with sample #SBATCH values, and the variables sbatch would set for that allocation."""
+    text = template.read_text()
+    text = re.sub(r"^#SBATCH --nodes=\d+", f"#SBATCH --nodes={nodes}", text, flags=re.M)
+    text = re.sub(
+        r"^#SBATCH --ntasks-per-node=\d+", f"#SBATCH --ntasks-per-node={tasks_per_node}", text, flags=re.M
+    )
+    text = re.sub(r"^#SBATCH --gpus-per-node=\d+\n", "", text, flags=re.M)  # this machine has none
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, flags=re.M))
+    assert sbatch["signal"] == "SIGUSR1@90" and "#SBATCH --requeue" in text and "--ckpt_path=last" in text
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": sbatch["job-name"],
+        "SLURM_NNODES": sbatch["nodes"],
+        "SLURM_NTASKS_PER_NODE": sbatch["ntasks-per-node"],
+        "SLURM_NODELIST": "127.0.0.1",  # Lightning's SLURMEnvironment: MASTER_ADDR = first host of the list
+    }
+    return text, env
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("template", "nodes", "per_node"), [("sbatch_single_node.sh", 1, 2), ("sbatch_multi_node.sh", 2, 1)]
+)
+def test_sbatch_template_runs_under_simulated_slurm(
+    tmp_path: Path, template: str, nodes: int, per_node: int
+) -> None:
+    """The script itself runs, with a stand-in srun that starts one process per task (2 in all)."""
+    text, env = render_sbatch(REPO / "scripts" / template, nodes, per_node)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "fake_srun.py"} "$@"\n')
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    env |= {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "CONFIG": str(REPO / "configs" / "lenet_shapes.yaml"),
+        "MASTER_PORT": str(free_port()),
+    }
+    result = run(["bash", str(script), *RUN], cwd=tmp_path, env=env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert out.count("global batch = 32 per device × 2 devices") == 1, out[-3000:]
+    ranks = re.findall(r"Initializing distributed: GLOBAL_RANK: (\d), MEMBER: \d/2", out)
+    assert sorted(ranks) == ["0", "1"]
+    runs = run_dirs(tmp_path / "logs")
+    assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file()
+    # --ckpt_path=last on the first start of a job: nothing to resume yet, so it starts fresh
+    assert "resuming from" not in out
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(200)
+def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None:
+    """Every socket a 2-process ``ddp`` run listens on is bound to 127.0.0.1 (torch's store would use all)."""
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "lit_ddp",
+            "fit",
+            *RUN,
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            "--trainer.callbacks+=fault_probe.Listening",
+            f"--trainer.callbacks.out_dir={tmp_path / 'probe'}",
+        ],
+        cwd=tmp_path,
+        env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"},
+    )
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    listening = {p.name: p.read_text().split() for p in (tmp_path / "probe").glob("listen_rank*.txt")}
+    assert sorted(listening) == ["listen_rank0.txt", "listen_rank1.txt"]
+    addresses = [a for found in listening.values() for a in found]
+    assert "0100007F" in listening["listen_rank0.txt"]  # rank 0 hosts the store: 127.0.0.1 (hex, as in /proc)
+    loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+    assert set(addresses) <= loopback, addresses
