@@ -92,3 +92,8 @@ def test_scale_lr_multiplies_by_global_batch_over_base() -> None:
     )
     assert unscaled.param_groups[0]["lr"] == pytest.approx(0.1)
     assert math.isclose(cfg.lr, 0.1)  # the config itself is not mutated
+    warm = OptimConfig(name="sgd", lr=0.1, scale_lr=True, warmup_epochs=1.0)
+    optimizer, _ = build_optimizer(LeNet(), warm, global_batch=1024, total_steps=100, steps_per_epoch=10)
+    # The scaled base lr is what the schedule scales; the first warmup step runs at a tenth of it.
+    assert optimizer.param_groups[0]["initial_lr"] == pytest.approx(0.4)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04)

@@ -104,6 +104,6 @@ class ImageClassifier(LightningModule):
         if self.optim.scale_lr:
             rank_zero_info(
                 f"lr scaled by global batch: {self.optim.lr} × {global_batch}/{self.optim.base_batch_size}"
-                f" = {optimizer.param_groups[0]['lr']:.4g}"
+                f" = {optimizer.param_groups[0]['initial_lr']:.4g}"
             )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

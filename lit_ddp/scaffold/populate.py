@@ -35,6 +35,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "{pkg}/data/jpeg.py",
         "configs/resnet_imagenet.yaml",
         "tests/test_imagenet.py",
+        "tests/imagenet_tree.py",
         "benchmarks/bench_input_pipeline.py",
         "benchmarks/bench_resnet_gpu.py",
     ),
