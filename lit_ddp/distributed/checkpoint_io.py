@@ -61,9 +61,16 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def load_checkpoint_file(
-    path: str | os.PathLike, map_location: Any = "cpu", weights_only: bool = True, mmap: bool = False
+    path: str | os.PathLike,
+    map_location: Any = "cpu",
+    weights_only: bool = True,
+    mmap: bool = False,
+    require_state_dict: bool = True,
 ) -> dict:
-    """The checkpoint dict at ``path``, or a UserError saying why not (``mmap``: a cheap look)."""
+    """The checkpoint dict at ``path``, or a UserError saying why not (``mmap``: a cheap look).
+
+    ``require_state_dict=False`` accepts any dict: Lightning's own files (e.g. the bare state_dict that
+    ddp_spawn hands back to the main process in ``.temp.ckpt``) go through the same CheckpointIO."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
@@ -90,7 +97,7 @@ def load_checkpoint_file(
         raise UserError(
             f"checkpoint {path} is corrupt or truncated ({first}): use an earlier checkpoint of the run"
         ) from err
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, dict) or (require_state_dict and "state_dict" not in checkpoint):
         raise UserError(
             f"checkpoint {path} is not a Lightning checkpoint (no state_dict): pass a .ckpt from a run"
         )
@@ -114,6 +121,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             path,
             map_location=map_location if map_location is not None else "cpu",
             weights_only=True if weights_only is None else weights_only,
+            require_state_dict=False,  # user-given paths are checked up front (resume.py), with this rule
         )
 
 
