@@ -41,7 +41,8 @@ class ConfusionMatrix(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         num_classes = getattr(pl_module, "num_classes", None) or trainer.datamodule.num_classes
-        self.metric = MulticlassConfusionMatrix(num_classes).to(pl_module.device)
+        # validate_args=False: its label checks cost a device sync per batch on CUDA (the data is trusted).
+        self.metric = MulticlassConfusionMatrix(num_classes, validate_args=False).to(pl_module.device)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.metric.reset()

@@ -1,0 +1,203 @@
+"""The TensorBoard dashboard, read back from the event files of short CPU runs on 1 and 2 processes.
+
+Every tag the README's "TensorBoard dashboard" section lists must exist in exactly one run directory, with
+values that make sense, and what depends on the sharding (validation counts) must not change with it.
+"""
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import TINY_SHAPES, run_cli, run_dirs
+
+from lit_ddp.data.base import _stable_seed
+from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+
+VAL_SIZE = 101  # odd: 2 ranks get 51 + 50 images, and a padded sampler would count one twice
+EPOCHS = 2
+COMMON = [
+    "fit",
+    *TINY_SHAPES,
+    f"--trainer.max_epochs={EPOCHS}",
+    "--trainer.accelerator=cpu",
+    "--trainer.log_every_n_steps=2",
+    "--trainer.enable_progress_bar=false",
+]
+SCALARS = [
+    "train/loss_step",
+    "train/loss_epoch",
+    "train/acc",
+    "val/loss",
+    "val/acc",
+    "lr-AdamW/pg1",  # two param groups: weights with weight decay, biases without
+    "lr-AdamW/pg2",
+    "perf/images_per_s",
+    "perf/images_per_s_per_device",
+    "perf/epoch_time_s",
+    "perf/data_wait",
+    *(f"val_class_acc/{name}" for name in CLASS_NAMES),
+]
+IMAGES = ["train/batch", "val/confusion_matrix"]
+TEXTS = ["config", "environment", "val/confusion_matrix"]
+
+
+def read_run(run_dir: Path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def texts(acc, tag: str) -> list[str]:
+    return [e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")]
+
+
+def hparams(acc) -> tuple[dict, list[str]]:
+    """(hyperparameters, hparam metric tags) of the run's HParams summary."""
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    def plugin_data(tag):
+        return plugin_data_pb2.HParamsPluginData.FromString(acc.summary_metadata[tag].plugin_data.content)
+
+    start = plugin_data("_hparams_/session_start_info").session_start_info
+    params = {k: getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+    metrics = [m.name.tag for m in plugin_data("_hparams_/experiment").experiment.metric_infos]
+    return params, metrics
+
+
+def confusion_counts(table: str) -> list[list[int]]:
+    """Rows of the markdown counts table (without the header and the total column)."""
+    rows = [line for line in table.splitlines() if line.startswith("| **")]
+    return [[int(v) for v in re.findall(r"\| (\d+)", row)][:-1] for row in rows]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[int, tuple[Path, str]]:
+    """devices → (the single run directory, stdout) of a 2-epoch fit; 2 devices: Lightning's ``ddp``
+    (it relaunches ``python -m lit_ddp`` for rank 1), as real multi-GPU runs use."""
+    out = {}
+    for devices, extra in ((1, []), (2, ["--trainer.strategy=ddp"])):
+        root = tmp_path_factory.mktemp(f"dashboard{devices}")
+        args = [*COMMON, f"--trainer.devices={devices}", *extra, f"--trainer.default_root_dir={root}"]
+        result = run_cli(args, cwd=root, timeout=240)
+        assert result.returncode == 0, result.stderr[-3000:]
+        dirs = run_dirs(root)
+        assert len(dirs) == 1, dirs  # one run directory, written by rank 0 alone
+        out[devices] = (dirs[0], result.stdout)
+    return out
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_every_tag_is_in_the_one_run_directory(runs, devices: int) -> None:
+    acc = read_run(runs[devices][0])
+    tags = acc.Tags()
+    assert set(SCALARS) <= set(tags["scalars"]), sorted(set(SCALARS) - set(tags["scalars"]))
+    assert set(IMAGES) <= set(tags["images"])
+    assert {f"{t}/text_summary" for t in TEXTS} <= set(tags["tensors"])
+    assert "_hparams_/session_start_info" in acc.summary_metadata
+    assert "hp_metric" not in tags["scalars"]  # Lightning's placeholder is replaced by real metrics
+    assert "perf/peak_memory_gib" not in tags["scalars"]  # CUDA only
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_values_are_sane(runs, devices: int) -> None:
+    acc = read_run(runs[devices][0])
+    values = {tag: [e.value for e in acc.Scalars(tag)] for tag in SCALARS}
+    for tag in (
+        "train/loss_epoch",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "perf/images_per_s",
+        "perf/epoch_time_s",
+    ):
+        assert len(values[tag]) == EPOCHS, tag  # once per epoch
+    for tag in ("train/acc", "val/acc", "perf/data_wait", *(f"val_class_acc/{n}" for n in CLASS_NAMES)):
+        assert all(0.0 <= v <= 1.0 for v in values[tag]), (tag, values[tag])
+    assert all(v > 0 for v in values["perf/images_per_s"] + values["perf/epoch_time_s"])
+    # Summed over ranks: all ranks together ≈ devices × one device (equal up to float rounding).
+    for total, per_device in zip(
+        values["perf/images_per_s"], values["perf/images_per_s_per_device"], strict=True
+    ):
+        assert total == pytest.approx(devices * per_device, rel=1e-5)
+    assert all(0 < v < 0.1 for v in values["lr-AdamW/pg1"])
+    assert len(acc.Images("train/batch")) == 1  # once per run
+    assert len(acc.Images("val/confusion_matrix")) == EPOCHS  # each validation, not the sanity check
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_confusion_matrix_counts_every_validation_image_once(runs) -> None:
+    labels = draw_shapes(VAL_SIZE, _stable_seed(0, 1))[1]  # ShapesDataModule's validation split, seed 0
+    per_class = Counter(labels.tolist())
+    expected_rows = [per_class[i] for i in range(len(CLASS_NAMES))]
+    row_sums = {}
+    for devices in (1, 2):
+        acc = read_run(runs[devices][0])
+        tables = texts(acc, "val/confusion_matrix")
+        assert len(tables) == EPOCHS
+        for table in tables:
+            counts = confusion_counts(table)
+            assert sum(map(sum, counts)) == VAL_SIZE
+            row_sums[devices] = [sum(row) for row in counts]
+            assert row_sums[devices] == expected_rows  # each true class: its images, once
+        # The per-class accuracy scalars are the matrix's diagonal over its rows.
+        last = confusion_counts(tables[-1])
+        for i, name in enumerate(CLASS_NAMES):
+            logged = acc.Scalars(f"val_class_acc/{name}")[-1].value
+            assert logged == pytest.approx(last[i][i] / max(sum(last[i]), 1), abs=1e-6)
+    assert row_sums[1] == row_sums[2]
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_hparams_and_text_describe_the_run(runs, devices: int) -> None:
+    acc = read_run(runs[devices][0])
+    params, metrics = hparams(acc)
+    assert params["trainer/devices"] == devices and params["trainer/num_nodes"] == 1
+    assert params["global_batch_size"] == 32 * devices
+    assert params["trainer/strategy"] == ("ddp" if devices == 2 else "single_device")
+    assert params["trainer/precision"] == "32-true"
+    assert params["model"] == "LeNetCIFAR" and params["model/optim/name"] == "adamw"
+    assert params["data"] == "ShapesDataModule" and params["data/val_size"] == VAL_SIZE
+    assert set(metrics) == {"val/loss", "val/acc"}  # their last values: the final validation metrics
+    (config,) = texts(acc, "config")
+    assert "class_path: lit_ddp.data.ShapesDataModule" in config and f"devices: '{devices}'" in config
+    (env,) = texts(acc, "environment")
+    assert f"| world size | {devices} = 1 node(s) × {devices} device(s) |" in env
+    assert "| torch |" in env and "| lightning |" in env and "| precision | 32-true |" in env
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_one_console_line_per_epoch(runs, devices: int) -> None:
+    lines = [line for line in runs[devices][1].splitlines() if line.startswith("epoch ")]
+    assert [line.split(" | ")[0] for line in lines] == [f"epoch {e}/{EPOCHS}" for e in range(1, EPOCHS + 1)]
+    assert all(
+        re.search(r"train loss [\d.]+ acc [\d.]+ \| val loss [\d.]+ acc [\d.]+ \| \d+ img/s", x)
+        for x in lines
+    )
+
+
+@pytest.mark.timeout(120)
+def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
+    from lit_ddp.cli import build_cli
+
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
+    args += ["--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
+    args += ["--confusion_matrix=null", "--batch_images=null", f"--trainer.default_root_dir={tmp_path}"]
+    cli = build_cli(args)
+    names = {type(cb).__name__ for cb in cli.trainer.callbacks}
+    assert {"Throughput", "RunInfo", "EpochSummary", "LearningRateMonitor"} <= names
+    assert not {"ConfusionMatrix", "TrainBatchImages"} & names
+    (run_dir,) = run_dirs(tmp_path)
+    tags = read_run(run_dir).Tags()
+    assert tags["images"] == [] and "perf/images_per_s" in tags["scalars"]
