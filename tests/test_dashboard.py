@@ -201,3 +201,14 @@ def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
     (run_dir,) = run_dirs(tmp_path)
     tags = read_run(run_dir).Tags()
     assert tags["images"] == [] and "perf/images_per_s" in tags["scalars"]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_without_logger_still_trains_and_prints(tmp_path: Path, capsys) -> None:
+    from lit_ddp.cli import build_cli
+
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
+    args += ["--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+    build_cli([*args, f"--trainer.default_root_dir={tmp_path}"])
+    assert run_dirs(tmp_path) == []
+    assert capsys.readouterr().out.count("epoch 1/1 | train loss") == 1

@@ -1,11 +1,11 @@
 """Callbacks lit_ddp adds to Lightning's."""
 
 from lightning import Callback
-from lightning.pytorch.callbacks import LearningRateMonitor
 
 from lit_ddp.callbacks.checkpoint import ModelCheckpoint
 from lit_ddp.callbacks.confusion import ConfusionMatrix
 from lit_ddp.callbacks.images import TrainBatchImages
+from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
 from lit_ddp.callbacks.run_info import RunInfo
 from lit_ddp.callbacks.summary import EpochSummary
 from lit_ddp.callbacks.throughput import Throughput
@@ -26,6 +26,7 @@ __all__ = [
     "DASHBOARD_CALLBACKS",
     "ConfusionMatrix",
     "EpochSummary",
+    "LearningRateMonitor",
     "ModelCheckpoint",
     "RunInfo",
     "Throughput",
