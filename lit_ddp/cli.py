@@ -30,7 +30,11 @@ from lit_ddp.distributed.faults import (
     lost_rank_message,
     set_dist_timeout,
 )
-from lit_ddp.distributed.launch import bind_rendezvous_to_loopback, check_launcher_world
+from lit_ddp.distributed.launch import (
+    bind_rendezvous_to_loopback,
+    check_devices_exist,
+    check_launcher_world,
+)
 from lit_ddp.distributed.resume import check_ckpt_file, prepare_ckpt_path
 from lit_ddp.distributed.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.errors import UserError
@@ -80,6 +84,7 @@ class LitDDPCLI(LightningCLI):
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: add our plugin
         # (torch's on CUDA, an all-reduce BatchNorm elsewhere) unless the user passed a LayerSync plugin.
         trainer_config = self._get(self.config_init, "trainer", default={})
+        check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
         if trainer_config.get("sync_batchnorm"):
             kwargs["plugins"] = with_sync_batchnorm(kwargs.get("plugins", trainer_config.get("plugins")))
         # Fault tolerance (lit_ddp/distributed/faults.py): atomic checkpoint writes and safe loads, a

@@ -13,6 +13,7 @@ process is left behind."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -39,6 +40,8 @@ class Fault(Callback):
     def _fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank != self.rank:
             return
+        if self.out_dir is not None:
+            (self.out_dir / "fired").write_text(f"{time.time()} {trainer.global_step}")
         if self.action == "nan":
             # Every rank must see it (as a real divergence would): poison this rank's weights, and DDP's
             # gradient all-reduce spreads the NaN to the others at this step.

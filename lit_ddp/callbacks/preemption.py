@@ -1,23 +1,28 @@
 """Preemption (SIGTERM, or SIGUSR1 before a SLURM time limit) → checkpoint, clean exit, resume later.
 
-Lightning already turns SIGTERM into a clean stop: the signal handler forwards it to the ranks it
-launched, and at the start of the next training batch rank 0's flag is broadcast, so every rank stops at
-the same batch (``SIGTERMException``, exit code 0). What it does not do is save anything. This callback
-saves ``last.ckpt`` at that point, on every rank together (``trainer.save_checkpoint`` writes on rank 0
-and synchronises), and treats SIGUSR1 the same way. Under SLURM it then asks for the job to be requeued
-(``scontrol requeue``), and the requeued job's ``--ckpt_path=last`` continues from the saved step.
+A signal reaches the ranks at different moments (or only one of them: the shell's SIGTERM goes to rank 0
+of Lightning's launcher), so no rank may act on it alone. The handler here only records it. At the end of
+every training batch and epoch, all ranks take the maximum of their records (one tiny all-reduce, which
+Lightning's own per-batch SIGTERM broadcast already costs) and, if any rank was signalled, all of them set
+Lightning's stop flag at the same point: Lightning's loops raise ``SIGTERMException`` there (exit code 0),
+and this callback saves ``last.ckpt`` (``trainer.save_checkpoint``: rank 0 writes, all synchronise). On
+SIGUSR1 under SLURM, rank 0 then runs ``scontrol requeue``; the requeued job's ``--ckpt_path=last``
+continues from the saved step.
 
-This replaces Lightning's own SLURM SIGUSR1 handler, which saves ``hpc_ckpt_N.ckpt`` from inside the
-signal handler, wherever each rank happens to be, with a barrier that can meet a different collective on
-another rank.
+Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
+the handler, and its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` (a barrier) from inside the handler,
+wherever each rank happens to be; a rank blocked in another collective never matches them, and the job
+hangs (a test here hung that way at an epoch end). A signal before training starts (set-up, sanity check)
+still takes Lightning's path.
 
 What a stop in the middle of an epoch loses (the checkpoint records the step, not the data loader's
 position): the resumed epoch restarts its data from the epoch's first batch (the same shuffled order,
-since the sampler is seeded by epoch) and ends after the epoch's remaining number of batches. The first
-``k`` batches are trained on twice and the last ``k`` not at all, and that epoch's train/* metrics cover
-only the batches after the resume. The step count, the learning-rate schedule and all later epochs are as
-in an uninterrupted run. A stop at an epoch boundary loses nothing: the resumed run is the uninterrupted
-run."""
+since the sampler is seeded by epoch) and ends after the epoch's remaining number of batches. After a stop
+at batch ``k`` of ``n``, batches ``0..k-1`` of that epoch are trained on twice and ``n-k..n-1`` not at all,
+and that epoch's train/* metrics cover only the batches after the resume. The step count, the learning-rate
+schedule and all later epochs are as in an uninterrupted run. A stop at an epoch boundary loses nothing:
+the resumed run is the uninterrupted run.
+"""
 
 import os
 import signal
@@ -25,6 +30,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -46,21 +52,35 @@ class PreemptionCheckpoint(Callback):
 
     def __init__(self, requeue_signal: signal.Signals = signal.SIGUSR1) -> None:
         self.requeue_signal = requeue_signal
-        self.received: str = "SIGTERM"
+        self._codes = {signal.SIGTERM: 1, requeue_signal: 2}  # the larger wins when ranks disagree
+        self._received = 0  # set by the handler, on this rank
+        self.stopped_by: str | None = None  # agreed by all ranks
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Lightning has installed its SIGTERM handler by now (after on_fit_start): route SIGUSR1 to it.
-        if threading.current_thread() is not threading.main_thread():
-            return
-        on_sigterm = signal.getsignal(signal.SIGTERM)
-        if not callable(on_sigterm):
-            return
+        # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
+        # Lightning's signal connector restores the original handlers at teardown.
+        if threading.current_thread() is threading.main_thread():
+            for signum in self._codes:
+                signal.signal(signum, self._on_signal)
 
-        def on_requeue_signal(signum, frame) -> None:
-            self.received = signal.Signals(signum).name
-            on_sigterm(signum, frame)
+    def _on_signal(self, signum: int, frame) -> None:
+        # Only record: a collective or a checkpoint here could meet another collective on another rank.
+        self._received = max(self._received, self._codes.get(signal.Signals(signum), 1))
 
-        signal.signal(self.requeue_signal, on_requeue_signal)
+    def _agree(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        code = self._received
+        if trainer.world_size > 1:  # every rank calls this at the same point of the loop
+            flag = torch.tensor(code, device=pl_module.device, dtype=torch.int32)
+            code = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        if code and self.stopped_by is None:
+            self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
+            trainer._signal_connector.received_sigterm = True  # Lightning's loops stop at their next check
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
+        self._agree(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._agree(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
@@ -71,10 +91,11 @@ class PreemptionCheckpoint(Callback):
         where = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
         if 0 < batch < trainer.num_training_batches:
             where += f" (mid-epoch, after {batch} of {trainer.num_training_batches} batches)"
+        stopped_by = self.stopped_by or "SIGTERM"
         rank_zero_info(
-            f"lit_ddp: stopped by {self.received} at {where}: saved {path}; resume with --ckpt_path=last"
+            f"lit_ddp: stopped by {stopped_by} at {where}: saved {path}; resume with --ckpt_path=last"
         )
-        if self.received == self.requeue_signal.name and trainer.is_global_zero:
+        if stopped_by == self.requeue_signal.name and trainer.is_global_zero:
             _requeue_slurm_job()
 
 

@@ -1,12 +1,16 @@
 """Checkpoint files that survive crashes, and load safely or fail with one clear error.
 
-* Writes are atomic: the checkpoint goes to a hidden temporary file in the same directory, is flushed to
-  disk, then ``os.replace``-d over the target. A job killed mid-write leaves the previous ``last.ckpt``
-  intact (plus, at worst, a stray ``.last.ckpt.tmp-*`` that the next successful write of that name
-  removes).
+* Writes are atomic: the checkpoint streams into a hidden temporary file *in the target directory*, is
+  fsync-ed, then ``os.replace``-d over the target (and the directory fsync-ed). A job killed mid-write
+  leaves the previous ``last.ckpt`` intact, plus at worst a stray ``.last.ckpt.tmp-<pid>`` that the next
+  successful write of that name removes. Lightning's own local save serialises the whole checkpoint into
+  memory, writes it to the *system* temp dir (fsspec transaction) and ``shutil.move``-s it: on a cluster,
+  where /tmp is a local disk and checkpoints live on a shared filesystem, that move is a copy, and a crash
+  during it truncates the target; nothing is fsync-ed; a small /tmp fails large checkpoints.
 * Reads use ``torch.load(weights_only=True)``: a checkpoint cannot run code when it is loaded. lit_ddp's
   own hyperparameter types are allow-listed. A missing, truncated or foreign file is a ``UserError``
-  naming it."""
+  naming it.
+"""
 
 import os
 import pathlib
@@ -84,13 +88,15 @@ def load_checkpoint_file(
                 path, map_location=map_location, weights_only=weights_only
             )  # legacy format
     except pickle.UnpicklingError as err:
-        if "Weights only load failed" in str(err):
-            detail = next((ln for ln in str(err).splitlines() if "GLOBAL" in ln), str(err).splitlines()[0])
+        detail = next((ln for ln in str(err).splitlines() if "Unsupported global" in ln), None)
+        if detail is not None:
             raise UserError(
-                f"checkpoint {path} holds objects that are not safe to load ({detail.strip()}): load it only"
-                " if you trust it, with torch.serialization.add_safe_globals or --weights_only=false"
+                f"checkpoint {path} holds objects that are not safe to load ({detail.strip()}): if you trust"
+                " the file, allow-list them with torch.serialization.add_safe_globals([...]) before loading"
             ) from err
-        raise UserError(f"checkpoint {path} is corrupt (not a readable torch file): {err}") from err
+        raise UserError(
+            f"checkpoint {path} is corrupt or truncated (not a torch checkpoint): use an earlier checkpoint"
+        ) from err
     except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, ... on damaged files
         text = str(err).strip()
         first = f"{type(err).__name__}: {text.splitlines()[0].split('. ')[0] if text else ''}"

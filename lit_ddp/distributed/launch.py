@@ -84,3 +84,24 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
         return False
     _rendezvous = (sock, store)
     return True
+
+
+def check_devices_exist(accelerator, devices) -> None:
+    """UserError when GPUs are asked for and there are fewer (Lightning: 'No supported gpu backend')."""
+    import torch
+
+    if str(accelerator) not in ("gpu", "cuda"):
+        return
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        wanted = int(devices)
+    except (TypeError, ValueError):  # a list of indices, or "auto": Lightning checks those
+        wanted = 1
+    if available == 0 or wanted > available:
+        raise UserError(
+            f"--trainer.accelerator={accelerator} --trainer.devices={devices}, but this machine has"
+            f" {available} CUDA GPUs: pass --trainer.devices={available}, or --trainer.accelerator=cpu"
+            if available
+            else f"--trainer.accelerator={accelerator}, but this machine has no CUDA GPU: pass"
+            " --trainer.accelerator=cpu (with --trainer.devices=N for N processes) or run on a GPU node"
+        )

@@ -1,0 +1,302 @@
+"""Faults on CPU with 2 real processes: a killed rank, preemption and resume, a crash mid-checkpoint, NaN,
+bad checkpoints, bad launch arguments. Each injects its fault with tests/fault_probe.py; asserts outcomes."""
+
+import ast
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_SHAPES, run_cli
+
+from lit_ddp.cli import build_cli
+from lit_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+
+# 256 training images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
+DDP_FIT = [
+    "fit",
+    *TINY_SHAPES,
+    "--trainer.max_epochs=2",
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=2",
+    "--trainer.strategy=ddp",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+STEPS_PER_EPOCH = 4
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+
+
+def fault(
+    out: Path, action: str = "sigterm", rank: int = 0, at_step: int = -1, at_epoch_end: int = -1
+) -> list[str]:
+    return [
+        "--trainer.callbacks+=fault_probe.Fault",
+        f"--trainer.callbacks.action={action}",
+        f"--trainer.callbacks.rank={rank}",
+        f"--trainer.callbacks.at_step={at_step}",
+        f"--trainer.callbacks.at_epoch_end={at_epoch_end}",
+        f"--trainer.callbacks.out_dir={out}",
+    ]
+
+
+def ddp_fit(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    return run_cli([*DDP_FIT, *args], cwd=cwd, env=ENV, timeout=timeout)
+
+
+def batches(probe: Path, rank: int = 0) -> list[tuple[int, int, list[int]]]:
+    """(epoch, global step, labels) of every training batch a rank ran, in order."""
+    rows = (line.split(" ", 2) for line in (probe / f"batches_rank{rank}.txt").read_text().splitlines())
+    return [(int(e), int(s), ast.literal_eval(labels)) for e, s, labels in rows]
+
+
+def last_ckpt(cwd: Path) -> Path:
+    (path,) = cwd.glob("logs/lightning_logs/version_*/checkpoints/last.ckpt")
+    return path
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted 2-process run, recording its batches (the probe never fires)."""
+    cwd = tmp_path_factory.mktemp("reference")
+    result = ddp_fit(cwd, *fault(cwd / "probe"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd
+
+
+# ---- a: a rank killed mid-epoch ----------------------------------------------------------------------
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_killed_rank_stops_the_whole_job_and_is_named(tmp_path: Path, killed: int) -> None:
+    result = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigkill", rank=killed, at_step=2))
+    assert result.returncode != 0
+    fired_at = float((tmp_path / "probe" / "fired").read_text().split()[0])
+    pids = [int(line.split()[1]) for line in (tmp_path / "probe" / "pids").read_text().splitlines()]
+    assert len(pids) == 2
+    deadline = time.time() + 60
+    while any(alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not any(alive(pid) for pid in pids), "a rank was left running"
+    assert time.time() - fired_at < 60
+    if killed == 1:  # rank 0 (the launcher) names the child it lost, as the job's last line
+        assert "lit_ddp: error: lost rank 1 (pid" in result.stderr and "killed by SIGKILL" in result.stderr
+        assert result.stderr.rstrip().splitlines()[-1].startswith("lit_ddp: error: lost rank 1")
+    else:  # rank 0 itself died (the shell sees SIGKILL); the orphaned rank 1 says so and exits
+        assert result.returncode == -9
+        assert "lit_ddp: error: lost rank 0 (pid" in result.stderr
+
+
+# ---- b: preemption ---------------------------------------------------------------------------------
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_is_documented(
+    tmp_path: Path, reference: Path
+) -> None:
+    """SIGTERM during epoch 1 (after 2 of its 4 batches); then `fit --ckpt_path=last`."""
+    stopped = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    out = stopped.stdout + stopped.stderr
+    assert "stopped by SIGTERM at epoch 1, step 6 (mid-epoch, after 2 of 4 batches)" in out
+    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 6
+
+    resumed = ddp_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {last_ckpt(tmp_path).relative_to(tmp_path)}" in resumed.stdout + resumed.stderr
+    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 2 * STEPS_PER_EPOCH
+    for rank in (0, 1):
+        full, before, after = (
+            batches(d, rank) for d in (reference / "probe", tmp_path / "probe", tmp_path / "probe2")
+        )
+        labels = lambda rows: [r[2] for r in rows]  # noqa: E731
+        assert before == full[:6]  # the same run up to the preemption
+        # What a mid-epoch stop loses: epoch 1 restarts from its first batch and runs for its remaining 2
+        # steps, so its batches 0-1 are trained twice and batches 2-3 not at all.
+        assert [(e, s) for e, s, _ in after] == [(1, 6), (1, 7)]
+        assert labels(after) == labels(full[4:6]) and labels(full[6:8]) != labels(after)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
+    tmp_path: Path, reference: Path
+) -> None:
+    """SIGUSR1 (SLURM's warning before the time limit) at the end of epoch 0; the resumed run = reference."""
+    stopped = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigusr1", rank=0, at_epoch_end=0))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "stopped by SIGUSR1 at epoch 1, step 4" in stopped.stdout + stopped.stderr
+    assert "mid-epoch" not in stopped.stdout + stopped.stderr
+    resumed = ddp_fit(tmp_path, "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    final, expected = (torch.load(last_ckpt(d), weights_only=True) for d in (tmp_path, reference))
+    assert final["global_step"] == expected["global_step"] == 2 * STEPS_PER_EPOCH
+    for key, value in expected["state_dict"].items():
+        assert torch.equal(final["state_dict"][key], value), key
+    # One TensorBoard run: the resumed run logged into the interrupted run's directory.
+    assert len(list(tmp_path.glob("logs/lightning_logs/version_*"))) == 1
+
+
+# ---- c: a crash while a checkpoint is written ------------------------------------------------------
+
+CRASH_MID_WRITE = """
+import resource, signal, sys, torch
+from lit_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+
+plugin = AtomicCheckpointIO()
+plugin.save_checkpoint({"state_dict": {"w": torch.ones(4)}, "epoch": 0}, sys.argv[1])
+# The kernel kills this process (SIGXFSZ) once a file it writes passes 50 kB: mid-way through the next one.
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default (the write would just fail)
+resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+plugin.save_checkpoint({"state_dict": {"w": torch.zeros(100_000)}, "epoch": 1}, sys.argv[1])
+"""
+
+
+def test_c_a_crash_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    crash = subprocess.run([sys.executable, "-c", CRASH_MID_WRITE, str(path)], timeout=120)
+    assert crash.returncode == -signal.SIGXFSZ  # really killed in the middle of the second write
+    checkpoint = AtomicCheckpointIO().load_checkpoint(path)
+    assert checkpoint["epoch"] == 0 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
+    leftover = sorted(p.name for p in path.parent.iterdir())
+    assert len(leftover) == 2 and leftover[0].startswith(".last.ckpt.tmp-") and leftover[1] == "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {}, "epoch": 2}, path)  # the next write cleans up
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_c_the_cli_writes_checkpoints_atomically(tmp_path: Path) -> None:
+    cli = build_cli([*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+# ---- d: a non-finite loss --------------------------------------------------------------------------
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+def test_d_a_nan_loss_stops_every_rank_at_that_step_naming_the_checkpoint(tmp_path: Path) -> None:
+    """Rank 1's weights turn NaN at step 5 (epoch 1): both ranks stop before applying that update."""
+    result = ddp_fit(tmp_path, *fault(tmp_path / "probe", "nan", rank=1, at_step=5))
+    assert result.returncode == 2
+    last = last_ckpt(tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert lines and all(
+        "non-finite loss or gradients at step 5 (epoch 1, batch 1)" in line for line in lines
+    )
+    assert f"--ckpt_path={last.relative_to(tmp_path)}" in lines[0]
+    assert "Traceback" not in result.stderr
+    for rank in (0, 1):
+        assert batches(tmp_path / "probe", rank)[-1][1] == 5  # no step after the bad one
+    checkpoint = torch.load(last, weights_only=True)  # epoch 0's: finite, and it resumes
+    assert checkpoint["global_step"] == STEPS_PER_EPOCH
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
+
+
+# ---- e: a corrupt, mismatched or unsafe checkpoint -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def good_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("good")
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
+    build_cli([*args, "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={root}"])
+    return next(root.rglob("last.ckpt"))
+
+
+def corrupt(good: Path, out: Path, kind: str) -> Path:
+    path = out / f"{kind}.ckpt"
+    if kind == "truncated":
+        path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif kind == "not_torch":
+        path.write_text("not a checkpoint\n")
+    elif kind == "mismatched":  # saved by a 5-class model; the data (and so the model) has 10 classes
+        checkpoint = torch.load(good, weights_only=True)
+        checkpoint["hyper_parameters"]["num_classes"] = 5
+        head = [k for k, v in checkpoint["state_dict"].items() if v.shape[:1] == (10,)]
+        for key in head:
+            checkpoint["state_dict"][key] = checkpoint["state_dict"][key][:5]
+        torch.save(checkpoint, path)
+    elif kind == "unsafe":  # an arbitrary object: unpickling it could run code
+        checkpoint = torch.load(good, weights_only=True)
+        checkpoint["extra"] = subprocess.CompletedProcess(args=["true"], returncode=0)
+        torch.save(checkpoint, path)
+    return path
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("truncated", "is corrupt or truncated"),
+        ("not_torch", "is corrupt or truncated"),
+        ("mismatched", "does not fit LeNetCIFAR: 2 tensors of another shape (first: net."),
+        ("unsafe", "holds objects that are not safe to load"),
+        ("missing", "does not exist"),
+    ],
+)
+def test_e_a_bad_checkpoint_is_one_clear_error_before_any_process_starts(
+    tmp_path: Path, good_ckpt: Path, kind: str, message: str
+) -> None:
+    path = tmp_path / "missing.ckpt" if kind == "missing" else corrupt(good_ckpt, tmp_path, kind)
+    result = run_cli([*DDP_FIT, f"--ckpt_path={path}"], cwd=tmp_path, env=ENV, timeout=180)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert len(errors) == 1 and f"checkpoint {path} " in errors[0] and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and "Initializing distributed" not in result.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real_load = torch.load
+    monkeypatch.setattr(
+        torch, "load", lambda *a, **k: calls.append(k.get("weights_only")) or real_load(*a, **k)
+    )
+    AtomicCheckpointIO().load_checkpoint(good_ckpt)
+    assert calls == [True]
+
+
+# ---- f: impossible launch arguments ----------------------------------------------------------------
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--trainer.accelerator=gpu"],
+            "lit_ddp: error: --trainer.accelerator=gpu, but this machine has no CUDA GPU",
+        ),
+        (["--data.batch_size=0"], "lit_ddp: error: batch_size=0 must be at least 1"),
+        (["--trainer.no_such_key=1"], "no_such_key"),
+    ],
+)
+def test_f_impossible_arguments_fail_once_before_any_process_is_spawned(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    if "gpu" in args[0] and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = run_cli([*DDP_FIT, *args], cwd=tmp_path, env=ENV, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert "Initializing distributed" not in result.stdout + result.stderr
+    assert not (tmp_path / "logs").exists()
