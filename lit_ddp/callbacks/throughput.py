@@ -29,6 +29,10 @@ class Throughput(Callback):
     augmentation). Validation in the middle of an epoch is excluded from step time.
     """
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A run resumed mid-epoch gets no on_train_epoch_start for that epoch: Lightning skips it.
+        self.on_train_epoch_start(trainer, pl_module)
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._images = 0
         self._wait = self._busy = 0.0
