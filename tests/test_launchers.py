@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, TINY_SHAPES, read_scalars, run_dirs
 
 RUN = [
@@ -86,6 +87,28 @@ def render_sbatch(template: Path, nodes: int, tasks_per_node: int) -> tuple[str,
     return text, env
 
 
+def slurm_job(tmp_path: Path, template: str, nodes: int, per_node: int) -> tuple[Path, dict[str, str]]:
+    """The rendered script, and an environment where ``srun`` and ``scontrol`` are local stand-ins."""
+    text, env = render_sbatch(REPO / "scripts" / template, nodes, per_node)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {
+        "srun": f'exec {sys.executable} {REPO / "tests" / "fake_srun.py"} "$@"',
+        "scontrol": f'echo "$@" >> {tmp_path / "scontrol.log"}',  # records `requeue <job id>`
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
+    env |= {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "CONFIG": str(REPO / "configs" / "lenet_shapes.yaml"),
+        "MASTER_PORT": str(free_port()),
+    }
+    return script, env
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
@@ -95,19 +118,7 @@ def test_sbatch_template_runs_under_simulated_slurm(
     tmp_path: Path, template: str, nodes: int, per_node: int
 ) -> None:
     """The script itself runs, with a stand-in srun that starts one process per task (2 in all)."""
-    text, env = render_sbatch(REPO / "scripts" / template, nodes, per_node)
-    script = tmp_path / "job.sbatch"
-    script.write_text(text)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    srun = bin_dir / "srun"
-    srun.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "fake_srun.py"} "$@"\n')
-    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
-    env |= {
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "CONFIG": str(REPO / "configs" / "lenet_shapes.yaml"),
-        "MASTER_PORT": str(free_port()),
-    }
+    script, env = slurm_job(tmp_path, template, nodes, per_node)
     result = run(["bash", str(script), *RUN], cwd=tmp_path, env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -118,6 +129,32 @@ def test_sbatch_template_runs_under_simulated_slurm(
     assert len(runs) == 1 and (runs[0] / "checkpoints" / "last.ckpt").is_file()
     # --ckpt_path=last on the first start of a job: nothing to resume yet, so it starts fresh
     assert "resuming from" not in out
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_start_resumes(
+    tmp_path: Path,
+) -> None:
+    """SLURM's ``--signal=SIGUSR1@90`` mid-epoch → last.ckpt, ``scontrol requeue 4242``, exit 0; the requeued
+    job (the same script, run again) continues from that step and finishes the run."""
+    script, env = slurm_job(tmp_path, "sbatch_single_node.sh", 1, 2)
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"
+    two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
+    first = run(["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5"], tmp_path, env)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-3000:]
+    assert "stopped by SIGUSR1 at epoch 1, step 6" in out
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # once, by rank 0
+
+    requeued = run(["bash", str(script), *two_epochs], tmp_path, env)
+    out = requeued.stdout + requeued.stderr
+    assert requeued.returncode == 0, out[-3000:]
+    (last,) = tmp_path.glob("logs/lightning_logs/version_*/checkpoints/last.ckpt")
+    assert f"resuming from {last.relative_to(tmp_path)}" in out
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # no second requeue
 
 
 @pytest.mark.ddp

@@ -62,6 +62,8 @@ class FaultMonitor(Callback):
         self._parent: int | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        global _lost_rank_message
+        _lost_rank_message = None  # a new run in this process (in-process CLI calls, tests)
         self._trainer = trainer
         launcher = trainer.strategy.launcher
         env = (

@@ -9,6 +9,7 @@ it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every (re)
 from pathlib import Path
 
 from lightning import LightningModule, Trainer
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -21,8 +22,12 @@ SPECIAL = ("last", "best", "hpc", "registry")
 
 def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | None:
     logger = trainer.logger
-    if isinstance(logger, TensorBoardLogger | CSVLogger) and logger._version is None:
-        return logger  # version not pinned by the user: we may pick the resumed run's
+    if not isinstance(logger, TensorBoardLogger | CSVLogger):
+        return None
+    # Not pinned by the user: we may pick the resumed run's. Under SLURM Lightning names the default run
+    # after the job id: a requeued job finds its own, a new submission the previous job's.
+    if logger._version is None or logger._version == SLURMEnvironment.job_id():
+        return logger
     return None
 
 
