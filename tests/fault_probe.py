@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-ACTIONS = ("sigkill", "sigterm", "sigusr1", "nan", "raise")
+ACTIONS = ("sigkill", "sigterm", "sigusr1", "nan", "raise", "hang")
 
 
 class Fault(Callback):
@@ -47,6 +47,9 @@ class Fault(Callback):
             # gradient all-reduce spreads the NaN to the others at this step.
             with torch.no_grad():
                 next(pl_module.parameters()).fill_(float("nan"))
+        elif self.action == "hang":  # alive but stuck (a deadlock, a dead filesystem): never returns
+            while True:
+                time.sleep(1)
         elif self.action == "raise":
             raise RuntimeError("fault_probe: injected error")
         else:

@@ -102,6 +102,25 @@ def test_a_killed_rank_stops_the_whole_job_and_is_named(tmp_path: Path, killed: 
         assert "lit_ddp: error: lost rank 0 (pid" in result.stderr
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(200)
+def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None:
+    """Rank 1 stays alive but never reaches the next all-reduce: rank 0 gives up after --dist_timeout."""
+    result = ddp_fit(tmp_path, "--dist_timeout=10", *fault(tmp_path / "probe", "hang", rank=1, at_step=2))
+    ended = time.time()
+    fired_at = float((tmp_path / "probe" / "fired").read_text().split()[0])
+    assert result.returncode == 1
+    assert "lit_ddp: error: rank 0 waited --dist_timeout=10 s for the other ranks at epoch 0, step 2" in (
+        result.stderr
+    )
+    assert 10 <= ended - fired_at < 60
+    pids = [int(line.split()[1]) for line in (tmp_path / "probe" / "pids").read_text().splitlines()]
+    deadline = time.time() + 10
+    while any(alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in pids), "the stuck rank was left running"
+
+
 # ---- b: preemption ---------------------------------------------------------------------------------
 
 

@@ -6,10 +6,12 @@ What happens when one process of a DDP job dies (SIGKILL, out-of-memory killer, 
 * Lightning's own launcher (``python -m lit_ddp fit --trainer.devices=N``): rank 0 is the parent of ranks
   1..N-1. Their next collective fails at once on gloo ("Connection reset by peer"), while NCCL may wait
   for the process-group timeout. Lightning's observer thread in rank 0 kills everything when a child dies,
-  but says so only at INFO level, and nothing watches the parent from the children. ``FaultMonitor``
-  closes both gaps: children exit within ~1 s of losing rank 0, and the failing rank names the lost one.
+  but says so only at INFO level; nothing watches the parent from the children; and a child that is stuck
+  (alive) outlives rank 0. ``FaultMonitor`` closes these gaps: children exit within ~2 s of losing rank 0,
+  rank 0 kills the children left when it fails, and the failing rank names the lost one.
 * Every collective gets a finite timeout (``--dist_timeout``, default 600 s instead of torch's 30 min),
-  the backstop for a rank that hangs without dying."""
+  the backstop for a rank that hangs without dying.
+"""
 
 import os
 import sys
@@ -113,19 +115,30 @@ class FaultMonitor(Callback):
                 _lost_rank_message = self._parent_lost(f" {where}")
                 return
         launcher = trainer.strategy.launcher
-        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            lost = _lost_children(launcher)
-            if lost:
-                names = ", ".join(
-                    f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost
-                )
-                _lost_rank_message = f"lost {names} {where}; the job stops"
-                return
-        if _is_peer_failure(exception):
+        children = launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else []
+        lost = _lost_children(launcher) if children else []
+        if lost:
+            names = ", ".join(
+                f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost
+            )
+            _lost_rank_message = f"lost {names} {where}; the job stops"
+        elif _is_timeout(exception):
+            timeout = getattr(trainer.strategy, "_timeout", None)
+            waited = f"--dist_timeout={timeout.total_seconds():g} s" if timeout else "the collective timeout"
+            _lost_rank_message = (
+                f"rank {trainer.global_rank} waited {waited} for the other ranks {where}"
+                f" ({_first_line(exception)}): one of them is stuck; the job stops"
+            )
+        elif _is_peer_failure(exception):
             _lost_rank_message = (
                 f"rank {trainer.global_rank} lost contact with another rank {where}"
                 f" ({_first_line(exception)}); the launcher's log names the rank that died"
             )
+        if _lost_rank_message and children:
+            # The ranks this process launched would otherwise outlive it (a stuck one forever).
+            for proc in children:
+                if proc.poll() is None:
+                    proc.kill()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -133,18 +146,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].split(". ")[0] if text else type(exc).__name__
 
 
+def _is_timeout(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "timed out" in text or "timeout" in text
+
+
 def _is_peer_failure(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(
-        s in text
-        for s in (
-            "Connection reset by peer",
-            "Connection closed by peer",
-            "Broken pipe",
-            "timed out",
-            "Timeout",
-        )
-    )
+    text = str(exc).lower()
+    return any(s in text for s in ("connection reset by peer", "connection closed by peer", "broken pipe"))
 
 
 def lost_rank_message() -> str | None:
