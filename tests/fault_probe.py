@@ -9,7 +9,8 @@ lost:
 
 With ``out_dir``, each rank records the labels of every training batch (``batches_rank<r>.txt``: epoch,
 step, labels) and appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
-process is left behind."""
+process is left behind.
+"""
 
 import os
 import signal

@@ -4,7 +4,8 @@ The check runs just before each optimizer step, on the gradients: after DDP's al
 identical on every rank, so every rank stops at the same step without an extra collective (a check of the
 local loss would stop one rank and leave the others waiting in the next all-reduce). A NaN or inf loss on
 any rank makes the averaged gradients non-finite; so does an overflow in the backward pass of a finite
-loss."""
+loss.
+"""
 
 import torch
 from lightning import Callback, LightningModule, Trainer

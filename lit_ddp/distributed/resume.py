@@ -4,7 +4,8 @@ Lightning resolves ``--ckpt_path=last`` inside the *new* run's directory (``vers
 which is empty, so a plain ``fit --ckpt_path=last`` would silently start from scratch. Here ``last`` means
 the newest ``last*.ckpt`` of any earlier run under the logger's directory, and the resumed run keeps
 logging into that run's directory (one TensorBoard run, one checkpoint folder). With no earlier checkpoint
-it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every (re)submission."""
+it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every (re)submission.
+"""
 
 from pathlib import Path
 
