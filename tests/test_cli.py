@@ -94,3 +94,17 @@ def test_embedded_default_reaches_90_percent(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     run = assert_single_run(tmp_path / "logs")
     assert read_scalars(run)["val/acc"][-1] >= 0.90
+
+
+def test_sparse_step_logging_does_not_change_epoch_metrics(tmp_path: Path) -> None:
+    """self.log runs only on batches whose values Lightning writes; the metric objects still see every batch."""
+    runs = {}
+    for every in (1, 50):
+        args = [*QUICK, "--trainer.max_epochs=2", f"--trainer.log_every_n_steps={every}"]
+        cli = build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path / str(every)}"])
+        runs[every] = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if "step" not in k}
+    # Timings differ from run to run; the lr monitor writes on the logging steps only.
+    keys = {k for k in runs[1] if not k.startswith(("perf/", "lr-"))}
+    assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= keys <= runs[50].keys()
+    for key in keys:
+        assert runs[1][key] == pytest.approx(runs[50][key], abs=1e-6), key
