@@ -10,6 +10,8 @@
     torchrun --nproc_per_node=8 -m lit_ddp fit --config configs/lenet_cifar.yaml --trainer.devices=8
     # SLURM: one task per GPU
     srun python -m lit_ddp fit --config configs/lenet_cifar.yaml --trainer.num_nodes=2 --trainer.devices=8
+    # SLURM templates with checkpoint + requeue on preemption (README: Running on a cluster)
+    sbatch scripts/sbatch_single_node.sh
 
 ``--model`` and ``--data`` take any ImageClassifier / ImageDataModule subclass by short name.
 """
