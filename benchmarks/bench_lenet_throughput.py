@@ -198,7 +198,8 @@ def main() -> None:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
     print(
-        f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) bare step | a/b | a/c |"
+        f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) bare step"
+        " | a/b | a/c |"
     )
     print("|---|---|---|---|---|---|")
     for r in results:

@@ -97,7 +97,7 @@ def test_embedded_default_reaches_90_percent(tmp_path: Path) -> None:
 
 
 def test_sparse_step_logging_does_not_change_epoch_metrics(tmp_path: Path) -> None:
-    """self.log runs only on batches whose values Lightning writes; the metric objects still see every batch."""
+    """self.log runs only on batches whose values Lightning writes; metric objects still see every batch."""
     runs = {}
     for every in (1, 50):
         args = [*QUICK, "--trainer.max_epochs=2", f"--trainer.log_every_n_steps={every}"]
