@@ -19,6 +19,7 @@ TEMPLATE_ITEMS = (
     "configs",
     "tests",
     "benchmarks",
+    "scripts",
     ".ci",
     ".gitignore",
     "pyproject.toml",

@@ -17,7 +17,7 @@ from lit_ddp.scaffold.new import new
 from lit_ddp.scaffold.populate import FAMILIES, FAMILY_CHOICES, IGNORED, MARKER, SCAFFOLD_ONLY, TREE_ITEMS
 
 REPO = Path(__file__).resolve().parents[1]
-TEXT = {".py", ".yaml", ".toml", ".md", ".txt", ".cfg", ""}
+TEXT = {".py", ".yaml", ".toml", ".md", ".txt", ".cfg", ".sh", ""}
 
 
 def bake(tmp: Path, **context) -> Path:
@@ -245,20 +245,18 @@ def test_cookiecutter_command_project_installs_runs_and_passes_its_tests(tmp_pat
 def test_new_from_an_installed_wheel(tmp_path: Path) -> None:
     """Build a wheel, install it on its own, and generate a project from the template inside it."""
     src = tmp_path / "src"
+    # Only what a checkout holds: outputs at the top level (logs/, data/, build/) are not part of it.
+    top_level_outputs = {".git", "build", "dist", "logs", "data", "lightning_logs"}
     shutil.copytree(
         REPO,
         src,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            "build",
-            "dist",
-            "*.egg-info",
-            "logs",
-            "__pycache__",
-            ".pytest_cache",
-            ".ruff_cache",
-            "data",
-        ),
+        ignore=lambda folder, names: [
+            n
+            for n in names
+            if (Path(folder) == REPO and n in top_level_outputs)
+            or n in ("__pycache__", ".pytest_cache", ".ruff_cache")
+            or n.endswith(".egg-info")
+        ],
     )
     built = run(
         [

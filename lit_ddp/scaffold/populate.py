@@ -14,7 +14,7 @@ PACKAGE = "lit_ddp"
 COMMAND = "lit-ddp"
 
 # What the new project gets from the live tree, besides the package itself.
-TREE_ITEMS = ("configs", "tests", "benchmarks", ".ci", ".gitignore", "pyproject.toml")
+TREE_ITEMS = ("configs", "tests", "benchmarks", "scripts", ".ci", ".gitignore", "pyproject.toml")
 # Never copied: the scaffolding itself, build helpers that exist only to ship the template in a wheel.
 IGNORED = ("__pycache__", "*.pyc", "scaffold", "_template", "test_scaffold.py", "*.egg-info")
 
@@ -43,7 +43,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 FAMILY_CHOICES = {"both": tuple(FAMILIES), **{name: (name,) for name in FAMILIES}}
 MARKER = re.compile(r"#\s*family:\s*(\w+)\s*$")
 SCAFFOLD_ONLY = "# scaffold-only"
-TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".txt", ".cfg", ".ini", ""}
+TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".txt", ".cfg", ".ini", ".sh", ""}
 
 
 def validate(context: dict) -> list[str]:
