@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli
 from ddp_semantics_probe import load
 from torch.utils.data import SequentialSampler
 
@@ -333,16 +334,9 @@ def test_g_resume_from_last_ckpt_equals_an_uninterrupted_run(runs: Path) -> None
 # ---- the issue's "done when", literally ------------------------------------------------------------
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "lit_ddp", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def run_ok(args: list[str], cwd: Path) -> None:
+    """``python -m lit_ddp ARGS`` with tests/ importable (for the probe callback); must exit 0."""
+    proc = run_cli(args, cwd, timeout=300, env={"PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 
@@ -353,13 +347,13 @@ def test_cli_ddp_spawn_syncbn_fit_then_validate_matches_one_device(tmp_path: Pat
     spawn = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
     fit = ["fit", "--model.batch_norm=true", "--trainer.sync_batchnorm=true", *spawn]
     fit += ["--data.train_size=256", "--data.val_size=101", "--trainer.max_epochs=1"]
-    run_cli([*fit, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "fit")], tmp_path)
+    run_ok([*fit, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "fit")], tmp_path)
     (fitted,) = {tuple(r["bn_classes"]) for r in load(tmp_path / "fit", "fit", 2)}
     assert fitted == ("AllReduceSyncBatchNorm",)
     last = next(tmp_path.rglob("last.ckpt"))
 
     validate = ["validate", "--model.batch_norm=true", f"--ckpt_path={last}", "--data.val_size=1001"]
-    run_cli([*validate, *spawn, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "val")], tmp_path)
+    run_ok([*validate, *spawn, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "val")], tmp_path)
     two = load(tmp_path / "val", "validate", 2)
     one = build_cli(
         [*validate, *CPU, "--trainer.devices=1", f"--trainer.default_root_dir={tmp_path / 'one'}"]
