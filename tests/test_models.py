@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lit_ddp.models import SYSTEMS, LeNet, LeNetCIFAR, OptimConfig
@@ -28,6 +29,35 @@ def test_lenet_architecture_is_lenet5() -> None:
     assert [f.out_features for f in fcs] == [120, 84, 10]
     assert not any(isinstance(m, nn.Softmax) for m in model.modules())
     assert sum(p.numel() for p in model.parameters()) == 62006  # LeNet-5 on 3×32×32 with 10 classes
+
+
+def _textbook_lenet(model: LeNet, x: torch.Tensor) -> torch.Tensor:
+    """LeNet-5 in its textbook order (conv → [BN] → ReLU → pool) with ``model``'s layers."""
+    convs = [m for m in model.features if isinstance(m, nn.Conv2d)]
+    norms = [m for m in model.features if isinstance(m, (nn.BatchNorm2d, nn.Identity))]
+    for conv, norm in zip(convs, norms, strict=True):
+        x = F.max_pool2d(F.relu(norm(conv(x))), 2)
+    return model.classifier(x)
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_lenet_pools_before_relu_without_changing_the_function(batch_norm: bool) -> None:
+    # Pooling before the ReLU is a speed-up (the ReLU sees 4x fewer elements), valid because max and
+    # ReLU commute: outputs and gradients must equal the textbook order's.
+    torch.manual_seed(0)
+    model = LeNet(batch_norm=batch_norm).train()
+    if batch_norm:  # a negative BN scale is the case where moving the pool before BN would be wrong
+        for bn in model.modules():
+            if isinstance(bn, nn.BatchNorm2d):
+                bn.weight.data.uniform_(-1.0, 1.0)
+    x = torch.randn(16, 3, 32, 32)
+    ours = model(x)
+    grads = torch.autograd.grad(ours.square().sum(), list(model.parameters()))
+    textbook = _textbook_lenet(model, x)
+    expected = torch.autograd.grad(textbook.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(ours, textbook)
+    for g, e in zip(grads, expected, strict=True):
+        torch.testing.assert_close(g, e)
 
 
 def test_lenet_batch_norm_adds_bn_after_each_conv_and_hidden_fc() -> None:
