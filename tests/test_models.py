@@ -1,5 +1,6 @@
 """Models return logits of the right shape; the classifier system's steps, metrics and optimizers."""
 
+import dataclasses
 import math
 
 import pytest
@@ -127,3 +128,35 @@ def test_scale_lr_multiplies_by_global_batch_over_base() -> None:
     # The scaled base lr is what the schedule scales; the first warmup step runs at a tenth of it.
     assert optimizer.param_groups[0]["initial_lr"] == pytest.approx(0.4)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.04)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw"])
+def test_fused_optimizer_is_the_default_where_torch_has_it_and_updates_like_the_plain_one(name: str) -> None:
+    torch.manual_seed(0)
+    plain_model, fused_model = LeNet(), LeNet()
+    fused_model.load_state_dict(plain_model.state_dict())
+    cfg = OptimConfig(name=name, lr=0.01, weight_decay=1e-3, nesterov=name == "sgd")
+    fused, _ = build_optimizer(fused_model, cfg, global_batch=8, total_steps=10, steps_per_epoch=10)
+    plain, _ = build_optimizer(
+        plain_model, dataclasses.replace(cfg, fused=False), global_batch=8, total_steps=10, steps_per_epoch=10
+    )
+    assert all(group["fused"] for group in fused.param_groups)  # CPU parameters: torch ≥ 2.4 has it
+    assert not any(group["fused"] for group in plain.param_groups)
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    for model, optimizer in ((plain_model, plain), (fused_model, fused)):
+        for _ in range(3):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    for p, q in zip(plain_model.parameters(), fused_model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_lenet_cifar_is_channels_last_by_default_with_unchanged_outputs() -> None:
+    torch.manual_seed(0)
+    nhwc, nchw = LeNetCIFAR(), LeNetCIFAR(channels_last=False)
+    nchw.load_state_dict(nhwc.state_dict())  # the memory format does not change the checkpoint
+    assert nhwc.net.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert nchw.net.features[0].weight.is_contiguous()
+    x = torch.randn(4, 3, 32, 32)  # an NCHW batch is converted on the way in
+    torch.testing.assert_close(nhwc(x), nchw(x), rtol=1e-4, atol=1e-5)

@@ -1,10 +1,12 @@
 """The Lightning system shared by every image classifier: steps, metrics, optimizers.
 
-Subclasses (LeNetCIFAR, ResNetImageNet) only build ``self.net``, a plain ``nn.Module`` returning logits.
+Subclasses (LeNetCIFAR, ResNetImageNet) only build the network, a plain ``nn.Module`` returning logits,
+and hand it to ``ImageClassifier.__init__``, which owns its memory format and compilation.
 Every metric is a torchmetrics object updated locally on each rank and reduced once, at epoch end,
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
 """
 
+import torch
 import torch.nn.functional as F
 from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
@@ -30,18 +32,28 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
 
 
 class ImageClassifier(LightningModule):
-    """Cross-entropy classifier over ``self.net``; batches are ``(images, labels)`` already normalised."""
+    """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
-    net: nn.Module
+    ``channels_last`` stores the weights NHWC and hands the network NHWC inputs: what tensor cores want
+    under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on (LeNet trains
+    ~20 % faster per step). ``compile`` runs ``torch.compile`` on the network, in place, so checkpoints
+    keep their parameter names.
+    """
 
     def __init__(
         self,
+        net: nn.Module,
         num_classes: int,
         optim: OptimConfig,
         label_smoothing: float = 0.0,
         top_k: tuple[int, ...] = (1,),
+        channels_last: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.net = net.to(memory_format=self.memory_format)
+        self.compile_net = compile
         self.num_classes = num_classes
         self.optim = optim
         self.label_smoothing = label_smoothing
@@ -51,7 +63,13 @@ class ImageClassifier(LightningModule):
             setattr(self, f"{stage}_loss", MeanMetric())
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
+        return self.net(x.contiguous(memory_format=self.memory_format))
+
+    def configure_model(self) -> None:
+        # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
+        if self.compile_net and getattr(self.net, "_compiled_call_impl", None) is None:
+            self.net.compile()
 
     def _log_now(self, stage: str, batch_idx: int) -> bool:
         """Whether this batch calls ``self.log``. Metric objects accumulate every update themselves, so

@@ -10,12 +10,12 @@ def _maybe_bn(kind: type[nn.Module], channels: int, enabled: bool) -> nn.Module:
 class LeNet(nn.Module):
     """LeNet-5 for 3×32×32 inputs: conv 6@5×5 → pool → conv 16@5×5 → pool → fc 120 → fc 84 → fc classes.
 
+    Returns logits. There is deliberately no softmax: ``F.cross_entropy`` applies log-softmax itself,
+    and a softmax in front of it (the classic tutorial bug) flattens the gradients.
     Each conv block pools before its ReLU: max-pooling and ReLU commute (ReLU is monotone), so the
     function is that of conv → ReLU → pool, with the ReLU on 4× fewer elements (BatchNorm, whose scale may
-    be negative, stays before the pool). Returns logits. There is deliberately no softmax: ``F.cross_entropy`` applies log-softmax itself,
-    and a softmax in front of it (the classic tutorial bug) flattens the gradients.
-    ``batch_norm=True`` adds BatchNorm after each conv and hidden fc layer, so DDP + SyncBatchNorm can
-    be exercised on a model that trains in seconds.
+    be negative, stays before the pool). ``batch_norm=True`` adds BatchNorm after each conv and hidden fc
+    layer, so DDP + SyncBatchNorm can be exercised on a model that trains in seconds.
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3, batch_norm: bool = False) -> None:

@@ -1,8 +1,5 @@
 """ResNets on ImageNet (or any ImageFolder): the training system around ``build_resnet``."""
 
-import torch
-from torch import Tensor
-
 from lit_ddp.models.classifier import ImageClassifier
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.resnet import build_resnet
@@ -34,18 +31,13 @@ class ResNetImageNet(ImageClassifier):
         channels_last: bool = False,
         compile: bool = False,
     ) -> None:
-        super().__init__(num_classes=num_classes, optim=optim, label_smoothing=label_smoothing, top_k=(1, 5))
+        super().__init__(
+            build_resnet(arch, num_classes, zero_init_residual),
+            num_classes=num_classes,
+            optim=optim,
+            label_smoothing=label_smoothing,
+            top_k=(1, 5),
+            channels_last=channels_last,
+            compile=compile,
+        )
         self.save_hyperparameters()
-        self.net = build_resnet(arch, num_classes, zero_init_residual)
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
-        self.net.to(memory_format=self.memory_format)
-        self.compile_net = compile
-
-    def forward(self, x: Tensor) -> Tensor:
-        # The ImageNet loader already delivers channels-last batches; this is a no-op then.
-        return self.net(x.contiguous(memory_format=self.memory_format))
-
-    def configure_model(self) -> None:
-        # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
-        if self.compile_net and getattr(self.net, "_compiled_call_impl", None) is None:
-            self.net.compile()
