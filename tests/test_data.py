@@ -79,6 +79,28 @@ def test_random_crop_flip_yields_padded_windows_half_of_them_mirrored() -> None:
     assert 16 < mirrored < 48
 
 
+def test_random_crop_flip_draws_every_offset_and_flip_uniformly() -> None:
+    # Channel 0 holds each pixel's row + 1, channel 1 its column + 1: the centre pixel of a crop names
+    # the crop's offset, and the column order names the flip.
+    n, size, pad = 8100, 16, 4
+    rows = torch.arange(1, size + 1, dtype=torch.uint8).view(size, 1).expand(size, size)
+    x = torch.stack([rows, rows.T, rows]).expand(n, 3, size, size).contiguous()
+    out = random_crop_flip(x, padding=pad, generator=torch.Generator().manual_seed(0)).long()
+    centre = size // 2
+    dy = out[:, 0, centre, centre] - 1 - centre + pad
+    flipped = out[:, 1, centre, centre + 1] < out[:, 1, centre, centre]
+    # A mirrored crop holds the source's column ``centre`` at ``size - 1 - centre``.
+    dx = (
+        torch.where(flipped, out[:, 1, centre, size - 1 - centre], out[:, 1, centre, centre])
+        - 1
+        - centre
+        + pad
+    )
+    cell = (flipped.long() * (2 * pad + 1) + dy) * (2 * pad + 1) + dx
+    counts = torch.bincount(cell, minlength=2 * (2 * pad + 1) ** 2)
+    assert counts.numel() == 162 and counts.min() > 20 and counts.max() < 100  # expected 50 each
+
+
 def test_hflip_flips_about_half_and_keeps_others() -> None:
     x = torch.randint(0, 256, (400, 3, 4, 4), dtype=torch.uint8)
     out = random_hflip(x, generator=torch.Generator().manual_seed(0))
@@ -92,3 +114,8 @@ def test_normalize_matches_torchvision() -> None:
     mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
     expected = v2.functional.normalize(x.float() / 255, mean, std)
     assert torch.allclose(normalize(x, mean, std), expected, atol=1e-5)
+
+
+def test_negative_crop_padding_is_one_clear_error() -> None:
+    with pytest.raises(UserError, match=r"crop_padding=-2 must be 0 or more"):
+        ShapesDataModule(crop_padding=-2)

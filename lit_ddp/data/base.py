@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_ddp.data.batch_transforms import normalize
+from lit_ddp.data.batch_transforms import normalize, random_crop_flip
 from lit_ddp.distributed.batch import global_batch_size
 from lit_ddp.distributed.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
@@ -67,7 +67,12 @@ def _stable_seed(*parts: int) -> int:
 
 
 class ImageDataModule(LightningDataModule):
-    """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once."""
+    """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
+
+    Training batches are augmented on their device by ``augment_batch``: here a random crop from the
+    image zero-padded by ``crop_padding`` pixels per side, then a horizontal flip with probability 1/2
+    (the CIFAR recipe; subclasses with other needs override it).
+    """
 
     num_classes: int = 10
     class_names: tuple[str, ...] = ()
@@ -75,17 +80,25 @@ class ImageDataModule(LightningDataModule):
     std: tuple[float, ...] = (0.25, 0.25, 0.25)
 
     def __init__(
-        self, batch_size: int = 128, num_workers: int = 0, seed: int = 0, augment: bool = True
+        self,
+        batch_size: int = 128,
+        num_workers: int = 0,
+        seed: int = 0,
+        augment: bool = True,
+        crop_padding: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size} must be at least 1 (it is the per-device batch size)")
         if num_workers < 0:
             raise UserError(f"num_workers={num_workers} must be 0 or more")
+        if crop_padding < 0:
+            raise UserError(f"crop_padding={crop_padding} must be 0 or more (pixels of padding per side)")
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
         self.augment = augment
+        self.crop_padding = crop_padding
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -142,8 +155,8 @@ class ImageDataModule(LightningDataModule):
             )
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        """Training augmentation of a (B, C, H, W) uint8 batch on its device; subclasses override."""
-        return x
+        """Training augmentation of a (B, C, H, W) uint8 batch on its device: random crop + flip."""
+        return random_crop_flip(x, self.crop_padding, generator=generator)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         """Augmentation RNG seeded by (seed, rank, epoch): different on every rank, reproducible, and

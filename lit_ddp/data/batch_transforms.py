@@ -6,16 +6,27 @@ images; here a (B, 3, H, W) uint8 batch costs a few tensor ops. Randomness comes
 on every rank by ``seed_everything``, which would give every rank the same augmentation).
 """
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
+@functools.lru_cache(maxsize=16)
+def _scaled_mean_std(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """(1, C, 1, 1) mean and std in uint8 units, made once per device rather than on every batch."""
+    m = torch.tensor(mean, device=device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
+    s = torch.tensor(std, device=device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
+    return m, s
+
+
 def normalize(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
     """(B, C, H, W) uint8 in [0, 255] → float32 ``(x/255 - mean) / std``."""
-    m = torch.tensor(mean, device=x.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
-    s = torch.tensor(std, device=x.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
-    return (x.float() - m) / s
+    m, s = _scaled_mean_std(tuple(mean), tuple(std), x.device)
+    return x.float().sub_(m).div_(s)  # in place on the fresh float copy: one allocation
 
 
 def random_crop_flip(
@@ -23,19 +34,25 @@ def random_crop_flip(
 ) -> Tensor:
     """torchvision's RandomCrop(size, padding) then RandomHorizontalFlip(flip_p), per image, batched.
 
-    Zero-pads (black, as torchvision pads PIL images), then takes each image's window with two gathers
-    (rows, then columns, the flip folded into the column index): ~2.5× faster on CPU than advanced
-    indexing plus a separate flip, which matters when the model is as small as LeNet.
+    Zero-pads (black, as torchvision pads PIL images), views every image's (2·padding + 1)² windows as
+    one strided tensor (no copy) and copies out each image's window with a single indexing op. Flips come
+    from a mirrored copy of the padded batch: the window at column offset ``dx`` of the mirror is the
+    mirror of the window at ``2·padding - dx``, so crops stay uniform. ~2× faster on CPU than two
+    gathers, which matters when the model is as small as LeNet.
     """
     b, c, h, w = x.shape
-    padded = F.pad(x, (padding, padding, padding, padding))
-    offsets = torch.randint(0, 2 * padding + 1, (2, b, 1), device=x.device, generator=generator)
-    flip = torch.rand(b, 1, device=x.device, generator=generator) < flip_p
-    rows = torch.arange(h, device=x.device) + offsets[0]  # (B, h) source rows
-    cols = torch.arange(w, device=x.device)
-    cols = torch.where(flip, (w - 1) - cols, cols) + offsets[1]  # (B, w) source columns, mirrored if flipped
-    rows = rows.view(b, 1, h, 1).expand(b, c, h, w + 2 * padding)
-    return padded.gather(2, rows).gather(3, cols.view(b, 1, 1, w).expand(b, c, h, w))
+    n = 2 * padding + 1
+    offsets = torch.randint(0, n, (2, b), device=x.device, generator=generator)
+    flip = torch.rand(b, device=x.device, generator=generator) < flip_p
+    source = F.pad(x, (padding, padding, padding, padding)).contiguous()  # (B, C, H2, W2)
+    index = torch.arange(b, device=x.device)
+    if flip_p > 0:
+        source = torch.cat([source, source.flip(-1)])  # image i mirrored is image B + i
+        index = index + b * flip
+    h2, w2 = h + 2 * padding, w + 2 * padding
+    # windows[i, dy, dx] is image i's (C, h, w) crop at (dy, dx): a view sharing source's memory.
+    windows = source.as_strided((source.shape[0], n, n, c, h, w), (c * h2 * w2, w2, 1, h2 * w2, w2, 1))
+    return windows[index, offsets[0], offsets[1]]
 
 
 def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, split_indices
-from lit_ddp.data.batch_transforms import random_crop_flip
 from lit_ddp.errors import UserError
 
 FOLDER = "cifar-10-batches-py"
@@ -81,12 +80,17 @@ class CIFAR10DataModule(ImageDataModule):
         augment: bool = True,
         crop_padding: int = 4,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_workers=num_workers, seed=seed, augment=augment)
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            augment=augment,
+            crop_padding=crop_padding,
+        )
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
         self.download = download
         self.val_size = val_size
-        self.crop_padding = crop_padding
         # Fail here, in the launching process, before any rank is spawned.
         if not download and find_folder(self.data_dir) is None:
             raise UserError(
@@ -113,6 +117,3 @@ class CIFAR10DataModule(ImageDataModule):
             self.val_set = TensorImageDataset(images[val_idx], labels[val_idx])
         if stage in ("test", "predict"):
             self.test_set = TensorImageDataset(*read_split(folder, (TEST_BATCH,)))
-
-    def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return random_crop_flip(x, self.crop_padding, generator=generator)

@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, _stable_seed
-from lit_ddp.data.batch_transforms import random_crop_flip
 
 CLASS_NAMES = (
     "disc",
@@ -102,10 +101,15 @@ class ShapesDataModule(ImageDataModule):
         augment: bool = True,
         crop_padding: int = 4,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_workers=num_workers, seed=seed, augment=augment)
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            augment=augment,
+            crop_padding=crop_padding,
+        )
         self.save_hyperparameters()
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
-        self.crop_padding = crop_padding
 
     def _draw(self, split: str) -> TensorImageDataset:
         split_id = ("train", "val", "test").index(split)
@@ -119,6 +123,3 @@ class ShapesDataModule(ImageDataModule):
             self.val_set = self._draw("val")
         else:  # test, predict
             self.test_set = self._draw("test")
-
-    def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return random_crop_flip(x, self.crop_padding, generator=generator)
