@@ -129,12 +129,13 @@ def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None
 def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_is_documented(
     tmp_path: Path, reference: Path
 ) -> None:
-    """SIGTERM during epoch 1 (after 2 of its 4 batches); then `fit --ckpt_path=last`."""
+    """SIGTERM during epoch 1's second batch; then `fit --ckpt_path=last`."""
     stopped = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     out = stopped.stdout + stopped.stderr
-    assert "stopped by SIGTERM at epoch 1, step 6 (mid-epoch, after 2 of 4 batches)" in out
-    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 6
+    # The ranks agree without blocking: a signal during batch k stops every rank after batch k + 1.
+    assert "stopped by SIGTERM at epoch 1, step 7 (mid-epoch, after 3 of 4 batches)" in out
+    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 7
 
     resumed = ddp_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -145,11 +146,11 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_
             batches(d, rank) for d in (reference / "probe", tmp_path / "probe", tmp_path / "probe2")
         )
         labels = lambda rows: [r[2] for r in rows]  # noqa: E731
-        assert before == full[:6]  # the same run up to the preemption
-        # What a mid-epoch stop loses: epoch 1 restarts from its first batch and runs for its remaining 2
-        # steps, so its batches 0-1 are trained twice and batches 2-3 not at all.
-        assert [(e, s) for e, s, _ in after] == [(1, 6), (1, 7)]
-        assert labels(after) == labels(full[4:6]) and labels(full[6:8]) != labels(after)
+        assert before == full[:7]  # the same run up to the preemption
+        # What a mid-epoch stop loses: epoch 1 restarts from its first batch and runs for its remaining
+        # step, so its batch 0 is trained twice and batch 3 not at all.
+        assert [(e, s) for e, s, _ in after] == [(1, 7)]
+        assert labels(after) == labels(full[4:5]) and labels(full[7:8]) != labels(after)
 
 
 @pytest.mark.ddp

@@ -147,7 +147,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     first = run(["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5"], tmp_path, env)
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-3000:]
-    assert "stopped by SIGUSR1 at epoch 1, step 6" in out
+    assert "stopped by SIGUSR1 at epoch 1, step 7" in out  # the batch after the signal
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # once, by rank 0
 
     requeued = run(["bash", str(script), *two_epochs], tmp_path, env)

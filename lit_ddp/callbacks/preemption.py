@@ -2,12 +2,14 @@
 
 A signal reaches the ranks at different moments (or only one of them: the shell's SIGTERM goes to rank 0
 of Lightning's launcher), so no rank may act on it alone. The handler here only records it. At the end of
-every training batch and epoch, all ranks take the maximum of their records (one tiny all-reduce, which
-Lightning's own per-batch SIGTERM broadcast already costs) and, if any rank was signalled, all of them set
-Lightning's stop flag at the same point: Lightning's loops raise ``SIGTERMException`` there (exit code 0),
-and this callback saves ``last.ckpt`` (``trainer.save_checkpoint``: rank 0 writes, all synchronise). On
-SIGUSR1 under SLURM, rank 0 then runs ``scontrol requeue``; the requeued job's ``--ckpt_path=last``
-continues from the saved step.
+every training batch, all ranks start a non-blocking all-reduce (max) of their records on a CPU process
+group, and read the result one batch later, when it has long arrived: no rank waits for another, no GPU
+stream is synchronised, and every rank sees the same value at the same batch. At an epoch's end they agree
+at once (blocking). If any rank was signalled, all of them set Lightning's stop flag at that same point:
+Lightning's loops raise ``SIGTERMException`` there (exit code 0), and this callback saves ``last.ckpt``
+(``trainer.save_checkpoint``: rank 0 writes, all synchronise). So a run stops at the end of the batch
+after the one during which the signal arrived (or at the epoch's end). On SIGUSR1 under SLURM, rank 0 then
+runs ``scontrol requeue``; the requeued job's ``--ckpt_path=last`` continues from the saved step.
 
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
 the handler, and its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` (a barrier) from inside the handler,
@@ -31,6 +33,7 @@ import threading
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -55,6 +58,8 @@ class PreemptionCheckpoint(Callback):
         self._codes = {signal.SIGTERM: 1, requeue_signal: 2}  # the larger wins when ranks disagree
         self._received = 0  # set by the handler, on this rank
         self.stopped_by: str | None = None  # agreed by all ranks
+        self._group: dist.ProcessGroup | None = None  # CPU (gloo) group for the agreement
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the all-reduce started last batch
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
@@ -62,27 +67,63 @@ class PreemptionCheckpoint(Callback):
         if threading.current_thread() is threading.main_thread():
             for signum in self._codes:
                 signal.signal(signum, self._on_signal)
+        self._pending = None
+        if self._collective(trainer) and "gloo" not in dist.get_backend():
+            # NCCL all-reduces need CUDA tensors, and reading one back would synchronise the GPU every
+            # step. A gloo group works on CPU tensors. Every rank creates it here, at the same point.
+            self._group = dist.new_group(backend="gloo")
 
     def _on_signal(self, signum: int, frame) -> None:
         # Only record: a collective or a checkpoint here could meet another collective on another rank.
         self._received = max(self._received, self._codes.get(signal.Signals(signum), 1))
 
-    def _agree(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        code = self._received
-        if trainer.world_size > 1:  # every rank calls this at the same point of the loop
-            flag = torch.tensor(code, device=pl_module.device, dtype=torch.int32)
-            code = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+    @staticmethod
+    def _collective(trainer: Trainer) -> bool:
+        return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def _start_agreement(self) -> tuple[dist.Work, torch.Tensor]:
+        flag = torch.tensor([self._received], dtype=torch.int32)
+        return dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag
+
+    @staticmethod
+    def _result(agreement: tuple[dist.Work, torch.Tensor] | None) -> int:
+        if agreement is None:
+            return 0
+        work, flag = agreement
+        work.wait()
+        return int(flag.item())
+
+    def _stop_if(self, trainer: Trainer, code: int) -> None:
         if code and self.stopped_by is None:
             self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
             trainer._signal_connector.received_sigterm = True  # Lightning's loops stop at their next check
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
-        self._agree(trainer, pl_module)
+        if not self._collective(trainer):
+            if trainer.world_size > 1:  # a strategy without torch.distributed: agree the blocking way
+                flag = torch.tensor(self._received, device=pl_module.device, dtype=torch.int32)
+                self._stop_if(trainer, int(trainer.strategy.reduce(flag, reduce_op="max").item()))
+            else:
+                self._stop_if(trainer, self._received)
+            return
+        # Every rank passes here at the same batch, so the all-reduces pair up across ranks.
+        code = self._result(self._pending)  # started one batch ago: done by now, or nearly
+        self._pending = self._start_agreement()
+        self._stop_if(trainer, code)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._agree(trainer, pl_module)
+        # The epoch's last word is blocking, so a signal seen during the epoch never waits past its end.
+        if not self._collective(trainer):
+            return self.on_train_batch_end(trainer, pl_module)
+        pending, self._pending = self._pending, None
+        code = self._result(pending)
+        self._stop_if(trainer, max(code, self._result(self._start_agreement())))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._pending = None  # every rank started it, so it completes without being waited for
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._pending = None
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return
         path = last_checkpoint_path(trainer)
