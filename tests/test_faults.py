@@ -320,3 +320,33 @@ def test_f_impossible_arguments_fail_once_before_any_process_is_spawned(
     assert message in result.stderr and "Traceback" not in result.stderr
     assert "Initializing distributed" not in result.stdout + result.stderr
     assert not (tmp_path / "logs").exists()
+
+
+def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_after(tmp_path: Path) -> None:
+    """PreemptionCheckpoint replaces Lightning's per-batch broadcast of rank 0's stop flag (a blocking
+    collective that carries nothing once the callback owns the signals) only while training runs."""
+    import lightning as L
+
+    from lit_ddp.callbacks.preemption import PreemptionCheckpoint
+    from lit_ddp.data import ShapesDataModule
+    from lit_ddp.models import LeNetCIFAR
+
+    seen = []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            seen.append("_broadcast_sigterm_tensor" in vars(trainer.fit_loop.epoch_loop))
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[PreemptionCheckpoint(), Probe()],
+    )
+    trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=16, batch_size=32))
+    assert seen == [True, True]
+    assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
