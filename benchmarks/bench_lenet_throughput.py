@@ -2,9 +2,12 @@
 
   (a) lit_ddp through Lightning (LeNetCIFAR + CIFAR-shaped in-memory uint8 data, batched on-device
       augmentation and normalisation, DDP when 2 processes);
-  (b) the hand-written DDP loop the usual tutorials teach: a torchvision-style dataset returning PIL
-      images, ToTensor + Normalize per sample, DataLoader + DistributedSampler, DDP, Adam;
-  (c) the bare model step on pre-made, pre-normalised tensors under DDP (the compute limit).
+  (b) the hand-written DDP loop the usual tutorials teach: the tutorial's own LeNet, a torchvision-style
+      dataset returning PIL images, ToTensor + Normalize per sample, DataLoader + DistributedSampler, DDP,
+      Adam;
+  (c) lit_ddp's model step alone, on pre-made, pre-normalised tensors under DDP: the same network, memory
+      format, optimizer and schedule as (a), without Lightning or data (the compute limit of (a));
+  (c0) the tutorial's model step alone, the same way (the compute limit of (b)), for reference.
 
     python benchmarks/bench_lenet_throughput.py                  # all, 1 and 2 processes
     python benchmarks/bench_lenet_throughput.py --procs 2 --steps 200 --repeats 1
@@ -28,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from PIL import Image
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
@@ -38,7 +42,7 @@ from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.distributed.faults import fault_tolerance_callbacks
 from lit_ddp.models import LeNetCIFAR
-from lit_ddp.models.lenet import LeNet
+from lit_ddp.models.optim import build_optimizer
 
 BATCH = 64
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -63,6 +67,22 @@ def _images(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- (b) the tutorial loop ---------------------------------------------------------------------------
+
+
+class TutorialNet(nn.Module):
+    """The PyTorch CIFAR-10 tutorial's network: LeNet-5, ReLU then pool, NCHW."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 6, 5), nn.Conv2d(6, 16, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.fc1, self.fc2, self.fc3 = nn.Linear(16 * 5 * 5, 120), nn.Linear(120, 84), nn.Linear(84, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
 
 
 class PILDataset(Dataset):
@@ -90,7 +110,7 @@ def _tutorial(rank: int, world: int, port: int, steps: int, warmup: int, workers
         num_workers=workers,
         persistent_workers=workers > 0,
     )
-    model = DDP(LeNet())
+    model = DDP(TutorialNet())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     t0 = None
     for step, (x, y) in enumerate(loader):
@@ -106,23 +126,32 @@ def _tutorial(rank: int, world: int, port: int, steps: int, warmup: int, workers
     dist.destroy_process_group()
 
 
-# ---- (c) the compute limit ---------------------------------------------------------------------------
+# ---- (c) the compute limits ---------------------------------------------------------------------------
 
 
-def _bare(rank: int, world: int, port: int, steps: int, warmup: int, out) -> None:
+def _bare(rank: int, world: int, port: int, steps: int, warmup: int, model: str, out) -> None:
+    """``model="lit_ddp"``: (a)'s network, memory format, optimizer and schedule; ``"tutorial"``: (b)'s."""
     _init(rank, world, port)
     g = torch.Generator().manual_seed(rank)
     xs = [torch.randn(BATCH, 3, 32, 32, generator=g) for _ in range(8)]
     ys = [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
-    model = DDP(LeNet())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    if model == "lit_ddp":
+        system = LeNetCIFAR()
+        net, xs = system.net, [x.contiguous(memory_format=system.memory_format) for x in xs]
+        opt, schedule = build_optimizer(net, system.optim, BATCH * world, warmup + steps, warmup + steps)
+    else:
+        net = TutorialNet()
+        opt, schedule = torch.optim.Adam(net.parameters(), lr=1e-3), None
+    ddp = DDP(net)
     for step in range(warmup + steps):
         if step == warmup:
             dist.barrier()
             t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(xs[step % 8]), ys[step % 8]).backward()
+        F.cross_entropy(ddp(xs[step % 8]), ys[step % 8]).backward()
         opt.step()
+        if schedule is not None:
+            schedule.step()
     dist.barrier()
     if rank == 0:
         out.put(steps * BATCH * world / (time.perf_counter() - t0))
@@ -202,7 +231,8 @@ def main() -> None:
             runs = {"lit_ddp": partial(_lit_ddp, world, args.steps, args.warmup)}
             for w in args.tutorial_workers:
                 runs[f"tutorial_w{w}"] = partial(_spawn, _tutorial, world, args.steps, args.warmup, w)
-            runs["bare_step"] = partial(_spawn, _bare, world, args.steps, args.warmup)
+            runs["bare_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "lit_ddp")
+            runs["bare_tutorial_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "tutorial")
             for name, fn in runs.items():
                 row[name] = max(row.get(name, 0.0), fn())
         best_tutorial = max(row[f"tutorial_w{w}"] for w in args.tutorial_workers)
@@ -212,14 +242,15 @@ def main() -> None:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
     print(
-        f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) bare step"
-        " | a/b | a/c |"
+        f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) lit_ddp's step"
+        " | (c0) tutorial's step | a/b | a/c |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         tut = " / ".join(f"{r[f'tutorial_w{w}']:.0f}" for w in args.tutorial_workers)
         print(
-            f"| {r['procs']} | {r['lit_ddp']:.0f} | {tut} | {r['bare_step']:.0f} |"
+            f"| {r['procs']} | {r['lit_ddp']:.0f} | {tut} | {r['bare_step']:.0f}"
+            f" | {r['bare_tutorial_step']:.0f} |"
             f" {r['lit_ddp/best_tutorial']:.2f}× | {r['lit_ddp/bare_step']:.2f}× |"
         )
 
