@@ -160,3 +160,24 @@ def test_lenet_cifar_is_channels_last_by_default_with_unchanged_outputs() -> Non
     assert nchw.net.features[0].weight.is_contiguous()
     x = torch.randn(4, 3, 32, 32)  # an NCHW batch is converted on the way in
     torch.testing.assert_close(nhwc(x), nchw(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("nvml_loads", [False, True])
+def test_nvml_based_cuda_check_is_skipped_only_where_nvml_cannot_load(
+    nvml_loads: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ctypes
+    import os
+    import sys
+
+    from lit_ddp.models.optim import skip_futile_nvml_checks
+
+    def cdll(name: str):
+        if not nvml_loads:
+            raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what importing Lightning sets
+    skip_futile_nvml_checks()
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == ("1" if nvml_loads else "0")
