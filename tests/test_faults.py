@@ -350,3 +350,17 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
     trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=16, batch_size=32))
     assert seen == [True, True]
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
+
+
+def test_the_process_group_is_destroyed_at_exit_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import atexit
+
+    from lit_ddp.distributed import faults
+
+    handlers: list = []
+    monkeypatch.setattr(atexit, "register", handlers.append)
+    monkeypatch.setattr(atexit, "unregister", lambda fn: handlers.remove(fn) if fn in handlers else None)
+    for _ in range(3):  # e.g. fit then test in one process
+        faults.destroy_process_group_at_exit()
+    assert handlers == [faults._destroy_process_group]
+    handlers[0]()  # nothing initialised in this process: a no-op, not an error

@@ -11,14 +11,18 @@ What happens when one process of a DDP job dies (SIGKILL, out-of-memory killer, 
   rank 0 kills the children left when it fails, and the failing rank names the lost one.
 * Every collective gets a finite timeout (``--dist_timeout``, default 600 s instead of torch's 30 min),
   the backstop for a rank that hangs without dying.
+* A finished run must also exit cleanly: the process group is destroyed at exit (``atexit``), not left
+  to the interpreter's finalisation, where a gloo group can abort a process that trained fine.
 """
 
+import atexit
 import os
 import sys
 import threading
 import time
 from datetime import timedelta
 
+import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import DDPStrategy
@@ -27,6 +31,23 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
 _lost_rank_message: str | None = None  # set by FaultMonitor.on_exception, printed by the CLI
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group (and every other) when the process exits normally.
+
+    Lightning does this for NCCL only. A gloo group left to the interpreter's finalisation can abort a
+    process that has finished its work ("terminate called without an active exception", SIGABRT): its worker
+    threads may still hold work objects whose tensors need the GIL while it is being torn down (pytorch
+    issues 190489 and PR 179291); seen here at the end of a two-process ddp_spawn run. Registered once.
+    """
+    atexit.unregister(_destroy_process_group)  # no duplicates when several runs share a process
+    atexit.register(_destroy_process_group)
 
 
 def set_dist_timeout(trainer: Trainer, seconds: float) -> None:
@@ -67,6 +88,8 @@ class FaultMonitor(Callback):
         global _lost_rank_message
         _lost_rank_message = None  # a new run in this process (in-process CLI calls, tests)
         self._trainer = trainer
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            destroy_process_group_at_exit()
         launcher = trainer.strategy.launcher
         env = (
             trainer.strategy.cluster_environment if hasattr(trainer.strategy, "cluster_environment") else None
