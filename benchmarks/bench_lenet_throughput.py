@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from lit_ddp.callbacks import DASHBOARD_CALLBACKS
+from lit_ddp.callbacks import DEFAULT_CALLBACKS
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.distributed.faults import fault_tolerance_callbacks
@@ -203,9 +203,9 @@ def _lit_ddp(world: int, steps: int, warmup: int) -> float:
             enable_model_summary=False,
             enable_checkpointing=False,
             default_root_dir=tmp,
-            # What `python -m lit_ddp fit` adds: the dashboard and the fault-tolerance callbacks.
+            # What `python -m lit_ddp fit` adds: its default callbacks (dashboard, FreezeGC), fault tolerance.
             callbacks=[
-                *(c() for c in DASHBOARD_CALLBACKS.values()),
+                *(c() for c in DEFAULT_CALLBACKS.values()),
                 *fault_tolerance_callbacks(),
                 Timer(world, steps, warmup, out_file),
             ],

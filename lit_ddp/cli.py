@@ -23,7 +23,7 @@ from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from lit_ddp.callbacks import DASHBOARD_CALLBACKS, ModelCheckpoint
+from lit_ddp.callbacks import DEFAULT_CALLBACKS, ModelCheckpoint
 from lit_ddp.data import ImageDataModule
 from lit_ddp.distributed.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.distributed.faults import (
@@ -70,8 +70,9 @@ class LitDDPCLI(LightningCLI):
                 "checkpoint.auto_insert_metric_name": False,
             }
         )
-        # TensorBoard dashboard (lit_ddp/callbacks/__init__.py): on by default, `--KEY=null` turns one off.
-        for key, callback_class in DASHBOARD_CALLBACKS.items():
+        # The TensorBoard dashboard and FreezeGC (lit_ddp/callbacks/__init__.py): on by default,
+        # `--KEY=null` turns one off.
+        for key, callback_class in DEFAULT_CALLBACKS.items():
             parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
             class_path = f"{callback_class.__module__}.{callback_class.__name__}"
             parser.set_defaults({key: {"class_path": class_path}})
@@ -95,8 +96,8 @@ class LitDDPCLI(LightningCLI):
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks()]
-        dashboard = [self._get(self.config_init, key) for key in DASHBOARD_CALLBACKS]
-        kwargs["callbacks"] += [callback for callback in dashboard if callback is not None]
+        defaults = [self._get(self.config_init, key) for key in DEFAULT_CALLBACKS]
+        kwargs["callbacks"] += [callback for callback in defaults if callback is not None]
         trainer = super().instantiate_trainer(**kwargs)
         set_dist_timeout(trainer, self._get(self.config_init, "dist_timeout", default=DEFAULT_DIST_TIMEOUT_S))
         return trainer

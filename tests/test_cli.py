@@ -108,3 +108,23 @@ def test_sparse_step_logging_does_not_change_epoch_metrics(tmp_path: Path) -> No
     assert {"train/loss", "train/acc", "val/loss", "val/acc"} <= keys <= runs[50].keys()
     for key in keys:
         assert runs[1][key] == pytest.approx(runs[50][key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gc_is_frozen_while_training_by_default_and_can_be_turned_off(tmp_path: Path, enabled: bool) -> None:
+    import gc
+
+    import lightning as L
+
+    frozen: list[int] = []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, *args) -> None:
+            frozen.append(gc.get_freeze_count())
+
+    switch = [] if enabled else ["--gc_freeze=null"]
+    cli = build_cli([*QUICK, *switch, f"--trainer.default_root_dir={tmp_path}"], run=False)
+    cli.trainer.callbacks.append(Probe())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert frozen and all((count > 0) == enabled for count in frozen)
+    assert gc.get_freeze_count() == 0  # unfrozen when training ends

@@ -4,6 +4,7 @@ from lightning import Callback
 
 from lit_ddp.callbacks.checkpoint import ModelCheckpoint
 from lit_ddp.callbacks.confusion import ConfusionMatrix
+from lit_ddp.callbacks.gc_freeze import FreezeGC
 from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
 from lit_ddp.callbacks.run_info import RunInfo
@@ -22,10 +23,16 @@ DASHBOARD_CALLBACKS: dict[str, type[Callback]] = {
     "epoch_summary": EpochSummary,
 }
 
+# Every callback a `python -m lit_ddp` run gets by default, each switchable off with `--KEY=null`: the
+# dashboard, and FreezeGC (no full garbage collection stalls the ranks during training).
+DEFAULT_CALLBACKS: dict[str, type[Callback]] = {**DASHBOARD_CALLBACKS, "gc_freeze": FreezeGC}
+
 __all__ = [
     "DASHBOARD_CALLBACKS",
+    "DEFAULT_CALLBACKS",
     "ConfusionMatrix",
     "EpochSummary",
+    "FreezeGC",
     "LearningRateMonitor",
     "ModelCheckpoint",
     "RunInfo",
