@@ -106,26 +106,31 @@ class PreemptionCheckpoint(Callback):
             self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
             trainer._signal_connector.received_sigterm = True  # Lightning's loops stop at their next check
 
+    def _agree_now(self, trainer: Trainer, pl_module: LightningModule) -> int:
+        """The ranks' agreed record, blocking (one process, or a strategy without torch.distributed)."""
+        if trainer.world_size == 1:
+            return self._received
+        flag = torch.tensor(self._received, device=pl_module.device, dtype=torch.int32)
+        return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
-        if not self._collective(trainer):
-            if trainer.world_size > 1:  # a strategy without torch.distributed: agree the blocking way
-                flag = torch.tensor(self._received, device=pl_module.device, dtype=torch.int32)
-                self._stop_if(trainer, int(trainer.strategy.reduce(flag, reduce_op="max").item()))
-            else:
-                self._stop_if(trainer, self._received)
-            return
-        # Every rank passes here at the same batch, so the all-reduces pair up across ranks.
-        code = self._result(self._pending)  # started one batch ago: done by now, or nearly
-        self._pending = self._start_agreement()
+        if self._collective(trainer):
+            # Every rank passes here at the same batch, so the all-reduces pair up across ranks.
+            code = self._result(self._pending)  # started one batch ago: done by now, or nearly
+            self._pending = self._start_agreement()
+        else:
+            code = self._agree_now(trainer, pl_module)
         self._stop_if(trainer, code)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The epoch's last word is blocking, so a signal seen during the epoch never waits past its end.
-        if not self._collective(trainer):
-            return self.on_train_batch_end(trainer, pl_module)
-        pending, self._pending = self._pending, None
-        code = self._result(pending)
-        self._stop_if(trainer, max(code, self._result(self._start_agreement())))
+        if self._collective(trainer):
+            self._result(self._pending)  # records only grow: the agreement below covers this one
+            self._pending = None
+            code = self._result(self._start_agreement())
+        else:
+            code = self._agree_now(trainer, pl_module)
+        self._stop_if(trainer, code)
 
     def _restore(self, trainer: Trainer) -> None:
         self._pending = None  # every rank started it, so it completes without being waited for

@@ -40,6 +40,8 @@ def random_crop_flip(
     mirror of the window at ``2·padding - dx``, so crops stay uniform. ~2× faster on CPU than two
     gathers, which matters when the model is as small as LeNet.
     """
+    if padding == 0:  # no crop to draw: a flip alone needs no padded copies
+        return random_hflip(x, flip_p, generator=generator)
     b, c, h, w = x.shape
     n = 2 * padding + 1
     offsets = torch.randint(0, n, (2, b), device=x.device, generator=generator)
