@@ -119,3 +119,11 @@ def test_normalize_matches_torchvision() -> None:
 def test_negative_crop_padding_is_one_clear_error() -> None:
     with pytest.raises(UserError, match=r"crop_padding=-2 must be 0 or more"):
         ShapesDataModule(crop_padding=-2)
+
+
+def test_random_crop_flip_without_padding_only_flips() -> None:
+    x = torch.randint(0, 256, (400, 3, 8, 8), dtype=torch.uint8)
+    out = random_crop_flip(x, padding=0, generator=torch.Generator().manual_seed(0))
+    flipped = (out == x.flip(-1)).flatten(1).all(1)
+    kept = (out == x).flatten(1).all(1)
+    assert (flipped | kept).all() and 150 < flipped.sum() < 250
