@@ -30,6 +30,7 @@ from lit_ddp.distributed.faults import (
     DEFAULT_DIST_TIMEOUT_S,
     fault_tolerance_callbacks,
     lost_rank_message,
+    report_lost_rank,
     set_dist_timeout,
 )
 from lit_ddp.distributed.launch import (
@@ -157,7 +158,7 @@ def main(args: list[str] | None = None) -> None:
     except Exception as err:
         user_error = _user_error(err)
         if user_error is None and lost_rank_message():
-            print(f"lit_ddp: error: {lost_rank_message()}", file=sys.stderr)
+            report_lost_rank()
             sys.exit(1)
         if user_error is None:
             raise

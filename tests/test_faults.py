@@ -364,3 +364,31 @@ def test_the_process_group_is_destroyed_at_exit_once_per_process(monkeypatch: py
         faults.destroy_process_group_at_exit()
     assert handlers == [faults._destroy_process_group]
     handlers[0]()  # nothing initialised in this process: a no-op, not an error
+
+
+def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Lightning's observer thread may find a dead child before the main thread fails: it still says so."""
+    import threading
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    from lit_ddp.distributed import faults
+
+    dead = subprocess.Popen(["sh", "-c", "kill -9 $$"])
+    dead.wait()
+    launcher = type("Launcher", (), {"procs": [dead]})()
+    observer = _ChildProcessObserver(main_pid=os.getpid(), child_processes=launcher.procs)
+    killed = []
+    observer._terminate_all = lambda: killed.append(True)  # the real one SIGKILLs this process
+    monkeypatch.setattr(threading, "enumerate", lambda: [observer])
+    monkeypatch.setattr(faults, "_lost_rank_message", None)
+    monkeypatch.setattr(faults, "_reported", False)
+    faults.FaultMonitor()._observer_names_the_lost_rank(launcher)
+    observer._run()  # what the thread does every 5 s
+    assert killed == [True]
+    err = capsys.readouterr().err
+    assert err == f"lit_ddp: error: lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops\n"
+    faults.report_lost_rank()  # the main thread's own report does not repeat it
+    assert capsys.readouterr().err == ""

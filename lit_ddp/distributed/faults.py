@@ -31,6 +31,8 @@ from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
 _lost_rank_message: str | None = None  # set by FaultMonitor.on_exception, printed by the CLI
+_report_lock = threading.Lock()
+_reported = False  # the lost-rank line is printed once per process, by whoever gets there first
 
 
 def _destroy_process_group() -> None:
@@ -85,8 +87,8 @@ class FaultMonitor(Callback):
         self._parent: int | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        global _lost_rank_message
-        _lost_rank_message = None  # a new run in this process (in-process CLI calls, tests)
+        global _lost_rank_message, _reported
+        _lost_rank_message, _reported = None, False  # a new run in this process (in-process CLI calls, tests)
         self._trainer = trainer
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             destroy_process_group_at_exit()
@@ -105,6 +107,36 @@ class FaultMonitor(Callback):
         ):
             self._parent = os.getppid()
             threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
+        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
+            self._observer_names_the_lost_rank(launcher)
+
+    def _lost_message(self, lost: list[tuple[int, int, int]]) -> str:
+        t = self._trainer
+        names = ", ".join(f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost)
+        where = f" at epoch {t.current_epoch}, step {t.global_step}" if t is not None else ""
+        return f"lost {names}{where}; the job stops"
+
+    def _observer_names_the_lost_rank(self, launcher: _SubprocessScriptLauncher) -> None:
+        """Lightning's child-process observer (a thread of rank 0) SIGKILLs the whole job, itself included,
+        when it finds a dead child, up to 5 s after the death. When that came before ``on_exception``, the
+        job ended without naming the lost rank (tests/test_faults.py caught it once in CI). Its kill now
+        prints the line first, unless the main thread already did."""
+        from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+        for thread in threading.enumerate():
+            if isinstance(thread, _ChildProcessObserver) and thread._child_processes is launcher.procs:
+                kill_all = thread._terminate_all
+
+                def name_then_kill_all(kill_all=kill_all) -> None:
+                    global _lost_rank_message
+                    procs = enumerate(launcher.procs)
+                    lost = [(i + 1, proc.pid, proc.returncode) for i, proc in procs if proc.returncode]
+                    if _lost_rank_message is None and lost:
+                        _lost_rank_message = self._lost_message(lost)
+                    report_lost_rank()
+                    kill_all()
+
+                thread._terminate_all = name_then_kill_all
 
     def _node_rank0(self) -> int:
         t = self._trainer
@@ -141,10 +173,7 @@ class FaultMonitor(Callback):
         children = launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else []
         lost = _lost_children(launcher) if children else []
         if lost:
-            names = ", ".join(
-                f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost
-            )
-            _lost_rank_message = f"lost {names} {where}; the job stops"
+            _lost_rank_message = self._lost_message(lost)
         elif _is_timeout(exception):
             timeout = getattr(trainer.strategy, "_timeout", None)
             waited = f"--dist_timeout={timeout.total_seconds():g} s" if timeout else "the collective timeout"
@@ -182,6 +211,16 @@ def _is_peer_failure(exc: BaseException) -> bool:
 def lost_rank_message() -> str | None:
     """What a FaultMonitor found out about a lost rank when this process's run failed, if anything."""
     return _lost_rank_message
+
+
+def report_lost_rank() -> None:
+    """Prints ``lit_ddp: error: <lost_rank_message()>`` to stderr, once per run, if there is one."""
+    global _reported
+    with _report_lock:
+        if _lost_rank_message is None or _reported:
+            return
+        _reported = True
+        print(f"lit_ddp: error: {_lost_rank_message}", file=sys.stderr, flush=True)
 
 
 def fault_tolerance_callbacks() -> list[Callback]:
