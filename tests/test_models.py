@@ -97,6 +97,19 @@ def test_shared_step_loss_is_cross_entropy_of_logits() -> None:
     assert system.val_metrics["acc"].compute() == (system(x).argmax(1) == y).float().mean()
 
 
+def test_a_nan_batch_makes_the_epoch_loss_nan_and_a_bad_label_is_an_error() -> None:
+    # The metrics skip torchmetrics' per-update checks; what those checks guarded must still hold.
+    system = LeNetCIFAR()
+    system.log = lambda *a, **k: None  # no trainer attached
+    system.log_dict = lambda *a, **k: None
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    system._shared_step((x, y), "val")
+    system._shared_step((torch.full_like(x, float("nan")), y), "val")
+    assert torch.isnan(system.val_loss.compute())  # not the finite mean of the other batch
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        system._shared_step((x, torch.full_like(y, 10)), "val")
+
+
 def test_param_groups_exclude_norm_and_bias_from_weight_decay() -> None:
     model = LeNet(batch_norm=True)
     decay, no_decay = param_groups(model, weight_decay=1e-4, exclude_norm_and_bias=True)

@@ -21,13 +21,17 @@ STAGES = ("train", "val", "test")
 
 
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
-    """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes)."""
-    metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, average="micro")}
+    """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes).
+
+    ``validate_args=False``: the step computes the cross-entropy first, which already rejects a label
+    outside [0, num_classes), and the logits' shape is the network's. torchmetrics' own check would
+    repeat that on every update, with host syncs on a GPU.
+    """
+    kwargs = dict(average="micro", validate_args=False)
+    metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, **kwargs)}
     for k in top_k:
         if k > 1:
-            metrics[f"acc_top{k}"] = MulticlassAccuracy(
-                num_classes, top_k=min(k, num_classes), average="micro"
-            )
+            metrics[f"acc_top{k}"] = MulticlassAccuracy(num_classes, top_k=min(k, num_classes), **kwargs)
     return MetricCollection(metrics)
 
 
@@ -60,7 +64,10 @@ class ImageClassifier(LightningModule):
         for stage in STAGES:
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
             setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
-            setattr(self, f"{stage}_loss", MeanMetric())
+            # nan_strategy="disable": a NaN batch loss makes the epoch's loss NaN. torchmetrics' default
+            # drops NaN values with a warning, which would report a finite mean of the other batches (and
+            # checks every update, a host sync on a GPU).
+            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
 
     def forward(self, x: Tensor) -> Tensor:
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
