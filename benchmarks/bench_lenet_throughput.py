@@ -7,7 +7,10 @@
       Adam;
   (c) lit_ddp's model step alone, on pre-made, pre-normalised tensors under DDP: the same network, memory
       format, optimizer and schedule as (a), without Lightning or data (the compute limit of (a));
-  (c0) the tutorial's model step alone, the same way (the compute limit of (b)), for reference.
+  (c0) the tutorial's model step alone, the same way (the compute limit of (b)), for reference;
+  (d) Lightning's floor: (c)'s step as a bare LightningModule (``training_step`` = forward + loss) on the
+      same pre-made tensors, through the same Trainer/DDP, with no callbacks, logger or metrics: what
+      Lightning's loop alone costs, which no Lightning-based (a) can beat.
 
     python benchmarks/bench_lenet_throughput.py                  # all, 1 and 2 processes
     python benchmarks/bench_lenet_throughput.py --procs 2 --steps 200 --repeats 1
@@ -161,6 +164,60 @@ def _bare(rank: int, world: int, port: int, steps: int, warmup: int, model: str,
     dist.destroy_process_group()
 
 
+# ---- (d) Lightning's floor ------------------------------------------------------------------------------
+
+
+class _PremadeBatches(Dataset):
+    """Eight pre-made, pre-normalised (x, y) batches, cycled: one batch per item (``batch_size=None``)."""
+
+    def __init__(self, length: int, memory_format: torch.memory_format) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.xs = [
+            torch.randn(BATCH, 3, 32, 32, generator=g).contiguous(memory_format=memory_format)
+            for _ in range(8)
+        ]
+        self.ys = [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.xs[i % 8], self.ys[i % 8]
+
+
+class _BareSystem(L.LightningModule):
+    """(c)'s step as a LightningModule: lit_ddp's network, optimizer and schedule, nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        system = LeNetCIFAR()
+        self.net, self.optim = system.net, system.optim
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        steps = int(self.trainer.estimated_stepping_batches)
+        opt, schedule = build_optimizer(self.net, self.optim, BATCH * self.trainer.world_size, steps, steps)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def _lightning_floor(world: int, steps: int, warmup: int) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        out_file = os.path.join(tmp, "rate")
+        data = _PremadeBatches((steps + warmup) * world, torch.channels_last)
+        trainer = L.Trainer(
+            **_trainer_kwargs(world, tmp),
+            logger=False,
+            callbacks=[Timer(world, steps, warmup, out_file)],
+        )
+        trainer.fit(_BareSystem(), train_dataloaders=DataLoader(data, batch_size=None))
+        with open(out_file) as f:
+            return float(f.read())
+
+
 def _spawn(fn, world: int, *args) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
@@ -188,21 +245,28 @@ class Timer(L.Callback):
                 f.write(str(rate))
 
 
+def _trainer_kwargs(world: int, root: str) -> dict:
+    """One training epoch on CPU; no validation, progress bar, summary or checkpoints (not timed work)."""
+    return dict(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp_spawn" if world > 1 else "auto",
+        max_epochs=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+    )
+
+
 def _lit_ddp(world: int, steps: int, warmup: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rate")
         dm = ShapesDataModule(train_size=(steps + warmup) * BATCH * world, val_size=BATCH, batch_size=BATCH)
         trainer = L.Trainer(
-            accelerator="cpu",
-            devices=world,
-            strategy="ddp_spawn" if world > 1 else "auto",
-            max_epochs=1,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            default_root_dir=tmp,
+            **_trainer_kwargs(world, tmp),
             # What `python -m lit_ddp fit` adds: its default callbacks (dashboard, FreezeGC), fault tolerance.
             callbacks=[
                 *(c() for c in DEFAULT_CALLBACKS.values()),
@@ -236,25 +300,29 @@ def main() -> None:
                 runs[f"tutorial_w{w}"] = partial(_spawn, _tutorial, world, args.steps, args.warmup, w)
             runs["bare_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "lit_ddp")
             runs["bare_tutorial_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "tutorial")
+            runs["lightning_floor"] = partial(_lightning_floor, world, args.steps, args.warmup)
             for name, fn in runs.items():
                 row[name] = max(row.get(name, 0.0), fn())
         best_tutorial = max(row[f"tutorial_w{w}"] for w in args.tutorial_workers)
         row["lit_ddp/best_tutorial"] = row["lit_ddp"] / best_tutorial
         row["lit_ddp/bare_step"] = row["lit_ddp"] / row["bare_step"]
+        row["lightning_floor/bare_step"] = row["lightning_floor"] / row["bare_step"]
+        row["lit_ddp/lightning_floor"] = row["lit_ddp"] / row["lightning_floor"]
         results.append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
     print(
         f"\n| procs | (a) lit_ddp | (b) tutorial, workers {args.tutorial_workers} | (c) lit_ddp's step"
-        " | (c0) tutorial's step | a/b | a/c |"
+        " | (c0) tutorial's step | (d) Lightning's floor | a/b | a/c | d/c | a/d |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         tut = " / ".join(f"{r[f'tutorial_w{w}']:.0f}" for w in args.tutorial_workers)
         print(
             f"| {r['procs']} | {r['lit_ddp']:.0f} | {tut} | {r['bare_step']:.0f}"
-            f" | {r['bare_tutorial_step']:.0f} |"
+            f" | {r['bare_tutorial_step']:.0f} | {r['lightning_floor']:.0f} |"
             f" {r['lit_ddp/best_tutorial']:.2f}× | {r['lit_ddp/bare_step']:.2f}× |"
+            f" {r['lightning_floor/bare_step']:.2f}× | {r['lit_ddp/lightning_floor']:.2f}× |"
         )
 
 

@@ -83,6 +83,13 @@ class LitDDPCLI(LightningCLI):
             default=DEFAULT_DIST_TIMEOUT_S,
             help="Seconds a collective may wait for the other ranks before the job fails (torch: 1800).",
         )
+        parser.add_argument(
+            "--preemption_check_every_n_batches",
+            type=int,
+            default=10,
+            help="Training batches between the ranks' checks for SIGTERM/SIGUSR1: a signal stops the run"
+            " (with last.ckpt) at most N + 1 batches later, or at the epoch's end.",
+        )
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: add our plugin
@@ -96,7 +103,8 @@ class LitDDPCLI(LightningCLI):
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins", trainer_config.get("plugins")))
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks()]
+        every = self._get(self.config_init, "preemption_check_every_n_batches", default=10)
+        kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks(every)]
         defaults = [self._get(self.config_init, key) for key in DEFAULT_CALLBACKS]
         kwargs["callbacks"] += [callback for callback in defaults if callback is not None]
         trainer = super().instantiate_trainer(**kwargs)

@@ -130,10 +130,13 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_
     tmp_path: Path, reference: Path
 ) -> None:
     """SIGTERM during epoch 1's second batch; then `fit --ckpt_path=last`."""
-    stopped = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
+    # Checks every 2nd batch (after batches 1 and 3 of an epoch): a check is started after batch 1, which
+    # saw the signal, and read after batch 2, a batch without a check of its own.
+    every = "--preemption_check_every_n_batches=2"
+    stopped = ddp_fit(tmp_path, every, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     out = stopped.stdout + stopped.stderr
-    # The ranks agree without blocking: a signal during batch k stops every rank after batch k + 1.
+    # The ranks agree without blocking: a signal during batch k, checked after it, stops them after k + 1.
     assert "stopped by SIGTERM at epoch 1, step 7 (mid-epoch, after 3 of 4 batches)" in out
     assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 7
 
@@ -308,6 +311,10 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
         ),
         (["--data.batch_size=0"], "lit_ddp: error: batch_size=0 must be at least 1"),
         (["--trainer.no_such_key=1"], "no_such_key"),
+        (
+            ["--preemption_check_every_n_batches=0"],
+            "lit_ddp: error: --preemption_check_every_n_batches=0 must be 1 or more",
+        ),
     ],
 )
 def test_f_impossible_arguments_fail_once_before_any_process_is_spawned(

@@ -144,7 +144,12 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"
     two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
-    first = run(["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5"], tmp_path, env)
+    every_batch = "--preemption_check_every_n_batches=1"
+    first = run(
+        ["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5", every_batch],
+        tmp_path,
+        env,
+    )
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-3000:]
     assert "stopped by SIGUSR1 at epoch 1, step 7" in out  # the batch after the signal

@@ -223,9 +223,10 @@ def report_lost_rank() -> None:
         print(f"lit_ddp: error: {_lost_rank_message}", file=sys.stderr, flush=True)
 
 
-def fault_tolerance_callbacks() -> list[Callback]:
+def fault_tolerance_callbacks(preemption_check_every_n_batches: int = 10) -> list[Callback]:
     """The callbacks every lit_ddp run gets: checkpoint on preemption, stop on NaN, name a lost rank."""
     from lit_ddp.callbacks.nan_guard import NanGuard
     from lit_ddp.callbacks.preemption import PreemptionCheckpoint
 
-    return [PreemptionCheckpoint(), NanGuard(), FaultMonitor()]
+    preemption = PreemptionCheckpoint(check_every_n_batches=preemption_check_every_n_batches)
+    return [preemption, NanGuard(), FaultMonitor()]
