@@ -97,7 +97,7 @@ def test_shared_step_loss_is_cross_entropy_of_logits() -> None:
     assert system.val_metrics["acc"].compute() == (system(x).argmax(1) == y).float().mean()
 
 
-def test_a_nan_batch_makes_the_epoch_loss_nan_and_a_bad_label_is_an_error() -> None:
+def test_epoch_loss_is_the_sample_mean_a_nan_batch_makes_it_nan_and_a_bad_label_is_an_error() -> None:
     # The metrics skip torchmetrics' per-update checks; what those checks guarded must still hold.
     system = LeNetCIFAR()
     system.log = lambda *a, **k: None  # no trainer attached
@@ -106,6 +106,11 @@ def test_a_nan_batch_makes_the_epoch_loss_nan_and_a_bad_label_is_an_error() -> N
     system._shared_step((x, y), "val")
     system._shared_step((torch.full_like(x, float("nan")), y), "val")
     assert torch.isnan(system.val_loss.compute())  # not the finite mean of the other batch
+    system.val_loss.reset()
+    system._shared_step((x[:6], y[:6]), "val")
+    system._shared_step((x[6:], y[6:]), "val")  # a short last batch counts for its 2 samples only
+    whole = F.cross_entropy(system(x), y)
+    assert torch.allclose(system.val_loss.compute(), whole, atol=1e-6)
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
         system._shared_step((x, torch.full_like(y, 10)), "val")
 

@@ -35,6 +35,22 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     return MetricCollection(metrics)
 
 
+class LossMean(MeanMetric):
+    """The sample-weighted mean of batch losses, reduced over ranks like ``MeanMetric``.
+
+    A NaN batch loss makes the mean NaN: ``MeanMetric``'s default drops NaN values with a warning, which
+    would report the finite mean of the other batches, and checks every update (a host sync on a GPU).
+    Its ``nan_strategy="disable"`` skips the check but also replaces the weights by ones (torchmetrics
+    1.9; Lightning-AI/torchmetrics#3434), which would weight a short last batch like a full one.
+    """
+
+    def update(self, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
+        value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        weight = torch.as_tensor(weight, dtype=self.dtype, device=self.device).broadcast_to(value.shape)
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()
+
+
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
@@ -64,10 +80,7 @@ class ImageClassifier(LightningModule):
         for stage in STAGES:
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
             setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
-            # nan_strategy="disable": a NaN batch loss makes the epoch's loss NaN. torchmetrics' default
-            # drops NaN values with a warning, which would report a finite mean of the other batches (and
-            # checks every update, a host sync on a GPU).
-            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy="disable"))
+            setattr(self, f"{stage}_loss", LossMean())
 
     def forward(self, x: Tensor) -> Tensor:
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
@@ -98,7 +111,7 @@ class ImageClassifier(LightningModule):
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
         metrics: MetricCollection = getattr(self, f"{stage}_metrics")
-        loss_metric: MeanMetric = getattr(self, f"{stage}_loss")
+        loss_metric: LossMean = getattr(self, f"{stage}_loss")
         metrics.update(logits.detach(), y)
         # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
         # also when the last batch or one rank's shard is smaller.
