@@ -135,18 +135,26 @@ def _tutorial(rank: int, world: int, port: int, steps: int, warmup: int, workers
 # ---- (c) the compute limits ---------------------------------------------------------------------------
 
 
+def _premade_batches(
+    seed: int, memory_format: torch.memory_format = torch.contiguous_format
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Eight pre-made, pre-normalised batches (xs, ys) of BATCH images, cycled by (c) and (d)."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [
+        torch.randn(BATCH, 3, 32, 32, generator=g).contiguous(memory_format=memory_format) for _ in range(8)
+    ]
+    return xs, [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
+
+
 def _bare(rank: int, world: int, port: int, steps: int, warmup: int, model: str, out) -> None:
     """``model="lit_ddp"``: (a)'s network, memory format, optimizer and schedule; ``"tutorial"``: (b)'s."""
     _init(rank, world, port)
-    g = torch.Generator().manual_seed(rank)
-    xs = [torch.randn(BATCH, 3, 32, 32, generator=g) for _ in range(8)]
-    ys = [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
     if model == "lit_ddp":
         system = LeNetCIFAR()
-        net, xs = system.net, [x.contiguous(memory_format=system.memory_format) for x in xs]
+        net, (xs, ys) = system.net, _premade_batches(rank, system.memory_format)
         opt, schedule = build_optimizer(net, system.optim, BATCH * world, warmup + steps, warmup + steps)
     else:
-        net = TutorialNet()
+        net, (xs, ys) = TutorialNet(), _premade_batches(rank)
         opt, schedule = torch.optim.Adam(net.parameters(), lr=1e-3), None
     ddp = DDP(net)
     for step in range(warmup + steps):
@@ -171,12 +179,7 @@ class _PremadeBatches(Dataset):
     """Eight pre-made, pre-normalised (x, y) batches, cycled: one batch per item (``batch_size=None``)."""
 
     def __init__(self, length: int, memory_format: torch.memory_format) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.xs = [
-            torch.randn(BATCH, 3, 32, 32, generator=g).contiguous(memory_format=memory_format)
-            for _ in range(8)
-        ]
-        self.ys = [torch.randint(0, 10, (BATCH,), generator=g) for _ in range(8)]
+        self.xs, self.ys = _premade_batches(0, memory_format)
         self.length = length
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from lit_ddp.callbacks import DEFAULT_CALLBACKS, ModelCheckpoint
+from lit_ddp.callbacks.preemption import DEFAULT_CHECK_EVERY_N_BATCHES
 from lit_ddp.data import ImageDataModule
 from lit_ddp.distributed.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.distributed.faults import (
@@ -86,7 +87,7 @@ class LitDDPCLI(LightningCLI):
         parser.add_argument(
             "--preemption_check_every_n_batches",
             type=int,
-            default=10,
+            default=DEFAULT_CHECK_EVERY_N_BATCHES,
             help="Training batches between the ranks' checks for SIGTERM/SIGUSR1: a signal stops the run"
             " (with last.ckpt) at most N + 1 batches later, or at the epoch's end.",
         )
@@ -103,7 +104,7 @@ class LitDDPCLI(LightningCLI):
         kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins", trainer_config.get("plugins")))
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        every = self._get(self.config_init, "preemption_check_every_n_batches", default=10)
+        every = self._get(self.config_init, "preemption_check_every_n_batches", DEFAULT_CHECK_EVERY_N_BATCHES)
         kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks(every)]
         defaults = [self._get(self.config_init, key) for key in DEFAULT_CALLBACKS]
         kwargs["callbacks"] += [callback for callback in defaults if callback is not None]

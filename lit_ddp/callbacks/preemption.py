@@ -48,6 +48,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.errors import UserError
 
+DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
+
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
     """Where the run's ``last.ckpt`` lives (the ModelCheckpoint's folder), else ``default_root_dir``."""
@@ -61,7 +63,9 @@ class PreemptionCheckpoint(Callback):
     """Saves ``last.ckpt`` when a run is stopped by SIGTERM or SIGUSR1; requeues a SLURM job on SIGUSR1."""
 
     def __init__(
-        self, requeue_signal: signal.Signals = signal.SIGUSR1, check_every_n_batches: int = 10
+        self,
+        requeue_signal: signal.Signals = signal.SIGUSR1,
+        check_every_n_batches: int = DEFAULT_CHECK_EVERY_N_BATCHES,
     ) -> None:
         if check_every_n_batches < 1:
             raise UserError(

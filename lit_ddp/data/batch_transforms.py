@@ -57,12 +57,11 @@ def random_crop_flip(
     flat = source.reshape(-1)
     # rows[k] is the w pixels starting at flat[k]: a view, every start position of the buffer.
     rows = flat.as_strided((flat.numel() - w + 1, w), (1, 1))
-    # Where each image's crop starts, plus where each of its (channel, row) rows starts inside it.
-    start = image * (c * h2 * w2) + offsets[0] * w2 + offsets[1]
-    row_in_image = (torch.arange(c, device=x.device) * (h2 * w2)).view(-1, 1) + torch.arange(
-        h, device=x.device
-    ) * w2
-    return rows.index_select(0, (start.view(-1, 1) + row_in_image.view(1, -1)).view(-1)).view(b, c, h, w)
+    # Output row (i, ch, y) starts at: image i's crop corner + channel ch's plane + y padded rows down.
+    corner = (image * (c * h2 * w2) + offsets[0] * w2 + offsets[1]).view(b, 1, 1)
+    plane = (torch.arange(c, device=x.device) * (h2 * w2)).view(1, c, 1)
+    row = (torch.arange(h, device=x.device) * w2).view(1, 1, h)
+    return rows.index_select(0, (corner + plane + row).view(-1)).view(b, c, h, w)
 
 
 def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:

@@ -28,6 +28,8 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 
+from lit_ddp.callbacks.preemption import DEFAULT_CHECK_EVERY_N_BATCHES
+
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
 _lost_rank_message: str | None = None  # set by FaultMonitor.on_exception, printed by the CLI
@@ -223,7 +225,9 @@ def report_lost_rank() -> None:
         print(f"lit_ddp: error: {_lost_rank_message}", file=sys.stderr, flush=True)
 
 
-def fault_tolerance_callbacks(preemption_check_every_n_batches: int = 10) -> list[Callback]:
+def fault_tolerance_callbacks(
+    preemption_check_every_n_batches: int = DEFAULT_CHECK_EVERY_N_BATCHES,
+) -> list[Callback]:
     """The callbacks every lit_ddp run gets: checkpoint on preemption, stop on NaN, name a lost rank."""
     from lit_ddp.callbacks.nan_guard import NanGuard
     from lit_ddp.callbacks.preemption import PreemptionCheckpoint
