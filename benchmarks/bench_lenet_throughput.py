@@ -9,8 +9,9 @@
       format, optimizer and schedule as (a), without Lightning or data (the compute limit of (a));
   (c0) the tutorial's model step alone, the same way (the compute limit of (b)), for reference;
   (d) Lightning's floor: (c)'s step as a bare LightningModule (``training_step`` = forward + loss) on the
-      same pre-made tensors, through the same Trainer/DDP, with no callbacks, logger or metrics: what
-      Lightning's loop alone costs, which no Lightning-based (a) can beat.
+      same pre-made tensors, through the same Trainer/DDP, with no callbacks, logger or metrics, and
+      Lightning's per-batch stop-flag broadcast switched off as (a) switches it off: what Lightning's loop
+      alone costs (a)'s step, which no Lightning-based (a) can beat.
 
     python benchmarks/bench_lenet_throughput.py                  # all, 1 and 2 processes
     python benchmarks/bench_lenet_throughput.py --procs 2 --steps 200 --repeats 1
@@ -41,6 +42,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
 from lit_ddp.callbacks import DEFAULT_CALLBACKS
+from lit_ddp.callbacks.preemption import restore_stop_flag_broadcast, skip_stop_flag_broadcast
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.distributed.faults import fault_tolerance_callbacks
@@ -207,6 +209,16 @@ class _BareSystem(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
+class _NoStopFlagBroadcast(L.Callback):
+    """What (a)'s PreemptionCheckpoint does to Lightning's loop, without its own signal agreement."""
+
+    def on_train_start(self, trainer, pl_module):
+        skip_stop_flag_broadcast(trainer)
+
+    def on_train_end(self, trainer, pl_module):
+        restore_stop_flag_broadcast(trainer)
+
+
 def _lightning_floor(world: int, steps: int, warmup: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rate")
@@ -214,7 +226,7 @@ def _lightning_floor(world: int, steps: int, warmup: int) -> float:
         trainer = L.Trainer(
             **_trainer_kwargs(world, tmp),
             logger=False,
-            callbacks=[Timer(world, steps, warmup, out_file)],
+            callbacks=[_NoStopFlagBroadcast(), Timer(world, steps, warmup, out_file)],
         )
         trainer.fit(_BareSystem(), train_dataloaders=DataLoader(data, batch_size=None))
         with open(out_file) as f:
