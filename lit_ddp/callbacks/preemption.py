@@ -66,7 +66,7 @@ def skip_stop_flag_broadcast(trainer: Trainer) -> None:
     handler may set the flag on rank 0 alone, as Lightning's own SIGTERM handler does.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
-    if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):  # Lightning ≥ 2.2
+    if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):  # absent from older Lightning: nothing to skip
         epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
