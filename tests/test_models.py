@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_ddp.models import SYSTEMS, LeNet, LeNetCIFAR, OptimConfig
+from lit_ddp.models.classifier import LossMean
 from lit_ddp.models.optim import build_optimizer, lr_lambda, param_groups
 
 
@@ -111,6 +112,11 @@ def test_epoch_loss_is_the_sample_mean_a_nan_batch_makes_it_nan_and_a_bad_label_
     system._shared_step((x[6:], y[6:]), "val")  # a short last batch counts for its 2 samples only
     whole = F.cross_entropy(system(x), y)
     assert torch.allclose(system.val_loss.compute(), whole, atol=1e-6)
+    per_sample = F.cross_entropy(system(x), y, reduction="none")
+    tensor_weights = LossMean()
+    tensor_weights.update(per_sample[:6].mean(), torch.tensor(6))
+    tensor_weights.update(per_sample[6:], torch.ones(2))  # a weight per value, as MeanMetric takes them
+    assert torch.allclose(tensor_weights.compute(), whole, atol=1e-6)
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
         system._shared_step((x, torch.full_like(y, 10)), "val")
 

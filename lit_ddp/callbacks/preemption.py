@@ -152,7 +152,7 @@ class PreemptionCheckpoint(Callback):
             # Every rank passes here with the same batch_idx, so the all-reduces pair up across ranks.
             code = self._result(self._pending)  # started one batch ago: done by now, or nearly
             self._pending = self._start_agreement() if check else None
-        else:  # alone, the check is free: every batch
+        else:  # one process: free, every batch; a strategy without torch.distributed: blocking, every n-th
             code = self._agree_now(trainer, pl_module) if check or trainer.world_size == 1 else 0
         self._stop_if(trainer, code)
 

@@ -46,7 +46,13 @@ class LossMean(MeanMetric):
 
     def update(self, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
         value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
-        weight = torch.as_tensor(weight, dtype=self.dtype, device=self.device).broadcast_to(value.shape)
+        if not isinstance(weight, Tensor):
+            # The step passes the sample count as a Python number: used as a scalar it needs no tensor,
+            # whose copy to a GPU torch would synchronise with the device on every step.
+            self.mean_value += value.sum() * weight
+            self.weight += weight * value.numel()
+            return
+        weight = weight.to(dtype=self.dtype, device=self.device).broadcast_to(value.shape)
         self.mean_value += (value * weight).sum()
         self.weight += weight.sum()
 
