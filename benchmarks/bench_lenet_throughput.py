@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
 from PIL import Image
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -41,13 +42,13 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from lit_ddp.callbacks import DEFAULT_CALLBACKS
-from lit_ddp.callbacks.preemption import restore_stop_flag_broadcast, skip_stop_flag_broadcast
+from lit_ddp.cli import CALLBACKS
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes
-from lit_ddp.distributed.faults import fault_tolerance_callbacks
 from lit_ddp.models import LeNetCIFAR
-from lit_ddp.models.optim import build_optimizer, skip_futile_nvml_checks
+from lit_ddp.models.optim import build_optimizer
+from lit_ddp.runtime.compat import restore_stop_flag_broadcast, skip_stop_flag_broadcast
+from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 BATCH = 64
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
@@ -277,15 +278,15 @@ def _trainer_kwargs(world: int, root: str) -> dict:
 
 
 def _lit_ddp(world: int, steps: int, warmup: int) -> float:
+    skip_futile_nvml_checks()  # as `python -m lit_ddp` does at start-up (lit_ddp/cli.py main)
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rate")
         dm = ShapesDataModule(train_size=(steps + warmup) * BATCH * world, val_size=BATCH, batch_size=BATCH)
         trainer = L.Trainer(
             **_trainer_kwargs(world, tmp),
-            # What `python -m lit_ddp fit` adds: its default callbacks (dashboard, FreezeGC), fault tolerance.
+            # What `python -m lit_ddp fit` adds: every callback of its list but the checkpoints (not timed).
             callbacks=[
-                *(c() for c in DEFAULT_CALLBACKS.values()),
-                *fault_tolerance_callbacks(),
+                *(cls(**init_args) for cls, init_args in CALLBACKS.values() if cls is not ModelCheckpoint),
                 Timer(world, steps, warmup, out_file),
             ],
         )

@@ -16,45 +16,95 @@
 ``--model`` and ``--data`` take any ImageClassifier / ImageDataModule subclass by short name.
 """
 
+import os
 import sys
 import warnings
 
-from lightning import Trainer
+from lightning import Callback, Trainer
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
-from lit_ddp.callbacks import DEFAULT_CALLBACKS, ModelCheckpoint
-from lit_ddp.callbacks.preemption import DEFAULT_CHECK_EVERY_N_BATCHES
+from lit_ddp.callbacks import (
+    ConfusionMatrix,
+    EpochSummary,
+    LearningRateMonitor,
+    RunInfo,
+    SkippedImagesReport,
+    Throughput,
+    TrainBatchImages,
+)
 from lit_ddp.data import ImageDataModule
-from lit_ddp.distributed.checkpoint_io import with_atomic_checkpoint_io
-from lit_ddp.distributed.faults import (
+from lit_ddp.errors import UserError
+from lit_ddp.models import ImageClassifier
+from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.runtime.faults import (
     DEFAULT_DIST_TIMEOUT_S,
-    fault_tolerance_callbacks,
+    FaultMonitor,
     lost_rank_message,
     report_lost_rank,
     set_dist_timeout,
 )
-from lit_ddp.distributed.launch import (
-    bind_rendezvous_to_loopback,
-    check_devices_exist,
-    check_launcher_world,
-)
-from lit_ddp.distributed.resume import check_ckpt_file, prepare_ckpt_path
-from lit_ddp.distributed.sync_batchnorm import with_sync_batchnorm
-from lit_ddp.errors import UserError
-from lit_ddp.models import ImageClassifier
+from lit_ddp.runtime.gc_freeze import FreezeGC
+from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_devices_exist, check_launcher_world
+from lit_ddp.runtime.nan_guard import NanGuard
+from lit_ddp.runtime.nvml import skip_futile_nvml_checks
+from lit_ddp.runtime.preemption import PreemptionCheckpoint
+from lit_ddp.runtime.resume import check_ckpt_file, prepare_ckpt_path
+from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 
 # In-memory uint8 datasets are fastest with num_workers=0 (no IPC): Lightning's hint to add workers
 # is noise for them. Loaders that decode files (ImageNet) set their own num_workers.
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+# The dashboard callbacks reduce their epoch values over the ranks themselves (callbacks/throughput.py
+# says why): Lightning's advice to log them with sync_dist=True does not apply to these keys.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)")
 
+# The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
+# the two, and LeNetCIFAR's defaults, in agreement).
 DEFAULT_MODEL = "lit_ddp.models.LeNetCIFAR"
 DEFAULT_DATA = "lit_ddp.data.ShapesDataModule"
+TRAINER_DEFAULTS = {"default_root_dir": "logs", "max_epochs": 12}
 
-TRAINER_DEFAULTS = {
-    "default_root_dir": "logs",
-    "max_epochs": 12,
+# Every callback a run gets, in the order Lightning calls them (it moves checkpoint callbacks last).
+# The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
+# leaves the callback out. The values are each callback's defaults for lit_ddp.
+CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
+    # runtime: a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named
+    "preemption": (PreemptionCheckpoint, {}),
+    "nan_guard": (NanGuard, {}),
+    "fault_monitor": (FaultMonitor, {}),
+    # data: unreadable image files, gathered over the ranks and reported once per epoch
+    "skipped_images": (SkippedImagesReport, {}),
+    # the TensorBoard dashboard and the console line (EpochSummary reads what Throughput logs)
+    "lr_monitor": (LearningRateMonitor, {}),
+    "throughput": (Throughput, {}),
+    "batch_images": (TrainBatchImages, {}),
+    "confusion_matrix": (ConfusionMatrix, {}),
+    "run_info": (RunInfo, {}),
+    "epoch_summary": (EpochSummary, {}),
+    # no full garbage collection stalls the ranks during training
+    "gc_freeze": (FreezeGC, {}),
+    # the best epoch by val/acc, and last.ckpt: always the newest state, which --ckpt_path=last resumes
+    "checkpoint": (
+        ModelCheckpoint,
+        {
+            "monitor": "val/acc",
+            "mode": "max",
+            "filename": "epoch{epoch:03d}-step{step}",
+            "auto_insert_metric_name": False,
+        },
+    ),
+    "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),
 }
+
+
+def _class_path(cls: type) -> str:
+    # The shortest public import path, as users would write it in YAML.
+    module = "lightning.pytorch.callbacks" if cls is ModelCheckpoint else cls.__module__
+    return f"{module}.{cls.__name__}"
 
 
 class LitDDPCLI(LightningCLI):
@@ -62,69 +112,64 @@ class LitDDPCLI(LightningCLI):
         parser.set_defaults({"model": {"class_path": DEFAULT_MODEL}, "data": {"class_path": DEFAULT_DATA}})
         # The data decides the number of classes: a 3-class folder needs no --model.num_classes.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": "val/acc",
-                "checkpoint.mode": "max",
-                "checkpoint.save_last": True,
-                "checkpoint.filename": "epoch{epoch:03d}-step{step}",
-                "checkpoint.auto_insert_metric_name": False,
-            }
-        )
-        # The TensorBoard dashboard and FreezeGC (lit_ddp/callbacks/__init__.py): on by default,
-        # `--KEY=null` turns one off.
-        for key, callback_class in DEFAULT_CALLBACKS.items():
+        for key, (callback_class, init_args) in CALLBACKS.items():
             parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
-            class_path = f"{callback_class.__module__}.{callback_class.__name__}"
-            parser.set_defaults({key: {"class_path": class_path}})
+            parser.set_defaults({key: {"class_path": _class_path(callback_class), "init_args": init_args}})
         parser.add_argument(
             "--dist_timeout",
             type=float,
             default=DEFAULT_DIST_TIMEOUT_S,
             help="Seconds a collective may wait for the other ranks before the job fails (torch: 1800).",
         )
-        parser.add_argument(
-            "--preemption_check_every_n_batches",
-            type=int,
-            default=DEFAULT_CHECK_EVERY_N_BATCHES,
-            help="Training batches between the ranks' checks for SIGTERM/SIGUSR1: a signal stops the run"
-            " (with last.ckpt) at most N + 1 batches later, or at the epoch's end.",
-        )
 
-    def instantiate_trainer(self, **kwargs) -> Trainer:
-        # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: add our plugin
-        # (torch's on CUDA, an all-reduce BatchNorm elsewhere) unless the user passed a LayerSync plugin.
-        trainer_config = self._get(self.config_init, "trainer", default={})
-        check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
-        if trainer_config.get("sync_batchnorm"):
-            kwargs["plugins"] = with_sync_batchnorm(kwargs.get("plugins", trainer_config.get("plugins")))
-        # Fault tolerance (lit_ddp/distributed/faults.py): atomic checkpoint writes and safe loads, a
-        # checkpoint on SIGTERM/SIGUSR1, a stop on NaN, a finite collective timeout, a lost rank named.
-        kwargs["plugins"] = with_atomic_checkpoint_io(kwargs.get("plugins", trainer_config.get("plugins")))
-        callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
-        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        every = self._get(self.config_init, "preemption_check_every_n_batches", DEFAULT_CHECK_EVERY_N_BATCHES)
-        kwargs["callbacks"] = [*callbacks, *fault_tolerance_callbacks(every)]
-        defaults = [self._get(self.config_init, key) for key in DEFAULT_CALLBACKS]
-        kwargs["callbacks"] += [callback for callback in defaults if callback is not None]
-        trainer = super().instantiate_trainer(**kwargs)
-        set_dist_timeout(trainer, self._get(self.config_init, "dist_timeout", default=DEFAULT_DIST_TIMEOUT_S))
-        return trainer
+    def _subcommand_config(self, config) -> dict:
+        return config[self.subcommand] if self.subcommand else config
 
-    def _parse_ckpt_path(self) -> None:
-        # LightningCLI reads the checkpoint's hyperparameters here, first: a corrupt file is one error.
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
         check_ckpt_file(self.config[subcommand].get("ckpt_path") if subcommand else None)
-        super()._parse_ckpt_path()
+
+    def instantiate_trainer(self, **kwargs) -> Trainer:
+        config = self._subcommand_config(self.config_init)
+        trainer_config = config.get("trainer", {})
+        check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
+        plugins = kwargs.get("plugins", trainer_config.get("plugins"))
+        # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
+        # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.
+        if trainer_config.get("sync_batchnorm"):
+            plugins = with_sync_batchnorm(plugins)
+        kwargs["plugins"] = with_atomic_checkpoint_io(plugins)  # atomic writes, safe loads
+        callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        ours = [config.get(key) for key in CALLBACKS]
+        if trainer_config.get("enable_checkpointing") is False:
+            ours = [c for c in ours if not isinstance(c, ModelCheckpoint)]
+        kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
+        if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
+            # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
+            kwargs["enable_checkpointing"] = False
+        if trainer_config.get("logger") in (None, True):
+            # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
+            # TensorBoard would show instead of RunInfo's, with the real validation metrics.
+            kwargs["logger"] = TensorBoardLogger(
+                save_dir=trainer_config.get("default_root_dir") or os.getcwd(),
+                version=SLURMEnvironment.job_id(),
+                default_hp_metric=False,
+            )
+        trainer = super().instantiate_trainer(**kwargs)
+        set_dist_timeout(trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        return trainer
 
     def _before_run(self) -> None:
-        # Before any process is spawned (lit_ddp/distributed/launch.py, resume.py): the launcher's world
+        # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
         check_launcher_world(self.trainer)
         config = self.config_init[self.subcommand]
-        config["ckpt_path"] = prepare_ckpt_path(config.get("ckpt_path"), self.trainer, self.model)
-        bind_rendezvous_to_loopback(self.trainer, self._get(self.config_init, "dist_timeout"))
+        ckpt_path = config.get("ckpt_path")
+        config["ckpt_path"] = prepare_ckpt_path(ckpt_path, self.trainer, self.model, self.subcommand)
+        bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
 
     before_fit = before_validate = before_test = before_predict = _before_run
 
@@ -157,6 +202,7 @@ def _user_error(exc: BaseException | None) -> BaseException | None:
 
 
 def main(args: list[str] | None = None) -> None:
+    skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["new"]:  # scaffold-only: `new` is not a Lightning subcommand
         from lit_ddp.scaffold.new import main as new_project  # scaffold-only

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-ACTIONS = ("sigkill", "sigterm", "sigusr1", "nan", "raise", "hang")
+ACTIONS = ("sigkill", "sigterm", "sigusr1", "sigint", "sigint_twice", "nan", "raise", "hang")
 
 
 class Fault(Callback):
@@ -51,12 +51,14 @@ class Fault(Callback):
         elif self.action == "hang":  # alive but stuck (a deadlock, a dead filesystem): never returns
             while True:
                 time.sleep(1)
+        elif self.action == "sigint_twice":  # Ctrl-C pressed twice in a row
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
         elif self.action == "raise":
             raise RuntimeError("fault_probe: injected error")
         else:
-            sig = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}[
-                self.action
-            ]
+            signals = {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
+            sig = {**signals, "sigint": signal.SIGINT}[self.action]
             os.kill(os.getpid(), sig)
 
     def on_train_batch_start(

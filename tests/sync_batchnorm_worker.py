@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lit_ddp.distributed.sync_batchnorm import AllReduceSyncBatchNorm
+from lit_ddp.runtime.sync_batchnorm import AllReduceSyncBatchNorm
 
 # (name, per-rank batch sizes, input shape after the batch dim): uneven shards, and a rank with none.
 CASES = [("bn2d_5_3", (5, 3), (4, 3, 3)), ("bn2d_8_0", (8, 0), (4, 3, 3)), ("bn1d_2_7", (2, 7), (6,))]

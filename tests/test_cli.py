@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_SHAPES, assert_single_run, read_scalars, run_cli
+from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
@@ -22,7 +22,7 @@ def test_fit_in_process_logs_metrics_and_writes_one_run(tmp_path: Path) -> None:
     cli = build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
     assert isinstance(cli.model, LeNetCIFAR) and isinstance(cli.datamodule, ShapesDataModule)
     metrics = cli.trainer.callback_metrics
-    for key in ("train/loss", "train/acc", "val/loss", "val/acc"):
+    for key in ("train/loss_step", "train/loss_epoch", "train/acc", "val/loss", "val/acc"):
         assert key in metrics and torch.isfinite(metrics[key])
     assert 0.0 <= metrics["val/acc"] <= 1.0
     run = assert_single_run(tmp_path)
@@ -86,6 +86,21 @@ def test_two_process_cpu_ddp_logs_metrics_and_writes_once(tmp_path: Path, strate
     assert (result.stdout + result.stderr).count("global batch = 32 per device × 2 devices") == 1
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_two_process_run_with_the_progress_bar_and_no_epoch_summary_finishes(tmp_path: Path) -> None:
+    """The progress bar reads the epoch's metrics on rank 0 alone; no value it reads may still need a
+    collective (Throughput reduces its own), else rank 0 waits for ranks that never join."""
+    args = [*QUICK, "--trainer.enable_progress_bar=true", "--epoch_summary=null"]
+    result = run_cli(
+        ["fit", *args, "--trainer.accelerator=cpu", "--trainer.devices=2"], cwd=tmp_path, timeout=150
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    scalars = read_scalars(assert_single_run(tmp_path / "logs"))
+    assert scalars["perf/images_per_s"][-1] > scalars["perf/images_per_s_per_device"][-1] > 0
+    assert "sync_dist=True" not in result.stderr  # the dashboard's reduced values are not Lightning's to sync
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_embedded_default_reaches_90_percent(tmp_path: Path) -> None:
@@ -128,3 +143,124 @@ def test_gc_is_frozen_while_training_by_default_and_can_be_turned_off(tmp_path: 
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert frozen and all((count > 0) == enabled for count in frozen)
     assert gc.get_freeze_count() == 0  # unfrozen when training ends
+
+
+def test_the_default_run_is_the_recipe_yaml_and_the_class_defaults(tmp_path: Path, monkeypatch) -> None:
+    """`python -m lit_ddp fit` alone, configs/lenet_shapes.yaml and LeNetCIFAR's defaults agree."""
+    import inspect
+
+    from lit_ddp.models import OptimConfig
+
+    monkeypatch.chdir(tmp_path)
+    bare = build_cli([], run=False).config
+    recipe = build_cli(["--config", str(REPO / "configs" / "lenet_shapes.yaml")], run=False).config
+    for key in ("model", "data", "trainer", "seed_everything"):
+        assert bare[key] == recipe[key], key
+    defaults = {k: p.default for k, p in inspect.signature(LeNetCIFAR).parameters.items()}
+    yaml_model = recipe["model"]["init_args"]
+    assert OptimConfig(**vars(yaml_model["optim"])) == defaults["optim"]
+    assert yaml_model["batch_norm"] == defaults["batch_norm"]
+
+
+def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(tmp_path: Path) -> None:
+    from lit_ddp.cli import CALLBACKS
+
+    root = f"--trainer.default_root_dir={tmp_path}"
+    default = build_cli([*QUICK, root], run=False).trainer.callbacks
+    ours = [type(c) for c in default if type(c) in {cls for cls, _ in CALLBACKS.values()}]
+    # Lightning moves checkpoint callbacks last; the rest keep the list's order.
+    assert ours == [cls for cls, _ in CALLBACKS.values()]
+    for key, (cls, _) in CALLBACKS.items():
+        callbacks = build_cli([*QUICK, root, f"--{key}=null"], run=False).trainer.callbacks
+        assert sum(type(c) is cls for c in callbacks) == ours.count(cls) - 1, key
+
+
+@pytest.mark.parametrize(
+    "switch", ["--trainer.enable_checkpointing=false", "--checkpoint=null --last_checkpoint=null"]
+)
+def test_checkpointing_can_be_turned_off(tmp_path: Path, switch: str) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    cli = build_cli(["fit", *QUICK, *switch.split(), f"--trainer.default_root_dir={tmp_path}"])
+    assert not any(isinstance(c, ModelCheckpoint) for c in cli.trainer.callbacks)
+    assert "val/acc" in cli.trainer.callback_metrics  # the run itself went through
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_last_ckpt_is_the_newest_state_and_best_is_kept_beside_it(tmp_path: Path) -> None:
+    """last.ckpt is rewritten at every epoch end (not only when the best improves), best by val/acc too."""
+    cli = build_cli(["fit", *QUICK, "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}"])
+    run = assert_single_run(tmp_path)
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert last["global_step"] == cli.trainer.global_step and last["epoch"] == 2
+    best = [p for p in (run / "checkpoints").glob("epoch*.ckpt")]
+    assert len(best) == 1 and cli.trainer.checkpoint_callback.best_model_path == str(best[0])
+
+
+def test_warmup_lasts_one_epoch_of_steps_also_when_max_steps_ends_the_run(tmp_path: Path) -> None:
+    """8 batches per epoch, max_steps=20 (under the default max_epochs=12): one warmup epoch is 8 steps."""
+    import lightning as L
+
+    lrs: list[float] = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, *args) -> None:
+            lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    args = [*QUICK, "--trainer.max_epochs=12", "--trainer.max_steps=20", "--model.optim.warmup_epochs=1"]
+    cli = build_cli(
+        [*args, "--model.optim.schedule=constant", f"--trainer.default_root_dir={tmp_path}"], run=False
+    )
+    cli.trainer.callbacks.append(Record())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    peak = cli.model.optim.lr
+    assert len(lrs) == 20
+    assert lrs[6] < lrs[7] == pytest.approx(peak) and lrs[19] == pytest.approx(peak)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (
+            ["--trainer.max_epochs=-1", "--trainer.max_time=00:00:00:03", "--model.optim.schedule=constant"],
+            None,
+        ),
+        (
+            ["--trainer.max_epochs=-1", "--trainer.max_time=00:00:00:03"],
+            "lit_ddp: error: --model.optim.schedule=cosine decays over the run's length, which is open-ended",
+        ),
+        (["--trainer.log_every_n_steps=0"], None),
+    ],
+)
+def test_lightning_settings_users_pass_work_or_fail_in_one_line(
+    tmp_path: Path, args: list[str], error: str | None, capsys
+) -> None:
+    from lit_ddp.cli import main
+
+    argv = ["fit", *QUICK, *args, f"--trainer.default_root_dir={tmp_path}"]
+    if error is None:
+        main([a for a in argv if not a.startswith("--trainer.log_every_n_steps=1")])
+        assert list(tmp_path.rglob("last.ckpt"))
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(error) and "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
+def test_evaluating_last_without_an_earlier_run_is_an_error_not_random_weights(
+    tmp_path: Path, subcommand: str, capsys
+) -> None:
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([subcommand, *QUICK, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
+    assert err.splitlines()[-1].startswith(f"lit_ddp: error: {subcommand} --ckpt_path=last: no last.ckpt")
+    assert "train first with fit" in err and "Traceback" not in err
+    build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}"])  # once a run exists, it is found
+    cli = build_cli([subcommand, *QUICK, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.ckpt_path == str(next(tmp_path.rglob("last.ckpt")))

@@ -24,7 +24,7 @@ from torch.utils.data import SequentialSampler
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
-from lit_ddp.distributed.samplers import UnpaddedDistributedSampler
+from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
 
 HERE = Path(__file__).resolve().parent

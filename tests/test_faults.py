@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, TINY_SHAPES, run_cli
 
 from lit_ddp.cli import build_cli
-from lit_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 # 256 training images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
 DDP_FIT = [
@@ -132,7 +132,7 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_
     """SIGTERM during epoch 1's second batch; then `fit --ckpt_path=last`."""
     # Checks every 2nd batch (after batches 1 and 3 of an epoch): a check is started after batch 1, which
     # saw the signal, and read after batch 2, a batch without a check of its own.
-    every = "--preemption_check_every_n_batches=2"
+    every = "--preemption.check_every_n_batches=2"
     stopped = ddp_fit(tmp_path, every, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     out = stopped.stdout + stopped.stderr
@@ -154,6 +154,34 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_
         # step, so its batch 0 is trained twice and batch 3 not at all.
         assert [(e, s) for e, s, _ in after] == [(1, 7)]
         assert labels(after) == labels(full[4:5]) and labels(full[7:8]) != labels(after)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at_once(tmp_path: Path) -> None:
+    """Ctrl-C stops every rank at the same batch with last.ckpt, like SIGTERM (checked every batch here);
+    pressed twice, the run aborts at once without a checkpoint."""
+    every = "--preemption.check_every_n_batches=1"
+    stopped = ddp_fit(
+        tmp_path / "once", every, *fault(tmp_path / "once" / "probe", "sigint", rank=0, at_step=5)
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    out = stopped.stdout + stopped.stderr
+    assert "Ctrl-C again aborts now" in out
+    # Signalled during batch 5; its check, started after it, is read after the next batch.
+    assert "stopped by SIGINT at epoch 1, step 7 (mid-epoch, after 3 of 4 batches)" in out
+    assert torch.load(last_ckpt(tmp_path / "once"), weights_only=True)["global_step"] == 7
+
+    twice = run_cli(
+        ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.enable_progress_bar=false",
+         "--last_checkpoint=null", "--checkpoint=null",
+         *fault(tmp_path / "twice" / "probe", "sigint_twice", rank=0, at_step=2)],
+        cwd=tmp_path, env=ENV, timeout=120,
+    )  # fmt: skip
+    assert twice.returncode == 1, twice.stderr[-3000:]
+    assert "Detected KeyboardInterrupt" in twice.stdout + twice.stderr
+    assert "stopped by SIGINT" not in twice.stdout + twice.stderr
+    assert not list(tmp_path.glob("logs/**/*.ckpt"))
 
 
 @pytest.mark.ddp
@@ -181,7 +209,7 @@ def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
 
 CRASH_MID_WRITE = """
 import resource, signal, sys, torch
-from lit_ddp.distributed.checkpoint_io import AtomicCheckpointIO
+from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 plugin = AtomicCheckpointIO()
 plugin.save_checkpoint({"state_dict": {"w": torch.ones(4)}, "epoch": 0}, sys.argv[1])
@@ -312,8 +340,8 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
         (["--data.batch_size=0"], "lit_ddp: error: batch_size=0 must be at least 1"),
         (["--trainer.no_such_key=1"], "no_such_key"),
         (
-            ["--preemption_check_every_n_batches=0"],
-            "lit_ddp: error: --preemption_check_every_n_batches=0 must be 1 or more",
+            ["--preemption.check_every_n_batches=0"],
+            "lit_ddp: error: --preemption.check_every_n_batches=0 must be 1 or more",
         ),
     ],
 )
@@ -334,9 +362,9 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
     collective that carries nothing once the callback owns the signals) only while training runs."""
     import lightning as L
 
-    from lit_ddp.callbacks.preemption import PreemptionCheckpoint
     from lit_ddp.data import ShapesDataModule
     from lit_ddp.models import LeNetCIFAR
+    from lit_ddp.runtime.preemption import PreemptionCheckpoint
 
     seen = []
 
@@ -362,7 +390,7 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
 def test_the_process_group_is_destroyed_at_exit_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
     import atexit
 
-    from lit_ddp.distributed import faults
+    from lit_ddp.runtime import faults
 
     handlers: list = []
     monkeypatch.setattr(atexit, "register", handlers.append)
@@ -381,7 +409,8 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
 
     from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
-    from lit_ddp.distributed import faults
+    from lit_ddp.runtime import faults
+    from lit_ddp.runtime.compat import wrap_child_observer_kill
 
     dead = subprocess.Popen(["sh", "-c", "kill -9 $$"])
     dead.wait()
@@ -392,7 +421,8 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
     monkeypatch.setattr(threading, "enumerate", lambda: [observer])
     monkeypatch.setattr(faults, "_lost_rank_message", None)
     monkeypatch.setattr(faults, "_reported", False)
-    faults.FaultMonitor()._observer_names_the_lost_rank(launcher)
+    monitor = faults.FaultMonitor()
+    assert wrap_child_observer_kill(launcher.procs, lambda: monitor._name_lost_children(launcher.procs))
     observer._run()  # what the thread does every 5 s
     assert killed == [True]
     err = capsys.readouterr().err

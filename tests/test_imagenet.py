@@ -1,5 +1,6 @@
 """ResNet on an ImageNet-layout folder: decoding real files, skipping bad ones, fit/validate/test, CPU DDP."""
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,22 @@ def test_missing_or_empty_data_dir_is_one_clear_error(tmp_path: Path, capsys) ->
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert "lit_ddp: error: no image folders in" in err and "Traceback" not in err
+
+
+def test_a_one_class_folder_is_refused_at_once_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    make_tree(tmp_path / "all")
+    for split in ("train", "val"):
+        for wnid in CLASSES[1:]:
+            shutil.rmtree(tmp_path / "all" / split / wnid)
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", f"--config={CONFIG}", f"--data.data_dir={tmp_path / 'all'}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("lit_ddp: error: ") and f"has one class folder ({CLASSES[0]})" in err
+    assert not (tmp_path / "logs").exists()
 
 
 def test_strict_stops_at_the_first_unreadable_file_naming_it(tree, tmp_path: Path) -> None:

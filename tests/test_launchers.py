@@ -144,7 +144,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"
     two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
-    every_batch = "--preemption_check_every_n_batches=1"
+    every_batch = "--preemption.check_every_n_batches=1"
     first = run(
         ["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5", every_batch],
         tmp_path,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lit_ddp.models import SYSTEMS, LeNet, LeNetCIFAR, OptimConfig
+from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.models.classifier import LossMean
 from lit_ddp.models.optim import build_optimizer, lr_lambda, param_groups
 
@@ -66,6 +66,10 @@ def test_lenet_batch_norm_adds_bn_after_each_conv_and_hidden_fc() -> None:
     bns = [m for m in LeNet(batch_norm=True).modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert [bn.num_features for bn in bns] == [6, 16, 120, 84]
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in LeNet().modules())
+
+
+# Every system the CLI can find by short name (--model=NAME): the subclasses lit_ddp.models imports.
+SYSTEMS = {cls.__name__: cls for cls in ImageClassifier.__subclasses__()}
 
 
 @pytest.mark.parametrize("name", sorted(SYSTEMS))
@@ -194,7 +198,7 @@ def test_nvml_based_cuda_check_is_skipped_only_where_nvml_cannot_load(
     import os
     import sys
 
-    from lit_ddp.models.optim import skip_futile_nvml_checks
+    from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
     def cdll(name: str):
         if not nvml_loads:
@@ -205,3 +209,22 @@ def test_nvml_based_cuda_check_is_skipped_only_where_nvml_cannot_load(
     monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # what importing Lightning sets
     skip_futile_nvml_checks()
     assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == ("1" if nvml_loads else "0")
+
+
+def test_open_ended_runs_refuse_schedules_that_need_a_length_and_run_the_others() -> None:
+    import math
+
+    from lit_ddp.errors import UserError
+
+    net = LeNet()
+    with pytest.raises(UserError, match=r"schedule=cosine .* --trainer.max_epochs or --trainer.max_steps"):
+        build_optimizer(net, OptimConfig(schedule="cosine"), 64, math.inf, steps_per_epoch=10)
+    optimizer, scheduler = build_optimizer(
+        net, OptimConfig(lr=0.1, schedule="constant", warmup_epochs=1), 64, math.inf, steps_per_epoch=10
+    )
+    lrs = []
+    for _ in range(30):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(0.01) and lrs[9] == pytest.approx(0.1) and lrs[29] == pytest.approx(0.1)

@@ -14,14 +14,14 @@ from sync_batchnorm_worker import CASES, STEPS, global_batch
 from torch import nn
 
 from lit_ddp.cli import build_cli
-from lit_ddp.distributed.sync_batchnorm import (
+from lit_ddp.models import LeNet
+from lit_ddp.runtime.sync_batchnorm import (
     AllReduceSyncBatchNorm,
     SyncBatchNormPlugin,
     convert_sync_batchnorm,
     revert_sync_batchnorm,
     with_sync_batchnorm,
 )
-from lit_ddp.models import LeNet
 
 HERE = Path(__file__).resolve().parent
 

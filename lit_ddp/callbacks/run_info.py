@@ -8,12 +8,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams
 
 from lit_ddp.callbacks.tensorboard import tensorboard_writer
-from lit_ddp.distributed.batch import global_batch_size
+from lit_ddp.utils import global_batch_size
 
 
 def flatten(prefix: str, value, out: dict) -> dict:
@@ -31,13 +30,11 @@ def flatten(prefix: str, value, out: dict) -> dict:
 
 
 def strategy_name(trainer: Trainer) -> str:
-    """Lightning's short name: single_device, ddp, ddp_spawn, fsdp, ..."""
+    """Lightning's short name: single_device, ddp (ddp_spawn included), fsdp, ..."""
     strategy = trainer.strategy
-    name = (
+    return (
         getattr(strategy, "strategy_name", None) or type(strategy).__name__.removesuffix("Strategy").lower()
     )
-    start_method = getattr(strategy, "_start_method", "popen")  # DDP: how ranks are started
-    return f"{name}_{start_method}" if start_method in ("spawn", "fork") else name
 
 
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict:
@@ -104,14 +101,6 @@ class RunInfo(Callback):
     def __init__(self, metrics: list[str] | None = None) -> None:
         self.metrics = metrics
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # TensorBoard shows the first hparams summary of a run. Lightning's own is written before fit with
-        # a placeholder metric (hp_metric = -1): turn it off so that the summary below, with the real
-        # validation metrics, is the one shown. Same attribute on every rank, no collective.
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger._default_hp_metric = False
-
     def _metric_tags(self, pl_module: LightningModule) -> list[str]:
         if self.metrics is not None:
             return list(self.metrics)
@@ -126,7 +115,7 @@ class RunInfo(Callback):
         params = run_hparams(trainer, pl_module)
         # Only the metric names go into the summary; TensorBoard reads their values from the scalars.
         exp, ssi, sei = hparams(params, {tag: 0.0 for tag in self._metric_tags(pl_module)})
-        file_writer = writer._get_file_writer()
+        file_writer = writer.file_writer
         for summary in (exp, ssi, sei):
             file_writer.add_summary(summary)
         # The resolved config LightningCLI saved in the run directory (setup, before fit); else the hparams.

@@ -12,15 +12,20 @@ def _fmt(metrics: dict, stage: str) -> str:
 
 
 class EpochSummary(Callback):
-    """At each training epoch end (after validation), prints
+    """After each training epoch (and its validation), prints
 
     ``epoch 3/12 | train loss 0.41 acc 0.86 | val loss 0.37 acc 0.88 | 5120 img/s (2560/device) | 9.8 s``
+
+    The line is printed at the next hook after the epoch's end: the LightningModule logs its epoch metrics
+    in its own ``on_train_epoch_end``, which Lightning calls after this callback's.
     """
 
     def __init__(self) -> None:
         self._validated = False  # whether this epoch ran validation (else val/* are last epoch's)
+        self._pending: int | None = None  # the finished epoch whose line is still to print
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._print_pending(trainer, pl_module)
         self._validated = False
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -28,11 +33,21 @@ class EpochSummary(Callback):
             self._validated = True
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # Read on every rank: the first read of an epoch runs the pending metric all-reduces, which all
-        # ranks must join. Printing is rank 0's alone (LightningModule.print, above the progress bar).
+        self._pending = trainer.current_epoch
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._print_pending(trainer, pl_module)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._print_pending(trainer, pl_module)
+
+    def _print_pending(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._pending is None:
+            return
+        epoch, self._pending = self._pending, None
         metrics = dict(trainer.callback_metrics)
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        parts = [f"epoch {trainer.current_epoch + 1}{epochs}", _fmt(metrics, "train")]
+        parts = [f"epoch {epoch + 1}{epochs}", _fmt(metrics, "train")]
         if self._validated:
             parts.append(_fmt(metrics, "val"))
         if "perf/images_per_s" in metrics:
@@ -41,4 +56,4 @@ class EpochSummary(Callback):
             parts.append(f"{float(rate):.0f} img/s{per_device}")
         if "perf/epoch_time_s" in metrics:
             parts.append(f"{float(metrics['perf/epoch_time_s']):.1f} s")
-        pl_module.print(" | ".join(p for p in parts if p))
+        pl_module.print(" | ".join(p for p in parts if p))  # rank 0 only, above the progress bar

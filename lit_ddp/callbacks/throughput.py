@@ -2,8 +2,10 @@
 time, the fraction of step time spent waiting for data, and peak CUDA memory.
 
 Per step this costs two ``perf_counter`` calls and an integer add: no device sync, no collective. Each
-rank measures itself; at epoch end the values are logged with ``sync_dist=True``, so Lightning reduces
-them (sum, max or mean over ranks) in the same epoch-end sync as the other metrics, on every rank.
+rank measures itself; at epoch end two small all-reduces (sum, max) combine the ranks' values, on every
+rank, before they are logged. Left to Lightning (``sync_dist=True``), the reduction would run where a
+value is first read, and in this hook that is the progress bar, on rank 0 alone: a collective the other
+ranks never join.
 """
 
 import time
@@ -62,12 +64,27 @@ class Throughput(Callback):
         if self._images == 0 or step_time <= 0:
             return
         rate = self._images / step_time  # this rank's images/s
-        # Same keys on every rank; Lightning all-reduces each value at epoch end (sync_dist=True).
-        log = dict(on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
-        pl_module.log("perf/images_per_s", rate, reduce_fx="sum", **log)
-        pl_module.log("perf/images_per_s_per_device", rate, reduce_fx="mean", **log)
-        pl_module.log("perf/epoch_time_s", time.perf_counter() - self._epoch_start, reduce_fx="max", **log)
-        pl_module.log("perf/data_wait", self._wait / step_time, reduce_fx="mean", **log)
+        peak = (
+            torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+            if pl_module.device.type == "cuda"
+            else 0
+        )
+        # Every rank reaches this hook, in the same epoch: the collectives pair up.
+        summed = torch.tensor([rate, self._wait / step_time], dtype=torch.float64, device=pl_module.device)
+        summed = trainer.strategy.reduce(summed, reduce_op="sum")
+        elapsed = time.perf_counter() - self._epoch_start
+        maxed = torch.tensor([elapsed, peak], dtype=torch.float64, device=pl_module.device)
+        maxed = trainer.strategy.reduce(maxed, reduce_op="max")
+        world = trainer.world_size
+        values = {
+            "perf/images_per_s": summed[0],
+            "perf/images_per_s_per_device": summed[0] / world,
+            "perf/epoch_time_s": maxed[0],
+            "perf/data_wait": summed[1] / world,
+        }
         if pl_module.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
-            pl_module.log("perf/peak_memory_gib", peak, reduce_fx="max", **log)
+            values["perf/peak_memory_gib"] = maxed[1]
+        # Identical on every rank: nothing left for Lightning to sync.
+        pl_module.log_dict(
+            {k: v.float() for k, v in values.items()}, on_step=False, on_epoch=True, batch_size=1
+        )

@@ -1,5 +1,5 @@
-"""DataModules. A new dataset is one ImageDataModule subclass imported here: the CLI finds it by
-short name (``--data=CIFAR10DataModule``) and the tests parametrised over ``DATAMODULES`` cover it.
+"""DataModules. A new dataset is one ImageDataModule subclass imported here: the CLI finds it by short
+name (``--data=CIFAR10DataModule``).
 
 ``# family:`` marks the lines that go when a generated project leaves that model family out.
 """
@@ -9,14 +9,7 @@ from lit_ddp.data.cifar10 import CIFAR10DataModule  # family: lenet_cifar
 from lit_ddp.data.imagenet import ImageNetDataModule  # family: resnet_imagenet
 from lit_ddp.data.shapes import ShapesDataModule
 
-DATAMODULES: dict[str, type[ImageDataModule]] = {
-    "ShapesDataModule": ShapesDataModule,
-    "CIFAR10DataModule": CIFAR10DataModule,  # family: lenet_cifar
-    "ImageNetDataModule": ImageNetDataModule,  # family: resnet_imagenet
-}
-
 __all__ = [
-    "DATAMODULES",
     "CIFAR10DataModule",  # family: lenet_cifar
     "ImageDataModule",
     "ImageNetDataModule",  # family: resnet_imagenet

@@ -3,7 +3,7 @@ augmentation and normalisation.
 
 Subclasses set ``num_classes``, ``class_names``, ``mean``, ``std`` and create ``train_set``,
 ``val_set``, ``test_set`` in ``setup``. Lightning adds the DistributedSampler to the training loader
-(and calls ``set_epoch`` on it) under DDP; evaluation loaders shard without padding (distributed/samplers.py).
+(and calls ``set_epoch`` on it) under DDP; evaluation loaders shard without padding (samplers.py).
 """
 
 import hashlib
@@ -16,9 +16,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip
-from lit_ddp.distributed.batch import global_batch_size
-from lit_ddp.distributed.samplers import UnpaddedDistributedSampler
+from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
+from lit_ddp.utils import global_batch_size
 
 
 class TensorImageDataset(Dataset):

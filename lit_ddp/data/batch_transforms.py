@@ -64,11 +64,6 @@ def random_crop_flip(
     return rows.index_select(0, (corner + plane + row).view(-1)).view(b, c, h, w)
 
 
-def random_crop(x: Tensor, padding: int, generator: torch.Generator | None = None) -> Tensor:
-    """torchvision's RandomCrop(size, padding) per image, batched."""
-    return random_crop_flip(x, padding, flip_p=0.0, generator=generator) if padding > 0 else x
-
-
 def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
     flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)

@@ -1,10 +1,10 @@
 """Image files in the ImageFolder layout (``root/<class>/<file>``), decoded in DataLoader workers.
 
 A file that cannot be decoded does not stop the run: its slot in the batch carries the path and the
-reason, the data module drops the slot in the main process (``on_before_batch_transfer``), and
-``SkippedImagesReport`` gathers what every rank skipped at the end of each epoch and warns once, on rank 0,
-with the count and the names. Each worker and each rank sees different files, so the report has to be
-assembled from the batches, not from a worker's memory.
+reason, the data module drops the slot in the main process (``on_before_batch_transfer``) and keeps it in
+``pending_skipped``; the ``SkippedImagesReport`` callback gathers what every rank skipped at the end of
+each epoch and warns once, on rank 0, with the count and the names. Each worker and each rank sees different
+files, so the report has to be assembled from the batches, not from a worker's memory.
 """
 
 import os
@@ -13,9 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
@@ -90,48 +87,3 @@ def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, Tensor], dict[int, 
         keep[list(bad)] = False
         x, y = x[keep], y[keep]
     return (x, y), bad
-
-
-class SkippedImagesReport(Callback):
-    """At each epoch end: gather the unreadable files every rank met, warn once (rank 0) about the new
-    ones, and log ``{split}/skipped_images`` (same value on every rank) once a split has any.
-
-    It reads and clears ``trainer.datamodule.pending_skipped`` ({split: {path: reason}}) and keeps the
-    union in ``trainer.datamodule.skipped``. Files are told apart by path: the reason can differ from one
-    crop to the next (a truncated JPEG fails in whichever decoder the crop size picks).
-    The gather is a collective, run by every rank in the same hook.
-    """
-
-    max_named = 20
-
-    def _report(self, trainer: Trainer, pl_module: LightningModule, split: str) -> None:
-        dm = trainer.datamodule
-        found: dict[str, str] = dm.pending_skipped.pop(split, {})
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, found)
-            found = {path: why for rank_found in gathered for path, why in rank_found.items()}
-        known = dm.skipped.setdefault(split, {})
-        new = sorted(set(found) - set(known))
-        known.update({path: found[path] for path in new})
-        if new:
-            more = len(new) - self.max_named
-            named = [f"{path} ({found[path]})" for path in new[: self.max_named]]
-            names = "; ".join(named) + (f"; and {more} more" if more > 0 else "")
-            rank_zero_warn(
-                f"skipped {len(new)} unreadable {split} image file(s) (left out of their batches; set"
-                f" --data.strict=true to stop at the first one instead): {names}"
-            )
-        if known:
-            # The same on every rank already; sync_dist (a tiny all-reduce per epoch) tells Lightning so.
-            count = float(len(known))
-            pl_module.log(f"{split}/skipped_images", count, on_step=False, on_epoch=True, sync_dist=True)
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._report(trainer, pl_module, "train")
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._report(trainer, pl_module, "val")
-
-    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._report(trainer, pl_module, "test")

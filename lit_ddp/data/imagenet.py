@@ -22,7 +22,6 @@ from lit_ddp.data.batch_transforms import random_hflip
 from lit_ddp.data.image_folder import (
     FileBatch,
     ImageFileDataset,
-    SkippedImagesReport,
     drop_unreadable,
     find_classes,
     list_images,
@@ -94,6 +93,12 @@ class ImageNetDataModule(ImageDataModule):
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
+        if self.num_classes == 1:
+            raise UserError(
+                f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
+                " needs at least two, one folder per class"
+            )
+        # Reported by callbacks/skipped_images.py (a data module has no epoch-end hooks to gather them).
         self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
         self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
 
@@ -123,10 +128,6 @@ class ImageNetDataModule(ImageDataModule):
             self.val_set = self._split("val", train=False)
         if stage in ("test", "predict"):
             self.test_set = self._split("test" if (self.data_dir / "test").is_dir() else "val", train=False)
-        trainer = self.trainer
-        # A data module has no epoch-end hooks; the report (a gather over ranks) needs one on every rank.
-        if trainer is not None and not any(isinstance(c, SkippedImagesReport) for c in trainer.callbacks):
-            trainer.callbacks.insert(0, SkippedImagesReport())
 
     def on_before_batch_transfer(self, batch: FileBatch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
         (x, y), bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync

@@ -1,7 +1,7 @@
 """Plain nn.Module models and the Lightning systems that train them.
 
 A new system is one ImageClassifier subclass imported here: the CLI finds it by short name
-(``--model=LeNetCIFAR``) and the tests parametrised over ``SYSTEMS`` cover it.
+(``--model=LeNetCIFAR``), and tests/test_models.py covers every subclass.
 ``# family:`` marks the lines that go when a generated project leaves that model family out.
 """
 
@@ -12,14 +12,8 @@ from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.resnet import RESNET_ARCHS, build_resnet  # family: resnet_imagenet
 from lit_ddp.models.resnet_imagenet import ResNetImageNet  # family: resnet_imagenet
 
-SYSTEMS: dict[str, type[ImageClassifier]] = {
-    "LeNetCIFAR": LeNetCIFAR,
-    "ResNetImageNet": ResNetImageNet,  # family: resnet_imagenet
-}
-
 __all__ = [
     "RESNET_ARCHS",  # family: resnet_imagenet
-    "SYSTEMS",
     "ImageClassifier",
     "LeNet",
     "LeNetCIFAR",

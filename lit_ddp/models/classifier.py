@@ -6,6 +6,8 @@ Every metric is a torchmetrics object updated locally on each rank and reduced o
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from lightning import LightningModule
@@ -14,8 +16,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
-from lit_ddp.distributed.batch import global_batch_size
 from lit_ddp.models.optim import OptimConfig, build_optimizer
+from lit_ddp.utils import global_batch_size
 
 STAGES = ("train", "val", "test")
 
@@ -80,6 +82,7 @@ class ImageClassifier(LightningModule):
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.net = net.to(memory_format=self.memory_format)
         self.compile_net = compile
+        self._net_compiled = False
         self.num_classes = num_classes
         self.optim = optim
         self.label_smoothing = label_smoothing
@@ -94,57 +97,52 @@ class ImageClassifier(LightningModule):
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
-        if self.compile_net and getattr(self.net, "_compiled_call_impl", None) is None:
+        if self.compile_net and not self._net_compiled:
             self.net.compile()
+            self._net_compiled = True
 
-    def _log_now(self, stage: str, batch_idx: int) -> bool:
-        """Whether this batch calls ``self.log``. Metric objects accumulate every update themselves, so
-        Lightning needs the call only once per epoch (to know the metric, compute and reset it at epoch
-        end) and on the training steps whose values it writes (every ``log_every_n_steps``). Skipping the
-        other calls saves ~1 ms of Lightning bookkeeping per step, ~10 % of a LeNet step on a CPU."""
-        trainer = self._trainer
-        if batch_idx == 0 or trainer is None:
-            return True
-        return stage == "train" and (self.global_step + 1) % trainer.log_every_n_steps == 0
-
-    def _shared_step(
-        self, batch: tuple[Tensor, Tensor], stage: str, batch_idx: int = 0
-    ) -> tuple[Tensor, Tensor]:
+    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
         """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
         x, y = batch
         logits = self(x)
         # Label smoothing is a training regulariser; evaluation reports the plain cross-entropy.
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
-        metrics: MetricCollection = getattr(self, f"{stage}_metrics")
-        loss_metric: LossMean = getattr(self, f"{stage}_loss")
-        metrics.update(logits.detach(), y)
+        getattr(self, f"{stage}_metrics").update(logits.detach(), y)
         # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
         # also when the last batch or one rank's shard is smaller.
-        n = y.shape[0]
-        if not self._log_now(stage, batch_idx):
-            loss_metric.update(loss.detach(), weight=n)
-            return loss, logits
-        if stage == "train":
-            # forward() = update + this batch's value, which Lightning writes as train/loss_step.
-            loss_metric(loss.detach(), weight=n)
-            self.log("train/loss", loss_metric, on_step=True, on_epoch=True, prog_bar=True)
-        else:
-            loss_metric.update(loss.detach(), weight=n)
-            self.log(f"{stage}/loss", loss_metric, on_step=False, on_epoch=True, prog_bar=True)
-        # Logged as objects: Lightning calls compute() (one all-reduce over ranks) at epoch end.
-        self.log_dict(metrics, on_step=False, on_epoch=True, prog_bar=stage != "train")
+        getattr(self, f"{stage}_loss").update(loss.detach(), weight=y.shape[0])
         return loss, logits
 
+    def _log_epoch(self, stage: str) -> None:
+        """Logs the stage's metric objects once, at epoch end. Lightning computes them there, on every rank
+        (``compute()`` all-reduces each metric's states over the ranks, so the values are those of the whole
+        dataset), then resets them."""
+        name = "train/loss_epoch" if stage == "train" else f"{stage}/loss"  # train/loss_step is per step
+        self.log(name, getattr(self, f"{stage}_loss"), prog_bar=stage != "train")
+        self.log_dict(getattr(self, f"{stage}_metrics"), prog_bar=stage != "train")
+
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        return self._shared_step(batch, "train", batch_idx)[0]
+        loss, _ = self._shared_step(batch, "train")
+        # This rank's batch loss, written every log_every_n_steps (Lightning reads it back only then).
+        self.log("train/loss_step", loss.detach(), prog_bar=True)
+        return loss
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         # The logits go to callbacks' on_validation_batch_end (callbacks/confusion.py); Lightning keeps none.
-        return self._shared_step(batch, "val", batch_idx)[1].detach()
+        return self._shared_step(batch, "val")[1].detach()
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._shared_step(batch, "test", batch_idx)
+        self._shared_step(batch, "test")
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch("test")
 
     def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
         x, y = batch
@@ -154,11 +152,16 @@ class ImageClassifier(LightningModule):
 
     def configure_optimizers(self):
         trainer = self.trainer
-        total_steps = int(trainer.estimated_stepping_batches)
-        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+        # inf with --trainer.max_epochs=-1 and no max_steps: only schedules that need no length can run.
+        total_steps = trainer.estimated_stepping_batches
+        steps_per_epoch = 0
+        if self.optim.warmup_epochs > 0:
+            if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning does)
+                trainer.fit_loop.setup_data()
+            steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
         optimizer, scheduler = build_optimizer(
-            self.net, self.optim, global_batch, total_steps, steps_per_epoch=total_steps / epochs
+            self.net, self.optim, global_batch, total_steps, steps_per_epoch
         )
         if self.optim.scale_lr:
             rank_zero_info(

@@ -4,17 +4,16 @@ Names go through small registries, so ``--model.optim.name=sgd`` or ``--model.op
 need no code, and a new optimizer or schedule is one entry.
 """
 
-import ctypes
 import math
-import os
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
+
+from lit_ddp.errors import UserError
 
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
     "sgd": lambda params, c, fused: torch.optim.SGD(
@@ -64,14 +63,13 @@ class OptimConfig:
     fused: bool | None = None
 
 
+# torch (2.4 and later) has fused SGD, Adam and AdamW kernels for floating-point parameters on these devices.
+FUSED_DEVICES = ("cpu", "cuda")
+
+
 def fused_available(model: nn.Module) -> bool:
-    """Whether torch has fused optimizer kernels for every parameter's device (and dtype)."""
-    try:  # private, but the one place torch lists them; absent in old releases → not fused
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-    except ImportError:
-        return False
-    devices = _get_fused_kernels_supported_devices()
-    return all(p.device.type in devices and p.is_floating_point() for p in model.parameters())
+    """Whether torch has fused optimizer kernels for every parameter's device and dtype."""
+    return all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in model.parameters())
 
 
 def param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
@@ -85,7 +83,7 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: b
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_lambda(schedule: str, total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+def lr_lambda(schedule: str, total_steps: float, warmup_steps: int) -> Callable[[int], float]:
     """Multiplier of the base lr at optimizer step ``step`` (LambdaLR stepped every optimizer step)."""
     shape = SCHEDULES[schedule]
     total_steps = max(total_steps, 1)
@@ -99,26 +97,20 @@ def lr_lambda(schedule: str, total_steps: int, warmup_steps: int) -> Callable[[i
     return factor
 
 
-def skip_futile_nvml_checks() -> None:
-    """Lets ``torch.cuda.is_available()`` skip NVML on Linux machines without the NVIDIA driver.
-
-    Importing Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (a fork-safe CUDA check). Without the
-    driver, NVML cannot load, so every check tries ``dlopen`` in vain and falls back to the plain check
-    anyway. Adam's and AdamW's ``step()`` run that check each time: ~0.3 ms per step, ~3 % of a LeNet step on
-    CPU with a CUDA build of torch. Where NVML loads (a GPU machine), nothing changes.
-    """
-    if sys.platform != "linux" or os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
-        return
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"
+# Schedules that decay over the run's length, which an open-ended run (max_epochs=-1) does not have.
+NEEDS_LENGTH = ("cosine", "step")
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, global_batch: int, total_steps: int, steps_per_epoch: float
+    model: nn.Module, cfg: OptimConfig, global_batch: int, total_steps: float, steps_per_epoch: float
 ) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    skip_futile_nvml_checks()
+    """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
+    ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in."""
+    if not math.isfinite(total_steps) and cfg.schedule in NEEDS_LENGTH:
+        raise UserError(
+            f"--model.optim.schedule={cfg.schedule} decays over the run's length, which is open-ended: set"
+            " --trainer.max_epochs or --trainer.max_steps, or pass --model.optim.schedule=constant"
+        )
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_norm_and_bias)
     fused = fused_available(model) if cfg.fused is None else cfg.fused
     optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
@@ -130,7 +122,3 @@ def build_optimizer(
         optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps)
     )
     return optimizer, scheduler
-
-
-def iter_lrs(optimizer: Optimizer) -> Iterable[float]:
-    return (g["lr"] for g in optimizer.param_groups)

@@ -19,11 +19,11 @@ from lightning.fabric.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed import TCPStore
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.compat import is_subprocess_launch
 
 LOOPBACK = ("127.0.0.1", "localhost")
 _rendezvous: tuple[socket.socket, TCPStore] | None = None  # kept alive for the life of the process
@@ -55,7 +55,7 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
     env = getattr(strategy, "cluster_environment", None)
     if (
         _rendezvous is not None
-        or not isinstance(strategy.launcher, _SubprocessScriptLauncher)
+        or not is_subprocess_launch(strategy)
         or type(env) is not LightningEnvironment
         or env.creates_processes_externally  # torchrun, or a rank > 0 that Lightning started
         or trainer.num_nodes != 1

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
+from lit_ddp.runtime.compat import is_local_path
 
 # Types that may appear in saved hyperparameters (a frozen OptimConfig passed from Python, a Path passed as
 # a data directory). Everything else in a Lightning checkpoint is tensors and plain containers.
@@ -114,14 +114,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch CheckpointIO with atomic local writes and safe, explained loads."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if storage_options is not None or not _is_local_file_protocol(path):
+        if storage_options is not None or not is_local_path(path):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote (fsspec): as Lightning
         atomic_torch_save(checkpoint, path)
 
     def load_checkpoint(
         self, path, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        if not _is_local_file_protocol(path):
+        if not is_local_path(path):
             return super().load_checkpoint(path, map_location, weights_only)
         return load_checkpoint_file(
             path,

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
 from torch import Tensor, nn
-from torch.nn.modules.batchnorm import _BatchNorm
+
+from lit_ddp.runtime.compat import BatchNormBase
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -67,7 +68,7 @@ def _sync_stats(x: Tensor, group, world_size: int, rank: int) -> tuple[Tensor, T
     return global_mean, global_m2 / total, int(total.item())
 
 
-class AllReduceSyncBatchNorm(_BatchNorm):
+class AllReduceSyncBatchNorm(BatchNormBase):
     """BatchNorm over the whole distributed batch, for any backend with all_reduce (gloo, nccl, ...).
 
     In training with more than one rank: normalise with the mean and variance of all ranks' batches and
@@ -128,7 +129,7 @@ class AllReduceSyncBatchNorm(_BatchNorm):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
 
 
-class _BatchNormXd(_BatchNorm):
+class _BatchNormXd(BatchNormBase):
     """Plain BatchNorm for any input rank: the revert target when the original class is unknown."""
 
     def _check_input_dim(self, input: Tensor) -> None:
@@ -138,11 +139,11 @@ class _BatchNormXd(_BatchNorm):
 SYNC_CLASSES = (nn.SyncBatchNorm, AllReduceSyncBatchNorm)
 
 
-def _bn_args(m: _BatchNorm) -> tuple:
+def _bn_args(m: BatchNormBase) -> tuple:
     return m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats
 
 
-def _copy_state(src: _BatchNorm, dst: _BatchNorm) -> _BatchNorm:
+def _copy_state(src: BatchNormBase, dst: BatchNormBase) -> BatchNormBase:
     """Share parameters and buffers (as torch's convert_sync_batchnorm does), keep train/eval mode."""
     if src.affine:
         with torch.no_grad():
@@ -156,11 +157,11 @@ def _copy_state(src: _BatchNorm, dst: _BatchNorm) -> _BatchNorm:
 
 
 def convert_sync_batchnorm(
-    module: nn.Module, sync_class: type[_BatchNorm] = AllReduceSyncBatchNorm, process_group=None
+    module: nn.Module, sync_class: type[BatchNormBase] = AllReduceSyncBatchNorm, process_group=None
 ) -> nn.Module:
     """Replace every BatchNorm*d in ``module`` by ``sync_class``; remember the original class for revert."""
     out = module
-    if isinstance(module, _BatchNorm) and not isinstance(module, SYNC_CLASSES):
+    if isinstance(module, BatchNormBase) and not isinstance(module, SYNC_CLASSES):
         out = _copy_state(module, sync_class(*_bn_args(module), process_group))
         out._lit_ddp_bn_class = type(module)
     for name, child in module.named_children():

@@ -20,15 +20,17 @@ import os
 import sys
 import threading
 import time
-from datetime import timedelta
 
 import torch
 from lightning import Callback, LightningModule, Trainer
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.strategies import DDPStrategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from lightning.fabric.plugins.environments import LightningEnvironment
 
-from lit_ddp.callbacks.preemption import DEFAULT_CHECK_EVERY_N_BATCHES
+from lit_ddp.runtime.compat import (
+    collective_timeout,
+    launched_children,
+    set_collective_timeout,
+    wrap_child_observer_kill,
+)
 
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
@@ -56,16 +58,14 @@ def destroy_process_group_at_exit() -> None:
 
 def set_dist_timeout(trainer: Trainer, seconds: float) -> None:
     """Give DDP collectives a ``seconds`` timeout unless the strategy was built with its own."""
-    strategy = trainer.strategy
-    if isinstance(strategy, DDPStrategy) and strategy._timeout == default_pg_timeout:
-        strategy._timeout = timedelta(seconds=seconds)
+    set_collective_timeout(trainer.strategy, seconds)
 
 
-def _lost_children(launcher: _SubprocessScriptLauncher, wait_s: float = 3.0) -> list[tuple[int, int, int]]:
+def _lost_children(children: list, wait_s: float = 3.0) -> list[tuple[int, int, int]]:
     """(local rank, pid, return code) of the launcher's children that have exited with an error."""
     deadline = time.monotonic() + wait_s
     while True:
-        lost = [(i + 1, p.pid, p.poll()) for i, p in enumerate(launcher.procs)]
+        lost = [(i + 1, p.pid, p.poll()) for i, p in enumerate(children)]
         lost = [(r, pid, code) for r, pid, code in lost if code not in (None, 0)]
         if lost or time.monotonic() > deadline:
             return lost
@@ -94,23 +94,22 @@ class FaultMonitor(Callback):
         self._trainer = trainer
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             destroy_process_group_at_exit()
-        launcher = trainer.strategy.launcher
-        env = (
-            trainer.strategy.cluster_environment if hasattr(trainer.strategy, "cluster_environment") else None
-        )
+        children = launched_children(trainer.strategy)
+        env = getattr(trainer.strategy, "cluster_environment", None)
         # A child started by Lightning's launcher (not by torchrun/SLURM): its parent is this node's rank 0.
-        from lightning.fabric.plugins.environments import LightningEnvironment
-
         if (
-            isinstance(launcher, _SubprocessScriptLauncher)
+            children is not None
             and isinstance(env, LightningEnvironment)
             and trainer.local_rank > 0
             and self._parent is None
         ):
             self._parent = os.getppid()
             threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
-        if isinstance(launcher, _SubprocessScriptLauncher) and launcher.procs:
-            self._observer_names_the_lost_rank(launcher)
+        if children:
+            # Lightning's child-process observer (a thread of rank 0) SIGKILLs the whole job, itself
+            # included, up to 5 s after a child dies, possibly before on_exception runs: name the lost rank
+            # before that kill, unless the main thread already did.
+            wrap_child_observer_kill(children, lambda: self._name_lost_children(children))
 
     def _lost_message(self, lost: list[tuple[int, int, int]]) -> str:
         t = self._trainer
@@ -118,27 +117,12 @@ class FaultMonitor(Callback):
         where = f" at epoch {t.current_epoch}, step {t.global_step}" if t is not None else ""
         return f"lost {names}{where}; the job stops"
 
-    def _observer_names_the_lost_rank(self, launcher: _SubprocessScriptLauncher) -> None:
-        """Lightning's child-process observer (a thread of rank 0) SIGKILLs the whole job, itself included,
-        when it finds a dead child, up to 5 s after the death. When that came before ``on_exception``, the
-        job ended without naming the lost rank (tests/test_faults.py caught it once in CI). Its kill now
-        prints the line first, unless the main thread already did."""
-        from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-
-        for thread in threading.enumerate():
-            if isinstance(thread, _ChildProcessObserver) and thread._child_processes is launcher.procs:
-                kill_all = thread._terminate_all
-
-                def name_then_kill_all(kill_all=kill_all) -> None:
-                    global _lost_rank_message
-                    procs = enumerate(launcher.procs)
-                    lost = [(i + 1, proc.pid, proc.returncode) for i, proc in procs if proc.returncode]
-                    if _lost_rank_message is None and lost:
-                        _lost_rank_message = self._lost_message(lost)
-                    report_lost_rank()
-                    kill_all()
-
-                thread._terminate_all = name_then_kill_all
+    def _name_lost_children(self, children: list) -> None:
+        global _lost_rank_message
+        lost = [(i + 1, proc.pid, proc.returncode) for i, proc in enumerate(children) if proc.returncode]
+        if _lost_rank_message is None and lost:
+            _lost_rank_message = self._lost_message(lost)
+        report_lost_rank()
 
     def _node_rank0(self) -> int:
         t = self._trainer
@@ -171,13 +155,12 @@ class FaultMonitor(Callback):
             if os.getppid() != self._parent:
                 _lost_rank_message = self._parent_lost(f" {where}")
                 return
-        launcher = trainer.strategy.launcher
-        children = launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else []
-        lost = _lost_children(launcher) if children else []
+        children = launched_children(trainer.strategy) or []
+        lost = _lost_children(children) if children else []
         if lost:
             _lost_rank_message = self._lost_message(lost)
         elif _is_timeout(exception):
-            timeout = getattr(trainer.strategy, "_timeout", None)
+            timeout = collective_timeout(trainer.strategy)
             waited = f"--dist_timeout={timeout.total_seconds():g} s" if timeout else "the collective timeout"
             _lost_rank_message = (
                 f"rank {trainer.global_rank} waited {waited} for the other ranks {where}"
@@ -223,14 +206,3 @@ def report_lost_rank() -> None:
             return
         _reported = True
         print(f"lit_ddp: error: {_lost_rank_message}", file=sys.stderr, flush=True)
-
-
-def fault_tolerance_callbacks(
-    preemption_check_every_n_batches: int = DEFAULT_CHECK_EVERY_N_BATCHES,
-) -> list[Callback]:
-    """The callbacks every lit_ddp run gets: checkpoint on preemption, stop on NaN, name a lost rank."""
-    from lit_ddp.callbacks.nan_guard import NanGuard
-    from lit_ddp.callbacks.preemption import PreemptionCheckpoint
-
-    preemption = PreemptionCheckpoint(check_every_n_batches=preemption_check_every_n_batches)
-    return [preemption, NanGuard(), FaultMonitor()]

@@ -15,8 +15,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_ddp.distributed.checkpoint_io import load_checkpoint_file
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
 
 SPECIAL = ("last", "best", "hpc", "registry")
 
@@ -27,7 +28,7 @@ def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | N
         return None
     # Not pinned by the user: we may pick the resumed run's. Under SLURM Lightning names the default run
     # after the job id: a requeued job finds its own, a new submission the previous job's.
-    if logger._version is None or logger._version == SLURMEnvironment.job_id():
+    if logger_version_unset(logger) or logger_version_given(logger) == SLURMEnvironment.job_id():
         return logger
     return None
 
@@ -43,11 +44,29 @@ def find_last_checkpoint(trainer: Trainer) -> Path | None:
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
 
 
+def _lightning_finds_last(trainer: Trainer) -> bool:
+    """Whether a checkpoint callback with a fixed dirpath holds a last*.ckpt (Lightning's own lookup)."""
+    return any(
+        any(Path(cb.dirpath).glob("last*.ckpt"))
+        for cb in trainer.checkpoint_callbacks
+        if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None and Path(cb.dirpath).is_dir()
+    )
+
+
+def _runs_dir(trainer: Trainer) -> Path:
+    logger = trainer.logger
+    if isinstance(logger, TensorBoardLogger | CSVLogger):
+        return Path(logger.save_dir) / (logger.name or "")
+    return Path(trainer.default_root_dir)
+
+
 def _pin_logger_version(trainer: Trainer, run_dir: Path) -> None:
     logger = _logger_with_versions(trainer)
     if logger is not None:
         name = run_dir.name
-        logger._version = int(name.removeprefix("version_")) if name.startswith("version_") else name
+        pin_logger_version(
+            logger, int(name.removeprefix("version_")) if name.startswith("version_") else name
+        )
 
 
 def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> None:
@@ -91,12 +110,22 @@ def check_ckpt_file(ckpt_path: str | None) -> None:
         load_checkpoint_file(ckpt_path, mmap=True)
 
 
-def prepare_ckpt_path(ckpt_path: str | None, trainer: Trainer, model: LightningModule) -> str | None:
-    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now."""
+def prepare_ckpt_path(
+    ckpt_path: str | None, trainer: Trainer, model: LightningModule, subcommand: str = "fit"
+) -> str | None:
+    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now.
+
+    With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
+    job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer)
+        if found is None and subcommand != "fit" and not _lightning_finds_last(trainer):
+            raise UserError(
+                f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under"
+                f" {_runs_dir(trainer)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
+            )
         if found is None:
             return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
         _pin_logger_version(trainer, found.parent.parent)

@@ -36,7 +36,7 @@ class NanGuard(Callback):
         if not grads:
             return
         # One fused norm per device and one host sync per step: NaN/inf anywhere makes the total non-finite.
-        total = torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
+        total = torch.nn.utils.get_total_norm(grads)
         if torch.isfinite(total):
             return
         loss = trainer.callback_metrics.get("train/loss_step")

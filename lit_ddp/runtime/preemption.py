@@ -1,4 +1,4 @@
-"""Preemption (SIGTERM, or SIGUSR1 before a SLURM time limit) → checkpoint, clean exit, resume later.
+"""Preemption (SIGTERM, SIGUSR1 before a SLURM time limit, or Ctrl-C) → checkpoint, clean exit, resume later.
 
 A signal reaches the ranks at different moments (or only one of them: the shell's SIGTERM goes to rank 0
 of Lightning's launcher), so no rank may act on it alone. The handler here only records it. At the end of
@@ -19,7 +19,7 @@ any model whose batch takes a fraction of a second; set 1 for models with very s
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
 the handler, and its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` (a barrier) from inside the handler,
 wherever each rank happens to be; a rank blocked in another collective never matches them, and the job
-hangs (a test here hung that way at an epoch end). A signal before training starts (set-up, sanity check)
+hangs. A signal before training starts (set-up, sanity check)
 still takes Lightning's path.
 
 What a stop in the middle of an epoch loses (the checkpoint records the step, not the data loader's
@@ -34,6 +34,7 @@ the resumed run is the uninterrupted run.
 import os
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.compat import request_stop, restore_stop_flag_broadcast, skip_stop_flag_broadcast
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
 
@@ -59,21 +61,6 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     return Path(trainer.default_root_dir) / "last.ckpt"
 
 
-def skip_stop_flag_broadcast(trainer: Trainer) -> None:
-    """Switch off Lightning's broadcast of rank 0's stop flag before every training batch.
-
-    It is a blocking collective (~5 % of a LeNet step on CPU with 2 ranks), needed only when a signal
-    handler may set the flag on rank 0 alone, as Lightning's own SIGTERM handler does.
-    """
-    epoch_loop = trainer.fit_loop.epoch_loop
-    if hasattr(epoch_loop, "_broadcast_sigterm_tensor"):  # absent from older Lightning: nothing to skip
-        epoch_loop._broadcast_sigterm_tensor = lambda: None
-
-
-def restore_stop_flag_broadcast(trainer: Trainer) -> None:
-    vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # back to Lightning's method
-
-
 class PreemptionCheckpoint(Callback):
     """Saves ``last.ckpt`` when a run is stopped by SIGTERM or SIGUSR1; requeues a SLURM job on SIGUSR1."""
 
@@ -84,12 +71,15 @@ class PreemptionCheckpoint(Callback):
     ) -> None:
         if check_every_n_batches < 1:
             raise UserError(
-                f"--preemption_check_every_n_batches={check_every_n_batches} must be 1 or more"
+                f"--preemption.check_every_n_batches={check_every_n_batches} must be 1 or more"
                 " (training batches between the ranks' checks for a stop signal)"
             )
         self.requeue_signal = requeue_signal
         self.check_every_n_batches = check_every_n_batches
-        self._codes = {signal.SIGTERM: 1, requeue_signal: 2}  # the larger wins when ranks disagree
+        # Ctrl-C (SIGINT) stops like SIGTERM; a second Ctrl-C aborts at once (KeyboardInterrupt, no
+        # checkpoint). The larger code wins when ranks disagree.
+        self._codes = {signal.SIGINT: 1, signal.SIGTERM: 2, requeue_signal: 3}
+        self._previous_sigint = None
         self._received = 0  # set by the handler, on this rank
         self.stopped_by: str | None = None  # agreed by all ranks
         self._group: dist.ProcessGroup | None = None  # CPU (gloo) group for the agreement
@@ -98,7 +88,9 @@ class PreemptionCheckpoint(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
         # Lightning's signal connector restores the original handlers at teardown.
+        self._is_global_zero = trainer.is_global_zero
         if threading.current_thread() is threading.main_thread():
+            self._previous_sigint = signal.getsignal(signal.SIGINT)
             for signum in self._codes:
                 signal.signal(signum, self._on_signal)
         self._pending = None
@@ -114,6 +106,15 @@ class PreemptionCheckpoint(Callback):
 
     def _on_signal(self, signum: int, frame) -> None:
         # Only record: a collective or a checkpoint here could meet another collective on another rank.
+        if signum == signal.SIGINT:
+            if self._received == self._codes[signal.SIGINT]:
+                raise KeyboardInterrupt  # the second Ctrl-C: Lightning's abort path, at once
+            if self._is_global_zero:
+                print(
+                    "\nlit_ddp: Ctrl-C: stopping at the next check, with last.ckpt; Ctrl-C again aborts now",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self._received = max(self._received, self._codes.get(signal.Signals(signum), 1))
 
     @staticmethod
@@ -135,7 +136,7 @@ class PreemptionCheckpoint(Callback):
     def _stop_if(self, trainer: Trainer, code: int) -> None:
         if code and self.stopped_by is None:
             self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
-            trainer._signal_connector.received_sigterm = True  # Lightning's loops stop at their next check
+            request_stop(trainer)  # Lightning's loops stop at their next check
 
     def _agree_now(self, trainer: Trainer, pl_module: LightningModule) -> int:
         """The ranks' agreed record, blocking (one process, or a strategy without torch.distributed)."""
@@ -169,6 +170,10 @@ class PreemptionCheckpoint(Callback):
     def _restore(self, trainer: Trainer) -> None:
         self._pending = None  # every rank started it, so it completes without being waited for
         restore_stop_flag_broadcast(trainer)
+        # Lightning restores the SIGTERM/SIGUSR1 handlers it installed; SIGINT is ours to give back.
+        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._restore(trainer)

@@ -1,0 +1,57 @@
+"""Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch.
+
+Works with any data module that keeps ``pending_skipped`` ({split: {path: reason}}) and ``skipped`` (the
+union so far), as ``ImageNetDataModule`` does; for any other it does nothing.
+"""
+
+import torch.distributed as dist
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+class SkippedImagesReport(Callback):
+    """At each epoch end: gather the unreadable files every rank met, warn once (rank 0) about the new
+    ones, and log ``{split}/skipped_images`` (same value on every rank) once a split has any.
+
+    It reads and clears ``trainer.datamodule.pending_skipped`` ({split: {path: reason}}) and keeps the
+    union in ``trainer.datamodule.skipped``. Files are told apart by path: the reason can differ from one
+    crop to the next (a truncated JPEG fails in whichever decoder the crop size picks).
+    The gather is a collective, run by every rank in the same hook.
+    """
+
+    max_named = 20
+
+    def _report(self, trainer: Trainer, pl_module: LightningModule, split: str) -> None:
+        dm = trainer.datamodule
+        if not hasattr(dm, "pending_skipped"):
+            return  # a data module that reads no files (every rank decides alike: no collective is skipped)
+        found: dict[str, str] = dm.pending_skipped.pop(split, {})
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, found)
+            found = {path: why for rank_found in gathered for path, why in rank_found.items()}
+        known = dm.skipped.setdefault(split, {})
+        new = sorted(set(found) - set(known))
+        known.update({path: found[path] for path in new})
+        if new:
+            more = len(new) - self.max_named
+            named = [f"{path} ({found[path]})" for path in new[: self.max_named]]
+            names = "; ".join(named) + (f"; and {more} more" if more > 0 else "")
+            rank_zero_warn(
+                f"skipped {len(new)} unreadable {split} image file(s) (left out of their batches; set"
+                f" --data.strict=true to stop at the first one instead): {names}"
+            )
+        if known:
+            # The same on every rank already (gathered above): nothing for Lightning to sync, which in
+            # on_train_epoch_end it would do where the value is first read, on rank 0 alone.
+            count = float(len(known))
+            pl_module.log(f"{split}/skipped_images", count, on_step=False, on_epoch=True, batch_size=1)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "train")
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "val")
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "test")

@@ -1,1 +1,0 @@
-"""What Lightning and torch lack for DDP image classification."""

@@ -1,0 +1,174 @@
+"""Every private Lightning and torch name lit_ddp uses, and the only module that touches them.
+
+Each one is used here, behind a small function, because no public route does the job; ``PRIVATE_NAMES``
+lists them with the module that needs each and why. They were checked on the versions in ``CHECKED_ON``
+(pyproject.toml pins lightning to that minor release). tests/test_compat.py exercises every function
+against the installed versions and fails, naming the entry, when an upgrade removes or changes one; it
+also fails when a module outside lit_ddp/runtime/ uses a private Lightning or torch name.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from threading import Thread
+
+from lightning import Trainer
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import DDPStrategy, Strategy
+from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+from torch.nn.modules.batchnorm import _BatchNorm
+
+CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1")}
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    name: str
+    used_by: str
+    why: str
+
+
+PRIVATE_NAMES = (
+    PrivateName(
+        "lightning.pytorch.loops._TrainingEpochLoop._broadcast_sigterm_tensor",
+        "preemption.py",
+        "a blocking broadcast of rank 0's stop flag before every batch; preemption agrees on the flag itself"
+        " every N batches without blocking, and there is no switch to turn the broadcast off",
+    ),
+    PrivateName(
+        "lightning.pytorch.Trainer._signal_connector.received_sigterm",
+        "preemption.py",
+        "Lightning's loops stop on this flag (public read-only as Trainer.received_sigterm); set it to stop"
+        " every rank at the batch the ranks agreed on",
+    ),
+    PrivateName(
+        "lightning.pytorch.strategies.DDPStrategy._timeout",
+        "faults.py",
+        "the collective timeout: public only as DDPStrategy(timeout=...), but strategy='auto' or a strategy"
+        " name is resolved inside the Trainer, after which only this attribute sets it",
+    ),
+    PrivateName(
+        "lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
+        "faults.py, launch.py",
+        "the launcher of `--trainer.strategy=ddp`: its .procs are the ranks this process started",
+    ),
+    PrivateName(
+        "lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver._terminate_all"
+        " and ._child_processes",
+        "faults.py",
+        "the thread that SIGKILLs the job when a child rank dies; wrapped to name the lost rank first",
+    ),
+    PrivateName(
+        "lightning.pytorch.loggers.TensorBoardLogger._version",
+        "resume.py",
+        "`--ckpt_path=last` continues the earlier run's directory: the version is set before it is read",
+    ),
+    PrivateName(
+        "lightning.fabric.utilities.cloud_io._is_local_file_protocol",
+        "checkpoint_io.py",
+        "atomic writes apply to local paths; remote (fsspec) paths keep Lightning's own writer",
+    ),
+    PrivateName(
+        "torch.nn.modules.batchnorm._BatchNorm",
+        "sync_batchnorm.py",
+        "the common base of BatchNorm1d/2d/3d (as torch's own convert_sync_batchnorm uses)",
+    ),
+)
+
+BatchNormBase = _BatchNorm
+
+
+# ---- preemption ------------------------------------------------------------------------------------
+
+
+def skip_stop_flag_broadcast(trainer: Trainer) -> None:
+    """Switch off Lightning's broadcast of rank 0's stop flag before every training batch."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        raise RuntimeError(_changed("_TrainingEpochLoop._broadcast_sigterm_tensor"))
+    epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+def restore_stop_flag_broadcast(trainer: Trainer) -> None:
+    vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # back to Lightning's method
+
+
+def request_stop(trainer: Trainer) -> None:
+    """Make Lightning's loops stop at their next check, raising SIGTERMException (exit code 0)."""
+    trainer._signal_connector.received_sigterm = True
+
+
+# ---- collectives and launchers ---------------------------------------------------------------------
+
+
+def set_collective_timeout(strategy: Strategy, seconds: float) -> None:
+    """Give a DDP strategy's collectives a ``seconds`` timeout, unless it was built with its own."""
+    if isinstance(strategy, DDPStrategy) and strategy._timeout == default_pg_timeout:
+        strategy._timeout = timedelta(seconds=seconds)
+
+
+def collective_timeout(strategy: Strategy) -> timedelta | None:
+    return getattr(strategy, "_timeout", None)
+
+
+def launched_children(strategy: Strategy) -> list | None:
+    """The ``subprocess.Popen`` of the ranks this process started (``--trainer.strategy=ddp``), or None
+    when the strategy does not start ranks as scripts (spawn, torchrun, SLURM, one device)."""
+    launcher = getattr(strategy, "launcher", None)
+    return launcher.procs if isinstance(launcher, _SubprocessScriptLauncher) else None
+
+
+def is_subprocess_launch(strategy: Strategy) -> bool:
+    return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
+
+
+def wrap_child_observer_kill(children: list, before_kill) -> bool:
+    """Call ``before_kill()`` before Lightning's child-process observer SIGKILLs the job; True if found."""
+    for thread in _threads():
+        if isinstance(thread, _ChildProcessObserver) and thread._child_processes is children:
+            kill_all = thread._terminate_all
+
+            def name_then_kill_all(kill_all=kill_all) -> None:
+                before_kill()
+                kill_all()
+
+            thread._terminate_all = name_then_kill_all
+            return True
+    return False
+
+
+def _threads() -> list[Thread]:
+    import threading
+
+    return threading.enumerate()
+
+
+# ---- loggers and files -----------------------------------------------------------------------------
+
+
+def logger_version_unset(logger: Logger) -> bool:
+    """Whether the logger will choose its run's version itself (none was given)."""
+    return getattr(logger, "_version", None) is None
+
+
+def logger_version_given(logger: Logger):
+    return getattr(logger, "_version", None)
+
+
+def pin_logger_version(logger: Logger, version: int | str) -> None:
+    """Make ``logger`` write into the run ``version`` (before anything has read its log_dir)."""
+    logger._version = version
+
+
+def is_local_path(path: str | Path) -> bool:
+    return _is_local_file_protocol(path)
+
+
+def _changed(name: str) -> str:
+    return (
+        f"lit_ddp relies on Lightning's private {name}, which this Lightning release no longer has:"
+        f" install a lightning version lit_ddp was checked on ({', '.join(CHECKED_ON['lightning'])})"
+    )

@@ -1,0 +1,158 @@
+"""The package's layers depend one way, and only the runtime layer touches private Lightning/torch names.
+
+    errors, utils  ←  models, data  ←  callbacks  ←  runtime  ←  cli
+
+Parsed from the source (every import, also inside functions), so a violation fails here before review.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "lit_ddp"
+# Documented public names that start with an underscore (os._exit, namedtuple's API).
+PUBLIC_UNDERSCORED = {"_exit", "_asdict", "_replace", "_fields", "_make"}
+UPSTREAM = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "torchvision", "torchmetrics")
+
+# What each part of the package may import from lit_ddp (itself included).
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "utils": set(),
+    "models": {"models", "errors", "utils"},
+    "data": {"data", "errors", "utils"},
+    "callbacks": {"callbacks", "models", "data", "errors", "utils"},
+    "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils"},
+    "scaffold": {"scaffold", "errors"},
+    "cli": {"cli", "runtime", "callbacks", "models", "data", "errors", "utils", "scaffold"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+
+def _part(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "_template" not in p.parts)
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str, list[str]]]:
+    """(line, imported module, imported names) of every import statement."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module, [alias.name for alias in node.names]))
+    return found
+
+
+def _is_private(name: str) -> bool:
+    dunder = name.startswith("__") and name.endswith("__")
+    return name.startswith("_") and not dunder and name not in PUBLIC_UNDERSCORED
+
+
+def _layer_violations(path: Path) -> list[str]:
+    part = _part(path)
+    problems = []
+    for line, module, names in _imports(ast.parse(path.read_text())):
+        if module != "lit_ddp" and not module.startswith("lit_ddp."):
+            continue
+        targets = [module.split(".")[1]] if "." in module else names
+        for target in targets:
+            target = target if (PACKAGE / target).is_dir() or (PACKAGE / f"{target}.py").exists() else part
+            if target not in ALLOWED[part]:
+                problems.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line} ({part}) imports lit_ddp.{target}"
+                )
+    return problems
+
+
+def _private_upstream_uses(path: Path) -> list[str]:
+    """Private Lightning/torch names: imported, reached as an attribute, or named in getattr/hasattr.
+
+    An attribute with a leading underscore counts unless this file itself defines it (``self._x = ...``,
+    ``def _x``, or an assignment to ``obj._x``): those are the file's own names.
+    """
+    text = path.read_text()
+    tree = ast.parse(text)
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+    rel = path.relative_to(PACKAGE.parent)
+    problems = []
+    for line, module, names in _imports(tree):
+        if module.split(".")[0] not in UPSTREAM:
+            continue
+        private = [p for p in module.split(".") if _is_private(p)] + [n for n in names if _is_private(n)]
+        problems += [f"{rel}:{line} imports {module}: {name}" for name in private]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in own:
+            problems.append(f"{rel}:{node.lineno} reaches .{node.attr}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _is_private(node.args[1].value)
+            and node.args[1].value not in own
+        ):
+            problems.append(f"{rel}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    return problems
+
+
+def test_layers_depend_one_way() -> None:
+    problems = [p for path in _modules() for p in _layer_violations(path)]
+    assert not problems, (
+        "imports against the layers (errors/utils ← models, data ← callbacks ← runtime ← cli):\n"
+        + ("\n".join(problems))
+    )
+
+
+def test_private_upstream_names_only_in_runtime_compat() -> None:
+    """Private Lightning/torch names live in lit_ddp/runtime/compat.py, listed there with the versions they
+    were checked on; every other module uses compat's functions."""
+    compat = PACKAGE / "runtime" / "compat.py"
+    problems = [p for path in _modules() if path != compat for p in _private_upstream_uses(path)]
+    assert not problems, "private Lightning/torch names outside lit_ddp/runtime/compat.py:\n" + "\n".join(
+        problems
+    )
+
+
+def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
+    """Both checks flag a planted violation (a check that never fires would pass forever)."""
+    models = PACKAGE / "models"
+    planted = models / "_planted_for_test.py"
+    planted.write_text(
+        "from lit_ddp.runtime.compat import request_stop\n"
+        "from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher\n"
+        "def f(trainer):\n    return trainer._signal_connector, getattr(trainer, '_results')\n"
+    )
+    try:
+        assert _layer_violations(planted) == [
+            "lit_ddp/models/_planted_for_test.py:1 (models) imports lit_ddp.runtime"
+        ]
+        found = _private_upstream_uses(planted)
+        assert any("_SubprocessScriptLauncher" in p for p in found)
+        assert any("._signal_connector" in p for p in found)
+        assert any("'_results'" in p for p in found)
+    finally:
+        planted.unlink()
+
+
+@pytest.mark.parametrize("part", ["models", "data"])
+def test_models_and_data_know_nothing_above_them(part: str) -> None:
+    """The core a template user edits first imports no callback, runtime or CLI code, not even lazily."""
+    for path in sorted((PACKAGE / part).rglob("*.py")):
+        for _, module, _ in _imports(ast.parse(path.read_text())):
+            assert not module.startswith(("lit_ddp.callbacks", "lit_ddp.runtime", "lit_ddp.cli")), path

@@ -1,0 +1,154 @@
+"""Every private Lightning/torch name in lit_ddp/runtime/compat.py still does what lit_ddp relies on.
+
+One test per entry of ``PRIVATE_NAMES``, against the installed versions: a Lightning release that renames
+or changes one fails here, naming it, instead of silently misbehaving in a user's run.
+(The observer wrapper is driven in tests/test_faults.py, the stop-flag broadcast's switch-off during a
+real fit in test_faults.py too.)
+"""
+
+import ast
+import inspect
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.models import LeNetCIFAR
+from lit_ddp.runtime import compat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _trainer(tmp_path: Path, callbacks: list, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+        **kwargs,
+    )
+
+
+def _shapes() -> ShapesDataModule:
+    return ShapesDataModule(train_size=128, val_size=16, batch_size=32)
+
+
+def test_installed_lightning_is_a_checked_release_and_pyproject_pins_its_minor() -> None:
+    minor = ".".join(L.__version__.split(".")[:2])
+    checked = {".".join(v.split(".")[:2]) for v in compat.CHECKED_ON["lightning"]}
+    assert minor in checked, f"lightning {L.__version__} is not among {compat.CHECKED_ON['lightning']}"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    major, lo = (int(x) for x in minor.split("."))
+    assert f'"lightning>={major}.{lo},<{major}.{lo + 1}"' in pyproject
+
+
+def test_private_names_listed_are_the_ones_compat_uses() -> None:
+    """Each private name compat.py reaches or imports has an entry (with the why) in PRIVATE_NAMES."""
+    tree = ast.parse(Path(compat.__file__).read_text())
+    own = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] in ("lightning", "torch"):
+            used |= {a.name for a in node.names if a.name.startswith("_")}
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            used.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used |= set(re.findall(r"^(_[a-z]\w+)$", node.value))
+    used -= own
+    listed = " ".join(entry.name for entry in compat.PRIVATE_NAMES)
+    assert used and all(name in listed for name in used), used - set(re.findall(r"_\w+", listed))
+    assert all(entry.used_by and entry.why for entry in compat.PRIVATE_NAMES)
+
+
+def test_lightning_broadcasts_the_stop_flag_before_batches_and_the_switch_turns_it_off(
+    tmp_path: Path,
+) -> None:
+    """Lightning's loop calls the broadcast before each batch under DDP (the 2-process switch-off during a
+    real fit is tests/test_faults.py's); the switch replaces it on the loop and the restore undoes that."""
+    trainer = _trainer(tmp_path, [])
+    loop = trainer.fit_loop.epoch_loop
+    assert "self._broadcast_sigterm_tensor()" in inspect.getsource(type(loop).advance)
+    compat.skip_stop_flag_broadcast(trainer)
+    assert loop._broadcast_sigterm_tensor() is None and "_broadcast_sigterm_tensor" in vars(loop)
+    compat.restore_stop_flag_broadcast(trainer)
+    assert "_broadcast_sigterm_tensor" not in vars(loop)
+    assert loop._broadcast_sigterm_tensor.__func__ is type(loop)._broadcast_sigterm_tensor
+
+
+def test_request_stop_ends_fit_at_the_next_batch_as_a_sigterm_does(tmp_path: Path) -> None:
+    class StopAfterSecond(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 1:
+                compat.request_stop(trainer)
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            self.exception = exception
+
+    stop = StopAfterSecond()
+    trainer = _trainer(tmp_path, [stop], max_epochs=1)
+    with pytest.raises(SIGTERMException):  # the CLI's main process turns it into exit code 0
+        trainer.fit(LeNetCIFAR(), datamodule=_shapes())
+    assert trainer.received_sigterm and isinstance(stop.exception, SIGTERMException)
+    assert trainer.global_step == 2
+
+
+def test_collective_timeout_is_what_ddp_passes_to_init_process_group() -> None:
+    strategy = DDPStrategy()
+    compat.set_collective_timeout(strategy, 7)
+    assert compat.collective_timeout(strategy) == timedelta(seconds=7)
+    own = DDPStrategy(timeout=timedelta(seconds=99))
+    compat.set_collective_timeout(own, 7)  # the user's own timeout stays
+    assert compat.collective_timeout(own) == timedelta(seconds=99)
+    source = inspect.getsource(DDPStrategy.setup_distributed)
+    assert re.search(r"""["']?timeout["']?\s*[:=]\s*self\._timeout""", source)
+
+
+def test_launched_children_are_the_subprocess_launchers_procs() -> None:
+    ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    assert compat.is_subprocess_launch(ddp.strategy)
+    assert compat.launched_children(ddp.strategy) == []  # nothing launched before fit
+    spawn = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
+    assert not compat.is_subprocess_launch(spawn.strategy)
+    assert compat.launched_children(spawn.strategy) is None
+
+
+def test_pinned_logger_version_decides_the_run_directory(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path)
+    assert compat.logger_version_unset(logger)
+    compat.pin_logger_version(logger, 3)
+    assert logger.version == 3 and Path(logger.log_dir) == tmp_path / "lightning_logs" / "version_3"
+    assert compat.logger_version_given(TensorBoardLogger(tmp_path, version="job7")) == "job7"
+
+
+def test_local_paths_are_told_from_remote_ones() -> None:
+    assert compat.is_local_path("/tmp/run/last.ckpt") and compat.is_local_path(Path("rel/last.ckpt"))
+    assert not compat.is_local_path("s3://bucket/last.ckpt")
+
+
+def test_batchnorm_base_covers_every_batchnorm() -> None:
+    for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
+        assert issubclass(cls, compat.BatchNormBase)
+    assert not issubclass(nn.LayerNorm, compat.BatchNormBase)
+    assert torch.nn.modules.batchnorm._BatchNorm is compat.BatchNormBase
+
+
+def test_a_removed_private_name_fails_with_the_fix(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, [])
+    loop_class = type(trainer.fit_loop.epoch_loop)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delattr(loop_class, "_broadcast_sigterm_tensor")
+        with pytest.raises(RuntimeError, match="install a lightning version lit_ddp was checked on"):
+            compat.skip_stop_flag_broadcast(trainer)
