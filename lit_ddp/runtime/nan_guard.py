@@ -12,6 +12,7 @@ from lightning import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.preemption import last_checkpoint_path
 
 
 class NonFiniteLossError(UserError):
@@ -19,8 +20,10 @@ class NonFiniteLossError(UserError):
 
 
 def _resume_hint(trainer: Trainer) -> str:
-    callback = trainer.checkpoint_callback
-    last = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    last = last_checkpoint_path(trainer)
+    if not last.is_file():
+        best = (getattr(cb, "best_model_path", "") for cb in trainer.checkpoint_callbacks)
+        last = next((path for path in best if path), "")
     if last:
         return f"resume with --ckpt_path={last} and a lower --model.optim.lr or --trainer.gradient_clip_val"
     return "no checkpoint was saved yet: restart with a lower --model.optim.lr or --trainer.gradient_clip_val"
