@@ -33,6 +33,7 @@ from lit_ddp.callbacks import (
     LearningRateMonitor,
     RunInfo,
     SkippedImagesReport,
+    StepLoss,
     Throughput,
     TrainBatchImages,
 )
@@ -79,6 +80,7 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     # data: unreadable image files, gathered over the ranks and reported once per epoch
     "skipped_images": (SkippedImagesReport, {}),
     # the TensorBoard dashboard and the console line (EpochSummary reads what Throughput logs)
+    "step_loss": (StepLoss, {}),
     "lr_monitor": (LearningRateMonitor, {}),
     "throughput": (Throughput, {}),
     "batch_images": (TrainBatchImages, {}),

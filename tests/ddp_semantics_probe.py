@@ -13,6 +13,8 @@ from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from lit_ddp.data.batch_transforms import normalize
+
 
 def snapshot(module: LightningModule) -> dict[str, Tensor]:
     """Parameters and buffers (running statistics included) of the plain network, copied to CPU."""
@@ -34,11 +36,21 @@ class Probe(Callback):
     def __init__(self, out_dir: str, stop_after_epochs: int = 0) -> None:
         self.out_dir = Path(out_dir)
         self.stop_after_epochs = stop_after_epochs  # > 0: simulate a run killed after this many epochs
-        self.record: dict = {"val": [], "test": [], "epoch_state": [], "samples": [], "aug": [], "writes": []}
+        self.record: dict = {
+            "val": [],
+            "test": [],
+            "epoch_state": [],
+            "samples": [],
+            "aug": [],
+            "plain": [],
+            "writes": [],
+        }
         self._last_state: dict[str, Tensor] = {}
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self.record.update(rank=trainer.global_rank, world_size=trainer.world_size)
+        self.record.update(
+            rank=trainer.global_rank, world_size=trainer.world_size, strategy=type(trainer.strategy).__name__
+        )
         if stage == "fit":
             # Before the strategy wraps the model in DDP (which would broadcast rank 0's weights).
             self.record["init"] = snapshot(pl_module)
@@ -62,14 +74,18 @@ class Probe(Callback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         sampler = trainer.train_dataloader.sampler  # Lightning has called set_epoch on it by now
         self.record["samples"].append((type(sampler).__name__, list(iter(sampler))))
-        # The augmentation this rank's generator draws this epoch, on a fixed batch, from a copy of the
-        # generator's state so that training itself is not disturbed.
-        dm = trainer.datamodule
-        fixed = dm.train_set.images[:16].to(pl_module.device)
-        generator = dm._generator(fixed.device)
-        copy = torch.Generator(fixed.device)
-        copy.set_state(generator.get_state())
-        self.record["aug"].append(dm.augment_batch(fixed, copy).cpu())
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        # What training sees of the epoch's first batch (augmented and normalised on the device), beside the
+        # same images normalised without augmentation.
+        if batch_idx == 0:
+            dm = trainer.datamodule
+            first = self.record["samples"][-1][1][: dm.batch_size]
+            plain = normalize(dm.train_set.images[first].to(pl_module.device), dm.mean, dm.std)
+            self.record["aug"].append(batch[0].cpu())
+            self.record["plain"].append(plain.cpu())
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
         self._last_state = snapshot(pl_module)  # before validation's DDP buffer broadcast

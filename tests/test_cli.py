@@ -264,3 +264,15 @@ def test_evaluating_last_without_an_earlier_run_is_an_error_not_random_weights(
     build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}"])  # once a run exists, it is found
     cli = build_cli([subcommand, *QUICK, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
     assert cli.trainer.ckpt_path == str(next(tmp_path.rglob("last.ckpt")))
+
+
+def test_step_loss_is_written_on_the_steps_lightning_writes_and_can_be_turned_off(tmp_path: Path) -> None:
+    """16 optimizer steps, log_every_n_steps=4: train/loss_step at the same 4 steps as the learning rate."""
+    args = [*QUICK, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=4"]
+    build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path / 'on'}"])
+    scalars = read_scalars(assert_single_run(tmp_path / "on"))
+    lr = next(v for k, v in scalars.items() if k.startswith("lr-"))
+    assert len(scalars["train/loss_step"]) == len(lr) == 4
+    assert all(0 < v < 10 for v in scalars["train/loss_step"])
+    build_cli(["fit", *args, "--step_loss=null", f"--trainer.default_root_dir={tmp_path / 'off'}"])
+    assert "train/loss_step" not in read_scalars(assert_single_run(tmp_path / "off"))

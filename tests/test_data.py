@@ -127,3 +127,63 @@ def test_random_crop_flip_without_padding_only_flips() -> None:
     flipped = (out == x.flip(-1)).flatten(1).all(1)
     kept = (out == x).flatten(1).all(1)
     assert (flipped | kept).all() and 150 < flipped.sum() < 250
+
+
+def test_training_sampler_is_torchs_distributed_shuffle_on_every_device_count() -> None:
+    """Rank r of W takes every W-th index of the (seed, epoch) permutation, with one process too, so one
+    process with batch W·b draws the same global batches as W processes with batch b."""
+    from torch.utils.data import DistributedSampler
+
+    from lit_ddp.data.samplers import ResumableShuffleSampler
+
+    data = range(10)
+    for world in (1, 2, 3):
+        for epoch in (0, 1):
+            ours, theirs = [], []
+            for rank in range(world):
+                for sampler, out in (
+                    (ResumableShuffleSampler(data, world, rank, seed=5), ours),
+                    (DistributedSampler(data, world, rank, shuffle=True, seed=5), theirs),
+                ):
+                    sampler.set_epoch(epoch)
+                    out.append(list(sampler))
+            assert ours == theirs
+    one = ResumableShuffleSampler(data, 1, 0, seed=5)
+    two = [ResumableShuffleSampler(data, 2, r, seed=5) for r in range(2)]
+    b = 2  # per device; the one process takes 2·b
+    global_batches = [sorted(list(one)[s * 2 * b : (s + 1) * 2 * b]) for s in range(2)]
+    per_rank = [list(s) for s in two]
+    assert global_batches == [
+        sorted(per_rank[0][s * b : (s + 1) * b] + per_rank[1][s * b : (s + 1) * b]) for s in range(2)
+    ]
+
+
+def test_training_sampler_resumes_mid_epoch_and_only_in_that_epoch() -> None:
+    from lit_ddp.data.samplers import ResumableShuffleSampler
+
+    data = range(10)
+    full = ResumableShuffleSampler(data, 2, 1, seed=5)
+    full.set_epoch(3)
+    order = list(full)
+    resumed = ResumableShuffleSampler(data, 2, 1, seed=5)
+    resumed.resume(3, 2)
+    resumed.set_epoch(3)  # what Lightning calls at the resumed epoch's start
+    assert list(resumed) == order[2:] and list(resumed) == order[2:]
+    assert len(resumed) == len(order)  # Lightning counts the epoch's batches from it: the whole shard
+    resumed.set_epoch(4)
+    full.set_epoch(4)
+    assert list(resumed) == list(full)
+
+
+def test_augmentation_depends_on_seed_rank_epoch_and_batch_only() -> None:
+    dm = ShapesDataModule(train_size=64, val_size=16, batch_size=16, crop_padding=4)
+    x = draw_shapes(16, seed=0)[0]
+    cpu = torch.device("cpu")
+
+    def augment(*key: int) -> torch.Tensor:
+        return dm.augment_batch(x, dm.augmentation_generator(cpu, *key))
+
+    assert torch.equal(augment(0, 1, 2), augment(0, 1, 2))  # reproducible, whatever ran in between
+    for other in ((1, 1, 2), (0, 0, 2), (0, 1, 3)):  # another rank, epoch or batch
+        assert not torch.equal(augment(0, 1, 2), augment(*other))
+    assert not torch.equal(augment(0, 1, 2), x)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, run_cli
+from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
@@ -126,10 +126,11 @@ def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
-def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_is_documented(
+def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_is_exact(
     tmp_path: Path, reference: Path
 ) -> None:
-    """SIGTERM during epoch 1's second batch; then `fit --ckpt_path=last`."""
+    """SIGTERM during epoch 1's second batch; then `fit --ckpt_path=last` continues at the next batch of the
+    same order and ends with the uninterrupted run's weights and metrics."""
     # Checks every 2nd batch (after batches 1 and 3 of an epoch): a check is started after batch 1, which
     # saw the signal, and read after batch 2, a batch without a check of its own.
     every = "--preemption.check_every_n_batches=2"
@@ -143,17 +144,59 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_loses_what_
     resumed = ddp_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {last_ckpt(tmp_path).relative_to(tmp_path)}" in resumed.stdout + resumed.stderr
-    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 2 * STEPS_PER_EPOCH
     for rank in (0, 1):
         full, before, after = (
             batches(d, rank) for d in (reference / "probe", tmp_path / "probe", tmp_path / "probe2")
         )
-        labels = lambda rows: [r[2] for r in rows]  # noqa: E731
-        assert before == full[:7]  # the same run up to the preemption
-        # What a mid-epoch stop loses: epoch 1 restarts from its first batch and runs for its remaining
-        # step, so its batch 0 is trained twice and batch 3 not at all.
-        assert [(e, s) for e, s, _ in after] == [(1, 7)]
-        assert labels(after) == labels(full[4:5]) and labels(full[7:8]) != labels(after)
+        assert before == full[:7] and after == full[7:]  # the same batches, in the same order, once each
+    assert_same_run(tmp_path, reference)
+
+
+def assert_same_run(run: Path, reference: Path) -> None:
+    """The final weights (max |Δw| ≤ 1e-6) and every epoch's train/val metrics of the uninterrupted run."""
+    final, expected = (torch.load(last_ckpt(d), weights_only=True) for d in (run, reference))
+    assert final["global_step"] == expected["global_step"]
+    for key, value in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][key], value, rtol=0, atol=1e-6, msg=key)
+    got, want = (read_scalars(last_ckpt(d).parent.parent) for d in (run, reference))
+    for key in ("train/acc", "train/loss_epoch", "val/acc", "val/loss"):
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+
+
+ONE_DEVICE = [
+    "fit",
+    *TINY_SHAPES,
+    "--trainer.max_epochs=2",
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=1",
+]
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
+def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(tmp_path: Path, where: str) -> None:
+    """One process, stopped by SIGTERM in epoch 1 or at the end of epoch 0, then resumed:
+    the same batches as the uninterrupted run, its final weights and its metrics."""
+
+    def fit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+        cwd.mkdir(parents=True, exist_ok=True)
+        result = run_cli([*ONE_DEVICE, *QUIET, *args], cwd=cwd, env=ENV, timeout=180)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result
+
+    reference = tmp_path / "reference"
+    fit(reference, *fault(reference / "probe"))
+    # One process takes 8 batches of 32 per epoch: batch 9 is epoch 1's second.
+    stop = {"mid_epoch": {"at_step": 9}, "epoch_end": {"at_epoch_end": 0}}[where]
+    run = tmp_path / "run"
+    stopped = fit(run, *fault(run / "probe", "sigterm", **stop))
+    expected = {"mid_epoch": "step 10 (mid-epoch, after 2 of 8 batches)", "epoch_end": "step 8: saved"}[where]
+    assert f"stopped by SIGTERM at epoch 1, {expected}" in stopped.stdout + stopped.stderr
+    fit(run, "--ckpt_path=last", *fault(run / "probe2"))
+    fit(run, "--ckpt_path=last", *fault(run / "probe2"))
+    full, before, after = (batches(d) for d in (reference / "probe", run / "probe", run / "probe2"))
+    assert before + after == full
+    assert_same_run(run, reference)
 
 
 @pytest.mark.ddp

@@ -9,6 +9,7 @@ from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
 from lit_ddp.callbacks.run_info import RunInfo
 from lit_ddp.callbacks.skipped_images import SkippedImagesReport
+from lit_ddp.callbacks.step_loss import StepLoss
 from lit_ddp.callbacks.summary import EpochSummary
 from lit_ddp.callbacks.throughput import Throughput
 
@@ -18,6 +19,7 @@ __all__ = [
     "LearningRateMonitor",
     "RunInfo",
     "SkippedImagesReport",
+    "StepLoss",
     "Throughput",
     "TrainBatchImages",
 ]

@@ -2,8 +2,13 @@
 augmentation and normalisation.
 
 Subclasses set ``num_classes``, ``class_names``, ``mean``, ``std`` and create ``train_set``,
-``val_set``, ``test_set`` in ``setup``. Lightning adds the DistributedSampler to the training loader
-(and calls ``set_epoch`` on it) under DDP; evaluation loaders shard without padding (samplers.py).
+``val_set``, ``test_set`` in ``setup``. The training loader shuffles by (seed, epoch) and shards over the
+ranks (Lightning calls ``set_epoch`` on it); evaluation loaders shard without padding (samplers.py).
+
+Resuming mid-epoch is exact: the data module counts the training batches of the current epoch, saves the
+count in the checkpoint (``state_dict``), and a resumed run continues at the next batch of the same order.
+Augmentation draws from a generator seeded by (seed, rank, epoch, batch), so a resumed batch is augmented
+as it would have been.
 """
 
 import hashlib
@@ -16,7 +21,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip
-from lit_ddp.data.samplers import UnpaddedDistributedSampler
+from lit_ddp.data.samplers import ResumableShuffleSampler, UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
 from lit_ddp.utils import global_batch_size
 
@@ -103,8 +108,10 @@ class ImageDataModule(LightningDataModule):
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
-        self._aug_generator: torch.Generator | None = None
-        self._aug_key: tuple | None = None
+        self._aug_generators: dict[str, torch.Generator] = {}
+        self._epoch = 0  # the training epoch whose batches are being counted
+        self._batches = 0  # training batches of that epoch seen so far (trained, or before a resume)
+        self._resume: tuple[int, int] | None = None  # (epoch, batches) from a checkpoint
 
     # ---- loaders -------------------------------------------------------------------------------
 
@@ -116,15 +123,24 @@ class ImageDataModule(LightningDataModule):
             return None
         return UnpaddedDistributedSampler(dataset, num_replicas=kwargs["num_replicas"], rank=kwargs["rank"])
 
+    def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
+        """The (seed, epoch) shuffle on every device count; a DistributedSampler, so Lightning keeps it."""
+        kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
+        sampler = ResumableShuffleSampler(
+            dataset, num_replicas=kwargs.get("num_replicas", 1), rank=kwargs.get("rank", 0), seed=self.seed
+        )
+        if self._resume is not None:
+            epoch, batches = self._resume
+            sampler.resume(epoch, batches * self.batch_size)
+        return sampler
+
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
-        # Training: Lightning injects its shuffled DistributedSampler and calls set_epoch on it.
-        sampler = None if train else self._eval_sampler(dataset)
+        sampler = self._train_sampler(dataset) if train else self._eval_sampler(dataset)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            shuffle=train,
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=collate_batch,
@@ -159,20 +175,42 @@ class ImageDataModule(LightningDataModule):
         """Training augmentation of a (B, C, H, W) uint8 batch on its device: random crop + flip."""
         return random_crop_flip(x, self.crop_padding, generator=generator)
 
-    def _generator(self, device: torch.device) -> torch.Generator:
-        """Augmentation RNG seeded by (seed, rank, epoch): different on every rank, reproducible, and
-        resumable from a checkpoint at an epoch boundary without saving RNG state."""
-        trainer = self.trainer
-        key = (self.seed, trainer.global_rank, trainer.current_epoch, str(device))
-        if self._aug_key != key:
-            self._aug_generator = torch.Generator(device=device).manual_seed(_stable_seed(*key[:3]))
-            self._aug_key = key
-        return self._aug_generator
+    def augmentation_generator(
+        self, device: torch.device, rank: int, epoch: int, batch: int
+    ) -> torch.Generator:
+        """The RNG of one training batch, seeded by (seed, rank, epoch, batch): different on every rank and
+        batch, reproducible, and the same after a resume. Re-seeding costs no device sync."""
+        generator = self._aug_generators.get(str(device))
+        if generator is None:
+            generator = self._aug_generators[str(device)] = torch.Generator(device=device)
+        return generator.manual_seed(_stable_seed(self.seed, rank, epoch, batch))
 
     def on_after_batch_transfer(
         self, batch: tuple[Tensor, Tensor], dataloader_idx: int
     ) -> tuple[Tensor, Tensor]:
         x, y = batch  # (B, C, H, W) uint8 on the device
-        if self.augment and self.trainer is not None and self.trainer.training:
-            x = self.augment_batch(x, self._generator(x.device))
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            batch_idx = self._count_training_batch(trainer.current_epoch)
+            if self.augment:
+                generator = self.augmentation_generator(
+                    x.device, trainer.global_rank, trainer.current_epoch, batch_idx
+                )
+                x = self.augment_batch(x, generator)
         return normalize(x, self.mean, self.std), y
+
+    def _count_training_batch(self, epoch: int) -> int:
+        """This batch's index in its epoch. Counted here, where each trained batch passes once (the loader
+        itself runs a batch ahead of training, which Lightning prefetches)."""
+        if epoch != self._epoch:
+            self._epoch, self._batches = epoch, 0
+        self._batches += 1
+        return self._batches - 1
+
+    def state_dict(self) -> dict:
+        # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands.
+        return {"epoch": self._epoch, "batches": self._batches}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._epoch, self._batches = state_dict["epoch"], state_dict["batches"]
+        self._resume = (self._epoch, self._batches)

@@ -1,4 +1,6 @@
-"""Exact distributed evaluation: every validation/test sample is seen exactly once over all ranks.
+"""Samplers: exact distributed evaluation, and a training order that resumes mid-epoch.
+
+Evaluation: every validation/test sample is seen exactly once over all ranks.
 
 torch's DistributedSampler pads the shards with repeated samples when the dataset size is not a multiple
 of the world size, so metrics computed over all ranks count a few samples twice (Lightning only warns).
@@ -7,8 +9,14 @@ Here rank r takes samples r, r+W, r+2W, ...: shard sizes differ by at most one a
 Uneven shards are safe in evaluation because nothing there is a per-step collective: the metrics are
 torchmetrics states reduced once at epoch end, and DDP's forward under no_grad syncs buffers only on the
 first batch after training (torch's ``require_forward_param_sync``), which every rank runs since each
-holds at least one sample. Training keeps Lightning's padded, shuffled DistributedSampler: there every
-step all-reduces gradients, so every rank must run the same number of steps.
+holds at least one sample. Training shards are padded, as torch's DistributedSampler pads them: there
+every step all-reduces gradients, so every rank must run the same number of steps.
+
+Training: ``ResumableShuffleSampler`` is torch's DistributedSampler (a permutation seeded by seed + epoch,
+rank r taking every W-th index) on every device count, one process included, so one process with batch
+N·b draws the same global batches as N processes with batch b, and the order does not depend on any
+global RNG. It can start an epoch part-way (``start``), which is how a run stopped mid-epoch continues at
+the batch where it stopped.
 """
 
 from collections.abc import Iterator, Sized
@@ -39,3 +47,28 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+class ResumableShuffleSampler(DistributedSampler):
+    """Rank ``rank``'s shard of a (seed, epoch) permutation, padded to equal shards; resumable mid-epoch.
+
+    ``__len__`` stays the whole shard (Lightning counts an epoch's batches from it); after
+    ``resume(epoch, start)`` the next pass over that epoch skips its first ``start`` indices.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> None:
+        super().__init__(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False
+        )
+        self.start = 0
+
+    def resume(self, epoch: int, start: int) -> None:
+        self.epoch, self.start = epoch, start
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.start = 0  # a resume point belongs to its own epoch only
+        super().set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(super().__iter__())[self.start :])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from lit_ddp.models.optim import OptimConfig, build_optimizer
@@ -59,6 +59,15 @@ class LossMean(MeanMetric):
         self.weight += weight.sum()
 
 
+TRAIN_STATES_KEY = "lit_ddp_train_metric_states"
+
+
+def _summed_states(metric: Metric) -> dict[str, Tensor]:
+    """The metric's states summed over the ranks (every state here reduces by sum), as CPU tensors."""
+    with metric.sync_context(should_unsync=True):
+        return {name: value.detach().cpu().clone() for name, value in metric.metric_state.items()}
+
+
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
@@ -83,6 +92,7 @@ class ImageClassifier(LightningModule):
         self.net = net.to(memory_format=self.memory_format)
         self.compile_net = compile
         self._net_compiled = False
+        self._train_epoch_open = False  # training batches were seen since the last training epoch end
         self.num_classes = num_classes
         self.optim = optim
         self.label_smoothing = label_smoothing
@@ -123,10 +133,9 @@ class ImageClassifier(LightningModule):
         self.log_dict(getattr(self, f"{stage}_metrics"), prog_bar=stage != "train")
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        self._train_epoch_open = True
         loss, _ = self._shared_step(batch, "train")
-        # This rank's batch loss, written every log_every_n_steps (Lightning reads it back only then).
-        self.log("train/loss_step", loss.detach(), prog_bar=True)
-        return loss
+        return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         # The logits go to callbacks' on_validation_batch_end (callbacks/confusion.py); Lightning keeps none.
@@ -137,6 +146,28 @@ class ImageClassifier(LightningModule):
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
+        self._train_epoch_open = False
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # A checkpoint inside an epoch (a preemption stop) carries the epoch's training metric states so far,
+        # summed over the ranks (every rank runs this hook: the sum is one collective), so the resumed run
+        # reports train/* over the whole epoch, not only over the batches after the resume.
+        if self._train_epoch_open:
+            checkpoint[TRAIN_STATES_KEY] = {
+                name: _summed_states(metric) for name, metric in self._train_metric_objects().items()
+            }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        states = checkpoint.get(TRAIN_STATES_KEY)
+        if not states or self.global_rank != 0:
+            return  # the totals go to one rank: the epoch-end sum over ranks counts them once
+        for name, metric in self._train_metric_objects().items():
+            for state, value in states[name].items():
+                setattr(metric, state, value.to(getattr(metric, state).device))
+        self._train_epoch_open = True
+
+    def _train_metric_objects(self) -> dict[str, Metric]:
+        return {"loss": self.train_loss, **dict(self.train_metrics.items(keep_base=True, copy_state=True))}
 
     def on_validation_epoch_end(self) -> None:
         self._log_epoch("val")

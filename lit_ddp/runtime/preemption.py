@@ -22,13 +22,10 @@ wherever each rank happens to be; a rank blocked in another collective never mat
 hangs. A signal before training starts (set-up, sanity check)
 still takes Lightning's path.
 
-What a stop in the middle of an epoch loses (the checkpoint records the step, not the data loader's
-position): the resumed epoch restarts its data from the epoch's first batch (the same shuffled order,
-since the sampler is seeded by epoch) and ends after the epoch's remaining number of batches. After a stop
-at batch ``k`` of ``n``, batches ``0..k-1`` of that epoch are trained on twice and ``n-k..n-1`` not at all,
-and that epoch's train/* metrics cover only the batches after the resume. The step count, the learning-rate
-schedule and all later epochs are as in an uninterrupted run. A stop at an epoch boundary loses nothing:
-the resumed run is the uninterrupted run.
+A stop in the middle of an epoch loses nothing: the checkpoint carries where the epoch stands (the data
+module's batch count, lit_ddp/data/base.py) and the epoch's training metric states summed over the ranks
+(lit_ddp/models/classifier.py), so the resumed run continues at the next batch of the same order, with
+the same augmentation, and ends with the uninterrupted run's weights and metrics.
 """
 
 import os
