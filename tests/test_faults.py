@@ -472,3 +472,68 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
     assert err == f"lit_ddp: error: lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops\n"
     faults.report_lost_rank()  # the main thread's own report does not repeat it
     assert capsys.readouterr().err == ""
+
+
+class _Stub:
+    """The few Trainer attributes NanGuard reads, for precision plugins a CPU cannot run (16-mixed)."""
+
+    def __init__(self, scaler: object | None) -> None:
+        from types import SimpleNamespace
+
+        self.precision_plugin = SimpleNamespace(scaler=scaler)
+        self.callback_metrics: dict = {}
+        self.fit_loop = SimpleNamespace(
+            epoch_loop=SimpleNamespace(batch_progress=SimpleNamespace(current=SimpleNamespace(ready=1)))
+        )
+        self.global_step, self.current_epoch = 0, 0
+        self.checkpoint_callbacks: list = []
+        self.default_root_dir = "."
+
+
+def _optimizer_with_grads(*grads: torch.Tensor) -> torch.optim.Optimizer:
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def test_d_nan_guard_leaves_overflow_to_the_grad_scaler_until_it_persists() -> None:
+    from lit_ddp.runtime.nan_guard import NanGuard, NonFiniteLossError
+
+    guard = NanGuard(max_skipped_steps=3)
+    overflow = _optimizer_with_grads(torch.tensor([1.0, float("inf")]))
+    finite = _optimizer_with_grads(torch.tensor([1.0, 2.0]))
+    scaled = _Stub(scaler=object())
+    guard.on_before_optimizer_step(scaled, None, overflow)  # skipped by the scaler: not an error
+    guard.on_before_optimizer_step(scaled, None, overflow)
+    guard.on_before_optimizer_step(scaled, None, finite)  # a good step ends the streak
+    guard.on_before_optimizer_step(scaled, None, overflow)
+    guard.on_before_optimizer_step(scaled, None, overflow)
+    with pytest.raises(NonFiniteLossError, match="for 3 steps in a row \\(the GradScaler skipped them\\)"):
+        guard.on_before_optimizer_step(scaled, None, overflow)
+    with pytest.raises(NonFiniteLossError, match="^non-finite loss or gradients at step 0"):
+        NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, overflow)  # no scaler: at once
+
+
+def test_d_nan_guard_passes_large_finite_half_precision_gradients() -> None:
+    """16-true: a norm of finite fp16 gradients can overflow (sqrt of a sum of squares > 65504); the
+    guard's largest-magnitude check cannot."""
+    from lit_ddp.runtime.nan_guard import NanGuard
+
+    big = torch.full((1000,), 60000.0, dtype=torch.float16)
+    assert not torch.isfinite(torch.nn.utils.get_total_norm([big]))  # what a 2-norm check would see
+    NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, _optimizer_with_grads(big))
+
+
+def test_d_clipping_under_a_grad_scaler_gets_an_unfused_optimizer() -> None:
+    from lit_ddp.errors import UserError
+    from lit_ddp.models import LeNet, OptimConfig
+    from lit_ddp.models.optim import build_optimizer
+
+    net = LeNet()
+    assert build_optimizer(net, OptimConfig(), 64, 100, 10)[0].defaults["fused"]
+    assert not build_optimizer(net, OptimConfig(), 64, 100, 10, clips_scaled_gradients=True)[0].defaults[
+        "fused"
+    ]
+    with pytest.raises(UserError, match="fused=true cannot be combined with --trainer.gradient_clip_val"):
+        build_optimizer(net, OptimConfig(fused=True), 64, 100, 10, clips_scaled_gradients=True)

@@ -191,8 +191,15 @@ class ImageClassifier(LightningModule):
                 trainer.fit_loop.setup_data()
             steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
+        # Lightning cannot clip what a fused optimizer unscales itself (16-mixed): then no fused step.
+        clips_scaled = bool(trainer.gradient_clip_val) and str(trainer.precision).startswith("16-mixed")
         optimizer, scheduler = build_optimizer(
-            self.net, self.optim, global_batch, total_steps, steps_per_epoch
+            self.net,
+            self.optim,
+            global_batch,
+            total_steps,
+            steps_per_epoch,
+            clips_scaled_gradients=clips_scaled,
         )
         if self.optim.scale_lr:
             rank_zero_info(

@@ -102,17 +102,29 @@ NEEDS_LENGTH = ("cosine", "step")
 
 
 def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, global_batch: int, total_steps: float, steps_per_epoch: float
+    model: nn.Module,
+    cfg: OptimConfig,
+    global_batch: int,
+    total_steps: float,
+    steps_per_epoch: float,
+    clips_scaled_gradients: bool = False,
 ) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
-    ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in."""
+    ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
+    ``clips_scaled_gradients``: gradients are clipped under a GradScaler (16-mixed), which Lightning cannot
+    do for a fused optimizer (it unscales inside its step), so the automatic choice is then not fused."""
     if not math.isfinite(total_steps) and cfg.schedule in NEEDS_LENGTH:
         raise UserError(
             f"--model.optim.schedule={cfg.schedule} decays over the run's length, which is open-ended: set"
             " --trainer.max_epochs or --trainer.max_steps, or pass --model.optim.schedule=constant"
         )
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_norm_and_bias)
-    fused = fused_available(model) if cfg.fused is None else cfg.fused
+    if cfg.fused and clips_scaled_gradients:
+        raise UserError(
+            "--model.optim.fused=true cannot be combined with --trainer.gradient_clip_val under 16-mixed"
+            " precision (a fused optimizer unscales its gradients itself): drop one of them"
+        )
+    fused = fused_available(model) and not clips_scaled_gradients if cfg.fused is None else cfg.fused
     optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
     if cfg.scale_lr:
         for group in optimizer.param_groups:
