@@ -87,6 +87,7 @@ def test_two_process_cpu_ddp_logs_metrics_and_writes_once(tmp_path: Path, strate
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_process_run_with_the_progress_bar_and_no_epoch_summary_finishes(tmp_path: Path) -> None:
     """The progress bar reads the epoch's metrics on rank 0 alone; no value it reads may still need a

@@ -173,6 +173,8 @@ ONE_DEVICE = [
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
 def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(tmp_path: Path, where: str) -> None:
     """One process, stopped by SIGTERM in epoch 1 or at the end of epoch 0, then resumed:
@@ -200,6 +202,7 @@ def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(tmp_pat
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at_once(tmp_path: Path) -> None:
     """Ctrl-C stops every rank at the same batch with last.ckpt, like SIGTERM (checked every batch here);
