@@ -133,7 +133,6 @@ class ImageClassifier(LightningModule):
         self.log_dict(getattr(self, f"{stage}_metrics"), prog_bar=stage != "train")
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        self._train_epoch_open = True
         loss, _ = self._shared_step(batch, "train")
         return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps
 
@@ -143,6 +142,10 @@ class ImageClassifier(LightningModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._shared_step(batch, "test")
+
+    def on_train_epoch_start(self) -> None:
+        # A run resumed mid-epoch gets no epoch start: on_load_checkpoint opens the epoch then.
+        self._train_epoch_open = True
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")

@@ -7,10 +7,10 @@ against the installed versions and fails, naming the entry, when an upgrade remo
 also fails when a module outside lit_ddp/runtime/ uses a private Lightning or torch name.
 """
 
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from threading import Thread
 
 from lightning import Trainer
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
@@ -127,7 +127,7 @@ def is_subprocess_launch(strategy: Strategy) -> bool:
 
 def wrap_child_observer_kill(children: list, before_kill) -> bool:
     """Call ``before_kill()`` before Lightning's child-process observer SIGKILLs the job; True if found."""
-    for thread in _threads():
+    for thread in threading.enumerate():
         if isinstance(thread, _ChildProcessObserver) and thread._child_processes is children:
             kill_all = thread._terminate_all
 
@@ -138,12 +138,6 @@ def wrap_child_observer_kill(children: list, before_kill) -> bool:
             thread._terminate_all = name_then_kill_all
             return True
     return False
-
-
-def _threads() -> list[Thread]:
-    import threading
-
-    return threading.enumerate()
 
 
 # ---- loggers and files -----------------------------------------------------------------------------
