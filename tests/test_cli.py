@@ -65,6 +65,7 @@ def test_unknown_config_key_is_rejected(tmp_path: Path) -> None:
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])

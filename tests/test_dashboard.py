@@ -89,6 +89,7 @@ def runs(tmp_path_factory) -> dict[int, tuple[Path, str]]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("devices", [1, 2])

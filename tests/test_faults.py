@@ -80,6 +80,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---- a: a rank killed mid-epoch ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("killed", [1, 0])
@@ -102,6 +103,7 @@ def test_a_killed_rank_stops_the_whole_job_and_is_named(tmp_path: Path, killed: 
         assert "lit_ddp: error: lost rank 0 (pid" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(200)
 def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None:
@@ -124,6 +126,7 @@ def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None
 # ---- b: preemption ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_is_exact(
@@ -230,6 +233,7 @@ def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at
     assert not list(tmp_path.glob("logs/**/*.ckpt"))
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
@@ -286,6 +290,7 @@ def test_c_the_cli_writes_checkpoints_atomically(tmp_path: Path) -> None:
 # ---- d: a non-finite loss --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(240)
 def test_d_a_nan_loss_stops_every_rank_at_that_step_naming_the_checkpoint(tmp_path: Path) -> None:

@@ -133,6 +133,7 @@ def test_sbatch_template_runs_under_simulated_slurm(
     assert "resuming from" not in out
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_start_resumes(
@@ -164,6 +165,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # no second requeue
 
 
+@pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(200)
 def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None:

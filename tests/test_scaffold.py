@@ -202,7 +202,7 @@ def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)
 def test_cookiecutter_command_project_installs_runs_and_passes_its_tests(tmp_path: Path) -> None:
     """`cookiecutter <repo>`, then the new project's own README commands, in a fresh virtualenv."""
     result = run(
@@ -234,7 +234,8 @@ def test_cookiecutter_command_project_installs_runs_and_passes_its_tests(tmp_pat
     tests = run(
         [python, "-m", "pytest", "-x", "-q", "-m", "not slow", "-p", "no:cacheprovider"],
         cwd=project,
-        timeout=540,
+        # The quick tier takes ~4 min on 2 cores; CI machines are slower and share their cores.
+        timeout=1200,
     )
     assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
     assert re.search(r"\d+ passed", tests.stdout)
