@@ -6,7 +6,8 @@ from pathlib import Path
 
 CONTEXT = json.loads(r"""{{ cookiecutter | jsonify }}""")
 SOURCE = Path(CONTEXT["_repo_dir"])
-sys.path.insert(0, str(SOURCE if (SOURCE / "lit_ddp").is_dir() else SOURCE.parent.parent))
+# In place of the hook's own temp dir, whose stray files would pass for installed modules.
+sys.path[0] = str(SOURCE if (SOURCE / "lit_ddp").is_dir() else SOURCE.parent.parent)
 
 from lit_ddp.scaffold.populate import populate  # noqa: E402
 

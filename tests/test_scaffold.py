@@ -7,9 +7,11 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
+from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
 from lit_ddp.errors import UserError
@@ -18,6 +20,8 @@ from lit_ddp.scaffold.populate import FAMILIES, FAMILY_CHOICES, IGNORED, MARKER,
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = {".py", ".yaml", ".toml", ".md", ".txt", ".cfg", ".sh", ""}
+LICENSES = json.loads((REPO / "cookiecutter.json").read_text())["license"]
+LONG_NAME = "Very Long Project Name For Testing The Line Length Limits"
 
 
 def bake(tmp: Path, **context) -> Path:
@@ -38,6 +42,11 @@ def run(cmd: list[str], cwd: Path, timeout: float = 300, **env) -> subprocess.Co
     return subprocess.run(
         cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
     )
+
+
+def new_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # PYTHONPATH: this checkout's lit_ddp, whatever is installed.
+    return run([sys.executable, "-m", "lit_ddp", "new", *args], cwd=cwd, timeout=120, PYTHONPATH=str(REPO))
 
 
 @pytest.mark.parametrize("families", sorted(FAMILY_CHOICES))
@@ -94,8 +103,10 @@ def test_readme_and_pyproject_are_rendered_for_the_project(tmp_path: Path) -> No
 
 
 def test_generated_project_is_the_live_package_renamed(tmp_path: Path) -> None:
-    """The template cannot drift: every generated file is a live file with only the name changed."""
-    project = bake(tmp_path, project_name="Same Same", model_families="both")
+    """The template cannot drift: every generated file is a live file with only the name changed.
+
+    The name is as long as lit_ddp's, so no line moves across the line limit and nothing is re-wrapped."""
+    project = bake(tmp_path, project_name="Same Ab", model_families="both")
     for item in ("lit_ddp", *TREE_ITEMS):
         src = REPO / item
         files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
@@ -105,13 +116,13 @@ def test_generated_project_is_the_live_package_renamed(tmp_path: Path) -> None:
                 rel.match(pattern) for pattern in IGNORED
             ):
                 continue
-            generated = project / str(rel).replace("lit_ddp", "same_same", 1)
+            generated = project / str(rel).replace("lit_ddp", "same_ab", 1)
             assert generated.is_file(), f"{rel} is not in the generated project"
             if path.suffix in TEXT and rel.name != "pyproject.toml":
                 expected = "".join(
                     line for line in path.read_text().splitlines(keepends=True) if SCAFFOLD_ONLY not in line
                 )
-                expected = expected.replace("lit_ddp", "same_same").replace("lit-ddp", "same-same")
+                expected = expected.replace("lit_ddp", "same_ab").replace("lit-ddp", "same-ab")
                 assert generated.read_text() == expected, rel
 
 
@@ -172,31 +183,105 @@ def test_bad_answers_are_one_clear_error_and_write_nothing(tmp_path: Path, args,
     assert not dest.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_non_empty_destination_is_refused_unless_overwrite(tmp_path: Path) -> None:
+def test_non_empty_destination_is_refused_unless_overwrite_which_deletes_nothing(tmp_path: Path) -> None:
     dest = tmp_path / "proj"
-    dest.mkdir()
+    (dest / "proj").mkdir(parents=True)
     (dest / "notes.txt").write_text("mine")
+    (dest / "proj" / "cli.py").write_text("stale")  # a file the template writes
+    (dest / "proj" / "mine.py").write_text("mine")
     with pytest.raises(UserError, match="exists and is not empty"):
         new([str(dest), "--no-input"])
-    assert [p.name for p in dest.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in dest.rglob("*")) == ["cli.py", "mine.py", "notes.txt", "proj"]
     new([str(dest), "--no-input", "--overwrite"])
-    assert (dest / "proj" / "cli.py").is_file() and not (dest / "notes.txt").exists()
+    assert "def main" in (dest / "proj" / "cli.py").read_text() and (dest / "configs").is_dir()
+    assert (dest / "notes.txt").read_text() == "mine" and (dest / "proj" / "mine.py").read_text() == "mine"
+    assert os.access(dest / ".ci" / "run", os.X_OK)
+
+
+@pytest.mark.parametrize("in_the_way", ["folder", "link"])
+def test_overwrite_refuses_a_folder_or_link_in_the_way(tmp_path: Path, in_the_way) -> None:
+    dest = tmp_path / "proj"
+    dest.mkdir()
+    (tmp_path / "elsewhere.md").write_text("not in DEST")
+    if in_the_way == "folder":
+        (dest / "README.md").mkdir()
+    else:
+        (dest / "README.md").symlink_to(tmp_path / "elsewhere.md")
+    with pytest.raises(UserError, match="README.md is in the way of the template's README.md"):
+        new([str(dest), "--no-input", "--overwrite"])
+    assert [p.name for p in dest.iterdir()] == ["README.md"]
+    assert (tmp_path / "elsewhere.md").read_text() == "not in DEST"
+
+
+def test_destination_that_is_a_file_is_refused_even_with_overwrite(tmp_path: Path) -> None:
+    dest = tmp_path / "proj"
+    dest.write_text("mine")
+    with pytest.raises(UserError, match="is a file: choose a directory"):
+        new([str(dest), "--no-input", "--overwrite"])
+    assert dest.read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("name", "clash"),
+    [("json", "the standard library module json"), ("torch", "the installed module torch")],
+)
+def test_package_names_that_shadow_a_module_are_refused(tmp_path: Path, capfd, name, clash) -> None:
+    with pytest.raises(UserError, match=f"package_name '{name}' would shadow {clash}.*package_name={name}_"):
+        new([str(tmp_path / name), "--no-input"])
+    assert list(tmp_path.iterdir()) == []
+    # The cookiecutter command refuses it too, in the pre-generation hook.
+    with pytest.raises(FailedHookException):
+        bake(tmp_path, project_name="x", package_name=name)
+    assert f"would shadow {clash}" in capfd.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_choice_is_one_line_listing_the_choices_and_writes_nothing(tmp_path: Path) -> None:
+    result = new_cli(str(tmp_path / "proj"), "--no-input", "license=GPL", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [
+        "lit_ddp new: error: license must be one of Apache-2.0, MIT, BSD-3-Clause, Proprietary, not 'GPL':"
+        " e.g. license=Apache-2.0"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("families", "license", "name"),
+    [(f, lic, "Cat Dog Classifier") for f in sorted(FAMILY_CHOICES) for lic in LICENSES]
+    + [("both", "MIT", LONG_NAME)],
+)
+def test_generated_project_passes_its_own_lint(tmp_path: Path, families, license, name) -> None:
+    """The lint half of the project's .ci/run, whatever the name's length moved across the line limit."""
+    project = bake(tmp_path, project_name=name, model_families=families, license=license)
+    ci = (project / ".ci" / "run").read_text()
+    assert "ruff check . && ruff format --check .\n" in ci
+    for command in (["check", "."], ["format", "--check", "."]):
+        result = run([sys.executable, "-m", "ruff", *command, "--no-cache"], cwd=project)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("families", sorted(FAMILY_CHOICES))
+@pytest.mark.parametrize("script", ["sbatch_single_node.sh", "sbatch_multi_node.sh"])
+def test_sbatch_scripts_default_to_a_config_the_project_has(tmp_path: Path, families, script) -> None:
+    project = bake(tmp_path, project_name="Cat Dog", model_families=families)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/sh\necho "$@"\n')  # prints the command it would run
+    (bin_dir / "srun").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    result = run(
+        ["bash", f"scripts/{script}"], cwd=project, PATH=path, SLURM_NNODES="1", SLURM_NTASKS_PER_NODE="1"
+    )
+    assert result.returncode == 0, result.stderr
+    config = re.search(r"--config (\S+)", result.stdout).group(1)
+    assert (project / config).is_file(), f"{script} defaults to {config}, which {families} does not have"
+    last_family = FAMILY_CHOICES[families][-1]  # the biggest recipe the project has
+    assert config == f"configs/{last_family}.yaml"
 
 
 def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
-    result = run(
-        [
-            sys.executable,
-            "-m",
-            "lit_ddp",
-            "new",
-            str(tmp_path / "bad"),
-            "--no-input",
-            "package_name=1bad-name",
-        ],
-        cwd=tmp_path,
-        timeout=120,
-    )
+    result = new_cli(str(tmp_path / "bad"), "--no-input", "package_name=1bad-name", cwd=tmp_path)
     assert result.returncode == 2 and "1bad-name" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "bad").exists()
 
@@ -218,13 +303,21 @@ def test_cookiecutter_command_project_installs_runs_and_passes_its_tests(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     project = tmp_path / "cat-dog-classifier"
     venv = tmp_path / "venv"
-    # System site-packages supply torch & co. (no network); the project itself installs with pip -e.
-    # --without-pip: the venv then runs the system pip and setuptools (the bundled ones are too old to build).
+    # The running environment supplies torch & co. (no network); the project itself installs with pip -e.
+    # --without-pip: the venv then runs this environment's pip and setuptools (the bundled ones are too old
+    # to build).
     made = run(
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], cwd=tmp_path
     )
     assert made.returncode == 0, made.stderr
     python = str(venv / "bin" / "python")
+    # Run from inside a virtualenv, --system-site-packages gives the base interpreter's site-packages (no
+    # torch, an old setuptools), not this environment's: a .pth file adds this one's, as site dirs, so that
+    # the .pth files in them (editable installs) work too.
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path)
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    lines = "".join(f"import site; site.addsitedir({path!r})\n" for path in ours)
+    (Path(site.stdout.strip()) / "outer_environment.pth").write_text(lines)
     install = run(
         [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."], cwd=project
     )

@@ -1,8 +1,9 @@
 """``python -m lit_ddp new DEST [--no-input] [--overwrite] [key=value ...]``: a new project from the
 template shipped inside this package (works offline, from a wheel, with no git URL).
 
-The project is generated into a temporary directory and moved to DEST only when complete, so a bad
-answer or a failed hook writes nothing.
+The project is generated into a temporary directory and copied to DEST only when complete, so a bad
+answer or a failed hook writes nothing. --overwrite writes the template's files over those at the same
+paths in DEST and touches nothing else: it never deletes a file.
 """
 
 import argparse
@@ -38,6 +39,11 @@ def _parse_context(pairs: list[str], variables: dict, dest: Path) -> dict:
         if key not in variables or key.startswith("_"):
             known = ", ".join(k for k in variables if not k.startswith("_"))
             raise UserError(f"unknown template variable {key!r}: the variables are {known}")
+        choices = variables[key]
+        if isinstance(choices, list) and value not in choices:  # else cookiecutter's 20-line ValueError
+            raise UserError(
+                f"{key} must be one of {', '.join(choices)}, not {value!r}: e.g. {key}={choices[0]}"
+            )
         context[key] = value
     # DEST names the project unless the user says otherwise.
     context.setdefault("project_slug", dest.name)
@@ -55,12 +61,45 @@ def _resolved(context: dict, variables: dict) -> dict:
     return resolved
 
 
+def _check_destination(dest: Path, overwrite: bool) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest} is a file: choose a directory for the new project")
+    if dest.is_dir() and any(dest.iterdir()) and not overwrite:
+        raise UserError(f"{dest} exists and is not empty: choose a new directory or pass --overwrite")
+
+
+def _in_the_way(dest: Path, rel: Path) -> Path | None:
+    """What in DEST the template's file ``rel`` would replace or write through, other than a file: a link,
+    a folder where it writes a file, a file where it needs a folder. Those are the user's, never replaced."""
+    target = dest / rel
+    if target.is_symlink() or target.is_dir():
+        return target
+    folders = [dest / parent for parent in rel.parents[:-1]]  # below DEST, outermost last
+    return next((f for f in folders if f.is_symlink() or (f.exists() and not f.is_dir())), None)
+
+
+def _copy_over(generated: Path, dest: Path) -> None:
+    """Write the generated files into ``dest``, replacing only files at the same paths; delete nothing."""
+    files = [p.relative_to(generated) for p in sorted(generated.rglob("*")) if not p.is_dir()]
+    for rel in files:  # all checked before anything is written
+        if (path := _in_the_way(dest, rel)) is not None:
+            raise UserError(f"{path} is in the way of the template's {rel}: move it or choose another DEST")
+    for rel in files:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(generated / rel, dest / rel)
+
+
 def new(argv: list[str]) -> Path:
     parser = argparse.ArgumentParser(prog="python -m lit_ddp new", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path, help="directory to create; its name is the default project slug")
     parser.add_argument("context", nargs="*", help="template answers as key=value")
     parser.add_argument("--no-input", action="store_true", help="do not prompt; use defaults and key=value")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty DEST")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="generate into a non-empty DEST: the template's files replace those at the same paths, every"
+        " other file stays (nothing is deleted); refused where a folder or link of yours is in the way",
+    )
     args = parser.parse_intermixed_args(argv)
 
     root = template_root()
@@ -71,8 +110,7 @@ def new(argv: list[str]) -> Path:
         problems = validate(_resolved(context, variables))
         if problems:
             raise UserError("; ".join(problems))
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())) and not args.overwrite:
-        raise UserError(f"{dest} exists and is not empty: choose a new directory or pass --overwrite")
+    _check_destination(dest, args.overwrite)
 
     from cookiecutter.exceptions import CookiecutterException, FailedHookException
     from cookiecutter.main import cookiecutter
@@ -86,16 +124,10 @@ def new(argv: list[str]) -> Path:
             raise UserError(f"the template refused the answers ({err}); nothing was written") from None
         except CookiecutterException as err:
             raise UserError(f"could not generate the project: {err}") from None
-        if dest.exists():
-            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(generated), str(dest))
-    print(f"created {dest}\n  cd {dest} && pip install -e . && python -m {_package(dest)} fit")
+        package = next((p.parent.name for p in generated.glob("*/__main__.py")), "<package>")
+        _copy_over(generated, dest)
+    print(f"created {dest}\n  cd {dest} && pip install -e . && python -m {package} fit")
     return dest
-
-
-def _package(dest: Path) -> str:
-    return next((p.parent.name for p in dest.glob("*/__main__.py")), "<package>")
 
 
 def main(argv: list[str] | None = None) -> None:

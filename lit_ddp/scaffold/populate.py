@@ -2,12 +2,16 @@
 
 One source of truth: the template renders only what is project-specific (README, LICENSE); the package,
 configs, tests, benchmarks and CI script are copied from the very tree that this repository tests, then
-renamed, and the model families the user left out are removed. Called by hooks/post_gen_project.py.
+renamed, and the model families the user left out are removed; ruff, where installed, re-wraps the lines
+that the new name moved across the line limit. Called by hooks/post_gen_project.py.
 """
 
+import importlib.util
 import keyword
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = "lit_ddp"
@@ -31,8 +35,6 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "{pkg}/models/resnet.py",
         "{pkg}/models/resnet_imagenet.py",
         "{pkg}/data/imagenet.py",
-        "{pkg}/data/image_folder.py",
-        "{pkg}/data/jpeg.py",
         "configs/resnet_imagenet.yaml",
         "tests/test_imagenet.py",
         "tests/imagenet_tree.py",
@@ -46,6 +48,18 @@ SCAFFOLD_ONLY = "# scaffold-only"
 TEXT_SUFFIXES = {".py", ".yaml", ".yml", ".toml", ".md", ".txt", ".cfg", ".ini", ".sh", ""}
 
 
+def _shadowed(package: str) -> str | None:
+    """What a top-level package of this name would hide: a standard library or installed module."""
+    if package in sys.stdlib_module_names:
+        return f"the standard library module {package}"
+    spec = importlib.util.find_spec(package)
+    # Any plain directory on sys.path (in the cwd, say) is a namespace package to find_spec, with no
+    # origin: only a real module or package counts as installed.
+    if spec is not None and spec.origin is not None:
+        return f"the installed module {package} ({spec.origin})"
+    return None
+
+
 def validate(context: dict) -> list[str]:
     """Problems with the user's answers, as one-sentence messages (empty when all is well)."""
     problems = []
@@ -54,6 +68,11 @@ def validate(context: dict) -> list[str]:
         problems.append(
             f"package_name {package!r} is not a valid Python identifier: use letters, digits and"
             " underscores, not starting with a digit (e.g. package_name=my_project)"
+        )
+    elif clash := _shadowed(package):
+        problems.append(
+            f"package_name {package!r} would shadow {clash}: pass another name,"
+            f" e.g. package_name={package}_classifier"
         )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", context.get("project_slug", "")):
         problems.append(
@@ -95,14 +114,52 @@ def _rewrite_pyproject(text: str, context: dict) -> str:
     return text
 
 
+def _removed(line: str, dropped: set[str]) -> bool:
+    marker = MARKER.search(line)
+    return SCAFFOLD_ONLY in line or bool(marker and marker.group(1) in dropped)
+
+
 def _edit_lines(text: str, dropped: set[str]) -> str:
-    kept = []
-    for line in text.splitlines(keepends=True):
-        marker = MARKER.search(line)
-        if SCAFFOLD_ONLY in line or (marker and marker.group(1) in dropped):
-            continue
-        kept.append(line)
-    return "".join(kept)
+    return "".join(line for line in text.splitlines(keepends=True) if not _removed(line, dropped))
+
+
+def _ruff() -> list[str] | None:
+    if importlib.util.find_spec("ruff") is not None:
+        return [sys.executable, "-m", "ruff"]
+    found = shutil.which("ruff")
+    return [found] if found else None
+
+
+def _rewrap(project: Path) -> None:
+    """Re-wrap the lines that the new name made longer or shorter, as the project's own CI lints them.
+
+    The template is formatted for the 7 characters of ``lit_ddp``; any other name moves lines across the
+    limit, and only a formatter can say how they wrap (imports, calls). Without ruff here the project
+    still works and passes its tests; only its lint waits for the command that the note names.
+    """
+    ruff = _ruff()
+    if ruff is None:
+        print(
+            "note: ruff is not installed here, so lines the new name moved past the line limit are not"
+            " re-wrapped: run `ruff check --select I --fix . && ruff format .` in the project once",
+            file=sys.stderr,
+        )
+        return
+    for command in (["check", "--select", "I", "--fix-only"], ["format"]):  # I: imports wrap too
+        subprocess.run([*ruff, *command, "--quiet", "--no-cache", "."], cwd=project, check=False)
+
+
+def _allow_longer_lines(project: Path, names: tuple[str, ...]) -> None:
+    """Comments and strings that name the package grow with its name, and no formatter wraps them: E501
+    allows those lines their length, while the formatter still keeps the project's code at line-length."""
+    pyproject = project / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    limit = int(re.search(r"(?m)^line-length = (\d+)$", text).group(1))
+    lines = [line for path in project.rglob("*.py") for line in path.read_text(encoding="utf-8").splitlines()]
+    longest = max((len(line) for line in lines if any(name in line for name in names)), default=0)
+    if longest > limit:
+        section = "[tool.ruff.lint.pycodestyle]\n# for the lines that name the package\n"
+        pyproject.write_text(f"{text.rstrip()}\n\n{section}max-line-length = {longest}\n", encoding="utf-8")
 
 
 def populate(project: Path, template_root: Path, context: dict) -> None:
@@ -129,3 +186,5 @@ def populate(project: Path, template_root: Path, context: dict) -> None:
             new = _rewrite_pyproject(new, context)
         if new != text:
             path.write_text(new, encoding="utf-8")
+    _rewrap(project)
+    _allow_longer_lines(project, (package, slug))
