@@ -6,11 +6,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from lightning import Trainer
-from sync_batchnorm_worker import CASES, STEPS, global_batch
+from sync_batchnorm_worker import CASES, STEPS, batchnorm_options, global_batch, set_affine
 from torch import nn
 
 from lit_ddp.cli import build_cli
@@ -128,18 +129,18 @@ def two_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 @pytest.mark.ddp
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name, sizes, shape", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("name, sizes, shape, options", CASES, ids=[c[0] for c in CASES])
 def test_two_ranks_match_batchnorm_on_the_whole_batch(
-    two_rank_results: list[dict], name: str, sizes: tuple[int, ...], shape: tuple[int, ...]
+    two_rank_results: list[dict], name: str, sizes: tuple[int, ...], shape: tuple[int, ...], options: dict
 ) -> None:
     """Forward, input and parameter gradients, and running stats equal one BatchNorm over both ranks' data,
-    for uneven shards and a rank with no samples; running stats identical on both ranks."""
-    x, w = global_batch(name, sizes, shape)
-    x.requires_grad_(True)
-    bn = (nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d)(shape[0])
-    with torch.no_grad():
-        bn.weight.copy_(torch.linspace(0.5, 1.5, shape[0]))
-        bn.bias.copy_(torch.linspace(-1.0, 1.0, shape[0]))
+    for uneven shards, a rank with no samples, momentum=None, no affine parameters, channels-last and
+    bfloat16 inputs; running stats identical on both ranks."""
+    x, w = global_batch(name, sizes, shape, options)
+    # The reference: float32 BatchNorm on the whole batch (bfloat16's reference is its rounded input).
+    x = x.float().requires_grad_(True)
+    bn = (nn.BatchNorm2d if len(shape) == 3 else nn.BatchNorm1d)(shape[0], **batchnorm_options(options))
+    set_affine(bn, shape[0])
     for _ in range(STEPS - 1):
         bn(x.detach())
     y = bn(x)
@@ -148,16 +149,30 @@ def test_two_ranks_match_batchnorm_on_the_whole_batch(
     y_eval = bn(x.detach())
 
     ranks = [r[name] for r in two_rank_results]
-    tol = {"rtol": 1e-5, "atol": 1e-5}
-    torch.testing.assert_close(torch.cat([r["y"] for r in ranks]), y.detach(), **tol)
-    torch.testing.assert_close(torch.cat([r["grad_x"] for r in ranks]), x.grad, **tol)
-    # Each rank holds the gradient of its own part of the loss; DDP sums (averages) them.
-    torch.testing.assert_close(sum(r["grad_weight"] for r in ranks), bn.weight.grad, **tol)
-    torch.testing.assert_close(sum(r["grad_bias"] for r in ranks), bn.bias.grad, **tol)
+    low = options.get("dtype") == torch.bfloat16
+    tol = {"rtol": 2e-2, "atol": 5e-2} if low else {"rtol": 1e-5, "atol": 1e-5}
+    assert all(r["y"].dtype == options.get("dtype", torch.float32) for r in ranks)  # the input's dtype
+    if options.get("channels_last"):
+        assert all(r["y_channels_last"] for r in ranks)  # no hidden copy to contiguous on the way out
+    torch.testing.assert_close(torch.cat([r["y"] for r in ranks]).float(), y.detach(), **tol)
+    torch.testing.assert_close(torch.cat([r["grad_x"] for r in ranks]).float(), x.grad, **tol)
+    if bn.affine:  # each rank holds the gradient of its own part of the loss; DDP sums (averages) them
+        torch.testing.assert_close(sum(r["grad_weight"] for r in ranks), bn.weight.grad, **tol)
+        torch.testing.assert_close(sum(r["grad_bias"] for r in ranks), bn.bias.grad, **tol)
+    else:
+        assert all(r["grad_weight"] is None for r in ranks)
     for key in ("running_mean", "running_var", "num_batches_tracked"):
         torch.testing.assert_close(ranks[0][key], ranks[1][key], rtol=0, atol=0)  # bitwise, every rank
-        torch.testing.assert_close(ranks[0][key], getattr(bn, key), **tol)
-    torch.testing.assert_close(torch.cat([r["y_eval"] for r in ranks]), y_eval, **tol)
+        torch.testing.assert_close(ranks[0][key].float(), getattr(bn, key).float(), **tol)
+    torch.testing.assert_close(torch.cat([r["y_eval"] for r in ranks]).float(), y_eval, **tol)
+
+
+def test_plugin_picks_torch_syncbatchnorm_for_a_model_going_to_cuda() -> None:
+    """On CUDA torch's nn.SyncBatchNorm (NCCL kernels) is the right one; the choice follows the trainer's
+    root device, since Lightning applies layer sync before it moves the model there."""
+    model = LeNet(batch_norm=True)
+    model.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    assert bn_types(SyncBatchNormPlugin().apply(model)) == [nn.SyncBatchNorm] * 4
 
 
 @pytest.mark.ddp
