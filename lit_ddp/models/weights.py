@@ -1,0 +1,101 @@
+"""Start a network from a file: a state_dict or a Lightning checkpoint, matched tensor by tensor by name and
+shape, so a head with another class count keeps its fresh initialisation. Nothing is downloaded."""
+
+import pathlib
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from lit_ddp.errors import UserError
+from lit_ddp.models.optim import OptimConfig
+
+# Besides tensors and containers, lit_ddp's own checkpoints hold their saved hyperparameters' types
+# (runtime/checkpoint_io.py allow-lists the same ones for resuming). weights_only: loading runs no code.
+CHECKPOINT_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
+NAMES_SHOWN = 6  # tensor names listed in the log line before "…"
+
+
+def _reason(err: Exception) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    unsafe = [ln for ln in lines if "Unsupported global" in ln]
+    return (unsafe or lines or [type(err).__name__])[0].split(". ")[0]
+
+
+def read_state_dict(path: Path) -> dict[str, Tensor]:
+    """The tensors in ``path``: a state_dict file, or a checkpoint's ``state_dict`` entry."""
+    if not path.is_file():
+        raise UserError(
+            f"weights file {path} does not exist: pass --model.weights=PATH to a saved state_dict"
+            " (README: Models and weights), or --model.weights=null (random, or a --ckpt_path's weights)"
+        )
+    try:
+        with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError … on foreign files
+        raise UserError(
+            f"weights file {path} cannot be loaded ({_reason(err)}): pass a file written by"
+            " torch.save(model.state_dict(), PATH) or a Lightning .ckpt"
+        ) from err
+    state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
+    if not isinstance(state, dict) or not state or not all(isinstance(v, Tensor) for v in state.values()):
+        raise UserError(
+            f"weights file {path} holds no state_dict: save one with torch.save(model.state_dict(), PATH)"
+        )
+    return state
+
+
+def _strip_prefix(state: dict[str, Tensor], wanted: set[str]) -> dict[str, Tensor]:
+    """``state`` without the key prefix under which most of its keys are ``wanted``: ``net.`` in a lit_ddp
+    checkpoint, the attribute name in another LightningModule's, ``module.`` from a DDP-wrapped model, or
+    none in a plain state_dict."""
+    prefixes = sorted({""} | {key.split(".", 1)[0] + "." for key in state if "." in key})
+
+    def matches(prefix: str) -> int:
+        return sum(key.removeprefix(prefix) in wanted for key in state if key.startswith(prefix))
+
+    best = max(prefixes, key=matches)  # ties: the shortest (sorted), so "" when nothing is prefixed
+    return {key.removeprefix(best): value for key, value in state.items() if key.startswith(best)}
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:NAMES_SHOWN])
+    return shown + (f" … ({len(keys)} in all)" if len(keys) > NAMES_SHOWN else "")
+
+
+def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) -> str:
+    """Copies every tensor of ``path`` whose name and shape ``net`` has; returns the line to log.
+
+    Tensors ``net`` has and the file lacks, or has with another shape (a 1000-class head in a 3-class
+    network), keep their fresh initialisation. Fewer than half of ``net``'s tensors matching means the
+    file is another architecture's: an error, not a silent mostly-random start.
+    """
+    path = Path(path)
+    own = net.state_dict()
+    state = _strip_prefix(read_state_dict(path), set(own))
+    fits = {key: value for key, value in state.items() if key in own and value.shape == own[key].shape}
+    if len(fits) * 2 < len(own):
+        raise UserError(
+            f"weights file {path} does not fit --model.arch={arch}: only {len(fits)} of the network's"
+            f" {len(own)} tensors match by name and shape (another network's file?):"
+            f" pass weights saved from a {arch}"
+        )
+    net.load_state_dict(fits, strict=False)
+    line = f"weights: {len(fits)} of {len(own)} tensors from {path.name}"
+    new = [key for key in own if key not in fits]
+    if new:
+        line += f"; new: {_names(new)}"
+        file_classes = {
+            state[key].shape[0]
+            for key in new
+            if key in state
+            and own[key].ndim
+            and state[key].ndim
+            and own[key].shape[0] == num_classes != state[key].shape[0]
+        }
+        if len(file_classes) == 1:
+            line += f" ({file_classes.pop()} → {num_classes} classes)"
+    unused = [key for key in state if key not in own]
+    if unused:
+        line += f"; not in the network: {_names(unused)}"
+    return line
