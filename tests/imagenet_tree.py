@@ -53,6 +53,27 @@ def make_tree(root: Path, train_per_class: int = 8, val_per_class: int = 4, seed
     return special
 
 
+# An AppleDouble file's header (magic 0x00051607, version 2, "Mac OS X" filler): not an image.
+APPLEDOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64)
+
+
+def add_macos_junk(root: Path) -> list[Path]:
+    """What unzipping a Finder-made archive (or browsing with Finder) leaves in a tree: ``__MACOSX/`` and a
+    hidden folder beside the class folders, ``._<image>.JPEG`` (AppleDouble) and ``.DS_Store`` files beside
+    the images. Returns the junk entries made."""
+    junk = []
+    for split in ("train", "val"):
+        for folder in (root / split / "__MACOSX" / CLASSES[0], root / split / ".thumbnails"):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"._{CLASSES[0]}_0.JPEG").write_bytes(APPLEDOUBLE)
+        junk += [root / split / "__MACOSX", root / split / ".thumbnails"]
+        for wnid in CLASSES:
+            junk += [root / split / wnid / ".DS_Store", root / split / wnid / f"._{wnid}_0.JPEG"]
+            junk[-2].write_bytes(b"\x00\x00\x00\x01Bud1")
+            junk[-1].write_bytes(APPLEDOUBLE)
+    return junk
+
+
 if __name__ == "__main__":
     make_tree(Path(sys.argv[1]))
     print(f"wrote {sys.argv[1]}/train and {sys.argv[1]}/val")

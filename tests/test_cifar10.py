@@ -2,6 +2,11 @@
 on a miniature dataset written in the real on-disk format (no download)."""
 
 import pickle
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +15,17 @@ import torch
 from conftest import assert_single_run, read_scalars, run_cli
 
 from lit_ddp.data import CIFAR10DataModule
-from lit_ddp.data.cifar10 import read_batch
+from lit_ddp.data.cifar10 import read_batch, read_split
 from lit_ddp.errors import UserError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def write_cifar10(root: Path, per_batch: int = 20, test_size: int = 30, seed: int = 0) -> Path:
-    """A miniature CIFAR-10 in the original python-pickle layout (cifar-10-batches-py)."""
+def write_cifar10(
+    root: Path, per_batch: int = 20, test_size: int = 30, seed: int = 0, str_keys: bool = False
+) -> Path:
+    """A miniature CIFAR-10 in the original python-pickle layout (cifar-10-batches-py); ``str_keys``: the
+    batches as Python 3 saves them again (``'data'`` instead of ``b'data'``)."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
@@ -29,6 +37,8 @@ def write_cifar10(root: Path, per_batch: int = 20, test_size: int = 30, seed: in
             b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
             b"filenames": [f"img_{i}.png".encode() for i in range(n)],
         }
+        if str_keys:
+            entry = {k.decode(): v for k, v in entry.items()}
         with open(folder / name, "wb") as f:
             pickle.dump(entry, f, protocol=2)
 
@@ -85,8 +95,95 @@ def test_corrupt_cifar_file_names_the_file(tmp_path) -> None:
     bad = root / "cifar-10-batches-py" / "data_batch_3"
     bad.write_bytes(bad.read_bytes()[:100])  # truncated download
     dm = CIFAR10DataModule(data_dir=str(root))
-    with pytest.raises(UserError, match="data_batch_3"):
+    with pytest.raises(UserError, match=r"data_batch_3 is truncated or not a pickle.*replace it") as err:
         dm.setup("fit")
+    assert "delete" not in str(err.value)  # the other five files are good: advice must not cost them
+
+
+def test_a_batch_pickled_again_by_python3_is_read_like_the_original(tmp_path) -> None:
+    original = read_split(write_cifar10(tmp_path / "py2") / "cifar-10-batches-py", ("data_batch_1",))
+    py3 = write_cifar10(tmp_path / "py3", str_keys=True) / "cifar-10-batches-py"
+    with open(py3 / "data_batch_1", "rb") as f:
+        assert "data" in pickle.load(f)  # str keys, as torchvision also reads them
+    x, y = read_batch(py3 / "data_batch_1")
+    assert torch.equal(x, original[0]) and torch.equal(y, original[1])  # same seed, same batch
+    dm = CIFAR10DataModule(data_dir=str(py3.parent), val_size=10)
+    dm.setup("fit")
+    assert len(dm.train_set) == 90
+
+
+def test_a_pickle_without_cifar_data_names_what_is_missing_and_advises_no_deletion(tmp_path) -> None:
+    folder = write_cifar10(tmp_path) / "cifar-10-batches-py"
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({"pixels": [1, 2, 3]}, f)
+    with pytest.raises(UserError, match=r"test_batch is not a CIFAR-10 batch \(KeyError: 'data'\)") as err:
+        read_batch(folder / "test_batch")
+    assert "delete" not in str(err.value)
+
+
+# ---- --data.download=true without a network ------------------------------------------------------
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """No network: every urlopen (torchvision's download uses urllib) fails as an offline machine's does."""
+    opened: list[str] = []
+
+    def urlopen(request, *args, **kwargs):
+        opened.append(getattr(request, "full_url", request))
+        raise urllib.error.URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return opened
+
+
+def test_offline_download_is_one_line_and_removes_only_what_it_made(tmp_path: Path, offline) -> None:
+    fresh = tmp_path / "new" / "data"  # neither folder exists: the download would create both
+    with pytest.raises(UserError) as err:
+        CIFAR10DataModule(data_dir=str(fresh), download=True).prepare_data()
+    message = str(err.value)
+    assert len(message.splitlines()) == 1 and offline and offline[0].startswith("https://")
+    assert message.startswith("download of CIFAR-10 from https://") and "name resolution" in message
+    assert f"place cifar-10-batches-py in {fresh} yourself, or check the network" in message
+    assert list(tmp_path.iterdir()) == []  # no empty folders left behind
+
+    # A folder of the user's, with a partial copy of the data: all of it stays.
+    mine = tmp_path / "mine"
+    (mine / "cifar-10-batches-py").mkdir(parents=True)
+    keep = [
+        mine / "notes.txt",
+        mine / "cifar-10-batches-py" / "data_batch_1",
+        mine / "cifar-10-python.tar.gz",
+    ]
+    for path in keep:
+        path.write_bytes(b"user data")
+    with pytest.raises(UserError, match="download of CIFAR-10"):
+        CIFAR10DataModule(data_dir=str(mine), download=True).prepare_data()
+    assert all(path.read_bytes() == b"user data" for path in keep)
+    assert sorted(p.name for p in mine.rglob("*")) == sorted(["cifar-10-batches-py", *(p.name for p in keep)])
+
+
+def test_offline_download_through_the_cli_is_one_line_exit_2(
+    tmp_path: Path, offline, capsys, monkeypatch
+) -> None:
+    from lit_ddp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "lenet_cifar.yaml"),
+                "--data.download=true",
+                f"--data.data_dir={tmp_path / 'data'}",
+                "--trainer.enable_progress_bar=false",
+            ]
+        )
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err[-3000:]
+    assert err.startswith("lit_ddp: error: download of CIFAR-10") and "Traceback" not in err
+    assert not (tmp_path / "data").exists()
 
 
 def test_missing_cifar_is_one_clear_error_without_traceback(tmp_path: Path) -> None:
@@ -125,3 +222,42 @@ def test_cifar_config_runs_on_generated_cifar(tmp_path: Path, cifar_root: Path) 
     assert result.returncode == 0, result.stderr[-3000:]
     run = assert_single_run(tmp_path / "logs")
     assert "val/acc" in read_scalars(run)
+
+
+def test_bad_data_found_in_setup_leaves_no_run_directory(
+    cifar_root: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from lit_ddp.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs" / "lightning_logs" / "version_0").mkdir(parents=True)  # an earlier run's: kept
+    args = ["fit", "--data=CIFAR10DataModule", f"--data.data_dir={cifar_root}", "--data.val_size=5000"]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--trainer.enable_progress_bar=false"])
+    assert stop.value.code == 2 and "val_size=5000 must be in [0, 99]" in capsys.readouterr().err
+    # The failed run's version_1 (TensorBoard writer, config.yaml) is gone; the next run will be version_1.
+    assert sorted(p.name for p in (tmp_path / "logs" / "lightning_logs").iterdir()) == ["version_0"]
+
+
+def test_nodes_sharing_a_filesystem_download_once(tmp_path: Path, monkeypatch) -> None:
+    """prepare_data runs on local rank 0 of every node: with a shared data_dir the first downloads, the
+    others wait for its lock and then find the data (two threads: flock locks separate open files)."""
+    downloads = []
+
+    def download(self, new_folders) -> None:
+        downloads.append(threading.get_ident())
+        time.sleep(0.5)  # long enough for the other to be waiting on the lock
+        write_cifar10(self.data_dir)
+
+    monkeypatch.setattr(CIFAR10DataModule, "_download", download)
+    data_dir = tmp_path / "shared" / "data"
+    nodes = [
+        threading.Thread(target=CIFAR10DataModule(data_dir=str(data_dir), download=True).prepare_data)
+        for _ in range(2)
+    ]
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.join(timeout=30)
+    assert len(downloads) == 1
+    assert sorted(p.name for p in data_dir.iterdir()) == ["cifar-10-batches-py"]  # no lock file left

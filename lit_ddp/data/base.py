@@ -5,14 +5,26 @@ Subclasses set ``num_classes``, ``class_names``, ``mean``, ``std`` and create ``
 ``val_set``, ``test_set`` in ``setup``. The training loader shuffles by (seed, epoch) and shards over the
 ranks (Lightning calls ``set_epoch`` on it); evaluation loaders shard without padding (samplers.py).
 
+``predict`` reads the ``test_split`` (``test_set``), or with ``predict_dir`` every image file under that
+folder, unlabelled (label -1), resized and centre-cropped as evaluation images are. Its batches carry each
+sample's index in that set as a third tensor, so predictions can be put back in order and named, whatever
+the rank, the batch, or an unreadable file left out of its batch.
+
 Resuming mid-epoch is exact: the data module counts the training batches of the current epoch, saves the
 count in the checkpoint (``state_dict``), and a resumed run continues at the next batch of the same order.
 Augmentation draws from a generator seeded by (seed, rank, epoch, batch), so a resumed batch is augmented
-as it would have been.
+as it would have been; so do MixUp and CutMix (``mixup_alpha``, ``cutmix_alpha``), which mix the normalised
+training batch and make its labels (B, num_classes) probabilities. Data modules that augment each sample in
+the DataLoader workers (imagenet.py) get (index, seed) pairs from their training sampler instead, the seed
+a function of (seed, epoch, index) only (``SeededSampleSampler``).
 """
 
+import functools
 import hashlib
-from collections.abc import Sequence
+import os
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import torch
 from lightning import LightningDataModule
@@ -20,7 +32,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_ddp.data.batch_transforms import normalize, random_crop_flip
+from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize, random_crop_flip
+from lit_ddp.data.image_folder import ImageFileDataset, drop_unreadable, list_image_files
+from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import ResumableShuffleSampler, UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
 from lit_ddp.utils import global_batch_size
@@ -59,6 +73,23 @@ def collate_batch(batch):
     return torch.utils.data.default_collate(batch)
 
 
+class IndexedDataset(Dataset):
+    """``dataset``'s batches with one more tensor: the (B,) int64 indices of their samples in ``dataset``."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple:
+        if hasattr(self.dataset, "__getitems__"):
+            batch = self.dataset.__getitems__(indices)
+        else:
+            batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        return (*batch, torch.as_tensor(indices, dtype=torch.long))
+
+
 def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
     """A seeded permutation split into (train, val): the same on every rank, since it depends on seed only."""
     if not 0 <= val_size < n:
@@ -72,42 +103,100 @@ def _stable_seed(*parts: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
+class SeededSampleSampler(ResumableShuffleSampler):
+    """The same training order, as (index, seed) pairs with seed = stable_seed(data seed, epoch, index): for
+    datasets that draw each sample's augmentation in the DataLoader workers (image_folder.py seeds torch's
+    global RNG with it around that sample).
+
+    The epoch travels with every index because the workers hold their own copies of the dataset (persistent
+    workers keep theirs all run long): a ``set_epoch`` on the main process's copy would never reach them.
+    A sample's augmentation then depends on (seed, epoch, index) alone, not on the worker, rank, batch or
+    device count that handles it, so a resumed or re-sharded run augments each image as the uninterrupted
+    run would have.
+    """
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch  # lazy pairs: one hash per sample as the loader asks, not an epoch's up front
+        return ((i, _stable_seed(self.seed, epoch, i)) for i in super().__iter__())
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: a container's or a scheduler's allotment, not the whole machine's
+    (``os.cpu_count()`` counts those; affinity masks are Linux-only, hence the fallback). A launcher that
+    pins each rank to cores of its own (srun's CPU binding) makes this a per-rank count: set num_workers."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# One worker decodes ~470 ImageNet images/s (docs/benchmarks.md): 8 feed a ResNet-50 on an H100 (~3,500/s).
+# More only add start-up time and memory (each worker holds a copy of the dataset object and its prefetch).
+MAX_AUTO_WORKERS = 8
+
+
+def auto_num_workers(cpus: int, devices: int, cap: int = MAX_AUTO_WORKERS) -> int:
+    """DataLoader workers per device for ``num_workers=None``: each device's process gets an equal share of
+    the node's CPUs and keeps one core of it for itself (the training loop, or feeding the GPU); the rest
+    decode, up to ``cap``. A share of one core or less gets 0 workers: a worker would only compete with its
+    own main process (on 2 cores with 2 CPU processes, 0 workers is 8× faster than 10: README's CPU run)."""
+    return max(0, min(cap, cpus // max(devices, 1) - 1))
+
+
 class ImageDataModule(LightningDataModule):
     """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
 
     Training batches are augmented on their device by ``augment_batch``: here a random crop from the
     image zero-padded by ``crop_padding`` pixels per side, then a horizontal flip with probability 1/2
-    (the CIFAR recipe; subclasses with other needs override it).
+    (the CIFAR recipe; subclasses with other needs override it). ``mixup_alpha`` / ``cutmix_alpha`` > 0
+    then mix the normalised batch (MixUp / CutMix with Beta(α, α); with both, one per batch, p = 1/2).
     """
 
     num_classes: int = 10
     class_names: tuple[str, ...] = ()
     mean: tuple[float, ...] = (0.5, 0.5, 0.5)
     std: tuple[float, ...] = (0.25, 0.25, 0.25)
+    # Evaluation crops (predict_dir's images): short side resized to val_resize, centre crop of image_size.
+    image_size: int = 32
+    val_resize: int = 32
+    test_split: str = "test"  # what test_set holds, named in predict's report
+    # True: the training sampler yields (index, seed) pairs, for a train_set that augments each sample itself.
+    per_sample_seeds: bool = False
 
     def __init__(
         self,
         batch_size: int = 128,
-        num_workers: int = 0,
+        num_workers: int | None = None,
         seed: int = 0,
         augment: bool = True,
         crop_padding: int = 0,
+        predict_dir: str | None = None,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size} must be at least 1 (it is the per-device batch size)")
-        if num_workers < 0:
-            raise UserError(f"num_workers={num_workers} must be 0 or more")
+        if num_workers is not None and num_workers < 0:
+            raise UserError(f"num_workers={num_workers} must be 0 or more (or null: one per spare CPU core)")
         if crop_padding < 0:
             raise UserError(f"crop_padding={crop_padding} must be 0 or more (pixels of padding per side)")
+        for name, alpha in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
+            if alpha < 0:
+                raise UserError(f"{name}={alpha} must be 0 (off) or more (the α of its Beta(α, α))")
         self.batch_size = batch_size
-        self.num_workers = num_workers
+        self.num_workers = num_workers  # None: auto_num_workers, resolved once the trainer is attached
+        self._auto_workers: int | None = None
         self.seed = seed
         self.augment = augment
         self.crop_padding = crop_padding
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
+        self.predict_set: Dataset | None = None  # what predict reads: test_set or predict_dir's images
+        self.predict_dir = predict_dir
+        # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
+        self.predict_files = self._list_predict_dir(predict_dir) if predict_dir is not None else []
         self._aug_generators: dict[str, torch.Generator] = {}
         self._epoch = 0  # the training epoch whose batches are being counted
         self._batches = 0  # training batches of that epoch seen so far (trained, or before a resume)
@@ -126,13 +215,28 @@ class ImageDataModule(LightningDataModule):
     def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
         """The (seed, epoch) shuffle on every device count; a DistributedSampler, so Lightning keeps it."""
         kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
-        sampler = ResumableShuffleSampler(
+        sampler_class = SeededSampleSampler if self.per_sample_seeds else ResumableShuffleSampler
+        sampler = sampler_class(
             dataset, num_replicas=kwargs.get("num_replicas", 1), rank=kwargs.get("rank", 0), seed=self.seed
         )
         if self._resume is not None:
             epoch, batches = self._resume
             sampler.resume(epoch, batches * self.batch_size)
         return sampler
+
+    def workers_per_device(self) -> int:
+        """``num_workers`` as given, or for ``None`` the automatic count for this node (reported once)."""
+        if self.num_workers is not None:
+            return self.num_workers
+        if self._auto_workers is None:
+            devices = self.trainer.num_devices if self.trainer is not None else 1  # per node
+            cpus = available_cpus()
+            self._auto_workers = auto_num_workers(cpus, devices)
+            rank_zero_info(
+                f"num_workers = {self._auto_workers} per device (auto: {cpus} CPUs for {devices} device(s);"
+                " --data.num_workers=N sets it)"
+            )
+        return self._auto_workers
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -142,10 +246,10 @@ class ImageDataModule(LightningDataModule):
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.num_workers,
+            num_workers=self.workers_per_device(),
             collate_fn=collate_batch,
             pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=self.workers_per_device() > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -157,8 +261,32 @@ class ImageDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_set, train=False)
 
+    @staticmethod
+    def _list_predict_dir(predict_dir: str) -> list[str]:
+        if not Path(predict_dir).is_dir():
+            raise UserError(f"predict_dir={predict_dir} is not a folder: pass a folder of image files")
+        files = list_image_files(Path(predict_dir))
+        if not files:
+            raise UserError(
+                f"no image files under predict_dir={predict_dir} (searched its sub-folders too; hidden files"
+                " and __MACOSX are left out)"
+            )
+        return files
+
+    @property
+    def predict_source(self) -> str:
+        """What predict reads, for the report: ``predict_dir`` or the name of the test split."""
+        return self.predict_dir if self.predict_dir is not None else f"{self.test_split} split"
+
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.test_set, train=False)
+        if self.predict_dir is not None:
+            load = functools.partial(load_eval_crop, size=self.image_size, resize=self.val_resize)
+            self.predict_set = ImageFileDataset([(f, -1) for f in self.predict_files], load, self.image_size)
+        else:
+            self.predict_set = self.test_set
+        if self.predict_set is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() did not create the test split")
+        return self._loader(IndexedDataset(self.predict_set), train=False)
 
     # ---- on-device batch work ------------------------------------------------------------------
 
@@ -185,19 +313,34 @@ class ImageDataModule(LightningDataModule):
             generator = self._aug_generators[str(device)] = torch.Generator(device=device)
         return generator.manual_seed(_stable_seed(self.seed, rank, epoch, batch))
 
-    def on_after_batch_transfer(
-        self, batch: tuple[Tensor, Tensor], dataloader_idx: int
-    ) -> tuple[Tensor, Tensor]:
-        x, y = batch  # (B, C, H, W) uint8 on the device
+    def mixing_rng(self, rank: int, epoch: int, batch: int) -> random.Random:
+        """MixUp/CutMix's draws for one training batch (the choice, λ, the box: a few host scalars), seeded
+        by the same (seed, rank, epoch, batch) as the crop's generator (why Python's: batch_transforms.py)."""
+        return random.Random(_stable_seed(self.seed, rank, epoch, batch))
+
+    def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
+        # predict_dir's image files, here for a data module that reads none otherwise: an unreadable one is
+        # left out of its batch, and the predictions writer names it (subclasses that read files override).
+        if len(batch) == 4:  # (x, y, unreadable files, index)
+            batch, _ = drop_unreadable(batch)
+        return batch
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
+        x, y, *index = batch  # (B, C, H, W) uint8 on the device; a predict batch adds its sample indices
         trainer = self.trainer
+        mix = None
         if trainer is not None and trainer.training:
-            batch_idx = self._count_training_batch(trainer.current_epoch)
+            epoch = trainer.current_epoch
+            key = (trainer.global_rank, epoch, self._count_training_batch(epoch))  # seeds this batch's draws
             if self.augment:
-                generator = self.augmentation_generator(
-                    x.device, trainer.global_rank, trainer.current_epoch, batch_idx
-                )
-                x = self.augment_batch(x, generator)
-        return normalize(x, self.mean, self.std), y
+                x = self.augment_batch(x, self.augmentation_generator(x.device, *key))
+            if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
+                h, w = x.shape[-2:]
+                mix = draw_mix(h, w, self.mixup_alpha, self.cutmix_alpha, self.mixing_rng(*key))
+        x = normalize(x, self.mean, self.std)
+        if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
+            x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
+        return x, y, *index
 
     def _count_training_batch(self, epoch: int) -> int:
         """This batch's index in its epoch. Counted here, where each trained batch passes once (the loader

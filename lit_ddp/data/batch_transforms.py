@@ -3,10 +3,13 @@
 Per-sample PIL transforms in DataLoader workers are what limits the tutorials' throughput on small
 images; here a (B, 3, H, W) uint8 batch costs a few tensor ops. Randomness comes from an explicit
 ``torch.Generator`` so each rank draws its own crops and flips (the global RNG is seeded identically
-on every rank by ``seed_everything``, which would give every rank the same augmentation).
+on every rank by ``seed_everything``, which would give every rank the same augmentation). MixUp and
+CutMix mix the normalised float batch and turn its labels into (B, num_classes) probabilities.
 """
 
 import functools
+import math
+import random
 
 import torch
 import torch.nn.functional as F
@@ -67,3 +70,50 @@ def random_crop_flip(
 def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
     flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+
+
+# ---- MixUp / CutMix ----------------------------------------------------------------------------------
+# Own functions, not torchvision's v2.MixUp / v2.CutMix: those draw λ (torch.distributions.Beta.sample) and
+# the box (torch.randint) from torch's global RNG and take no generator, so every rank would mix alike
+# (seed_everything seeds them all the same) and a resumed batch would mix differently. Here the draws come
+# from one RNG per batch, seeded like the crop's by (seed, rank, epoch, batch) (base.py: ``mixing_rng``).
+# It is Python's ``random.Random``: its ``betavariate`` is the Beta sampler that torch offers with a
+# generator only under a private name, and a few host scalars never make a GPU wait (a draw from a CUDA
+# generator read back with .item() would).
+
+MixParams = tuple[float, tuple[int, int, int, int] | None]  # (λ, CutMix box (x1, y1, x2, y2) or None)
+
+
+def draw_mix(
+    height: int, width: int, mixup_alpha: float, cutmix_alpha: float, rng: random.Random
+) -> MixParams:
+    """One batch's mixing, as torchvision draws it: MixUp's λ ~ Beta(α, α); CutMix's box centred uniformly,
+    sides √(1-λ) of the image's, clipped at the edges, and λ then the share of the image outside the box.
+    With both on, one of the two per batch with p = 1/2 (torchvision's classification reference applies
+    ``RandomChoice([MixUp, CutMix])`` to each batch)."""
+    cutmix = cutmix_alpha > 0 and (mixup_alpha <= 0 or rng.random() < 0.5)
+    alpha = cutmix_alpha if cutmix else mixup_alpha
+    lam = rng.betavariate(alpha, alpha)
+    if not cutmix:
+        return lam, None
+    cx, cy = rng.randrange(width), rng.randrange(height)
+    half = 0.5 * math.sqrt(1.0 - lam)
+    half_w, half_h = int(half * width), int(half * height)
+    x1, x2 = max(cx - half_w, 0), min(cx + half_w, width)
+    y1, y2 = max(cy - half_h, 0), min(cy + half_h, height)
+    return 1.0 - (x2 - x1) * (y2 - y1) / (height * width), (x1, y1, x2, y2)
+
+
+def mix_batch(
+    x: Tensor, y: Tensor, num_classes: int, lam: float, box: tuple[int, int, int, int] | None
+) -> tuple[Tensor, Tensor]:
+    """Mixes each image of a (B, C, H, W) float batch with the one before it (torchvision's ``roll(1, 0)``:
+    the batch is already shuffled) and the (B,) labels into (B, num_classes) float32 probabilities,
+    ``λ·own + (1-λ)·neighbour's``. Overwrites ``x`` (the caller's fresh normalised copy): no extra batch."""
+    if box is None:  # MixUp
+        x = x.lerp_(x.roll(1, 0), 1.0 - lam)  # x + (1-λ)(x' - x) = λ·x + (1-λ)·x'
+    else:  # CutMix: the box comes from the neighbour (the right side is a copy before the write)
+        x1, y1, x2, y2 = box
+        x[..., y1:y2, x1:x2] = x[..., y1:y2, x1:x2].roll(1, 0)
+    target = F.one_hot(y, num_classes).float()
+    return x, target.lerp_(target.roll(1, 0), 1.0 - lam)

@@ -5,11 +5,18 @@ images (the same split on every rank); ``test`` is the official 10,000-image tes
 """
 
 import pickle
+import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
+
+try:
+    import fcntl  # POSIX: a lock that nodes on a shared filesystem see
+except ImportError:  # Windows: one machine, one download
+    fcntl = None
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, split_indices
 from lit_ddp.errors import UserError
@@ -18,24 +25,38 @@ FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 CLASS_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+ARCHIVE = "cifar-10-python.tar.gz"  # what torchvision's download writes beside FOLDER
+LOCK = ".cifar-10-download.lock"
 
 
 def read_batch(path: Path) -> tuple[Tensor, Tensor]:
     """One pickled batch → images (N, 3, 32, 32) uint8 and labels (N,) int64.
 
-    The official files are pickles (load only files you trust, as with any pickle).
+    The official files are Python 2 pickles with bytes keys (``b"data"``, ``b"labels"``); a batch saved
+    again by Python 3 has str keys. Both are read, as torchvision does. (Load only files you trust, as
+    with any pickle.)
     """
+    # Each failure names the file and a fix that keeps it: the file may be good data in another form.
     try:
         with open(path, "rb") as f:
             entry = pickle.load(f, encoding="bytes")
-        data = np.asarray(entry[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-        labels = np.asarray(entry.get(b"labels", entry.get(b"fine_labels")), dtype=np.int64)
-        if len(labels) != len(data):
-            raise ValueError(f"{len(data)} images but {len(labels)} labels")
-    except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as err:
+    except OSError as err:
+        raise UserError(f"cannot read CIFAR-10 file {path} ({err}): check that it is readable") from None
+    except Exception as err:  # a truncated or foreign file makes pickle.load raise nearly anything
         raise UserError(
-            f"CIFAR-10 file {path} is unreadable ({err}):"
-            f" delete {path.parent} and re-run with --data.download=true"
+            f"CIFAR-10 file {path} is truncated or not a pickle ({type(err).__name__}: {err}):"
+            f" replace it with the file of that name from {ARCHIVE}"
+        ) from None
+    try:
+        entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
+        data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+        labels = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64)
+        if labels.ndim != 1 or len(labels) != len(data):
+            raise ValueError(f"{len(data)} images but labels of shape {labels.shape}")
+    except (AttributeError, KeyError, ValueError, TypeError) as err:
+        raise UserError(
+            f"CIFAR-10 file {path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): expected a pickled"
+            f" dict with 'data' (N×3072 uint8) and 'labels' (N ints), as in {ARCHIVE}"
         ) from None
     return torch.from_numpy(data.copy()), torch.from_numpy(labels)
 
@@ -62,6 +83,8 @@ class CIFAR10DataModule(ImageDataModule):
         batch_size: per device.
         val_size: training images held out for validation by a seeded split.
         seed: decides the split; the same on every rank.
+        predict_dir: predict on every image file under this folder (unlabelled) instead of test.
+        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
     """
 
     num_classes = 10
@@ -74,11 +97,14 @@ class CIFAR10DataModule(ImageDataModule):
         data_dir: str = "data/",
         download: bool = False,
         batch_size: int = 128,
-        num_workers: int = 0,
+        num_workers: int | None = 0,  # in memory: no decoding to spread, and no IPC is fastest
         val_size: int = 5000,
         seed: int = 0,
         augment: bool = True,
         crop_padding: int = 4,
+        predict_dir: str | None = None,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -86,6 +112,9 @@ class CIFAR10DataModule(ImageDataModule):
             seed=seed,
             augment=augment,
             crop_padding=crop_padding,
+            predict_dir=predict_dir,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
         )
         self.save_hyperparameters()
         self.data_dir = Path(data_dir)
@@ -99,11 +128,55 @@ class CIFAR10DataModule(ImageDataModule):
             )
 
     def prepare_data(self) -> None:
-        if self.download and find_folder(self.data_dir) is None:
-            from torchvision.datasets import CIFAR10
+        if not self.download or find_folder(self.data_dir) is not None:
+            return
+        # Lightning calls this on local rank 0 of every node: nodes sharing a filesystem would download and
+        # extract into the same folder at once. The first takes the lock; the others wait, then find it.
+        new_folders = [p for p in (self.data_dir, *self.data_dir.parents) if not p.exists()]
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir / LOCK, "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if find_folder(self.data_dir) is None:
+                    self._download(new_folders)
+            finally:
+                # Gone with the download, so the user's folder holds only the data; a node still waiting
+                # on it checks for the data again once it has the lock, and finds it.
+                (self.data_dir / LOCK).unlink(missing_ok=True)
+                if fcntl is not None:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
 
-            CIFAR10(str(self.data_dir), train=True, download=True)
-            CIFAR10(str(self.data_dir), train=False, download=True)
+    def _download(self, new_folders: list[Path]) -> None:
+        """torchvision's download; a failure is one line, and what the failed attempt made is removed
+        (``new_folders``: the folders, deepest first, that did not exist before it)."""
+        from torchvision.datasets import CIFAR10
+        from torchvision.datasets.utils import download_and_extract_archive
+
+        # Only these can be the download's own: the archive and the extracted folder if absent before, and the
+        # folders it creates (data_dir and its missing parents). Anything else in data_dir is the user's.
+        new_entries = [p for p in (self.data_dir / ARCHIVE, self.data_dir / FOLDER) if not p.exists()]
+        (self.data_dir / LOCK).unlink(missing_ok=True)  # else the folder made for the download is not empty
+        try:
+            # The archive holds all six batches; md5-checked (what CIFAR10(download=True) does, without
+            # then loading the 150 MB training set into memory).
+            download_and_extract_archive(
+                CIFAR10.url, str(self.data_dir), filename=ARCHIVE, md5=CIFAR10.tgz_md5
+            )
+        except (OSError, RuntimeError, tarfile.TarError) as err:  # URLError is an OSError; md5 → RuntimeError
+            for path in new_entries:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            for path in new_folders:
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+            reason = getattr(err, "reason", None) or err
+            raise UserError(
+                f"download of CIFAR-10 from {CIFAR10.url} failed ({reason}): place {FOLDER} in"
+                f" {self.data_dir} yourself, or check the network"
+            ) from None
 
     def setup(self, stage: str) -> None:
         super().setup(stage)

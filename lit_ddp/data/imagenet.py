@@ -6,8 +6,9 @@ script expects::
     data_dir/test/<wnid>/*.JPEG     (optional; without it the test stage uses val/, as ImageNet's test
                                      labels are not public)
 
-Workers decode with DCT-domain downscaling and crop (``jpeg.py``) and hand over uint8 batches; the flip
-and the normalisation run on whole batches on the device (``ImageDataModule.on_after_batch_transfer``).
+Workers decode with DCT-domain downscaling, crop, flip and (optionally) auto-augment and erase each training
+image (``jpeg.py``), all seeded per (seed, epoch, index), and hand over uint8 batches; the normalisation (and
+MixUp/CutMix) run on whole batches on the device (``ImageDataModule.on_after_batch_transfer``).
 """
 
 import functools
@@ -18,7 +19,6 @@ from lightning.pytorch.trainer.states import RunningStage
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.batch_transforms import random_hflip
 from lit_ddp.data.image_folder import (
     FileBatch,
     ImageFileDataset,
@@ -26,7 +26,7 @@ from lit_ddp.data.image_folder import (
     find_classes,
     list_images,
 )
-from lit_ddp.data.jpeg import load_eval_crop, load_train_crop
+from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.errors import UserError
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
@@ -50,14 +50,21 @@ class ImageNetDataModule(ImageDataModule):
         val_resize: evaluation images are resized to this short side, then centre-cropped to image_size.
         batch_size: per device.
         num_workers: decoding processes per device; each decodes a few hundred images/s
-            (docs/benchmarks.md), so a fast GPU needs about 10.
+            (docs/benchmarks.md), so a fast GPU needs about 8. None: the CPU cores this process may use,
+            shared over the node's devices, less one per device, at most 8 (``base.auto_num_workers``).
         strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
         crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
+        predict_dir: predict on every image file under this folder (unlabelled) instead of the test split.
+        auto_augment: none | trivialaugment | randaugment | autoaugment (torchvision's, ImageNet policy), on
+            each training crop after its flip, in the workers.
+        random_erasing: probability of torchvision's RandomErasing on each training crop, to the mean colour.
+        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
     """
 
     mean = (0.485, 0.456, 0.406)
     std = (0.229, 0.224, 0.225)
+    per_sample_seeds = True  # the workers crop, flip and augment each image: seeded by (seed, epoch, index)
 
     def __init__(
         self,
@@ -65,15 +72,28 @@ class ImageNetDataModule(ImageDataModule):
         image_size: int = 224,
         val_resize: int = 256,
         batch_size: int = 256,
-        num_workers: int = 8,
+        num_workers: int | None = None,
         seed: int = 0,
         augment: bool = True,
         strict: bool = False,
         crop_scale: tuple[float, float] = (0.08, 1.0),
         crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
         draft: bool = True,
+        predict_dir: str | None = None,
+        auto_augment: str = "none",
+        random_erasing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_workers=num_workers, seed=seed, augment=augment)
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            augment=augment,
+            predict_dir=predict_dir,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+        )
         self.save_hyperparameters()
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
@@ -84,6 +104,9 @@ class ImageNetDataModule(ImageDataModule):
         self.crop_scale = crop_scale
         self.crop_ratio = crop_ratio
         self.draft = draft
+        # Checked here, in the launching process; erasing fills with the mean colour (jpeg.py says why).
+        fill = tuple(round(255 * m) for m in self.mean)
+        self.sample_augment = sample_augmentation(auto_augment, random_erasing, fill)
         # Classes come from the training folder, here in the launching process: the CLI links
         # num_classes to the model, and a missing folder fails before any rank is spawned.
         self.class_names = tuple(find_classes(self.data_dir / "train"))
@@ -115,7 +138,10 @@ class ImageNetDataModule(ImageDataModule):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
         decode = dict(size=self.image_size, draft=self.draft)
         if train:
-            load = functools.partial(load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **decode)
+            augment = dict(flip_p=0.5, augment=self.sample_augment) if self.augment else {}
+            load = functools.partial(
+                load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **augment, **decode
+            )
         else:
             load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
         return ImageFileDataset(samples, load, self.image_size)
@@ -127,20 +153,22 @@ class ImageNetDataModule(ImageDataModule):
         if stage in ("fit", "validate"):
             self.val_set = self._split("val", train=False)
         if stage in ("test", "predict"):
-            self.test_set = self._split("test" if (self.data_dir / "test").is_dir() else "val", train=False)
+            self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
+            self.test_set = self._split(self.test_split, train=False)
 
-    def on_before_batch_transfer(self, batch: FileBatch, dataloader_idx: int) -> tuple[Tensor, Tensor]:
-        (x, y), bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync
+    def on_before_batch_transfer(self, batch: FileBatch, dataloader_idx: int) -> tuple[Tensor, ...]:
+        tensors, bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync
         if bad:
             if self.strict:
                 path, reason = next(iter(bad.values()))
+                # Not "delete it": a permission or network-disk error reads the same as a broken file.
                 raise UserError(
                     f"unreadable image file {path} ({reason}):"
-                    " replace or delete it, or pass --data.strict=false"
+                    " replace it with a readable copy, or pass --data.strict=false to skip such files"
                 )
             split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
             self.pending_skipped.setdefault(split, {}).update(bad.values())
-        return x, y
+        return tensors  # (x, y), or (x, y, index) when predicting
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return random_hflip(x, generator=generator)
+        return x  # the workers flipped and augmented each image already, seeded per sample (see _split)

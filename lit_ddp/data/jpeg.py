@@ -17,10 +17,17 @@ PIL resize → float tensor → normalise, per image) spends as long again aroun
 
 Other files (PNG, also when named .JPEG; grayscale, CMYK and palette images) go through PIL and are
 converted to RGB; PIL identifies the format from the content, not the file name.
+
+Training crops are then flipped, and optionally auto-augmented and randomly erased, here, per sample, on the
+uint8 crop (``sample_augmentation``). Every random draw (box, flip, policy, erasing) comes from torch's
+global RNG, as torchvision's transforms take no generator; the dataset seeds it per sample by (seed, epoch,
+index) (image_folder.py), so a sample is augmented the same in whichever worker or run decodes it.
 """
 
+import functools
 import io
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -28,7 +35,9 @@ import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms import RandomResizedCrop
+from torchvision.transforms import InterpolationMode, RandomResizedCrop, v2
+
+from lit_ddp.errors import UserError
 
 # What a broken file raises: truncated data and bad markers (OSError, incl. PIL's UnidentifiedImageError,
 # and torchvision's decoder errors, re-raised as OSError below), malformed headers (SyntaxError,
@@ -39,7 +48,7 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels 
 
 
 def random_resized_crop_box(img: Image.Image, scale: tuple[float, float], ratio: tuple[float, float]) -> Box:
-    """torchvision's RandomResizedCrop box: same distribution, same (per-worker seeded) global torch RNG.
+    """torchvision's RandomResizedCrop box: same distribution, same global torch RNG (seeded per sample).
     Reads only ``img.size``, so the file is not decoded yet."""
     top, left, h, w = RandomResizedCrop.get_params(img, list(scale), list(ratio))
     return (left, top, left + w, top + h)
@@ -107,12 +116,59 @@ def resized_crop(path: str, box_of, size: int, draft: bool = True) -> np.ndarray
 
 
 def load_train_crop(
-    path: str, size: int, scale: tuple[float, float], ratio: tuple[float, float], draft: bool = True
+    path: str,
+    size: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draft: bool = True,
+    flip_p: float = 0.0,
+    augment: Callable[[Tensor], Tensor] | None = None,
 ) -> np.ndarray:
-    """Decode + RandomResizedCrop(size, scale, ratio). The flip is done later, on the batch, on the device."""
-    return resized_crop(path, lambda img: random_resized_crop_box(img, scale, ratio), size, draft)
+    """Decode + RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(flip_p), then ``augment`` (see
+    ``sample_augmentation``) on the (3, size, size) uint8 crop."""
+    crop = resized_crop(path, lambda img: random_resized_crop_box(img, scale, ratio), size, draft)
+    if flip_p == 0 and augment is None:
+        return crop
+    image = torch.from_numpy(crop).permute(2, 0, 1)  # (3, H, W) view, what torchvision's transforms take
+    if flip_p > 0 and float(torch.rand(())) < flip_p:
+        image = image.flip(-1)
+    if augment is not None:
+        image = augment(image)
+    return image.permute(1, 2, 0).numpy()  # (H, W, 3) uint8 again; the batch's np.stack copies it
 
 
 def load_eval_crop(path: str, size: int, resize: int, draft: bool = True) -> np.ndarray:
     """Decode + Resize(resize) + CenterCrop(size)."""
     return resized_crop(path, lambda img: center_crop_box(*img.size, size, resize), size, draft)
+
+
+# torchvision's policies, with the bilinear interpolation its classification reference gives them.
+AUTO_AUGMENT: dict[str, Callable[[], v2.Transform] | None] = {
+    "none": None,
+    "trivialaugment": functools.partial(v2.TrivialAugmentWide, interpolation=InterpolationMode.BILINEAR),
+    "randaugment": functools.partial(v2.RandAugment, interpolation=InterpolationMode.BILINEAR),
+    "autoaugment": functools.partial(
+        v2.AutoAugment, v2.AutoAugmentPolicy.IMAGENET, interpolation=InterpolationMode.BILINEAR
+    ),
+}
+
+
+def sample_augmentation(
+    auto_augment: str = "none", random_erasing: float = 0.0, fill: tuple[int, ...] = (0, 0, 0)
+) -> v2.Transform | None:
+    """What follows the crop and flip of a (3, H, W) uint8 training crop: the ``auto_augment`` policy, then
+    RandomErasing with probability ``random_erasing``; None when neither is on.
+
+    Erasing runs here, on the uint8 crop, rather than on the normalised batch on the device: torchvision's
+    RandomErasing works on one image at a time (a loop of small kernels on a GPU), and here its draws come
+    from the same per-sample seed as the crop's. It erases to ``fill``, the data set's mean colour in
+    uint8, which is what torchvision's reference gets by erasing to 0 after normalisation.
+    """
+    if auto_augment not in AUTO_AUGMENT:
+        raise UserError(f"auto_augment={auto_augment!r} is not one of: {', '.join(AUTO_AUGMENT)}")
+    if not 0 <= random_erasing <= 1:
+        raise UserError(f"random_erasing={random_erasing} must be a probability, in [0, 1]")
+    steps = [AUTO_AUGMENT[auto_augment]()] if AUTO_AUGMENT[auto_augment] is not None else []
+    if random_erasing > 0:
+        steps.append(v2.RandomErasing(random_erasing, value=list(fill)))
+    return v2.Compose(steps) if steps else None

@@ -83,6 +83,8 @@ class ShapesDataModule(ImageDataModule):
         train_size / val_size / test_size: number of images in each split (each drawn from its own seed).
         batch_size: per device.
         seed: decides the images; the same on every rank.
+        predict_dir: predict on every image file under this folder (unlabelled) instead of test.
+        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
     """
 
     num_classes = len(CLASS_NAMES)
@@ -96,10 +98,13 @@ class ShapesDataModule(ImageDataModule):
         val_size: int = 2000,
         test_size: int = 2000,
         batch_size: int = 128,
-        num_workers: int = 0,
+        num_workers: int | None = 0,  # in memory: no decoding to spread, and no IPC is fastest
         seed: int = 0,
         augment: bool = True,
         crop_padding: int = 4,
+        predict_dir: str | None = None,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -107,6 +112,9 @@ class ShapesDataModule(ImageDataModule):
             seed=seed,
             augment=augment,
             crop_padding=crop_padding,
+            predict_dir=predict_dir,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
         )
         self.save_hyperparameters()
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}

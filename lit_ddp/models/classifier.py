@@ -112,13 +112,18 @@ class ImageClassifier(LightningModule):
             self._net_compiled = True
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
-        """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
+        """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics.
+
+        ``y`` is (B,) class indices, or (B, num_classes) probabilities when the data module mixed the training
+        batch (MixUp/CutMix): cross-entropy takes both, label smoothing included."""
         x, y = batch
         logits = self(x)
         # Label smoothing is a training regulariser; evaluation reports the plain cross-entropy.
         smoothing = self.label_smoothing if stage == "train" else 0.0
         loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
-        getattr(self, f"{stage}_metrics").update(logits.detach(), y)
+        # A mixed target counts for accuracy as its dominant label (the larger share of the mix).
+        labels = y.argmax(dim=-1) if y.ndim == 2 else y
+        getattr(self, f"{stage}_metrics").update(logits.detach(), labels)
         # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
         # also when the last batch or one rank's shard is smaller.
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=y.shape[0])
@@ -178,11 +183,13 @@ class ImageClassifier(LightningModule):
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
 
-    def predict_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        x, y = batch
+    def predict_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Each sample's (num_classes,) probabilities and predicted class, with its label (-1: none) and its
+        index in the predict set (the data module's predict batches carry it: the rows of a writer are put
+        back in order by it, whatever rank or batch computed them)."""
+        x, y, index = batch
         probs = self(x).softmax(dim=-1)
-        confidence, pred = probs.max(dim=-1)
-        return {"pred": pred, "confidence": confidence, "target": y}
+        return {"index": index, "probs": probs, "pred": probs.argmax(dim=-1), "target": y}
 
     def configure_optimizers(self):
         trainer = self.trainer

@@ -1,0 +1,104 @@
+"""What MixUp/CutMix add to a LeNet training step on the CPU: the step with mixing off and on, interleaved.
+
+One step = the data module's on-device batch work (crop + flip, normalisation, and with mixing on the draw
+and the mix of MixUp or CutMix, one per batch) + LeNetCIFAR's forward, soft- or hard-target cross-entropy
+and metric update (its ``_shared_step``), backward and optimizer step, on a batch of 64 Shapes images.
+The two variants take turns, ``--rounds`` times, each round timing ``--steps`` steps after a warm-up;
+reported: the median step time of each and the median and spread of the per-round ratio on/off. Then the
+mixing alone (``draw_mix`` + ``mix_batch`` on a normalised batch, half MixUp, half CutMix), which a noisy
+machine resolves far better than the difference of two whole steps.
+
+    python benchmarks/bench_mixing_overhead.py --rounds 15 --steps 200 --threads 1
+"""
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize
+from lit_ddp.data.shapes import draw_shapes
+from lit_ddp.models import LeNetCIFAR
+from lit_ddp.models.optim import build_optimizer
+
+BATCH = 64
+
+
+def make_step(mix: bool):
+    dm = ShapesDataModule(batch_size=BATCH, mixup_alpha=0.2 if mix else 0.0, cutmix_alpha=1.0 if mix else 0.0)
+    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
+    model = LeNetCIFAR()
+    optimizer, _ = build_optimizer(model.net, model.optim, BATCH, 10**6, 10**6)
+    x, y = draw_shapes(8 * BATCH, seed=0)
+    batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
+    count = [0]
+
+    def step() -> None:
+        batch = batches[count[0] % len(batches)]
+        count[0] += 1
+        loss, _ = model._shared_step(dm.on_after_batch_transfer(batch, 0), "train")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def time_steps(step, steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
+def time_mixing_alone(repeats: int) -> float:
+    """Median seconds of one batch's draw + mix (MixUp/CutMix chosen per batch), over ``repeats`` batches."""
+    x, y = draw_shapes(BATCH, seed=0)
+    dm = ShapesDataModule()
+    times = []
+    for i in range(repeats):
+        xn = normalize(x, dm.mean, dm.std)  # the fresh normalised batch that mix_batch overwrites
+        t0 = time.perf_counter()
+        mix_batch(xn, y, 10, *draw_mix(32, 32, 0.2, 1.0, dm.mixing_rng(0, 0, i)))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: less exposed to neighbours)"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    steps = {False: make_step(False), True: make_step(True)}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.rounds):
+        for mix in (False, True) if r % 2 == 0 else (True, False):  # alternate who goes first
+            times[mix].append(time_steps(steps[mix], args.steps, args.warmup))
+    ratios = sorted(on / off for on, off in zip(times[True], times[False], strict=True))
+    q1, med, q3 = statistics.quantiles(ratios, n=4)
+    print(f"torch threads: {torch.get_num_threads()}, rounds: {args.rounds}, steps per round: {args.steps}")
+    for mix in (False, True):
+        ms = [t * 1e3 for t in times[mix]]
+        name = "on " if mix else "off"
+        print(f"mixing {name}: median {statistics.median(ms):.3f} ms/step ({min(ms):.3f}-{max(ms):.3f})")
+    spread = f"quartiles {q1:.4f}-{q3:.4f}, range {ratios[0]:.4f}-{ratios[-1]:.4f}"
+    print(f"on/off per round: median {med:.4f}, {spread}")
+    alone = time_mixing_alone(2000) * 1e3
+    step = statistics.median(times[False]) * 1e3
+    print(f"mixing alone: median {alone * 1e3:.1f} µs = {alone / step:.2%} of the median step without it")
+
+
+if __name__ == "__main__":
+    main()
