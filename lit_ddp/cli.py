@@ -16,31 +16,39 @@
 ``--model`` and ``--data`` take any ImageClassifier / ImageDataModule subclass by short name.
 """
 
+import logging
 import os
 import sys
 import warnings
 
+from jsonargparse import ArgumentError
 from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import (
     ConfusionMatrix,
     EpochSummary,
     LearningRateMonitor,
+    ModelSummary,
+    PredictionWriter,
+    ProgressBar,
     RunInfo,
     SkippedImagesReport,
     StepLoss,
     Throughput,
     TrainBatchImages,
 )
+from lit_ddp.cli_errors import explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.runtime.failed_run import RemoveFailedRunDir
 from lit_ddp.runtime.faults import (
     DEFAULT_DIST_TIMEOUT_S,
     FaultMonitor,
@@ -49,25 +57,41 @@ from lit_ddp.runtime.faults import (
     set_dist_timeout,
 )
 from lit_ddp.runtime.gc_freeze import FreezeGC
-from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_devices_exist, check_launcher_world
+from lit_ddp.runtime.launch import (
+    bind_rendezvous_to_loopback,
+    check_devices_exist,
+    check_launcher_world,
+    check_writable,
+)
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint
-from lit_ddp.runtime.resume import check_ckpt_file, prepare_ckpt_path
+from lit_ddp.runtime.resume import check_ckpt_file, checkpoint_model_overrides, prepare_ckpt_path
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 
-# In-memory uint8 datasets are fastest with num_workers=0 (no IPC): Lightning's hint to add workers
-# is noise for them. Loaders that decode files (ImageNet) set their own num_workers.
+# Console messages a user cannot act on, each silenced by its own text (never a whole category):
+# - in-memory uint8 datasets are fastest with num_workers=0 (no IPC), and loaders that decode files count
+#   the cores themselves (data/base.py): Lightning's hint to add workers is noise;
 warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-# The dashboard callbacks reduce their epoch values over the ranks themselves (callbacks/throughput.py
-# says why): Lightning's advice to log them with sync_dist=True does not apply to these keys.
+# - the dashboard callbacks reduce their epoch values over the ranks themselves (callbacks/throughput.py
+#   says why): Lightning's advice to log them with sync_dist=True does not apply to these keys;
 warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)")
+# - Lightning 2.6 calls a torch API that torch 2.9+ deprecates, on every fit, validate and test;
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+# - an advertisement for a hosted logger, on every run, and that our model summary replaces Lightning's.
+QUIET_INFO = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: not str(record.msg).startswith(QUIET_INFO)
+)
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
 # the two, and LeNetCIFAR's defaults, in agreement).
 DEFAULT_MODEL = "lit_ddp.models.LeNetCIFAR"
 DEFAULT_DATA = "lit_ddp.data.ShapesDataModule"
 TRAINER_DEFAULTS = {"default_root_dir": "logs", "max_epochs": 12}
+PROG = f"python -m {__package__}"
+DESCRIPTION = "DDP image classification: fit, validate, test and predict (each with --help)."
+DESCRIPTION += " `new DEST` generates a new project from this template (new --help)."  # scaffold-only
 
 # Every callback a run gets, in the order Lightning calls them (it moves checkpoint callbacks last).
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
@@ -77,6 +101,8 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     "preemption": (PreemptionCheckpoint, {}),
     "nan_guard": (NanGuard, {}),
     "fault_monitor": (FaultMonitor, {}),
+    # bad data found in setup: the run directory Lightning made before it goes too
+    "failed_run_cleanup": (RemoveFailedRunDir, {}),
     # data: unreadable image files, gathered over the ranks and reported once per epoch
     "skipped_images": (SkippedImagesReport, {}),
     # the TensorBoard dashboard and the console line (EpochSummary reads what Throughput logs)
@@ -87,8 +113,12 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     "confusion_matrix": (ConfusionMatrix, {}),
     "run_info": (RunInfo, {}),
     "epoch_summary": (EpochSummary, {}),
+    "progress_bar": (ProgressBar, {}),
+    "model_summary": (ModelSummary, {}),
     # no full garbage collection stalls the ranks during training
     "gc_freeze": (FreezeGC, {}),
+    # predict: predictions.csv in the run directory, one row per image, the same on any device count
+    "predictions": (PredictionWriter, {}),
     # the best epoch by val/acc, and last.ckpt: always the newest state, which --ckpt_path=last resumes
     "checkpoint": (
         ModelCheckpoint,
@@ -109,7 +139,25 @@ def _class_path(cls: type) -> str:
     return f"{module}.{cls.__name__}"
 
 
+OFF_SWITCHES = {
+    "enable_checkpointing": ModelCheckpoint,
+    "enable_progress_bar": ProgressBar,
+    "enable_model_summary": ModelSummary,
+}
+
+
 class LitDDPCLI(LightningCLI):
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        main_kwargs = {"prog": PROG, "description": DESCRIPTION, **main_kwargs}
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        # A typo must not change what runs (jsonargparse would expand --trainer.max_epoch), and errors
+        # come back to parse_arguments as exceptions, to be reported in one line instead of the usage.
+        parser = super().init_parser(**{"allow_abbrev": False, "exit_on_error": False, **kwargs})
+        self._parsers = [*getattr(self, "_parsers", []), parser]
+        return parser
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model": {"class_path": DEFAULT_MODEL}, "data": {"class_path": DEFAULT_DATA}})
         # The data decides the number of classes: a 3-class folder needs no --model.num_classes.
@@ -128,10 +176,29 @@ class LitDDPCLI(LightningCLI):
         return config[self.subcommand] if self.subcommand else config
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            argv = (
+                [str(a) for a in (sys.argv[1:] if args is None else args)]
+                if not isinstance(args, dict)
+                else []
+            )
+            keys = {key for p in self._parsers for key in p.get_defaults().keys()}
+            raise UserError(explain(str(err), argv, keys, PROG)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
-        check_ckpt_file(self.config[subcommand].get("ckpt_path") if subcommand else None)
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if check_ckpt_file(ckpt_path):
+            # ...and they replace the model settings given here: say so, naming each one.
+            chosen = self.config[subcommand]["model"]
+            default_class = parser.parse_args([subcommand])[subcommand]["model"]["class_path"]
+            defaults = parser.parse_args([subcommand, f"--model={chosen['class_path']}"])[subcommand]["model"]
+            overridden = checkpoint_model_overrides(
+                chosen.as_dict(), defaults.as_dict(), default_class, ckpt_path
+            )
+            if overridden:
+                rank_zero_info(f"lit_ddp: note: {overridden}")
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
@@ -146,12 +213,16 @@ class LitDDPCLI(LightningCLI):
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         ours = [config.get(key) for key in CALLBACKS]
-        if trainer_config.get("enable_checkpointing") is False:
-            ours = [c for c in ours if not isinstance(c, ModelCheckpoint)]
+        # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
+        # a progress bar callback with enable_progress_bar=false).
+        for flag, kind in OFF_SWITCHES.items():
+            if trainer_config.get(flag) is False:
+                ours = [c for c in ours if not isinstance(c, kind)]
         kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
         if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
+        check_writable(trainer_config.get("default_root_dir") or os.getcwd())
         if trainer_config.get("logger") in (None, True):
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
             # TensorBoard would show instead of RunInfo's, with the real validation metrics.
@@ -165,6 +236,13 @@ class LitDDPCLI(LightningCLI):
         return trainer
 
     def _before_run(self) -> None:
+        if self.subcommand != "fit":
+            # Evaluating a checkpoint in a new run directory is what validate/test/predict do: the best-k
+            # bookkeeping that ModelCheckpoint then does not restore is only used when training.
+            warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+            # Callback states in a checkpoint matter to fit only (an EMA checkpoint's state_dict already
+            # holds the averaged weights): Lightning's advice to pass those callbacks again does not apply.
+            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used")
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
         check_launcher_world(self.trainer)
@@ -183,6 +261,9 @@ def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitD
         subclass_mode_model=True,
         subclass_mode_data=True,
         seed_everything_default=0,
+        # The models build their optimizer and schedule from --model.optim.* (no-decay groups, warmup,
+        # scaled lr): a generic --optimizer would silently replace all of that.
+        auto_configure_optimizers=False,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
         args=args,
@@ -205,7 +286,7 @@ def _user_error(exc: BaseException | None) -> BaseException | None:
 
 def main(args: list[str] | None = None) -> None:
     skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
-    argv = sys.argv[1:] if args is None else args
+    argv = sys.argv[1:] if args is None else args  # scaffold-only
     if argv[:1] == ["new"]:  # scaffold-only: `new` is not a Lightning subcommand
         from lit_ddp.scaffold.new import main as new_project  # scaffold-only
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
 
@@ -59,10 +59,96 @@ def test_print_config_shows_the_embedded_default(tmp_path: Path) -> None:
     assert "lit_ddp.models.LeNetCIFAR" in result.stdout and "lit_ddp.data.ShapesDataModule" in result.stdout
 
 
-def test_unknown_config_key_is_rejected(tmp_path: Path) -> None:
-    result = run_cli(["fit", "--model.no_such_option=3"], cwd=tmp_path, timeout=120)
-    assert result.returncode != 0 and "no_such_option" in result.stderr
+def test_a_mistyped_option_is_one_line_naming_the_closest_option(tmp_path: Path) -> None:
+    result = run_cli(["fit", "--model.optim.lrr=3"], cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "lit_ddp: error: unknown option --model.optim.lrr: did you mean --model.optim.lr?"
+    )
+    assert "usage" not in result.stderr and "__main__" not in result.stderr
     assert not (tmp_path / "logs").exists()
+
+
+TYPO_YAML = "trainer:\n  max_epochz: 1\n"
+BROKEN_YAML = "trainer:\n  max_epochs: [1\n"
+MODEL_TYPO_YAML = "model:\n  class_path: LeNetCIFAR\n  init_args:\n    lrr: 3\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "files", "line"),
+    [
+        (
+            ["--trainer.max_epochz=1"],
+            {},
+            "unknown option --trainer.max_epochz: did you mean --trainer.max_epochs?",
+        ),
+        # An abbreviation is refused, not expanded: a typo must not change what runs.
+        (
+            ["--trainer.max_epoch=1"],
+            {},
+            "unknown option --trainer.max_epoch: did you mean --trainer.max_epochs?",
+        ),
+        (["--trainer.max_epochs=abc"], {}, "--trainer.max_epochs=abc: expected an integer or null"),
+        (["--model=LeNetCifar"], {}, "--model=LeNetCifar: no such model class: did you mean LeNetCIFAR?"),
+        (
+            ["--model.optim.name=sgdd"],
+            {},
+            "--model.optim.name=sgdd: expected one of sgd, adam, adamw (did you mean sgd?)",
+        ),
+        (["--model.optim.lr=x"], {}, "--model.optim.lr=x: expected a number"),
+        (
+            ["--optimizer=SGD"],
+            {},
+            "there is no --optimizer: the models build their optimizer from --model.optim.*",
+        ),
+        (["--trainer.devices=0"], {}, "--trainer.devices=0 asks for no device: pass a count"),
+        (
+            ["--trainer.default_root_dir=a_file/logs"],
+            {"a_file": ""},
+            "--trainer.default_root_dir=a_file/logs cannot be",
+        ),
+        (["--config", "nofile.yaml"], {}, "--config: no such file"),
+        (
+            ["--config", "typo.yaml"],
+            {"typo.yaml": TYPO_YAML},
+            "typo.yaml, line 2: unknown key trainer.max_epochz: did you mean trainer.max_epochs?",
+        ),
+        (["--config", "m.yaml"], {"m.yaml": MODEL_TYPO_YAML}, "m.yaml, line 4: unknown key model.lrr"),
+        (
+            ["--config", "bad.yaml"],
+            {"bad.yaml": BROKEN_YAML},
+            "bad.yaml, line 2, column 15: not valid YAML (while parsing a flow sequence",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option_or_file_and_the_fix(
+    tmp_path: Path, monkeypatch, capsys, args: list[str], files: dict[str, str], line: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"lit_ddp: error: {line}"), err[0]
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["fiit"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "lit_ddp: error: unknown command 'fiit': did you mean fit?"
+        " (the commands are fit, validate, test, predict"
+    )
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and out.startswith("usage: python -m lit_ddp ")
+    assert "fit,validate,test,predict" in out
+    assert "`new DEST` generates a new project" in " ".join(out.split())  # scaffold-only
 
 
 @pytest.mark.slow
@@ -168,12 +254,13 @@ def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(
     from lit_ddp.cli import CALLBACKS
 
     root = f"--trainer.default_root_dir={tmp_path}"
-    default = build_cli([*QUICK, root], run=False).trainer.callbacks
+    args = [*TINY_SHAPES, root]  # with the progress bar (QUICK turns it off)
+    default = build_cli(args, run=False).trainer.callbacks
     ours = [type(c) for c in default if type(c) in {cls for cls, _ in CALLBACKS.values()}]
     # Lightning moves checkpoint callbacks last; the rest keep the list's order.
     assert ours == [cls for cls, _ in CALLBACKS.values()]
     for key, (cls, _) in CALLBACKS.items():
-        callbacks = build_cli([*QUICK, root, f"--{key}=null"], run=False).trainer.callbacks
+        callbacks = build_cli([*args, f"--{key}=null"], run=False).trainer.callbacks
         assert sum(type(c) is cls for c in callbacks) == ours.count(cls) - 1, key
 
 
@@ -278,3 +365,47 @@ def test_step_loss_is_written_on_the_steps_lightning_writes_and_can_be_turned_of
     assert all(0 < v < 10 for v in scalars["train/loss_step"])
     build_cli(["fit", *args, "--step_loss=null", f"--trainer.default_root_dir={tmp_path / 'off'}"])
     assert "train/loss_step" not in read_scalars(assert_single_run(tmp_path / "off"))
+
+
+def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Path) -> None:
+    fit = run_cli(["fit", *TINY_SHAPES, "--trainer.max_epochs=1"], cwd=tmp_path, timeout=180)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    validate = run_cli(["validate", *TINY_SHAPES, "--ckpt_path=last"], cwd=tmp_path, timeout=180)
+    assert validate.returncode == 0, validate.stderr[-2000:]
+    console = fit.stdout + fit.stderr + validate.stdout + validate.stderr
+    # Kept: the bar, counting epochs as the summary line does; the global batch; the epoch summary.
+    assert "Epoch 1/1" in console and "global batch = 32 per device" in console
+    assert "epoch 1/1 | train loss" in console
+    assert "62.0 K trainable parameters, 0 frozen" in console
+    for noise in (
+        "litlogger",
+        "LeafSpec",
+        "FLOPs",
+        "Modules in train mode",
+        "v_num",
+        "Epoch 0/0",
+        "dirpath has",
+    ):
+        assert noise not in console, noise
+
+
+def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
+    tmp_path: Path, capsys, caplog
+) -> None:
+    build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    evaluate = ["validate", *QUICK, f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={ckpt}"]
+    with pytest.raises(SystemExit) as stop:  # another class cannot load these weights
+        main([*evaluate, "--model=ResNetImageNet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err == [
+        f"lit_ddp: error: --model=ResNetImageNet, but {ckpt} holds a LeNetCIFAR: leave --model out (the"
+        " checkpoint decides the model) or pass a ResNetImageNet checkpoint"
+    ]
+    with caplog.at_level("INFO"):
+        cli = build_cli([*evaluate, "--model.batch_norm=true", "--model.optim.lr=0.1"])
+    assert cli.model.hparams.batch_norm is False  # the checkpoint's value, which its weights need
+    assert (
+        f"lit_ddp: note: {ckpt} keeps the model settings it was trained with, over --model.batch_norm=True"
+        " (the checkpoint's: False), --model.optim.lr=0.1 (the checkpoint's: 0.003)"
+    ) in caplog.messages

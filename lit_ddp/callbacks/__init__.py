@@ -1,12 +1,16 @@
-"""The TensorBoard dashboard and the console summary: plain callbacks on Lightning's public API.
+"""The TensorBoard dashboard, the console (progress bar, model and epoch summaries) and predictions.csv:
+plain callbacks on Lightning's public API.
 
 Which of them a ``python -m lit_ddp`` run gets, and in which order, is declared in one list in
 lit_ddp/cli.py (``CALLBACKS``).
 """
 
 from lit_ddp.callbacks.confusion import ConfusionMatrix
+from lit_ddp.callbacks.console import ModelSummary, ProgressBar
+from lit_ddp.callbacks.ema import EMA
 from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
+from lit_ddp.callbacks.predictions import PredictionWriter
 from lit_ddp.callbacks.run_info import RunInfo
 from lit_ddp.callbacks.skipped_images import SkippedImagesReport
 from lit_ddp.callbacks.step_loss import StepLoss
@@ -15,8 +19,12 @@ from lit_ddp.callbacks.throughput import Throughput
 
 __all__ = [
     "ConfusionMatrix",
+    "EMA",
     "EpochSummary",
     "LearningRateMonitor",
+    "ModelSummary",
+    "PredictionWriter",
+    "ProgressBar",
     "RunInfo",
     "SkippedImagesReport",
     "StepLoss",

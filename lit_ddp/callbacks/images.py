@@ -35,7 +35,8 @@ class TrainBatchImages(Callback):
         writer = tensorboard_writer(trainer)
         if writer is None or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return
-        x, y = batch[0][: self.max_images].detach(), batch[1][: self.max_images].tolist()
+        x, y = batch[0][: self.max_images].detach(), batch[1][: self.max_images]
+        y = (y.argmax(dim=-1) if y.ndim == 2 else y).tolist()  # MixUp/CutMix targets: the dominant label
         dm = trainer.datamodule
         mean, std = getattr(dm, "mean", None), getattr(dm, "std", None)
         if mean is not None and std is not None and x.is_floating_point():

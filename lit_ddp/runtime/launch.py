@@ -11,7 +11,9 @@
 """
 
 import socket
+import tempfile
 from datetime import timedelta
+from pathlib import Path
 
 from lightning import Trainer
 from lightning.fabric.plugins.environments import (
@@ -87,9 +89,15 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
 
 
 def check_devices_exist(accelerator, devices) -> None:
-    """UserError when GPUs are asked for and there are fewer (Lightning: 'No supported gpu backend')."""
+    """UserError when no device or more GPUs than there are are asked for (Lightning's messages are
+    `Trainer(devices='0') value is not a valid input` and 'No supported gpu backend')."""
     import torch
 
+    if str(devices).strip() in ("0", "[]", ""):
+        raise UserError(
+            f"--trainer.devices={devices} asks for no device: pass a count (--trainer.devices=2),"
+            " -1 or auto for all of them, or a list of indices (--trainer.devices=[0,1])"
+        )
     if str(accelerator) not in ("gpu", "cuda"):
         return
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -105,3 +113,24 @@ def check_devices_exist(accelerator, devices) -> None:
             else f"--trainer.accelerator={accelerator}, but this machine has no CUDA GPU: pass"
             " --trainer.accelerator=cpu (with --trainer.devices=N for N processes) or run on a GPU node"
         )
+
+
+def check_writable(root_dir: str) -> None:
+    """UserError, before any process starts, when the run directory cannot be written (not an OSError
+    traceback from the first checkpoint or event file, possibly hours into the run). Creates nothing: the
+    nearest existing folder on the way is probed, since a run that fails next must leave no folder."""
+    if "://" in str(root_dir):  # remote filesystems (s3://, gs://) check their own permissions
+        return
+    existing = Path(root_dir).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise UserError(
+            f"--trainer.default_root_dir={root_dir} cannot be written ({err.strerror or err}): pass a"
+            " directory you can write to"
+        ) from None

@@ -98,16 +98,60 @@ def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> No
     )
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def checkpoint_model_overrides(
+    chosen: dict, defaults: dict, default_class: str, ckpt_path: str
+) -> str | None:
+    """A line naming the model settings the user chose that the checkpoint replaces, or None.
+
+    LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
+    command line and config files: the checkpoint's values win (they shaped its weights and optimizer
+    state), silently. ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and
+    ``default_class`` the model class when no --model is given.
+    A model class other than the checkpoint's, chosen explicitly, is an error: it cannot load those weights.
+    """
+    hparams = load_checkpoint_file(ckpt_path, mmap=True).get("hyper_parameters") or {}
+    saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
+    if saved_class and chosen_class not in (saved_class, default_class):
+        short, saved = chosen_class.rsplit(".", 1)[-1], saved_class.rsplit(".", 1)[-1]
+        raise UserError(
+            f"--model={short}, but {ckpt_path} holds a {saved}: leave --model out (the checkpoint decides"
+            f" the model) or pass a {short} checkpoint"
+        )
+    given, default = _flat(chosen.get("init_args") or {}), _flat(defaults.get("init_args") or {})
+    saved = _flat({k: v for k, v in hparams.items() if not k.startswith("_")})
+    replaced = [
+        f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
+        for key in given
+        if key in saved and given[key] != default.get(key) and given[key] != saved[key]
+    ]
+    if not replaced:
+        return None
+    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}"
+
+
 def _hparams_summary(checkpoint: dict) -> str:
     hparams = checkpoint.get("hyper_parameters", {})
     shown = {k: v for k, v in hparams.items() if not k.startswith("_") and not isinstance(v, dict)}
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
 
 
-def check_ckpt_file(ckpt_path: str | None) -> None:
-    """UserError unless an explicit ``ckpt_path`` file loads (safely); special values and None pass."""
+def check_ckpt_file(ckpt_path: str | None) -> bool:
+    """UserError unless an explicit ``ckpt_path`` file loads (safely); special values and None pass.
+    True when it is a local file (which LightningCLI reads hyperparameters from)."""
     if ckpt_path and ckpt_path not in SPECIAL and "://" not in str(ckpt_path):
         load_checkpoint_file(ckpt_path, mmap=True)
+        return True
+    return False
 
 
 def prepare_ckpt_path(
@@ -128,8 +172,9 @@ def prepare_ckpt_path(
             )
         if found is None:
             return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
-        _pin_logger_version(trainer, found.parent.parent)
-        rank_zero_info(f"resuming from {found}")
+        if subcommand == "fit":  # a resumed run goes on in its own directory; an evaluation gets a new one
+            _pin_logger_version(trainer, found.parent.parent)
+        rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         ckpt_path = str(found)
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path

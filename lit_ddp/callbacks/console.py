@@ -1,0 +1,77 @@
+"""The console besides the one-line epoch summary: a progress bar and a model summary without what reads
+as a bug to a user.
+
+Lightning's bar counts epochs from 0 to max_epochs - 1 (``Epoch 0/0`` for a one-epoch run, whose summary
+line says ``epoch 1/1``) and shows the logger's version as ``v_num: 0.000``; its model summary has a FLOPs
+column of zeros (Lightning counts FLOPs only with an example input) and counts modules in train and eval
+mode, torchmetrics' metric objects included. Users cannot act on any of that.
+"""
+
+import importlib.util
+
+from lightning import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
+
+
+def epoch_description(trainer: Trainer) -> str:
+    """``Epoch 3/12``: counted from 1, as the epoch summary line counts."""
+    total = f"/{trainer.max_epochs}" if trainer.max_epochs not in (None, -1) else ""
+    return f"Epoch {trainer.current_epoch + 1}{total}"
+
+
+def _without_version(metrics: dict) -> dict:
+    metrics.pop("v_num", None)  # the run directory's version_N, already in the path the run prints
+    return metrics
+
+
+class RichBar(RichProgressBar):
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        return _without_version(super().get_metrics(trainer, pl_module))
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if self.progress is not None and self.train_progress_bar_id is not None:
+            self.progress.update(self.train_progress_bar_id, description=epoch_description(trainer))
+
+
+class TQDMBar(TQDMProgressBar):
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
+        return _without_version(super().get_metrics(trainer, pl_module))
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        self.train_progress_bar.set_description(epoch_description(trainer))
+
+
+# Lightning's own choice: rich where it is installed, tqdm (a dependency of Lightning) otherwise.
+ProgressBar = RichBar if importlib.util.find_spec("rich") is not None else TQDMBar
+
+
+class ModelSummary(LightningModelSummary):
+    """The modules that hold parameters, their type and size, and the totals; printed once, by rank 0."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs,
+    ) -> None:
+        columns = dict(summary_data)
+        names = [name for name in ("Name", "Type", "Params", "In sizes", "Out sizes") if name in columns]
+        # Metric objects and parameter-free modules have 0 parameters: rows the user has nothing to read in.
+        kept = [i for i, params in enumerate(columns["Params"]) if params.strip() != "0"]
+        rows = [names, *([columns[name][i] for name in names] for i in kept)]
+        widths = [max(len(str(row[c])) for row in rows) for c in range(len(names))]
+        lines = [" | ".join(f"{str(cell):<{w}}" for cell, w in zip(row, widths, strict=True)) for row in rows]
+        frozen = total_parameters - trainable_parameters
+        count = lambda n: get_human_readable_count(n).strip()  # noqa: E731 - pads to a column width
+        lines.append(
+            f"{count(trainable_parameters)} trainable parameters, {count(frozen)} frozen, {model_size:.2f} MB"
+        )
+        print("\n".join(lines))

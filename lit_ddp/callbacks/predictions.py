@@ -1,0 +1,118 @@
+"""``predictions.csv``: one row per image that ``python -m lit_ddp predict`` saw, in the run directory.
+
+Exactly once per image and in the same order on any number of processes: the predict loader shards without
+padding (data/samplers.py) and its batches carry each sample's index (data/base.py); every rank keeps the
+top-k of its own samples, one gather (run by every rank, in the same hook) brings them together, and rank 0
+sorts the rows by index and writes the file atomically.
+
+A plain Callback rather than Lightning's ``BasePredictionWriter``: that class's epoch-end writer receives
+every batch's whole output, which Lightning then holds (N × num_classes probabilities, also under spawn),
+and ``batch_indices`` from the sampler, which no longer match the rows once an unreadable file is left out
+of its batch. Here each batch keeps its top-k only, and the indices come with the outputs.
+"""
+
+import csv
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from lightning import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from lit_ddp.data.image_folder import ImageFileDataset
+
+KEYS = ("index", "probs", "classes", "target")
+
+
+class PredictionWriter(Callback):
+    """Writes ``filename`` in the run directory (the logger's ``log_dir``, beside its config.yaml)::
+
+        index,path,prediction,probability,top5,label
+        0,new/cat.jpg,disc,0.9123,disc 0.9123; ring 0.0512; ...,
+
+    ``path`` only where the images are files; ``top5`` holds the k = min(top_k, num classes) most probable
+    classes, most probable first; ``label`` is empty for unlabelled images (``--data.predict_dir``).
+
+    Reads ``index``, ``probs`` and ``target`` from each ``predict_step`` output, and from the data module
+    ``class_names``, ``predict_set`` (for the file paths) and ``predict_source`` (for the report line).
+    """
+
+    def __init__(self, filename: str = "predictions.csv", top_k: int = 5) -> None:
+        self.filename = filename
+        self.top_k = top_k
+        self._batches: list[dict[str, Tensor]] = []
+
+    def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._batches = []
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int, dataloader_idx=0
+    ) -> None:
+        # Kept on the device until the epoch ends (no sync per batch), k values per sample, not num_classes.
+        probs = outputs["probs"].detach()
+        top_p, top_i = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)
+        index, target = outputs["index"], outputs["target"]
+        self._batches.append({"index": index, "probs": top_p, "classes": top_i, "target": target})
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        batches, self._batches = self._batches, []
+        local = {key: torch.cat([b[key] for b in batches]).cpu() for key in KEYS} if batches else None
+        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank asks
+        parts = [local]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, local)
+        parts = [p for p in parts if p is not None]
+        if not trainer.is_global_zero or not parts:
+            return
+        rows = {key: torch.cat([p[key] for p in parts]) for key in KEYS}
+        order = rows["index"].argsort(stable=True)
+        rows = {key: value[order] for key, value in rows.items()}
+        dm = trainer.datamodule
+        path = Path(log_dir or ".") / self.filename
+        count = self._write(path, rows, dm)
+        report = f"predictions: {count} row{'' if count == 1 else 's'}"
+        if source := getattr(dm, "predict_source", None):
+            report += f" ({source})"
+        report += f" → {path}"
+        dataset = getattr(dm, "predict_set", None)
+        if dataset is not None and count < len(dataset):
+            missing = sorted(set(range(len(dataset))) - set(rows["index"].tolist()))
+            report += f"; {len(missing)} unreadable image(s) left out: {self._names(missing, dataset)}"
+        pl_module.print(report)  # rank 0 only
+
+    def _write(self, path: Path, rows: dict[str, Tensor], datamodule) -> int:
+        """Writes the CSV via a temporary file and a rename: a reader never sees half a file. Returns the
+        number of rows: one per sample index (a padding sampler's repeats are left out)."""
+        paths = self._paths(getattr(datamodule, "predict_set", None))
+        names = list(getattr(datamodule, "class_names", ()))
+        name = lambda c: names[c] if c < len(names) else str(c)  # noqa: E731 - a data module without names
+        k = rows["classes"].shape[1]
+        header = ["index", *(["path"] if paths else []), "prediction", "probability", f"top{k}", "label"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        count, last = 0, None
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            for index, probs, classes, target in zip(*(rows[key].tolist() for key in KEYS), strict=True):
+                if index == last:
+                    continue
+                last, count = index, count + 1
+                top = "; ".join(f"{name(c)} {p:.4f}" for c, p in zip(classes, probs, strict=True))
+                label = name(target) if target >= 0 else ""
+                file = [paths[index]] if paths else []
+                writer.writerow([index, *file, name(classes[0]), f"{probs[0]:.4f}", top, label])
+        os.replace(tmp, path)
+        return count
+
+    @staticmethod
+    def _paths(dataset) -> list[str] | None:
+        return [p for p, _ in dataset.samples] if isinstance(dataset, ImageFileDataset) else None
+
+    def _names(self, indices: list[int], dataset, shown: int = 5) -> str:
+        paths = self._paths(dataset)
+        named = [paths[i] if paths else f"index {i}" for i in indices[:shown]]
+        more = len(indices) - shown
+        return ", ".join(named) + (f" and {more} more" if more > 0 else "")

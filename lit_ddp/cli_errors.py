@@ -1,0 +1,209 @@
+"""One line for each way a command line or a config file can be wrong.
+
+jsonargparse reports a mistyped option with 70 lines of usage, a wrong type with the union's internals and
+invalid YAML as ``"<unicode string>", line 2``. A user needs the option (or the file and line), what it
+expects, and the closest valid name: ``explain`` turns jsonargparse's message into that line.
+"""
+
+import difflib
+import importlib
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from lit_ddp.data import ImageDataModule
+from lit_ddp.models import ImageClassifier
+
+COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict")
+COMMANDS += ("new",)  # scaffold-only
+# The options whose value is a class chosen by short name.
+CLASS_OPTIONS = {"model": ImageClassifier, "data": ImageDataModule}
+# Options that other LightningCLI programs have and lit_ddp leaves out on purpose.
+NOT_OPTIONS = {
+    "optimizer": "the models build their optimizer from --model.optim.* (name, lr, weight_decay, momentum)",
+    "lr_scheduler": "the models build their schedule from --model.optim.* (schedule, warmup_epochs)",
+}
+TYPE_NAMES = {
+    "NoneType": "null",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "text",
+}
+
+
+def explain(message: str, argv: list[str], option_keys: Iterable[str], prog: str) -> str:
+    """``message`` (jsonargparse's) as one line naming the option or file and line, and the fix."""
+    message = message.strip()
+    rules = (
+        _invalid_yaml,
+        _missing_file,
+        _unknown_command,
+        _unknown_class_option,
+        _unknown_option,
+        _wrong_value,
+    )
+    for rule in rules:
+        line = rule(message, argv, set(option_keys), prog)
+        if line:
+            return line
+    first = next(line.strip() for line in message.splitlines() if line.strip())
+    return f"{first} (see {prog} {_command(argv)} --help)"
+
+
+def _command(argv: list[str]) -> str:
+    return next((arg for arg in argv if arg in COMMANDS), "fit")
+
+
+def _config_files(argv: list[str]) -> list[Path]:
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "--config") and i + 1 < len(argv):
+            files.append(Path(argv[i + 1]))
+        elif arg.startswith("--config="):
+            files.append(Path(arg.partition("=")[2]))
+    return [f for f in files if f.is_file()]
+
+
+def _where(key: str, argv: list[str]) -> str:
+    """``FILE, line N: `` where a config file on the command line sets ``key``, else ``--key``'s spelling."""
+    if any(arg == f"--{key}" or arg.startswith(f"--{key}=") for arg in argv):
+        return ""
+    leaf = re.escape(key.rsplit(".", 1)[-1])
+    for path in _config_files(argv):
+        for number, text in enumerate(path.read_text().splitlines(), start=1):
+            if re.match(rf"\s*{leaf}\s*:", text):
+                return f"{path}, line {number}: "
+    return ""
+
+
+def _closest(name: str, candidates: Iterable[str]) -> str:
+    candidates = sorted(set(candidates))
+    # An abbreviation is not expanded (a typo must not change what runs), but it is the likeliest meaning.
+    longer = [c for c in candidates if c.startswith(name)]
+    match = longer if len(longer) == 1 else difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return match[0] if match else ""
+
+
+def _class_keys(class_path: str) -> set[str]:
+    module, _, name = class_path.rpartition(".")
+    parser = ArgumentParser()
+    parser.add_class_arguments(getattr(importlib.import_module(module), name), fail_untyped=False)
+    return set(parser.get_defaults().keys())
+
+
+def _subclass_names(base: type) -> list[str]:
+    names, stack = [], list(base.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        names.append(cls.__name__)
+        stack += cls.__subclasses__()
+    return sorted(names)
+
+
+def _unknown(key: str, candidates: Iterable[str], argv: list[str], prog: str) -> str:
+    where = _where(key, argv)
+    if key.split(".")[0] in NOT_OPTIONS:
+        return f"{where}there is no --{key}: {NOT_OPTIONS[key.split('.')[0]]}"
+    what = f"unknown key {key}" if where else f"unknown option --{key}"
+    match = _closest(key, candidates)
+    if match:
+        return f"{where}{what}: did you mean {'' if where else '--'}{match}?"
+    return f"{where}{what}: see {prog} {_command(argv)} --help for the options"
+
+
+def _invalid_yaml(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    if not message.startswith("Problems parsing config"):
+        return None
+    for path in _config_files(argv):
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            # The context mark is where the broken construct starts (an unclosed `[`), the problem mark
+            # where the parser noticed (often the end of the file).
+            mark = getattr(err, "context_mark", None) or getattr(err, "problem_mark", None)
+            at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            what = ": ".join(filter(None, (getattr(err, "context", None), getattr(err, "problem", None))))
+            return f"{path}{at}: not valid YAML ({what or err}): fix the file"
+    return f"a value is not valid YAML ({message.splitlines()[0].partition(': ')[2]})"
+
+
+def _missing_file(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    found = re.search(r'Parser key "([\w.]+)":\s*File does not exist: (.+)', message)
+    if not found:
+        return None
+    return f"--{found.group(1)}: no such file {found.group(2).strip()}: check the path"
+
+
+def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    found = re.search(r"invalid choice: '([^']*)'", message)
+    if not found:
+        return None
+    match = _closest(found.group(1), COMMANDS)
+    hint = f": did you mean {match}?" if match else ""
+    return f"unknown command {found.group(1)!r}{hint} (the commands are {', '.join(COMMANDS)})"
+
+
+def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    # `--model.lrr=3` or a YAML `model: init_args: lrr:` fails inside the model class's own parser.
+    owner = re.search(r'Parser key "([\w.]+)"', message)
+    class_path = re.search(r"Problem with given class_path '([\w.]+)'", message)
+    inner = re.search(r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)", message)
+    if not (owner and class_path and inner):
+        return None
+    prefix = owner.group(1)
+    key = f"{prefix}.{inner.group(1) or inner.group(2)}"
+    return _unknown(key, (f"{prefix}.{k}" for k in _class_keys(class_path.group(1))), argv, prog)
+
+
+def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    found = re.search(r"unrecognized arguments: (\S+)", message)
+    if found:
+        return _unknown(found.group(1).partition("=")[0].lstrip("-"), keys, argv, prog)
+    found = re.search(r"does not accept option '([\w.]+)'", message)
+    if found:
+        return _unknown(found.group(1), keys, argv, prog)
+    return None
+
+
+def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    keys = re.findall(r'Parser key "([\w.]+)"', message)
+    value = re.search(r"(?:Given value|Got value): (.*)", message)
+    if not (keys and value):
+        return None
+    # `--model.optim.lr=x` fails inside the model's parser: its key is the model's key plus its own, and
+    # only the inner part of the message is about it (the outer union adds its own `Expected NoneType`).
+    nested = len(keys) > 1 and "Problem with given class_path" in message
+    key, value = (f"{keys[0]}.{keys[-1]}" if nested else keys[0]), value.group(1).strip()
+    if nested:
+        message = message[message.rfind(f'Parser key "{keys[-1]}"') :]
+        message = message[: re.search(r"Given value|Got value", message).start()]
+    where = _where(key, argv)
+    setting = f"{key}: {value}" if where else f"--{key}={value}"
+    base = CLASS_OPTIONS.get(key)
+    if base is not None and "dot import path" in message:
+        names = _subclass_names(base)
+        match = _closest(value, names) or next((n for n in names if n.lower() == value.lower()), "")
+        hint = f": did you mean {match}?" if match else ""
+        return f"{where}{setting}: no such {key} class{hint} (the choices are {', '.join(names)})"
+    return f"{where}{setting}: expected {_expected(message, value)}"
+
+
+def _expected(message: str, value: str) -> str:
+    """What the message's `Expected a ...` lines allow: types, and the choices of Literal types."""
+    choices = [
+        c.strip(" '\"") for group in re.findall(r"Literal\[(.*?)\]", message) for c in group.split(",")
+    ]
+    types = [TYPE_NAMES.get(t, t) for t in re.findall(r"Expected a <class '(\w+)'>", message)]
+    allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
+    allowed += [t for t in dict.fromkeys(types) if t not in allowed]
+    match = _closest(value, choices)
+    hint = f" (did you mean {match}?)" if match and match != value else ""
+    return f"{' or '.join(allowed) or 'another value'}{hint}"
+
+
+# In order: the first that recognises the message words it.
+RULES = (_invalid_yaml, _missing_file, _unknown_command, _unknown_class_option, _unknown_option, _wrong_value)

@@ -1,0 +1,31 @@
+"""A run that stops on bad input before it has produced anything leaves no run directory behind.
+
+Lightning creates ``version_N`` (the TensorBoard writer, config.yaml) before the data module's ``setup``,
+where unreadable data or an impossible ``val_size`` are found. Left behind, that empty run takes a version
+number: the next run is ``version_1`` and the paths in README and in the user's notes stop being true.
+"""
+
+import shutil
+import time
+from pathlib import Path
+
+from lightning import Callback, LightningModule, Trainer
+
+from lit_ddp.errors import UserError
+
+
+class RemoveFailedRunDir(Callback):
+    """On a UserError, rank 0 deletes the run directory if this run created every file in it and no
+    checkpoint is among them: never a resumed run's directory, never a file from before this run."""
+
+    def __init__(self) -> None:
+        self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, UserError) or not trainer.is_global_zero or trainer.logger is None:
+            return
+        run_dir = Path(trainer.logger.log_dir)
+        files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
+        if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):
+            return
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,176 @@
+"""The EMA preset (configs/presets/ema.yaml, lit_ddp/callbacks/ema.py): validation reports the averaged
+weights, checkpoints carry both weight sets, validate/test/predict use the average, a resumed 2-process run
+ends with the uninterrupted run's raw and averaged weights, and the average is the same on every rank."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_SHAPES, run_cli
+from lightning import Callback, LightningModule, Trainer
+
+from lit_ddp.callbacks import EMA
+from lit_ddp.cli import build_cli
+
+PRESET = str(REPO / "configs" / "presets" / "ema.yaml")
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+EMA_KEYS = ("current_model_state", "averaging_state")
+
+
+def only_ckpt(root: Path, name: str = "last.ckpt") -> Path:
+    (path,) = root.rglob(name)
+    return path
+
+
+def assert_equal_states(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+
+
+def val_metrics(root: Path, *args: str) -> dict[str, float]:
+    cli = build_cli(["validate", *TINY_SHAPES, *QUIET, f"--trainer.default_root_dir={root}", *args])
+    return {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k in ("val/loss", "val/acc")}
+
+
+def test_fit_validates_and_saves_the_average_and_evaluation_uses_it(tmp_path: Path) -> None:
+    fit = build_cli(
+        ["fit", "--config", PRESET, *TINY_SHAPES, *QUIET, "--trainer.max_epochs=2"]
+        + [f"--trainer.default_root_dir={tmp_path / 'fit'}"]
+    )
+    assert isinstance(fit.trainer.callbacks[0], EMA) and fit.trainer.callbacks[0].decay == 0.999
+    logged = {k: float(fit.trainer.callback_metrics[k]) for k in ("val/loss", "val/acc")}
+    path = only_ckpt(tmp_path / "fit")
+    ckpt = torch.load(path, weights_only=True)
+    average, raw = ckpt["state_dict"], ckpt["current_model_state"]
+    assert average.keys() == raw.keys() == fit.model.state_dict().keys()
+    assert any(not torch.equal(average[k], raw[k]) for k in average)
+    assert int(ckpt["averaging_state"]["n_averaged"]) == ckpt["global_step"] == 16  # one update per step
+    assert ckpt["callbacks"]["EMA"] == {"last_update_step": 16}
+    # After fit the module holds the average, as loading the checkpoint would give.
+    for key, value in fit.model.state_dict().items():
+        assert torch.equal(value, average[key]), key
+
+    # validate --ckpt_path scores state_dict, the average: the numbers fit logged for its last epoch. With
+    # the preset stacked too (users repeat their configs), the callback changes nothing outside fit.
+    assert val_metrics(tmp_path / "eval", f"--ckpt_path={path}") == pytest.approx(logged, abs=1e-6)
+    stacked = val_metrics(tmp_path / "eval", "--config", PRESET, f"--ckpt_path={path}")
+    assert stacked == pytest.approx(logged, abs=1e-6)
+    # The raw weights, scored the same way, give other numbers: fit did not validate them.
+    plain = {k: v for k, v in ckpt.items() if k not in EMA_KEYS} | {"state_dict": raw}
+    torch.save(plain, tmp_path / "raw.ckpt")
+    raw_metrics = val_metrics(tmp_path / "eval", f"--ckpt_path={tmp_path / 'raw.ckpt'}")
+    assert abs(raw_metrics["val/loss"] - logged["val/loss"]) > 1e-4
+
+
+class SaveMidValidation(Callback):
+    """Writes a checkpoint during the first validation after training began (as a stop signal there would)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        if not trainer.sanity_checking and not Path(self.path).exists():
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_checkpoint_written_during_validation_keeps_the_weight_sets_apart(tmp_path: Path) -> None:
+    """During validation the module holds the average: such a checkpoint must not store them swapped."""
+    mid = tmp_path / "mid.ckpt"
+    build_cli(
+        ["fit", "--config", PRESET, *TINY_SHAPES, *QUIET, "--trainer.max_epochs=1"]
+        + [f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=test_ema.SaveMidValidation"]
+        + [f"--trainer.callbacks.path={mid}"]
+    )
+    # No training step between that validation and last.ckpt, written after it.
+    got, want = (torch.load(p, weights_only=True) for p in (mid, only_ckpt(tmp_path)))
+    for key in ("state_dict", "current_model_state"):
+        assert_equal_states(got[key], want[key])
+
+
+def test_print_config_with_the_preset_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    def printed(*configs: str) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            build_cli(["fit", *(a for c in configs for a in ("--config", c)), "--print_config"])
+        assert exit_info.value.code in (None, 0)
+        return capsys.readouterr().out
+
+    first = printed(str(REPO / "configs" / "lenet_cifar.yaml"), PRESET)
+    assert "- class_path: lit_ddp.callbacks.EMA\n    init_args:\n      decay: 0.999\n" in first
+    assert "lit_ddp.data.CIFAR10DataModule" in first  # the recipe under the preset is kept
+    (tmp_path / "printed.yaml").write_text(first)
+    assert printed(str(tmp_path / "printed.yaml")) == first
+
+
+# ---- 2 processes: exact resume, one average on every rank -----------------------------------------------
+
+# BatchNorm: each rank's running statistics come from its own batches, the case where averages could differ
+# between ranks. 256 images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
+DDP = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=2"]
+DDP_FIT = ["fit", "--config", PRESET, *TINY_SHAPES, *QUIET, *DDP, "--model.batch_norm=true"]
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+
+
+class ValidatedWeights(Callback):
+    """Saves the weights each rank validates with, at each validation start (after EMA's, which swaps the
+    average in: it is listed first)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(pl_module.state_dict(), self.out_dir / f"rank{trainer.global_rank}.pt")
+
+
+def ddp_fit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = run_cli([*DDP_FIT, *args], cwd=cwd, env=ENV, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cwd = tmp_path_factory.mktemp("reference")
+    probe = ["--trainer.callbacks+=test_ema.ValidatedWeights", f"--trainer.callbacks.out_dir={cwd / 'val'}"]
+    ddp_fit(cwd, *probe)
+    return cwd
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_every_rank_validates_the_same_average(reference: Path) -> None:
+    ranks = [torch.load(reference / "val" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    ckpt = torch.load(only_ckpt(reference), weights_only=True)
+    assert any("running_mean" in k for k in ckpt["state_dict"])  # BatchNorm buffers are part of it
+    assert_equal_states(ranks[1], ranks[0])  # bit for bit, buffers included
+    assert_equal_states(ranks[0], ckpt["state_dict"])  # the last validation's weights are the saved average
+    assert any(not torch.equal(ranks[0][k], ckpt["current_model_state"][k]) for k in ranks[0])
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_weights(
+    tmp_path: Path, reference: Path
+) -> None:
+    # SIGTERM on rank 0 during batch 5 (epoch 1), checked every 2nd batch: every rank stops after step 7 with
+    # last.ckpt (tests/test_faults.py tests the mechanism); --ckpt_path=last runs steps 8 and on.
+    stop = ["--preemption.check_every_n_batches=2", "--trainer.callbacks+=fault_probe.Fault"]
+    stop += ["--trainer.callbacks.action=sigterm", "--trainer.callbacks.at_step=5"]
+    stopped = ddp_fit(tmp_path, *stop)
+    assert "stopped by SIGTERM at epoch 1, step 7" in stopped.stdout + stopped.stderr
+    ckpt = torch.load(only_ckpt(tmp_path), weights_only=True)
+    assert int(ckpt["averaging_state"]["n_averaged"]) == ckpt["callbacks"]["EMA"]["last_update_step"] == 7
+
+    ddp_fit(tmp_path, "--ckpt_path=last")
+    final, expected = (torch.load(only_ckpt(d), weights_only=True) for d in (tmp_path, reference))
+    assert final["global_step"] == expected["global_step"] == 8
+    for key in ("state_dict", "current_model_state", "averaging_state"):
+        assert_equal_states(final[key], expected[key])
+    assert final["callbacks"]["EMA"] == expected["callbacks"]["EMA"] == {"last_update_step": 8}

@@ -1,0 +1,122 @@
+"""`python -m lit_ddp predict`: predictions.csv, one row per image, the same rows on 1 and on 2 processes."""
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from PIL import Image
+
+from lit_ddp.cli import build_cli, main
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.data.shapes import CLASS_NAMES
+
+# 63 test images: two processes get 32 and 31, so a padding sampler would repeat one.
+DATA = ["--data.train_size=64", "--data.val_size=16", "--data.test_size=63", "--data.batch_size=16"]
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A checkpoint one 4-step epoch away from the seeded start: enough to make predictions differ."""
+    root = tmp_path_factory.mktemp("fit")
+    args = ["--trainer.max_epochs=1", "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={root}"]
+    build_cli(["fit", *DATA, *QUIET, *args])
+    return next(root.rglob("last.ckpt"))
+
+
+def predict(ckpt: Path, root: Path, *args: str) -> list[dict[str, str]]:
+    build_cli(["predict", *DATA, *QUIET, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={root}", *args])
+    return read_rows(root)
+
+
+def read_rows(root: Path) -> list[dict[str, str]]:
+    (path,) = root.rglob("predictions.csv")
+    assert not list(path.parent.glob(".*.tmp"))  # the temporary file was renamed, not left behind
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def top_k(row: dict[str, str]) -> list[tuple[str, float]]:
+    pairs = [entry.rsplit(" ", 1) for entry in row["top5"].split("; ")]
+    return [(name, float(p)) for name, p in pairs]
+
+
+def test_predict_writes_one_row_per_test_image(ckpt: Path, tmp_path: Path, capsys) -> None:
+    rows = predict(ckpt, tmp_path)
+    out = capsys.readouterr().out
+    assert list(rows[0]) == ["index", "prediction", "probability", "top5", "label"]  # no files: no path
+    assert [int(r["index"]) for r in rows] == list(range(63))
+    data = ShapesDataModule(train_size=64, val_size=16, test_size=63)  # DATA's seeded test split
+    data.setup("test")
+    assert [r["label"] for r in rows] == [CLASS_NAMES[y] for y in data.test_set.labels]
+    for row in rows:
+        top = top_k(row)
+        probs = [p for _, p in top]
+        assert len(top) == 5 and len({name for name, _ in top}) == 5
+        assert (row["prediction"], float(row["probability"])) == top[0]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 5e-4
+    csv_path = next(tmp_path.rglob("predictions.csv"))
+    assert (csv_path.parent / "config.yaml").is_file()  # the run directory, beside the run's config
+    assert out.count("predictions: 63 rows (test split) → ") == 1 and str(csv_path) in out
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_two_processes_write_the_same_rows_in_the_same_order(ckpt: Path, tmp_path: Path) -> None:
+    one = predict(ckpt, tmp_path / "one")
+    ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    result = run_cli(["predict", *DATA, *QUIET, f"--ckpt_path={ckpt}", *ddp], cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    two = read_rows(tmp_path / "logs")
+    assert [r["index"] for r in two] == [r["index"] for r in one]  # 63 rows, once each, in order
+    for a, b in zip(one, two, strict=True):
+        assert (a["prediction"], a["label"]) == (b["prediction"], b["label"])
+        # Other batch compositions may change the last digit of a float32 sum, not more.
+        assert float(a["probability"]) == pytest.approx(float(b["probability"]), abs=2e-4)
+    assert result.stdout.count("predictions: 63 rows (test split)") == 1  # rank 0 alone reports
+
+
+def write_images(root: Path) -> list[Path]:
+    """Images of several sizes and formats, nested; returns those predict must read, in their order."""
+    rng = np.random.default_rng(0)
+    image = lambda w, h: Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))  # noqa: E731
+    wanted = [root / "b.png", root / "a" / "z.JPG", root / "a" / "c.jpeg", root / "a" / "deep" / "d.png"]
+    junk = [root / ".hidden.png", root / "__MACOSX" / "e.png", root / ".cache" / "f.png"]
+    for i, path in enumerate(wanted + junk):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image(40 + 10 * i, 30 + 7 * i).save(path, format="PNG" if path.suffix == ".png" else "JPEG")
+    (root / "notes.txt").write_text("not an image")
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG")  # listed, unreadable: left out
+    return sorted(wanted, key=str)
+
+
+def test_predict_dir_reads_every_image_under_it_unlabelled(ckpt: Path, tmp_path: Path, capsys) -> None:
+    images = tmp_path / "images"
+    wanted = write_images(images)
+    rows = predict(ckpt, tmp_path / "run", f"--data.predict_dir={images}")
+    out = capsys.readouterr().out
+    assert list(rows[0]) == ["index", "path", "prediction", "probability", "top5", "label"]
+    listed = sorted([*map(str, wanted), str(images / "broken.jpg")])  # indices count the broken file too
+    assert [r["path"] for r in rows] == list(map(str, wanted))
+    assert [int(r["index"]) for r in rows] == [listed.index(str(p)) for p in wanted]
+    assert all(r["label"] == "" and r["prediction"] in CLASS_NAMES for r in rows)
+    assert f"predictions: 4 rows ({images})" in out
+    assert f"1 unreadable image(s) left out: {images / 'broken.jpg'}" in out
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "junk only"])
+def test_a_predict_dir_without_images_is_one_line(tmp_path: Path, capsys, make: str) -> None:
+    folder = tmp_path / "images"
+    if make != "missing":
+        (folder / "__MACOSX").mkdir(parents=True)
+    if make == "junk only":
+        Image.new("RGB", (8, 8)).save(folder / ".hidden.png")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", *DATA, f"--data.predict_dir={folder}", f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("lit_ddp: error: ") and str(folder) in err
+    assert not (tmp_path / "lightning_logs").exists()
