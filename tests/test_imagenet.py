@@ -258,3 +258,37 @@ def test_two_process_ddp_with_sync_batchnorm_reports_metrics_and_bad_files_once(
     scalars = read_scalars(run_dirs(tmp_path)[0])
     assert scalars["train/skipped_images"] == [1.0] and scalars["val/skipped_images"][-1] == 1.0
     assert 0.0 <= scalars["val/acc"][-1] <= 1.0 and scalars["val/acc_top5"][-1] == 1.0
+
+
+def test_a_checkpoint_of_another_model_class_than_the_explicit_one_is_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    from lit_ddp.cli import main
+
+    shapes = ["--data.train_size=64", "--data.val_size=32", "--data.batch_size=32"]
+    build_cli(
+        [
+            "fit",
+            *shapes,
+            "--trainer.max_steps=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    with pytest.raises(SystemExit) as stop:  # a ResNet cannot load LeNet's weights
+        main(
+            [
+                "validate",
+                *shapes,
+                f"--trainer.default_root_dir={tmp_path / 'eval'}",
+                f"--ckpt_path={ckpt}",
+                "--model=ResNetImageNet",
+            ]
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err == [
+        f"lit_ddp: error: --model=ResNetImageNet, but {ckpt} holds a LeNetCIFAR: leave --model out (the"
+        " checkpoint decides the model) or pass a ResNetImageNet checkpoint"
+    ]
+    assert not (tmp_path / "eval").exists()

@@ -40,6 +40,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "configs/finetune_imagefolder.yaml",
         "tests/test_imagenet.py",
         "tests/test_finetune.py",
+        "tests/test_augment_imagefolder.py",
         "tests/imagenet_tree.py",
         "benchmarks/bench_input_pipeline.py",
         "benchmarks/bench_resnet_gpu.py",
