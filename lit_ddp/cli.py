@@ -66,7 +66,7 @@ from lit_ddp.runtime.launch import (
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint
-from lit_ddp.runtime.resume import check_ckpt_file, checkpoint_model_overrides, prepare_ckpt_path
+from lit_ddp.runtime.resume import checkpoint_model_overrides, load_ckpt_file, prepare_ckpt_path
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 
 # Console messages a user cannot act on, each silenced by its own text (never a whole category):
@@ -189,13 +189,13 @@ class LitDDPCLI(LightningCLI):
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if check_ckpt_file(ckpt_path):
+        self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
+        if self._checkpoint is not None:
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
-            default_class = parser.parse_args([subcommand])[subcommand]["model"]["class_path"]
             defaults = parser.parse_args([subcommand, f"--model={chosen['class_path']}"])[subcommand]["model"]
             overridden = checkpoint_model_overrides(
-                chosen.as_dict(), defaults.as_dict(), default_class, ckpt_path
+                chosen.as_dict(), defaults.as_dict(), DEFAULT_MODEL, ckpt_path, self._checkpoint
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
@@ -248,7 +248,10 @@ class LitDDPCLI(LightningCLI):
         check_launcher_world(self.trainer)
         config = self.config_init[self.subcommand]
         ckpt_path = config.get("ckpt_path")
-        config["ckpt_path"] = prepare_ckpt_path(ckpt_path, self.trainer, self.model, self.subcommand)
+        checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
+        config["ckpt_path"] = prepare_ckpt_path(
+            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint
+        )
         bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
 
     before_fit = before_validate = before_test = before_predict = _before_run

@@ -1,6 +1,22 @@
-"""Batch-size arithmetic under DDP: ``batch_size`` is always per device."""
+"""Batch-size arithmetic under DDP (``batch_size`` is always per device); hyperparameter trees made flat."""
+
+import dataclasses
 
 import lightning as L
+
+
+def flatten(tree, prefix: str = "", sep: str = "/") -> dict:
+    """Nested dicts and dataclasses → ``{"a/b/c": leaf}``, leaves as they are. Keys that start with an
+    underscore are left out: Lightning's private entries (``_instantiator``, ``_class_path``)."""
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        tree = dataclasses.asdict(tree)
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat = {}
+    for key, value in tree.items():
+        if not str(key).startswith("_"):
+            flat.update(flatten(value, f"{prefix}{sep}{key}" if prefix else str(key), sep))
+    return flat
 
 
 def per_device_batch_size(trainer: L.Trainer) -> int:

@@ -9,6 +9,7 @@ from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
+from lit_ddp.runtime import resume
 
 QUICK = [
     *TINY_SHAPES,
@@ -390,13 +391,17 @@ def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Pat
 
 
 def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
-    tmp_path: Path, capsys, caplog
+    tmp_path: Path, capsys, caplog, monkeypatch
 ) -> None:
     build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
     ckpt = next(tmp_path.rglob("last.ckpt"))
     evaluate = ["validate", *QUICK, f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={ckpt}"]
+    opened = []  # by lit_ddp's checks, before Lightning's own load: once, for the note and the shape check
+    load = resume.load_checkpoint_file
+    monkeypatch.setattr(resume, "load_checkpoint_file", lambda *a, **k: opened.append(a[0]) or load(*a, **k))
     with caplog.at_level("INFO"):
         cli = build_cli([*evaluate, "--model.batch_norm=true", "--model.optim.lr=0.1"])
+    assert opened == [str(ckpt)]
     assert cli.model.hparams.batch_norm is False  # the checkpoint's value, which its weights need
     assert (
         f"lit_ddp: note: {ckpt} keeps the model settings it was trained with, over --model.batch_norm=True"

@@ -1,7 +1,6 @@
 """Once per run: the HParams tab (resolved hyperparameters, final validation metrics attached) and the
 Text tab (the resolved config and the environment), written by rank 0 at the start of fit."""
 
-import dataclasses
 import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
@@ -12,21 +11,16 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams
 
 from lit_ddp.callbacks.tensorboard import tensorboard_writer
-from lit_ddp.utils import global_batch_size
+from lit_ddp.utils import flatten, global_batch_size
 
 
-def flatten(prefix: str, value, out: dict) -> dict:
-    """Nested dicts and dataclasses → ``{"a/b/c": scalar}`` with TensorBoard's hparam types (int, float,
-    str, bool); anything else as its string."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = dataclasses.asdict(value)
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not str(k).startswith("_"):  # Lightning's private entries (_instantiator, _class_path)
-                flatten(f"{prefix}/{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    return out
+def tensorboard_hparams(prefix: str, tree) -> dict:
+    """``tree`` flat (``prefix/a/b``), with TensorBoard's hparam types (int, float, str, bool); anything else
+    as its string."""
+    return {
+        key: value if isinstance(value, (bool, int, float, str)) else str(value)
+        for key, value in flatten(tree, prefix).items()
+    }
 
 
 def strategy_name(trainer: Trainer) -> str:
@@ -40,11 +34,11 @@ def strategy_name(trainer: Trainer) -> str:
 def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict:
     """Model and data hyperparameters plus how the run is spread: devices, nodes, strategy, precision."""
     params = {"model": type(pl_module).__name__}
-    flatten("model", dict(pl_module.hparams), params)
+    params.update(tensorboard_hparams("model", dict(pl_module.hparams)))
     dm = trainer.datamodule
     if dm is not None:
         params["data"] = type(dm).__name__
-        flatten("data", dict(dm.hparams), params)
+        params.update(tensorboard_hparams("data", dict(dm.hparams)))
     params.update(
         {
             "trainer/accelerator": type(trainer.accelerator).__name__.removesuffix("Accelerator").lower(),

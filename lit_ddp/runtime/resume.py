@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
 from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
+from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
 
@@ -98,28 +99,18 @@ def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> No
     )
 
 
-def _flat(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def checkpoint_model_overrides(
-    chosen: dict, defaults: dict, default_class: str, ckpt_path: str
+    chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
 ) -> str | None:
     """A line naming the model settings the user chose that the checkpoint replaces, or None.
 
     LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
     command line and config files: the checkpoint's values win (they shaped its weights and optimizer
     state), silently. ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and
-    ``default_class`` the model class when no --model is given.
+    ``default_class`` the model class when no --model is given; ``checkpoint`` is the file, loaded.
     A model class other than the checkpoint's, chosen explicitly, is an error: it cannot load those weights.
     """
-    hparams = load_checkpoint_file(ckpt_path, mmap=True).get("hyper_parameters") or {}
+    hparams = checkpoint.get("hyper_parameters") or {}
     saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
     if saved_class and chosen_class not in (saved_class, default_class):
         short, saved = chosen_class.rsplit(".", 1)[-1], saved_class.rsplit(".", 1)[-1]
@@ -127,8 +118,9 @@ def checkpoint_model_overrides(
             f"--model={short}, but {ckpt_path} holds a {saved}: leave --model out (the checkpoint decides"
             f" the model) or pass a {short} checkpoint"
         )
-    given, default = _flat(chosen.get("init_args") or {}), _flat(defaults.get("init_args") or {})
-    saved = _flat({k: v for k, v in hparams.items() if not k.startswith("_")})
+    given = flatten(chosen.get("init_args") or {}, sep=".")
+    default = flatten(defaults.get("init_args") or {}, sep=".")
+    saved = flatten(hparams, sep=".")
     replaced = [
         f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
         for key in given
@@ -145,19 +137,23 @@ def _hparams_summary(checkpoint: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
 
 
-def check_ckpt_file(ckpt_path: str | None) -> bool:
-    """UserError unless an explicit ``ckpt_path`` file loads (safely); special values and None pass.
-    True when it is a local file (which LightningCLI reads hyperparameters from)."""
+def load_ckpt_file(ckpt_path: str | None) -> dict | None:
+    """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
+    wrong with it; None for the special values (``last``, ...), a URL, or None."""
     if ckpt_path and ckpt_path not in SPECIAL and "://" not in str(ckpt_path):
-        load_checkpoint_file(ckpt_path, mmap=True)
-        return True
-    return False
+        return load_checkpoint_file(ckpt_path, mmap=True)
+    return None
 
 
 def prepare_ckpt_path(
-    ckpt_path: str | None, trainer: Trainer, model: LightningModule, subcommand: str = "fit"
+    ckpt_path: str | None,
+    trainer: Trainer,
+    model: LightningModule,
+    subcommand: str = "fit",
+    checkpoint: dict | None = None,
 ) -> str | None:
-    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now.
+    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now
+    (``checkpoint``: that file, if already loaded).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights."""
@@ -175,9 +171,9 @@ def prepare_ckpt_path(
         if subcommand == "fit":  # a resumed run goes on in its own directory; an evaluation gets a new one
             _pin_logger_version(trainer, found.parent.parent)
         rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
-        ckpt_path = str(found)
+        ckpt_path, checkpoint = str(found), None
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path
     path = Path(ckpt_path)
-    check_compatible(model, load_checkpoint_file(path, mmap=True), path)
+    check_compatible(model, checkpoint or load_checkpoint_file(path, mmap=True), path)
     return ckpt_path
