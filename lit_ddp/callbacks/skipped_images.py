@@ -1,7 +1,8 @@
 """Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch.
 
-Works with any data module that keeps ``pending_skipped`` ({split: {path: reason}}) and ``skipped`` (the
-union so far), as ``ImageNetDataModule`` does; for any other it does nothing.
+Works with any ``ImageDataModule`` whose splits are image files (``reads_image_files``, as
+``ImageNetDataModule``'s): its ``pending_skipped`` ({split: {path: reason}}) and ``skipped`` (the union so
+far). For any other it does nothing.
 """
 
 import torch.distributed as dist
@@ -23,7 +24,7 @@ class SkippedImagesReport(Callback):
 
     def _report(self, trainer: Trainer, pl_module: LightningModule, split: str) -> None:
         dm = trainer.datamodule
-        if not hasattr(dm, "pending_skipped"):
+        if not getattr(dm, "reads_image_files", False):
             return  # a data module that reads no files (every rank decides alike: no collective is skipped)
         found: dict[str, str] = dm.pending_skipped.pop(split, {})
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:

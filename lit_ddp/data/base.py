@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
@@ -142,6 +143,16 @@ def auto_num_workers(cpus: int, devices: int, cap: int = MAX_AUTO_WORKERS) -> in
     return max(0, min(cap, cpus // max(devices, 1) - 1))
 
 
+# Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
+SPLIT_OF_STAGE = {
+    RunningStage.TRAINING: "train",
+    RunningStage.SANITY_CHECKING: "val",
+    RunningStage.VALIDATING: "val",
+    RunningStage.TESTING: "test",
+    RunningStage.PREDICTING: "predict",
+}
+
+
 class ImageDataModule(LightningDataModule):
     """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
 
@@ -161,6 +172,10 @@ class ImageDataModule(LightningDataModule):
     test_split: str = "test"  # what test_set holds, named in predict's report
     # True: the training sampler yields (index, seed) pairs, for a train_set that augments each sample itself.
     per_sample_seeds: bool = False
+    # True: the splits are image files, some maybe unreadable (callbacks/skipped_images.py reports them);
+    # strict: the first unreadable file stops the run (subclasses that read files take it as an argument).
+    reads_image_files: bool = False
+    strict: bool = False
 
     def __init__(
         self,
@@ -198,6 +213,9 @@ class ImageDataModule(LightningDataModule):
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(predict_dir) if predict_dir is not None else []
         self._aug_generators: dict[str, torch.Generator] = {}
+        # Unreadable files, reported by callbacks/skipped_images.py (a data module has no epoch-end hooks).
+        self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
+        self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
         self._epoch = 0  # the training epoch whose batches are being counted
         self._batches = 0  # training batches of that epoch seen so far (trained, or before a resume)
         self._resume: tuple[int, int] | None = None  # (epoch, batches) from a checkpoint
@@ -242,14 +260,15 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
         sampler = self._train_sampler(dataset) if train else self._eval_sampler(dataset)
+        workers = self.workers_per_device()
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
-            num_workers=self.workers_per_device(),
+            num_workers=workers,
             collate_fn=collate_batch,
             pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.workers_per_device() > 0,
+            persistent_workers=workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -319,11 +338,26 @@ class ImageDataModule(LightningDataModule):
         return random.Random(_stable_seed(self.seed, rank, epoch, batch))
 
     def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
-        # predict_dir's image files, here for a data module that reads none otherwise: an unreadable one is
-        # left out of its batch, and the predictions writer names it (subclasses that read files override).
-        if len(batch) == 4:  # (x, y, unreadable files, index)
-            batch, _ = drop_unreadable(batch)
+        # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third
+        # slot, {slot: (path, why)}: their slots go here, on the CPU before the copy (no device sync).
+        if len(batch) > 2 and isinstance(batch[2], dict):
+            batch, bad = drop_unreadable(batch)
+            if bad:
+                self.on_unreadable_files(bad)
         return batch
+
+    def on_unreadable_files(self, bad: dict[int, tuple[str, str]]) -> None:
+        """With ``strict``, stop at the first one, naming it; else keep them for the skipped-images report
+        (callbacks/skipped_images.py). predict's are named in predictions.csv's report."""
+        if self.strict:
+            path, reason = next(iter(bad.values()))
+            # Not "delete it": a permission or network-disk error reads the same as a broken file.
+            raise UserError(
+                f"unreadable image file {path} ({reason}):"
+                " replace it with a readable copy, or pass --data.strict=false to skip such files"
+            )
+        split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
+        self.pending_skipped.setdefault(split, {}).update(bad.values())
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
         x, y, *index = batch  # (B, C, H, W) uint8 on the device; a predict batch adds its sample indices

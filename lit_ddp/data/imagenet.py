@@ -15,14 +15,11 @@ import functools
 from pathlib import Path
 
 import torch
-from lightning.pytorch.trainer.states import RunningStage
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.image_folder import (
-    FileBatch,
     ImageFileDataset,
-    drop_unreadable,
     find_classes,
     list_images,
 )
@@ -30,15 +27,6 @@ from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentati
 from lit_ddp.errors import UserError
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
-
-# Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
-SPLIT_OF_STAGE = {
-    RunningStage.TRAINING: "train",
-    RunningStage.SANITY_CHECKING: "val",
-    RunningStage.VALIDATING: "val",
-    RunningStage.TESTING: "test",
-    RunningStage.PREDICTING: "predict",
-}
 
 
 class ImageNetDataModule(ImageDataModule):
@@ -64,6 +52,7 @@ class ImageNetDataModule(ImageDataModule):
 
     mean = (0.485, 0.456, 0.406)
     std = (0.229, 0.224, 0.225)
+    reads_image_files = True
     per_sample_seeds = True  # the workers crop, flip and augment each image: seeded by (seed, epoch, index)
 
     def __init__(
@@ -121,9 +110,6 @@ class ImageNetDataModule(ImageDataModule):
                 f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
                 " needs at least two, one folder per class"
             )
-        # Reported by callbacks/skipped_images.py (a data module has no epoch-end hooks to gather them).
-        self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
-        self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
 
     def _split(self, name: str, train: bool) -> ImageFileDataset:
         root = self.data_dir / name
@@ -155,20 +141,6 @@ class ImageNetDataModule(ImageDataModule):
         if stage in ("test", "predict"):
             self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
             self.test_set = self._split(self.test_split, train=False)
-
-    def on_before_batch_transfer(self, batch: FileBatch, dataloader_idx: int) -> tuple[Tensor, ...]:
-        tensors, bad = drop_unreadable(batch)  # on the CPU, before the copy: no device sync
-        if bad:
-            if self.strict:
-                path, reason = next(iter(bad.values()))
-                # Not "delete it": a permission or network-disk error reads the same as a broken file.
-                raise UserError(
-                    f"unreadable image file {path} ({reason}):"
-                    " replace it with a readable copy, or pass --data.strict=false to skip such files"
-                )
-            split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
-            self.pending_skipped.setdefault(split, {}).update(bad.values())
-        return tensors  # (x, y), or (x, y, index) when predicting
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
         return x  # the workers flipped and augmented each image already, seeded per sample (see _split)
