@@ -48,6 +48,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
 from lit_ddp.runtime.faults import (
     DEFAULT_DIST_TIMEOUT_S,
@@ -103,6 +104,8 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     "fault_monitor": (FaultMonitor, {}),
     # bad data found in setup: the run directory Lightning made before it goes too
     "failed_run_cleanup": (RemoveFailedRunDir, {}),
+    # a fractional limit_val_batches / limit_test_batches: one batch count on every rank (uneven shards)
+    "eval_limits": (EvenEvalLimits, {}),
     # data: unreadable image files, gathered over the ranks and reported once per epoch
     "skipped_images": (SkippedImagesReport, {}),
     # the TensorBoard dashboard and the console line (EpochSummary reads what Throughput logs)

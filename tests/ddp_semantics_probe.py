@@ -99,9 +99,11 @@ class Probe(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
             self.record["val"].append(metrics(trainer, "val/"))
+            self.record.setdefault("val_batches", []).append(list(trainer.num_val_batches))
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.record["test"].append(metrics(trainer, "test/"))
+        self.record.setdefault("test_batches", []).append(list(trainer.num_test_batches))
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)

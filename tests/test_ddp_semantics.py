@@ -26,6 +26,7 @@ from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.eval_limits import batches_of_fraction
 
 HERE = Path(__file__).resolve().parent
 CPU = [
@@ -367,3 +368,39 @@ def test_cli_ddp_spawn_syncbn_fit_then_validate_matches_one_device(tmp_path: Pat
     expected = {k: float(v) for k, v in one.trainer.callback_metrics.items() if k.startswith("val/")}
     for rank_record in two:
         assert_same_metrics(rank_record["val"][-1], expected)
+
+
+# ---- fractional evaluation limits over uneven shards ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fraction, samples, world_size, batch_size, batches",
+    [(0.5, 65, 2, 32, 1), (0.25, 1000, 3, 10, 8), (0.99, 10, 2, 1, 4)],
+)
+def test_a_fractional_eval_limit_is_taken_of_the_largest_shard(
+    fraction: float, samples: int, world_size: int, batch_size: int, batches: int
+) -> None:
+    assert batches_of_fraction("limit_val_batches", fraction, samples, world_size, batch_size) == batches
+
+
+def test_a_fractional_eval_limit_of_no_batch_is_one_line_naming_the_least_fraction() -> None:
+    with pytest.raises(UserError, match=r"limit_test_batches=0.4 of 2 batch\(es\) per device is no batch"):
+        batches_of_fraction("limit_test_batches", 0.4, 64, 2, 16)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_fractional_limit_val_and_test_batches_run_on_uneven_shards(tmp_path: Path) -> None:
+    # 65 images in batches of 32 on 2 ranks: shards of 33 and 32 images, 2 batches and 1. Lightning alone
+    # takes half of each (1 and 0), raises on rank 1 and leaves rank 0 without its peer.
+    spawn = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    data = ["--data.train_size=128", "--data.val_size=65", "--data.test_size=65", "--data.batch_size=32"]
+    fit = ["fit", *spawn, *data, "--trainer.max_epochs=1", "--trainer.limit_val_batches=0.5"]
+    run_ok([*fit, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "fit")], tmp_path)
+    assert [r["val_batches"] for r in load(tmp_path / "fit", "fit", 2)] == [[[1]], [[1]]]
+    test = ["test", *spawn, *data, "--trainer.limit_test_batches=0.5"]
+    run_ok([*test, f"--trainer.default_root_dir={tmp_path}", probe(tmp_path / "test")], tmp_path)
+    records = load(tmp_path / "test", "test", 2)
+    assert [r["test_batches"] for r in records] == [[[1]], [[1]]]
+    assert records[0]["test"] == records[1]["test"] and "test/acc" in records[0]["test"][-1]

@@ -1,0 +1,63 @@
+"""``--trainer.limit_val_batches`` / ``limit_test_batches`` as a fraction: the same count on every rank.
+
+Lightning applies a fraction to each rank's own loader. Evaluation shards are uneven here (every sample
+counts once, no padding: data/samplers.py), so 0.5 of 65 images in batches of 32 on 2 ranks is 1 batch on
+rank 0 and 0.5 × 1 → 0 on rank 1, which raises there while rank 0 goes on and then loses contact. Here the
+fraction is taken of the largest shard's batch count, computed alike on every rank from the dataset's size,
+and handed to Lightning as that count (a rank with fewer batches runs all of its own), before its loops
+read it. An evaluation epoch has no collective per batch, so ranks may run different counts.
+"""
+
+import math
+
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+
+from lit_ddp.data import ImageDataModule
+from lit_ddp.errors import UserError
+
+# stage → (the Trainer's limit, the data module's split it limits)
+LIMITS = {
+    "fit": (("limit_val_batches", "val_set"),),
+    "validate": (("limit_val_batches", "val_set"),),
+    "test": (("limit_test_batches", "test_set"),),
+}
+
+
+def batches_of_fraction(limit: str, fraction: float, samples: int, world_size: int, batch_size: int) -> int:
+    """``fraction`` of the largest shard's batches (rank 0's: ``samples`` split ``rank::world_size``), or a
+    UserError when that is no batch."""
+    largest = math.ceil(math.ceil(samples / world_size) / batch_size)
+    batches = int(fraction * largest)
+    if batches == 0:
+        raise UserError(
+            f"--trainer.{limit}={fraction} of {largest} batch(es) per device is no batch: pass at least"
+            f" {1 / largest:.3g}, or a number of batches (an integer)"
+        )
+    return batches
+
+
+class EvenEvalLimits(Callback):
+    """Turns a fractional evaluation limit into one batch count for all ranks, for the run; restores it."""
+
+    def __init__(self) -> None:
+        self._given: dict[str, float] = {}
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Called after the data module's setup (its splits exist), before any loop builds a loader.
+        dm = trainer.datamodule
+        if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
+            return  # one process: Lightning's own rule is the same; another data module: its own sampler
+        for limit, split in LIMITS.get(stage, ()):
+            fraction, dataset = getattr(trainer, limit), getattr(dm, split, None)
+            if not isinstance(fraction, float) or not 0.0 < fraction < 1.0 or dataset is None:
+                continue
+            batches = batches_of_fraction(limit, fraction, len(dataset), trainer.world_size, dm.batch_size)
+            self._given[limit] = fraction
+            setattr(trainer, limit, batches)
+            rank_zero_info(f"{limit}={fraction}: {batches} batch(es) per device, the same on every rank")
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for limit, fraction in self._given.items():
+            setattr(trainer, limit, fraction)
+        self._given.clear()
