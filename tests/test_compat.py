@@ -105,6 +105,18 @@ def test_request_stop_ends_fit_at_the_next_batch_as_a_sigterm_does(tmp_path: Pat
     assert trainer.global_step == 2
 
 
+def test_a_stop_request_taken_back_lets_fit_run_on(tmp_path: Path) -> None:
+    class StopThenTakeBack(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if batch_idx == 1:
+                compat.request_stop(trainer)
+                compat.request_stop(trainer, stop=False)
+
+    trainer = _trainer(tmp_path, [StopThenTakeBack()], max_epochs=1, limit_train_batches=4)
+    trainer.fit(LeNetCIFAR(), datamodule=_shapes())
+    assert not trainer.received_sigterm and trainer.global_step == 4
+
+
 def test_collective_timeout_is_what_ddp_passes_to_init_process_group() -> None:
     strategy = DDPStrategy()
     compat.set_collective_timeout(strategy, 7)

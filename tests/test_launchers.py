@@ -56,6 +56,31 @@ def test_torchrun_two_processes_train_and_write_once(tmp_path: Path) -> None:
     assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in out
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_torchrun_preemption_at_an_epochs_last_batch_with_uneven_val_shards_stops_every_rank_cleanly(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to rank 0 during batch 2 of 4 is agreed after batch 3, the epoch's last, which validation
+    follows; 65 validation images are 2 batches on rank 0 and 1 on rank 1. Lightning alone stops a validation
+    after the batch that sees the flag unless it is that rank's last: rank 0 then saved a checkpoint while
+    rank 1 waited in the metric sync, and the job failed. Every rank finishes validation, then stops."""
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    probe += ["--trainer.callbacks.at_step=2", "--preemption.check_every_n_batches=1"]
+    uneven = ["--data.val_size=65", "--trainer.max_epochs=2", "--trainer.devices=2"]
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    result = run([*torchrun(2), *RUN, *uneven, *probe], cwd=tmp_path, env=env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM at epoch 1, step 4" in out and "mid-epoch" not in out
+    (last,) = tmp_path.glob("logs/lightning_logs/version_0/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 4
+    # The validation the stop followed ran to its end, on all 65 images, and was logged.
+    scalars = read_scalars(last.parent.parent)
+    assert len(scalars["val/acc"]) == 1 and round(scalars["val/acc"][0] * 65, 4).is_integer()
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(200)
 def test_torchrun_world_and_devices_disagree_is_one_clear_error(tmp_path: Path) -> None:

@@ -96,9 +96,10 @@ def restore_stop_flag_broadcast(trainer: Trainer) -> None:
     vars(trainer.fit_loop.epoch_loop).pop("_broadcast_sigterm_tensor", None)  # back to Lightning's method
 
 
-def request_stop(trainer: Trainer) -> None:
-    """Make Lightning's loops stop at their next check, raising SIGTERMException (exit code 0)."""
-    trainer._signal_connector.received_sigterm = True
+def request_stop(trainer: Trainer, stop: bool = True) -> None:
+    """Make Lightning's loops stop at their next check, raising SIGTERMException (exit code 0); with
+    ``stop=False``, take the request back (until it is made again)."""
+    trainer._signal_connector.received_sigterm = stop
 
 
 # ---- collectives and launchers ---------------------------------------------------------------------

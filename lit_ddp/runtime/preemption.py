@@ -9,7 +9,8 @@ At an epoch's end they agree at once (blocking). If any rank was signalled, all 
 stop flag at that same point: Lightning's loops raise ``SIGTERMException`` there (exit code 0), and this
 callback saves ``last.ckpt`` (``trainer.save_checkpoint``: rank 0 writes, all synchronise). So a run stops
 at most ``check_every_n_batches + 1`` batches after the signal (with 1: at the end of the batch after the
-one during which the signal arrived), or at the epoch's end. On SIGUSR1 under SLURM, rank 0 then runs
+one during which the signal arrived), or at the epoch's end; when validation follows that batch, after
+every rank has finished it (``on_validation_start`` says why). On SIGUSR1 under SLURM, rank 0 then runs
 ``scontrol requeue``; the requeued job's ``--ckpt_path=last`` continues from the saved step.
 
 Why not every batch by default: even a non-blocking all-reduce costs CPU time, ~0.25 ms a step on a
@@ -163,6 +164,19 @@ class PreemptionCheckpoint(Callback):
         else:
             code = self._agree_now(trainer, pl_module)
         self._stop_if(trainer, code)
+
+    # A stop agreed at a training batch that validation follows (an epoch's last, or a val_check_interval's)
+    # waits until every rank has run all of its validation. Lightning's evaluation loop stops after the
+    # batch during which it sees the flag unless that batch is the rank's last; evaluation shards are
+    # uneven (data/samplers.py), so one rank would stop to save a checkpoint while another waits in the
+    # metric sync. Finished, the validation's metrics are logged and checkpointed instead of lost.
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.stopped_by is not None and not trainer.sanity_checking:
+            request_stop(trainer, stop=False)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.stopped_by is not None and not trainer.sanity_checking:
+            request_stop(trainer)
 
     def _restore(self, trainer: Trainer) -> None:
         self._pending = None  # every rank started it, so it completes without being waited for
