@@ -523,6 +523,41 @@ def test_d_nan_guard_leaves_overflow_to_the_grad_scaler_until_it_persists() -> N
         NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, overflow)  # no scaler: at once
 
 
+def test_d_nan_guard_read_next_step_names_the_bad_step_one_step_later_and_before_any_checkpoint() -> None:
+    """The CUDA mode (no device sync per step), run on CPU: the verdict of step 5 is read at step 6, or by a
+    checkpoint write before that."""
+    from lit_ddp.runtime.nan_guard import NanGuard, NonFiniteLossError
+
+    overflow = _optimizer_with_grads(torch.tensor([1.0, float("nan")]))
+    finite = _optimizer_with_grads(torch.tensor([1.0, 2.0]))
+    trainer = _Stub(scaler=None)
+    guard = NanGuard(read="next_step")
+    guard.on_before_optimizer_step(trainer, None, finite)
+    trainer.global_step = 5
+    guard.on_before_optimizer_step(trainer, None, overflow)  # not read yet: no stall, no error
+    trainer.global_step = 6
+    late = "training stopped one step later, and no checkpoint holds that update"
+    with pytest.raises(NonFiniteLossError, match=rf"^non-finite loss or gradients at step 5 .*{late}"):
+        guard.on_before_optimizer_step(trainer, None, finite)
+    guard.on_before_optimizer_step(trainer, None, overflow)
+    with pytest.raises(NonFiniteLossError, match="at step 6"):
+        guard.on_save_checkpoint(trainer, None, {})
+
+
+@pytest.mark.timeout(300)
+def test_d_nan_guard_read_next_step_at_an_epochs_last_batch_writes_no_checkpoint(tmp_path: Path) -> None:
+    """NaN weights at the last step of epoch 0 (8 steps on one device): the epoch-end checkpoint would
+    hold that update, and is not written."""
+    from lit_ddp.runtime.nan_guard import NonFiniteLossError
+
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    args += ["--nan_guard.read=next_step", f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(NonFiniteLossError, match=r"at step 7 \(epoch 0, batch 7\).*no checkpoint was saved"):
+        build_cli([*args, *fault(tmp_path / "probe", "nan", rank=0, at_step=7)])
+    assert not list(tmp_path.rglob("*.ckpt"))
+    assert batches(tmp_path / "probe")[-1][1] == 7  # no step after the bad one's next
+
+
 def test_d_nan_guard_passes_large_finite_half_precision_gradients() -> None:
     """16-true: a norm of finite fp16 gradients can overflow (sqrt of a sum of squares > 65504); the
     guard's largest-magnitude check cannot."""

@@ -11,9 +11,18 @@ scale, by design and again whenever the scale has grown too far. The guard then 
 of ``max_skipped_steps`` in a row was skipped, which a diverged loss causes and the scaler cannot cure.
 The check takes the largest absolute gradient (the inf-norm), which overflows only if a gradient is
 already infinite, so finite ``16-true`` gradients pass.
+
+Reading the verdict on the host waits for the GPU to finish every kernel queued so far, which stalls the
+next step's launch on every step. On CUDA the guard therefore copies the verdict to pinned host memory
+without waiting and reads it at the next step (``read="next_step"``), when it has long arrived: the bad
+update is applied, training stops one step later, naming the step that went wrong, and every checkpoint
+write reads the verdict first, so no checkpoint ever holds that update. On a CPU there is nothing to stall
+and the guard reads at once, stopping before the update (``read="now"``).
 """
 
 import math
+from pathlib import Path
+from typing import Literal
 
 import torch
 from lightning import Callback, LightningModule, Trainer
@@ -31,7 +40,7 @@ def _resume_hint(trainer: Trainer) -> str:
     last = last_checkpoint_path(trainer)
     if not last.is_file():
         best = (getattr(cb, "best_model_path", "") for cb in trainer.checkpoint_callbacks)
-        last = next((path for path in best if path), "")
+        last = next((path for path in best if path and Path(path).is_file()), "")  # a save may have failed
     if last:
         return f"resume with --ckpt_path={last} and a lower --model.optim.lr or --trainer.gradient_clip_val"
     return "no checkpoint was saved yet: restart with a lower --model.optim.lr or --trainer.gradient_clip_val"
@@ -39,13 +48,19 @@ def _resume_hint(trainer: Trainer) -> str:
 
 class NanGuard(Callback):
     """Raises NonFiniteLossError at the first optimizer step whose gradients are NaN or infinite (under a
-    GradScaler: after ``max_skipped_steps`` such steps in a row)."""
+    GradScaler: after ``max_skipped_steps`` such steps in a row). ``read``: "now" (before that update),
+    "next_step" (one step later, without a device sync), or "auto": "next_step" on CUDA, else "now"."""
 
-    def __init__(self, max_skipped_steps: int = 20) -> None:
+    def __init__(
+        self, max_skipped_steps: int = 20, read: Literal["auto", "now", "next_step"] = "auto"
+    ) -> None:
         if max_skipped_steps < 1:
             raise UserError(f"--nan_guard.max_skipped_steps={max_skipped_steps} must be 1 or more")
         self.max_skipped_steps = max_skipped_steps
+        self.read = read
         self._skipped = 0  # consecutive non-finite steps the GradScaler skipped
+        self._host: torch.Tensor | None = None  # pinned, for the verdict's copy (next_step)
+        self._pending: tuple[torch.cuda.Event | None, tuple[int, int, int]] | None = None
 
     def on_before_optimizer_step(
         self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
@@ -53,9 +68,34 @@ class NanGuard(Callback):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if not grads:
             return
-        # One fused reduction per device and one host sync per step: NaN/inf anywhere makes it non-finite.
-        largest = torch.nn.utils.get_total_norm(grads, norm_type=math.inf)
-        if torch.isfinite(largest):
+        self._read_pending(trainer)  # the previous step's verdict (next_step): arrived long ago
+        # One fused reduction per device: NaN/inf anywhere makes it non-finite.
+        finite = torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=math.inf))
+        batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
+        where = (trainer.global_step, trainer.current_epoch, batch)
+        on_cuda = finite.device.type == "cuda"
+        if self.read == "now" or (self.read == "auto" and not on_cuda):
+            self._judge(trainer, bool(finite), where, late=False)
+            return
+        if self._host is None:
+            self._host = torch.empty((), dtype=torch.bool, pin_memory=on_cuda)
+        self._host.copy_(finite, non_blocking=on_cuda)
+        event = None
+        if on_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self._pending = (event, where)
+
+    def _read_pending(self, trainer: Trainer) -> None:
+        if self._pending is None:
+            return
+        (event, where), self._pending = self._pending, None
+        if event is not None:
+            event.synchronize()  # waits for that step's check alone, not for the work queued since
+        self._judge(trainer, bool(self._host), where, late=True)
+
+    def _judge(self, trainer: Trainer, finite: bool, where: tuple[int, int, int], late: bool) -> None:
+        if finite:
             self._skipped = 0
             return
         scaled = getattr(trainer.precision_plugin, "scaler", None) is not None  # 16-mixed
@@ -63,12 +103,18 @@ class NanGuard(Callback):
             self._skipped += 1
             if self._skipped < self.max_skipped_steps:
                 return  # the scaler skips this step and lowers its scale
+        step, epoch, batch = where
         loss = trainer.callback_metrics.get("train/loss_step")
         loss_text = f" (last logged train/loss {float(loss):.4g})" if loss is not None else ""
-        batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
         streak = f" for {self._skipped} steps in a row (the GradScaler skipped them)" if scaled else ""
+        stopped = "before this update" if not late else "one step later, and no checkpoint holds that update"
         raise NonFiniteLossError(
-            f"non-finite loss or gradients at step {trainer.global_step} (epoch {trainer.current_epoch},"
-            f" batch {batch}){streak}{loss_text}; training stopped before this update:"
-            f" {_resume_hint(trainer)}"
+            f"non-finite loss or gradients at step {step} (epoch {epoch}, batch {batch}){streak}{loss_text};"
+            f" training stopped {stopped}: {_resume_hint(trainer)}"
         )
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        self._read_pending(trainer)  # on every rank, before anything is written
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._read_pending(trainer)
