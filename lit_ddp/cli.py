@@ -25,7 +25,7 @@ from jsonargparse import ArgumentError
 from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -236,6 +236,9 @@ class LitDDPCLI(LightningCLI):
             )
         trainer = super().instantiate_trainer(**kwargs)
         set_dist_timeout(trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        # Lightning appends its Timer (--trainer.max_time) after every other callback; it decides a stop
+        # in on_train_batch_end, which StepLoss must see to write that step's loss: Timer goes first.
+        trainer.callbacks.sort(key=lambda callback: not isinstance(callback, Timer))
         return trainer
 
     def _before_run(self) -> None:

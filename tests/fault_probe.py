@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-ACTIONS = ("sigkill", "sigterm", "sigusr1", "sigint", "sigint_twice", "nan", "raise", "hang")
+ACTIONS = ("sigkill", "sigterm", "sigusr1", "sigint", "sigint_twice", "nan", "raise", "hang", "should_stop")
 
 
 class Fault(Callback):
@@ -54,6 +54,8 @@ class Fault(Callback):
         elif self.action == "sigint_twice":  # Ctrl-C pressed twice in a row
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
+        elif self.action == "should_stop":  # a stop decided as EarlyStopping or max_time decide theirs
+            trainer.should_stop = True
         elif self.action == "raise":
             raise RuntimeError("fault_probe: injected error")
         else:

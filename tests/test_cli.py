@@ -1,5 +1,6 @@
 """The command line end to end: in process, and as real 2-process DDP runs on CPU."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -388,6 +389,26 @@ def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Pat
         "dirpath has",
     ):
         assert noise not in console, noise
+
+
+def test_the_step_loss_written_at_a_stop_is_that_steps_not_a_stale_one(tmp_path: Path) -> None:
+    """log_every_n_steps=5, a stop decided during step 6: Lightning writes step values at that step too,
+    which held the loss of step 4 until StepLoss logged at stops."""
+    sys.path.insert(0, str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    stop = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=should_stop"]
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5", *stop]
+    build_cli([*args, "--trainer.callbacks.at_step=6", f"--trainer.default_root_dir={tmp_path}"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(assert_single_run(tmp_path)), size_guidance={"scalars": 0})
+    events.Reload()
+    written = {e.step: e.value for e in events.Scalars("train/loss_step")}
+    assert sorted(written) == [4, 6] and written[6] != written[4]
+    # Lightning's Timer (max_time) decides its stop in on_train_batch_end: it runs before StepLoss.
+    timed = ["--trainer.max_time=00:00:10:00", f"--trainer.default_root_dir={tmp_path}"]
+    cli = build_cli(timed, run=False)
+    kinds = [type(c).__name__ for c in cli.trainer.callbacks]
+    assert kinds.index("Timer") < kinds.index("StepLoss")
 
 
 def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(

@@ -17,8 +17,10 @@ class StepLoss(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         every = trainer.log_every_n_steps
-        # Lightning writes step values after this hook when the optimizer steps so far are a multiple of it.
-        if every <= 0 or trainer.global_step % every != 0:
+        # Lightning writes step values after this hook when the optimizer steps so far are a multiple of it,
+        # and on the step a stop was decided (should_stop: max_time, a callback), where it would otherwise
+        # write the value cached at the last multiple (the CLI runs Lightning's Timer before this callback).
+        if every <= 0 or (trainer.global_step % every != 0 and not trainer.should_stop):
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):
