@@ -404,3 +404,33 @@ def test_a_fractional_limit_val_and_test_batches_run_on_uneven_shards(tmp_path: 
     records = load(tmp_path / "test", "test", 2)
     assert [r["test_batches"] for r in records] == [[[1]], [[1]]]
     assert records[0]["test"] == records[1]["test"] and "test/acc" in records[0]["test"][-1]
+
+
+# ---- a: a training set that is not a multiple of the world size -------------------------------------
+
+
+@pytest.mark.parametrize("size, world_size, batch_size", [(255, 2, 32), (250, 3, 16), (1001, 8, 8)])
+def test_a_padding_repeats_only_the_first_samples_and_only_in_each_epochs_last_global_batch(
+    size: int, world_size: int, batch_size: int
+) -> None:
+    """What N processes train on beside one process with batch N·b when the set needs padding: the same
+    global batches, except that the epoch's last one also holds the permutation's first (N - size mod N)
+    samples again (torch's DistributedSampler padding, which keeps every rank at the same step count).
+    README ("Exact evaluation") says so; train/* metrics count those repeats."""
+    from lit_ddp.data.samplers import ResumableShuffleSampler
+
+    def order(world: int, rank: int) -> list[int]:
+        sampler = ResumableShuffleSampler(range(size), num_replicas=world, rank=rank, seed=3)
+        sampler.set_epoch(1)
+        return list(sampler)
+
+    one, shards = order(1, 0), [order(world_size, r) for r in range(world_size)]
+    big = world_size * batch_size
+    one_batches = [one[i : i + big] for i in range(0, size, big)]
+    repeated = one[: -size % world_size]
+    assert repeated and len({len(shard) for shard in shards}) == 1  # equal shards: padding was needed
+    for k, batch in enumerate(one_batches):
+        together = sorted(i for shard in shards for i in shard[k * batch_size : (k + 1) * batch_size])
+        last = k == len(one_batches) - 1
+        assert together == sorted(batch + repeated if last else batch), k
+    assert sum(len(shard) for shard in shards) == size + len(repeated)
