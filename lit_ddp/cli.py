@@ -62,6 +62,7 @@ from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
     check_devices_exist,
     check_launcher_world,
+    check_strategy_fits,
     check_writable,
 )
 from lit_ddp.runtime.nan_guard import NanGuard
@@ -207,6 +208,7 @@ class LitDDPCLI(LightningCLI):
         config = self._subcommand_config(self.config_init)
         trainer_config = config.get("trainer", {})
         check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
+        check_strategy_fits(trainer_config.get("strategy"))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
         # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.
@@ -234,7 +236,10 @@ class LitDDPCLI(LightningCLI):
                 version=SLURMEnvironment.job_id(),
                 default_hp_metric=False,
             )
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except ValueError as err:  # Lightning's checks of Trainer options: a sentence naming the option
+            raise UserError(str(err)) from None
         set_dist_timeout(trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
         # Lightning appends its Timer (--trainer.max_time) after every other callback; it decides a stop
         # in on_train_batch_end, which StepLoss must see to write that step's loss: Timer goes first.

@@ -389,6 +389,11 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
             "lit_ddp: error: --trainer.accelerator=gpu, but this machine has no CUDA GPU",
         ),
         (["--data.batch_size=0"], "lit_ddp: error: batch_size=0 must be at least 1"),
+        (
+            ["--trainer.strategy=fsdp"],
+            "lit_ddp: error: --trainer.strategy=fsdp shards the model across CUDA GPUs, and this machine has",
+        ),
+        (["--trainer.strategy=dpp"], "lit_ddp: error: You selected an invalid strategy name: `strategy='dp"),
         (["--trainer.no_such_key=1"], "no_such_key"),
         (
             ["--preemption.check_every_n_batches=0"],
@@ -399,7 +404,7 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
 def test_f_impossible_arguments_fail_once_before_any_process_is_spawned(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    if "gpu" in args[0] and torch.cuda.is_available():
+    if ("gpu" in args[0] or "fsdp" in args[0]) and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     result = run_cli([*DDP_FIT, *args], cwd=tmp_path, env=ENV, timeout=120)
     assert result.returncode == 2

@@ -115,6 +115,21 @@ def check_devices_exist(accelerator, devices) -> None:
         )
 
 
+def check_strategy_fits(strategy) -> None:
+    """UserError for FSDP on a machine without CUDA: Lightning's check is a ValueError whose advice,
+    accelerator='cuda', cannot work there. Lightning's other checks of the Trainer's options are one line
+    already (cli.py reports them as errors)."""
+    import torch
+
+    # A strategy name, or a --trainer.strategy class given as {class_path: ..., init_args: ...}
+    name = strategy if isinstance(strategy, str) else str(getattr(strategy, "get", dict().get)("class_path"))
+    if "fsdp" in name.lower() and not torch.cuda.is_available():
+        raise UserError(
+            f"--trainer.strategy={name} shards the model across CUDA GPUs, and this machine has none:"
+            " use --trainer.strategy=ddp (gloo on CPU) or run on a GPU node"
+        )
+
+
 def check_writable(root_dir: str) -> None:
     """UserError, before any process starts, when the run directory cannot be written (not an OSError
     traceback from the first checkpoint or event file, possibly hours into the run). Creates nothing: the
