@@ -2,6 +2,7 @@
 
     python benchmarks/bench_resnet_gpu.py                          # one GPU: resnet50, batch 256, bf16, NHWC
     python benchmarks/bench_resnet_gpu.py --compile                # both sides torch.compile'd
+    python benchmarks/bench_resnet_gpu.py --json out.json          # the figures as JSON too (gpu_suite.sh)
     python benchmarks/bench_resnet_gpu.py --device cpu --arch resnet18 --batch-size 8 --image-size 64 \\
         --precision 32-true --warmup 2 --steps 4                   # proves it runs, on a laptop
 
@@ -16,7 +17,9 @@ Lightning ≥ 0.97 × the raw loop, and ≥ 3,500 images/s for ResNet-50 on one 
 import argparse
 import contextlib
 import itertools
+import json
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -142,6 +145,7 @@ def main() -> None:
         "--rounds", type=int, default=2, help="alternate raw/Lightning, keep the best of each"
     )
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -161,6 +165,9 @@ def main() -> None:
     print(f"  raw PyTorch loop     {raw:9.1f} images/s")
     print(f"  Lightning (lit_ddp)  {lightning:9.1f} images/s")
     print(f"  Lightning / raw      {lightning / raw:9.3f}")
+    if args.json is not None:
+        figures = {"device": name, "raw_img_s": raw, "lightning_img_s": lightning, "ratio": lightning / raw}
+        args.json.write_text(json.dumps({**figures, "args": {k: str(v) for k, v in vars(args).items()}}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""The GPU suite's plumbing, on CPU: what benchmarks/gpu_suite.sh records and how the headline figures are
+collected. The GPU figures themselves come only from a GPU machine (docs/benchmarks.md)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from collect_gpu_results import collect  # noqa: E402
+
+
+def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
+    (tmp_path / "versions.json").write_text(json.dumps({"device": "NVIDIA H100", "commit": "abc1234"}))
+    (tmp_path / "resnet50.json").write_text(json.dumps({"raw_img_s": 3600.0, "lightning_img_s": 3540.5}))
+    (tmp_path / "lenet.json").write_text(json.dumps({"lenet_cifar_epoch_s": 0.8}))  # no tutorial figure
+    result = collect(tmp_path)
+    assert (result["device"], result["commit"]) == ("NVIDIA H100", "abc1234")
+    assert (result["resnet50_raw_img_s"], result["resnet50_lightning_img_s"]) == (3600.0, 3540.5)
+    assert result["lenet_cifar_epoch_s"] == 0.8
+    assert result["tutorial_lenet_epoch_s"] is None and result["jpeg_pipeline_img_s"] is None
+    assert result["resnet50_compile_img_s"] is None and result["gpu_tests_passed"] is False
+
+
+@pytest.mark.parametrize(
+    "rc, summary, passed",
+    [
+        ("0", "==== 9 passed in 312.40s (0:05:12) ====", True),
+        ("0", "==== 7 passed, 2 skipped in 200.1s ====", False),  # skipped tests did not run on the GPU
+        ("0", "==== 9 skipped in 4.01s ====", False),
+        ("1", "==== 1 failed, 8 passed in 300.0s ====", False),
+    ],
+)
+def test_gpu_tests_count_as_passed_only_when_all_ran_and_passed(
+    tmp_path: Path, rc: str, summary: str, passed: bool
+) -> None:
+    (tmp_path / "cuda_tests.rc").write_text(rc + "\n")
+    (tmp_path / "cuda_tests.log").write_text(f"tests/test_cuda.py ....\n{summary}\n")
+    assert collect(tmp_path)["gpu_tests_passed"] is passed
+
+
+@pytest.mark.timeout(120)
+def test_the_suite_records_versions_and_collects_on_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    out, gpu_json = tmp_path / "run", tmp_path / "gpu.json"
+    result = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), str(out), "versions", "collect"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        env={**os.environ, "GPU_JSON": str(gpu_json)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    versions = json.loads((out / "versions.json").read_text())
+    assert versions["lightning"] and versions["torch"] and versions["commit"]
+    collected = json.loads(gpu_json.read_text())
+    assert collected["versions"] == versions and collected["gpu_tests_passed"] is False
+    assert all(collected[key] is None for key in ("resnet50_lightning_img_s", "lenet_cifar_epoch_s"))

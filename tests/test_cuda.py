@@ -1,0 +1,137 @@
+"""The CUDA paths, on one GPU: ``python -m pytest -m cuda`` (benchmarks/gpu_suite.sh runs them with the GPU
+benchmarks). Skipped where torch sees no GPU, so CI, which is CPU-only, collects and skips them.
+
+Each test runs the real command line in a subprocess, as a user would on a GPU node: mixed precision,
+channels-last and compile; DDP on NCCL with one rank; torch's SyncBatchNorm and its conversion back;
+preemption, the atomic checkpoint and resume; the NaN guard's late read; EMA's buffer all-reduce and the
+predictions gather on NCCL; and no host sync in a training step outside the logging steps. ResNet from
+JPEG files and FSDP are in test_cuda_resnet.py (the ResNet family's).
+"""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+NCCL = ["--trainer.strategy=ddp"]  # one rank: Lightning still builds the NCCL process group and DDP
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}  # the probes, for --trainer.callbacks
+
+
+def fit_ok(tmp_path: Path, *args: str, command: str = "fit", timeout: float = 600) -> str:
+    # The GPU and the run folder last: a --config among args (a recipe) would otherwise replace them.
+    result = run_cli([command, *args, *GPU, f"--trainer.default_root_dir={tmp_path}"], tmp_path, timeout, ENV)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    return out
+
+
+def last_ckpt(root: Path) -> Path:
+    (path,) = root.glob("lightning_logs/version_*/checkpoints/last.ckpt")
+    return path
+
+
+def loads_on_cpu(path: Path) -> dict:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    tensors = [v for v in checkpoint["state_dict"].values() if v.is_floating_point()]
+    assert tensors and all(v.device.type == "cpu" and torch.isfinite(v).all() for v in tensors)
+    return checkpoint
+
+
+# ---- mixed precision, channels-last, compile ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("compile", ["false", "true"])
+def test_lenet_fits_in_bf16_channels_last(tmp_path: Path, compile: str) -> None:
+    args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
+    fit_ok(tmp_path, *args, "--model.channels_last=true", f"--model.compile={compile}")
+    assert 0.0 <= read_scalars(last_ckpt(tmp_path).parent.parent)["val/acc"][-1] <= 1.0
+    loads_on_cpu(last_ckpt(tmp_path))
+
+
+# ---- DDP on NCCL, SyncBatchNorm ------------------------------------------------------------------------
+
+
+def test_ddp_on_nccl_with_torchs_syncbatchnorm_converted_back_after_fit(tmp_path: Path) -> None:
+    probe = {"class_path": "ddp_semantics_probe.Probe", "init_args": {"out_dir": str(tmp_path / "probe")}}
+    args = [*TINY_SHAPES, "--trainer.max_epochs=1", *NCCL, "--model.batch_norm=true"]
+    out = fit_ok(tmp_path, *args, "--trainer.sync_batchnorm=true", f"--trainer.callbacks={json.dumps(probe)}")
+    assert "distributed_backend=nccl" in out
+    record = torch.load(tmp_path / "probe" / "fit_rank0.pt", weights_only=False)
+    assert record["bn_classes"] == ["SyncBatchNorm"]  # torch's, on CUDA (runtime/sync_batchnorm.py)
+    from lit_ddp.models import LeNetCIFAR
+
+    model = LeNetCIFAR(batch_norm=True)  # plain BatchNorm again: the checkpoint loads anywhere
+    model.load_state_dict(loads_on_cpu(last_ckpt(tmp_path))["state_dict"])
+
+
+# ---- preemption, atomic checkpoints, resume ----------------------------------------------------------
+
+
+def test_sigterm_mid_epoch_checkpoints_atomically_and_resumes_to_the_end(tmp_path: Path) -> None:
+    fault = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    fault += ["--trainer.callbacks.at_step=5", "--preemption.check_every_n_batches=1"]
+    args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
+    out = fit_ok(tmp_path, *args, *fault)
+    # One process reads its own flag after every batch: it stops after the batch that saw the signal.
+    assert "stopped by SIGTERM at epoch 0, step 6 (mid-epoch, after 6 of 8 batches)" in out
+    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 6
+    fit_ok(tmp_path, *args, "--ckpt_path=last")
+    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 16
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and ".tmp" in p.name]  # no torn writes left
+
+
+# ---- the NaN guard reads its verdict one step late -----------------------------------------------------
+
+
+def test_nan_guard_stops_one_step_late_and_no_checkpoint_holds_the_bad_update(tmp_path: Path) -> None:
+    fault = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=nan"]
+    args = [*TINY_SHAPES, "--trainer.max_epochs=2", *fault, "--trainer.callbacks.at_step=10"]
+    result = run_cli(["fit", *GPU, f"--trainer.default_root_dir={tmp_path}", *args], tmp_path, 600, ENV)
+    assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
+    assert "non-finite loss or gradients at step 10 (epoch 1, batch 2)" in result.stderr
+    assert "one step later, and no checkpoint holds that update" in result.stderr
+    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 8  # epoch 0's, finite
+
+
+# ---- EMA and predictions on NCCL -------------------------------------------------------------------
+
+
+def test_ema_all_reduces_its_buffers_on_nccl_and_predictions_gather(tmp_path: Path) -> None:
+    args = [*TINY_SHAPES, "--trainer.max_epochs=1", *NCCL, "--model.batch_norm=true"]
+    fit_ok(tmp_path, *args, f"--config={REPO / 'configs' / 'presets' / 'ema.yaml'}")
+    checkpoint = loads_on_cpu(last_ckpt(tmp_path))
+    assert "current_model_state" in checkpoint  # the raw weights beside the average
+    out = tmp_path / "predict"
+    fit_ok(out, *TINY_SHAPES, *NCCL, f"--ckpt_path={last_ckpt(tmp_path)}", command="predict")
+    (written,) = out.rglob("predictions.csv")
+    with open(written) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["index"]) for r in rows] == list(range(64))  # the test split, once each, in order
+
+
+# ---- no host sync in a training step outside the logging steps ----------------------------------------
+
+
+def test_training_steps_between_logging_steps_never_wait_for_the_gpu(tmp_path: Path) -> None:
+    """torch's sync debug mode warns at every op that waits for the device; sync_probe.py counts them per
+    training step. Steps that write logs (every log_every_n_steps) may read values; the others must not."""
+    probe = {"class_path": "sync_probe.SyncCounter", "init_args": {"out": str(tmp_path / "syncs.json")}}
+    args = [*TINY_SHAPES, "--data.train_size=1024", "--trainer.max_epochs=2"]
+    args += ["--trainer.precision=bf16-mixed"]
+    args += ["--trainer.log_every_n_steps=8", f"--trainer.callbacks={json.dumps(probe)}"]
+    fit_ok(tmp_path, *args, "--trainer.enable_progress_bar=true")
+    counts = json.loads((tmp_path / "syncs.json").read_text())  # [global_step, syncs, first op] per step
+    # Not the logging steps (Lightning writes after the step that makes global_step a multiple of 8), nor an
+    # epoch's first (its loader starts) or last (validation and the epoch's metrics follow).
+    quiet = [c for c in counts if c[0] % 8 != 7 and c[0] % 32 not in (0, 31)]
+    assert quiet and all(syncs == 0 for _, syncs, _ in quiet), [c for c in quiet if c[1]][:5]
