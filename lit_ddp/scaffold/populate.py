@@ -30,6 +30,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "{pkg}/data/cifar10.py",
         "configs/lenet_cifar.yaml",
         "tests/test_cifar10.py",
+        "benchmarks/bench_lenet_gpu.py",
     ),
     "resnet_imagenet": (
         "{pkg}/models/resnet.py",
@@ -42,8 +43,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "tests/test_finetune.py",
         "tests/test_augment_imagefolder.py",
         "tests/imagenet_tree.py",
+        "tests/test_cuda_resnet.py",
         "benchmarks/bench_input_pipeline.py",
         "benchmarks/bench_resnet_gpu.py",
+        "benchmarks/bench_jpeg_gpu.py",
     ),
 }
 FAMILY_CHOICES = {"both": tuple(FAMILIES), **{name: (name,) for name in FAMILIES}}

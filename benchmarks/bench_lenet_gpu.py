@@ -1,0 +1,278 @@
+"""LeNet-CIFAR seconds per training epoch on one GPU: lit_ddp's Trainer.fit vs the tutorials' DDP loop.
+
+    python benchmarks/bench_lenet_gpu.py                                # one GPU, 50,000 images, best of 3
+    python benchmarks/bench_lenet_gpu.py --json lenet.json              # ... and the figures as JSON
+    python benchmarks/bench_lenet_gpu.py --cli-callbacks                # lit_ddp with `fit`'s callbacks too
+    python benchmarks/bench_lenet_gpu.py --device cpu --train-size 1024 --rounds 1 --tutorial-workers 0 \\
+        --json /tmp/lenet.json                                          # proves it runs, on a laptop
+
+Both sides train the same network (lit_ddp.models.LeNet) on the same CIFAR-shaped data held in memory as
+uint8 (``--train-size`` random 3×32×32 images, 10 classes; no side's speed depends on the pixels), with
+the batch size, optimizer settings and precision of configs/lenet_cifar.yaml. Each runs one warm-up epoch,
+then one timed epoch, the device synchronised at the start and the end of it:
+
+- lit_ddp: ``Trainer.fit`` of ``LeNetCIFAR`` (channels_last, AdamW and its schedule, torchmetrics accuracy)
+  on an in-memory ImageDataModule built as CIFAR10DataModule builds its splits: each uint8 batch is one
+  ``index_select``, copied to the device, then cropped (4-pixel padding), flipped and normalised there,
+  whole (``on_after_batch_transfer``). No validation, logger, checkpoints or progress bar;
+  ``--cli-callbacks`` adds every other callback ``python -m lit_ddp fit`` runs, and a logger for them.
+- tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
+  torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
+  ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
+  DistributedDataParallel on a one-process group (nccl on CUDA, gloo on CPU), AdamW, cross-entropy.
+
+The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
+best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s" and "device",
+with the arguments used.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import lightning as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import yaml
+from PIL import Image
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+from torchvision import transforms
+
+from lit_ddp.data import CIFAR10DataModule, ImageDataModule, TensorImageDataset
+from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
+from lit_ddp.runtime.nvml import skip_futile_nvml_checks
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "lenet_cifar.yaml"
+WARMUP_EPOCHS = 1  # the epoch after it is timed
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def read_recipe() -> dict:
+    """What the benchmark takes from configs/lenet_cifar.yaml: the batch size, the loader's workers, the
+    precision (Lightning's default if the recipe names none) and LeNetCIFAR's arguments."""
+    config = yaml.safe_load(RECIPE.read_text())
+    data, model = config["data"]["init_args"], dict(config["model"]["init_args"])
+    model["optim"] = OptimConfig(**model["optim"])
+    precision = config["trainer"].get("precision", "32-true")
+    return dict(
+        batch_size=data["batch_size"], num_workers=data["num_workers"], precision=precision, model=model
+    )
+
+
+def cifar_shaped(n: int, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """``n`` random (3, 32, 32) uint8 images and their labels (10 classes)."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
+    return images, torch.randint(0, 10, (n,), generator=g)
+
+
+# ---- (a) lit_ddp ---------------------------------------------------------------------------------------
+
+
+class InMemoryCIFAR(ImageDataModule):
+    """CIFAR10DataModule without its files: the same statistics, crop padding and TensorImageDataset."""
+
+    num_classes = CIFAR10DataModule.num_classes
+    class_names = CIFAR10DataModule.class_names
+    mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
+
+    def __init__(self, images: Tensor, labels: Tensor, batch_size: int, num_workers: int | None) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, crop_padding=4)
+        self.images, self.labels = images, labels
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        self.train_set = TensorImageDataset(self.images, self.labels)
+
+
+class EpochTimer(L.Callback):
+    """Seconds from the start of epoch ``epoch`` to the end of training (the module's epoch-end work
+    included), the device synchronised at both ends."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.start = self.seconds = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch == self.epoch:
+            synchronize(pl_module.device)
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        synchronize(pl_module.device)
+        self.seconds = time.perf_counter() - self.start
+
+
+def lit_ddp_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    torch.manual_seed(0)
+    timer = EpochTimer(WARMUP_EPOCHS)
+    callbacks: list[L.Callback] = [timer]
+    if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags below turn off (as the CLI does)
+        from lit_ddp.cli import CALLBACKS, OFF_SWITCHES  # here: the CLI needs jsonargparse, the rest not
+
+        off = tuple(OFF_SWITCHES.values())
+        callbacks += [cls(**kw) for cls, kw in CALLBACKS.values() if not issubclass(cls, off)]
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision=args.precision,
+            max_epochs=WARMUP_EPOCHS + 1,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=args.cli_callbacks,  # True: Lightning's default logger, under tmp; its callbacks need one
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp,
+            callbacks=callbacks,
+        )
+        dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
+        trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)
+    return timer.seconds
+
+
+# ---- (b) the tutorial loop ---------------------------------------------------------------------------
+
+
+class PILImages(Dataset):
+    """What torchvision.datasets.CIFAR10 does per sample: HWC uint8 → PIL image → the transform."""
+
+    def __init__(self, images: Tensor, labels: Tensor, transform: transforms.Compose) -> None:
+        self.images = images.permute(0, 2, 3, 1).contiguous().numpy()  # (N, 32, 32, 3), as CIFAR10 holds it
+        self.labels, self.transform = labels.tolist(), transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.transform(Image.fromarray(self.images[i])), self.labels[i]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tutorial_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
+        augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
+        to_tensor = [transforms.ToTensor(), transforms.Normalize(mean, std)]
+        dataset = PILImages(*data, transforms.Compose([*augment, *to_tensor]))
+        sampler = DistributedSampler(dataset)  # shuffles, reseeded by set_epoch
+        # As the tutorials write it: pinned memory, and workers started afresh every epoch (no
+        # persistent_workers), which the timed epoch pays for.
+        loader = DataLoader(
+            dataset,
+            batch_size=args.batch_size,
+            sampler=sampler,
+            num_workers=args.tutorial_workers,
+            pin_memory=device.type == "cuda",
+        )
+        net = LeNet().to(device)
+        model = DistributedDataParallel(net, device_ids=[device] if device.type == "cuda" else None)
+        # The recipe's AdamW settings, without lit_ddp's fused kernel and its no-decay group.
+        optim = recipe["model"]["optim"]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        bf16 = args.precision == "bf16-mixed"
+        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        for epoch in range(WARMUP_EPOCHS + 1):
+            if epoch == WARMUP_EPOCHS:
+                synchronize(device)
+                start = time.perf_counter()
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                optimizer.zero_grad()
+                with autocast:
+                    loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+        synchronize(device)
+        return time.perf_counter() - start
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    recipe = read_recipe()
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--train-size", type=int, default=50000, help="training images (CIFAR-10: 50,000)")
+    parser.add_argument("--batch-size", type=int, default=recipe["batch_size"], help="default: the recipe's")
+    parser.add_argument("--precision", default=recipe["precision"], choices=["32-true", "bf16-mixed"])
+    parser.add_argument("--tutorial-workers", type=int, default=4, help="the tutorial's DataLoader workers")
+    parser.add_argument("--rounds", type=int, default=3, help="the sides alternate; each keeps its best")
+    parser.add_argument("--cli-callbacks", action="store_true", help="lit_ddp with `fit`'s callbacks")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = parser.parse_args()
+
+    skip_futile_nvml_checks()  # as `python -m lit_ddp` does first; only machines without a driver differ
+    # The in-memory loader runs in the main process on purpose (the recipe's num_workers: 0).
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # what devices=1 picks
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    data = cifar_shaped(args.train_size)
+
+    lit, tutorial = [], []
+    for _ in range(args.rounds):
+        lit.append(lit_ddp_epoch(args, recipe, data, device))
+        tutorial.append(tutorial_epoch(args, recipe, data, device))
+    best_lit, best_tutorial = min(lit), min(tutorial)
+
+    print(
+        f"LeNet-5, {args.train_size:,} CIFAR-shaped uint8 images, batch {args.batch_size}, {args.precision},"
+        f" on {name}; one epoch after {WARMUP_EPOCHS} warm-up, best of {args.rounds}"
+    )
+    callbacks = " + fit's callbacks" if args.cli_callbacks else ""
+    rows = [
+        (f"lit_ddp: Trainer.fit, augmentation on the device{callbacks}", lit),
+        (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", tutorial),
+    ]
+    for label, times in rows:
+        each = " ".join(f"{t:.3f}" for t in times)
+        rate = args.train_size / min(times)
+        print(f"  {label:<68} {min(times):8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
+    print(f"  tutorial / lit_ddp epoch time: {best_tutorial / best_lit:.2f}×")
+
+    if args.json is not None:
+        figures = {
+            **{k: v for k, v in vars(args).items() if k != "json"},
+            "device": name,
+            "lenet_cifar_epoch_s": best_lit,
+            "tutorial_lenet_epoch_s": best_tutorial,
+            "torch": torch.__version__,
+            "lightning": L.__version__,
+        }
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
