@@ -34,7 +34,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import ModelCheckpoint
 from PIL import Image
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -42,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from lit_ddp.cli import CALLBACKS
+from lit_ddp.cli import CALLBACKS, OFF_SWITCHES
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.models import LeNetCIFAR
@@ -286,7 +285,12 @@ def _lit_ddp(world: int, steps: int, warmup: int) -> float:
             **_trainer_kwargs(world, tmp),
             # What `python -m lit_ddp fit` adds: every callback of its list but the checkpoints (not timed).
             callbacks=[
-                *(cls(**init_args) for cls, init_args in CALLBACKS.values() if cls is not ModelCheckpoint),
+                # The CLI's list, less what the flags below switch off (checkpoints, progress bar, summary).
+                *(
+                    cls(**init_args)
+                    for cls, init_args in CALLBACKS.values()
+                    if not issubclass(cls, tuple(OFF_SWITCHES.values()))
+                ),
                 Timer(world, steps, warmup, out_file),
             ],
         )
