@@ -3,12 +3,14 @@
 One step = the data module's on-device batch work (crop + flip, normalisation, and with mixing on the draw
 and the mix of MixUp or CutMix, one per batch) + LeNetCIFAR's forward, soft- or hard-target cross-entropy
 and metric update (its ``_shared_step``), backward and optimizer step, on a batch of 64 Shapes images.
-The two variants take turns, ``--rounds`` times, each round timing ``--steps`` steps after a warm-up;
+Both variants train one model instance (two instances differ by as much as mixing costs) and take turns,
+``--rounds`` times, each round timing ``--steps`` steps after a warm-up;
 reported: the median step time of each and the median and spread of the per-round ratio on/off. Then the
 mixing alone (``draw_mix`` + ``mix_batch`` on a normalised batch, half MixUp, half CutMix), which a noisy
 machine resolves far better than the difference of two whole steps.
 
     python benchmarks/bench_mixing_overhead.py --rounds 15 --steps 200 --threads 1
+    python benchmarks/bench_mixing_overhead.py --rounds 15 --steps 200 --threads 1 --control   # A/A
 """
 
 import argparse
@@ -27,24 +29,32 @@ from lit_ddp.models.optim import build_optimizer
 BATCH = 64
 
 
-def make_step(mix: bool):
-    dm = ShapesDataModule(batch_size=BATCH, mixup_alpha=0.2 if mix else 0.0, cutmix_alpha=1.0 if mix else 0.0)
-    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
+def make_steps(control: bool = False) -> dict[bool, object]:
+    """The step with mixing off and on, both training one model with one optimizer: two instances, even of
+    the same class, time apart by a few percent (their memory layout), as much as mixing costs. With
+    ``control`` both variants mix nothing: the ratio that leaves is the harness's own (an A/A check)."""
     model = LeNetCIFAR()
     optimizer, _ = build_optimizer(model.net, model.optim, BATCH, 10**6, 10**6)
     x, y = draw_shapes(8 * BATCH, seed=0)
     batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
     count = [0]
 
-    def step() -> None:
-        batch = batches[count[0] % len(batches)]
-        count[0] += 1
-        loss, _ = model._shared_step(dm.on_after_batch_transfer(batch, 0), "train")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    def make(mix: bool):
+        alphas = (0.2, 1.0) if mix and not control else (0.0, 0.0)
+        dm = ShapesDataModule(batch_size=BATCH, mixup_alpha=alphas[0], cutmix_alpha=alphas[1])
+        dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
 
-    return step
+        def step() -> None:
+            batch = batches[count[0] % len(batches)]
+            count[0] += 1
+            loss, _ = model._shared_step(dm.on_after_batch_transfer(batch, 0), "train")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+        return step
+
+    return {False: make(False), True: make(True)}
 
 
 def time_steps(step, steps: int, warmup: int) -> float:
@@ -79,16 +89,20 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: less exposed to neighbours)"
     )
+    parser.add_argument("--control", action="store_true", help="A/A: mixing off in both variants")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    steps = {False: make_step(False), True: make_step(True)}
+    steps = make_steps(args.control)
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(args.rounds):
         for mix in (False, True) if r % 2 == 0 else (True, False):  # alternate who goes first
             times[mix].append(time_steps(steps[mix], args.steps, args.warmup))
     ratios = sorted(on / off for on, off in zip(times[True], times[False], strict=True))
     q1, med, q3 = statistics.quantiles(ratios, n=4)
-    print(f"torch threads: {torch.get_num_threads()}, rounds: {args.rounds}, steps per round: {args.steps}")
+    print(
+        f"torch threads: {torch.get_num_threads()}, rounds: {args.rounds}, steps per round: {args.steps},"
+        f" one model{' (A/A control: mixing off in both)' if args.control else ''}"
+    )
     for mix in (False, True):
         ms = [t * 1e3 for t in times[mix]]
         name = "on " if mix else "off"
