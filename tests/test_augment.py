@@ -1,4 +1,5 @@
-"""Augmentation: MixUp/CutMix on the device, reproducible and resumable from their seeds (issue 16). The
+"""Augmentation: crop and flip per sample from (seed, epoch, index), alike on any device count (issue 22);
+MixUp/CutMix on the device, reproducible and resumable from their seeds (issue 16). The
 ImageFolder workers' auto-augment, random erasing and per-sample crops: test_augment_imagefolder.py.
 
     python -m pytest tests/test_augment.py -q            # the 2-process runs carry the ddp and slow markers
@@ -16,7 +17,8 @@ from test_ddp_semantics import DDP2, assert_identical, ckpt, final, job, launch,
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
-from lit_ddp.data.batch_transforms import draw_mix, mix_batch
+from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, random_crop_flip
+from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.errors import UserError
 from lit_ddp.models import LeNetCIFAR
 
@@ -86,6 +88,64 @@ def test_soft_targets_give_the_same_loss_and_accuracy_as_their_labels() -> None:
     torch.testing.assert_close(model.train_metrics.compute()["train/acc"], acc)
 
 
+# ---- crop and flip: per sample, from (seed, epoch, index) -------------------------------------------------
+
+
+def test_per_sample_draws_give_every_offset_and_flip_uniformly_and_independently() -> None:
+    # Channel 0 holds each pixel's row + 1, channel 1 its column + 1: the centre pixel of a crop names the
+    # crop's offset, and the column order names the flip (as test_data.py's generator version).
+    n, size, pad = 8100, 16, 4
+    rows = torch.arange(1, size + 1, dtype=torch.uint8).view(size, 1).expand(size, size)
+    x = torch.stack([rows, rows.T, rows]).expand(n, 3, size, size).contiguous()
+    out = random_crop_flip(x, padding=pad, rand=SampleRandom(torch.arange(n), key=7)).long()
+    c = size // 2
+    dy = out[:, 0, c, c] - 1 - c + pad
+    flipped = out[:, 1, c, c + 1] < out[:, 1, c, c]
+    dx = torch.where(flipped, out[:, 1, c, size - 1 - c], out[:, 1, c, c]) - 1 - c + pad
+    cell = (flipped.long() * (2 * pad + 1) + dy) * (2 * pad + 1) + dx  # the joint (flip, dy, dx) cell
+    counts = torch.bincount(cell, minlength=2 * (2 * pad + 1) ** 2)
+    assert counts.numel() == 162 and counts.min() > 20 and counts.max() < 100  # expected 50 each
+    # Samples far apart in index (beyond 2^32 too) and neighbouring keys draw unrelated numbers.
+    index = torch.tensor([3, 3 + 2**32, 4])
+    assert len(set(SampleRandom(index, 1).bits(0).tolist())) == 3
+    u, v = SampleRandom(torch.arange(n), 7).uniform(0), SampleRandom(torch.arange(n), 8).uniform(0)
+    assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.05
+
+
+def training_step_batches(dm: ShapesDataModule, batches, rank: int = 0, epoch: int = 1) -> list:
+    """What the training step receives for each (x, y, index) batch on ``rank``."""
+    dm.trainer = fake_trainer(True, epoch, rank)
+    return [dm.on_after_batch_transfer(b, 0) for b in batches]
+
+
+def test_each_sample_is_augmented_alike_on_any_device_count_batch_and_after_a_resume() -> None:
+    images, labels = draw_shapes(64, seed=0)
+    order = torch.randperm(64, generator=torch.Generator().manual_seed(1))  # one epoch's global order
+    one = ShapesDataModule(crop_padding=4)
+    # One process with batch 32: two global batches. Two processes with batch 16: rank r takes every 2nd.
+    big = [(images[o], labels[o], o) for o in order.view(2, 32)]
+    (a0, a1) = training_step_batches(one, big)
+    seen_one = dict(zip(order.tolist(), torch.cat([a0[0], a1[0]]), strict=True))
+    seen_two = {}
+    for rank in range(2):
+        shard = order[rank::2].view(2, 16)
+        out = training_step_batches(
+            ShapesDataModule(crop_padding=4), [(images[o], labels[o], o) for o in shard], rank
+        )
+        seen_two.update(zip(shard.flatten().tolist(), torch.cat([b[0] for b in out]), strict=True))
+        assert all(len(b) == 2 for b in out)  # the step gets (x, y): the indices stay in the data module
+    assert seen_one.keys() == seen_two.keys()
+    assert all(torch.equal(seen_one[i], seen_two[i]) for i in seen_one)  # byte-identical
+    plain = ShapesDataModule(augment=False)
+    (p0,) = training_step_batches(plain, big[:1])
+    assert sum(not torch.equal(a, p) for a, p in zip(a0[0], p0[0], strict=True)) > 24  # augmented
+    resumed = ShapesDataModule(crop_padding=4)
+    resumed.load_state_dict({"epoch": 1, "batches": 1})
+    assert torch.equal(training_step_batches(resumed, big[1:])[0][0], a1[0])
+    (later,) = training_step_batches(ShapesDataModule(crop_padding=4), big[:1], epoch=2)
+    assert not torch.equal(later[0], a0[0])  # a new epoch draws anew
+
+
 # ---- MixUp / CutMix in the data module ----------------------------------------------------------------
 
 
@@ -99,7 +159,7 @@ def test_mixing_is_per_seed_rank_epoch_and_batch_and_survives_a_resume() -> None
 
     def run(dm: ShapesDataModule, epoch: int = 1, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         dm.trainer = fake_trainer(True, epoch, rank)
-        return dm.on_after_batch_transfer((x, y), 0)
+        return dm.on_after_batch_transfer((x, y, torch.arange(16)), 0)
 
     def module() -> ShapesDataModule:
         return ShapesDataModule(mixup_alpha=0.4, cutmix_alpha=1.0)

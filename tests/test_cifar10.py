@@ -1,8 +1,11 @@
 """CIFAR-10: the reader of the original python-pickle release, the DataModule, and the recipe config,
 on a miniature dataset written in the real on-disk format (no download)."""
 
+import io
+import os
 import pickle
 import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -73,8 +76,9 @@ def test_cifar_datamodule_splits_train_into_train_and_val(cifar_root) -> None:
     assert len(dm.train_set) == 100 - 17 and len(dm.val_set) == 17
     dm.setup("test")
     assert len(dm.test_set) == 30
-    x, y = next(iter(dm.train_dataloader()))
+    x, y, index = next(iter(dm.train_dataloader()))  # the indices key each sample's augmentation
     assert x.shape == (8, 3, 32, 32) and x.dtype == torch.uint8 and y.dtype == torch.int64
+    assert index.shape == (8,) and int(index.max()) < len(dm.train_set)
 
 
 def test_cifar_accepts_the_batches_folder_itself(cifar_root) -> None:
@@ -119,6 +123,83 @@ def test_a_pickle_without_cifar_data_names_what_is_missing_and_advises_no_deleti
     with pytest.raises(UserError, match=r"test_batch is not a CIFAR-10 batch \(KeyError: 'data'\)") as err:
         read_batch(folder / "test_batch")
     assert "delete" not in str(err.value)
+
+
+# ---- the reader runs no code from a data file ----------------------------------------------------
+
+
+class Payload:
+    """What a crafted batch holds: unpickling it calls ``func(*args)``."""
+
+    def __init__(self, func, *args) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+@pytest.mark.parametrize("func", [os.system, exec], ids=["os.system", "builtins.exec"])
+def test_a_crafted_batch_runs_no_code_and_is_one_line(tmp_path: Path, func) -> None:
+    folder = write_cifar10(tmp_path / "cifar") / "cifar-10-batches-py"
+    marker = tmp_path / "pwned"
+    command = f"touch {marker}" if func is os.system else f"open({str(marker)!r}, 'w').close()"
+    # The payload sits where the pixels belong, inside an otherwise well-formed batch.
+    crafted = {b"data": Payload(func, command), b"labels": [0]}
+    for protocol in (2, pickle.HIGHEST_PROTOCOL):
+        with open(folder / "data_batch_1", "wb") as f:
+            pickle.dump(crafted, f, protocol=protocol)
+        with pytest.raises(UserError) as err:
+            read_batch(folder / "data_batch_1")
+        assert not marker.exists()
+        message = str(err.value)
+        assert "\n" not in message and "data_batch_1 is not a CIFAR-10 batch" in message
+        assert f"{func.__module__}.{func.__name__}" in message and "re-download" in message
+        with pytest.raises(UserError):  # the data module stops the same way, before any training
+            CIFAR10DataModule(data_dir=str(folder.parent)).setup("fit")
+        assert not marker.exists()
+    with open(folder / "data_batch_1", "rb") as f:
+        pickle.load(f)  # the file is a real exploit: what pickle.load did before
+    assert marker.exists()
+
+
+class Python2Pickler(pickle._Pickler):
+    """Writes bytes as Python 2 wrote its ``str`` (BINSTRING), as in the official files, where Python 3's
+    protocol 2 writes ``_codecs.encode(...)`` calls."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def save_bytes(self, obj: bytes) -> None:
+        n = len(obj)
+        head = pickle.SHORT_BINSTRING + bytes([n]) if n < 256 else pickle.BINSTRING + struct.pack("<i", n)
+        self.write(head + obj)
+        self.memoize(obj)
+
+    dispatch[bytes] = save_bytes
+
+
+def test_batches_from_python_2_and_every_python_3_protocol_are_read_alike(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    entry = {
+        b"batch_label": b"training batch 1 of 5",
+        b"labels": [int(v) for v in rng.integers(0, 10, 7)],
+        b"data": rng.integers(0, 256, (7, 3072), dtype=np.uint8),
+        b"filenames": [f"img_{i}.png".encode() for i in range(7)],
+    }
+    expected = (torch.from_numpy(entry[b"data"]).reshape(7, 3, 32, 32), torch.tensor(entry[b"labels"]))
+    files = {}
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):  # 5: numpy writes arrays through _frombuffer
+        for keys, value in (("bytes", entry), ("str", {k.decode(): v for k, v in entry.items()})):
+            files[f"py3_protocol{protocol}_{keys}_keys"] = pickle.dumps(value, protocol=protocol)
+    buffer = io.BytesIO()
+    Python2Pickler(buffer, protocol=2).dump(entry)
+    # numpy before 2.0 (and Python 2's numpy, which wrote the official files) named its module numpy.core.
+    files["python2_numpy1"] = buffer.getvalue().replace(b"numpy._core.", b"numpy.core.")
+    assert b"numpy.core.multiarray\n_reconstruct" in files["python2_numpy1"]
+    assert b"_codecs" not in files["python2_numpy1"]
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        x, y = read_batch(tmp_path / name)
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1]), name
 
 
 # ---- --data.download=true without a network ------------------------------------------------------

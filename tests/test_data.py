@@ -205,15 +205,16 @@ def test_training_sampler_resumes_mid_epoch_and_only_in_that_epoch() -> None:
     assert list(resumed) == list(full)
 
 
-def test_augmentation_depends_on_seed_rank_epoch_and_batch_only() -> None:
+def test_augmentation_depends_on_seed_epoch_and_sample_index_only() -> None:
+    # More: tests/test_augment.py (per-sample draws, any split of the batch, any device count).
     dm = ShapesDataModule(train_size=64, val_size=16, batch_size=16, crop_padding=4)
     x = draw_shapes(16, seed=0)[0]
-    cpu = torch.device("cpu")
+    index = torch.arange(100, 116)
 
-    def augment(*key: int) -> torch.Tensor:
-        return dm.augment_batch(x, dm.augmentation_generator(cpu, *key))
+    def augment(epoch: int, index: torch.Tensor = index) -> torch.Tensor:
+        return dm.augment_batch(x, dm.augmentation_random(index, epoch))
 
-    assert torch.equal(augment(0, 1, 2), augment(0, 1, 2))  # reproducible, whatever ran in between
-    for other in ((1, 1, 2), (0, 0, 2), (0, 1, 3)):  # another rank, epoch or batch
-        assert not torch.equal(augment(0, 1, 2), augment(*other))
-    assert not torch.equal(augment(0, 1, 2), x)
+    assert torch.equal(augment(1), augment(1))  # reproducible, whatever ran in between
+    assert not torch.equal(augment(1), augment(2))  # another epoch
+    assert not torch.equal(augment(1), augment(1, index + 16))  # other samples
+    assert not torch.equal(augment(1), x)

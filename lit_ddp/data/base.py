@@ -12,11 +12,13 @@ the rank, the batch, or an unreadable file left out of its batch.
 
 Resuming mid-epoch is exact: the data module counts the training batches of the current epoch, saves the
 count in the checkpoint (``state_dict``), and a resumed run continues at the next batch of the same order.
-Augmentation draws from a generator seeded by (seed, rank, epoch, batch), so a resumed batch is augmented
-as it would have been; so do MixUp and CutMix (``mixup_alpha``, ``cutmix_alpha``), which mix the normalised
-training batch and make its labels (B, num_classes) probabilities. Data modules that augment each sample in
-the DataLoader workers (imagenet.py) get (index, seed) pairs from their training sampler instead, the seed
-a function of (seed, epoch, index) only (``SeededSampleSampler``).
+Training batches carry their samples' indices to the device, and each sample's crop and flip are drawn
+from (seed, epoch, index) alone (``SampleRandom``, batch_transforms.py): the same on any device count and
+after a resume. MixUp and CutMix (``mixup_alpha``, ``cutmix_alpha``) mix the normalised training batch and
+make its labels (B, num_classes) probabilities; their draws come from (seed, rank, epoch, batch), since they
+pair images inside one device's batch (the one device-count-dependent augmentation). Data modules that
+augment each sample in the DataLoader workers (imagenet.py) get (index, seed) pairs from their training
+sampler instead, the seed a function of (seed, epoch, index) only (``SeededSampleSampler``).
 """
 
 import functools
@@ -33,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize, random_crop_flip
+from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize, random_crop_flip
 from lit_ddp.data.image_folder import ImageFileDataset, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import ResumableShuffleSampler, UnpaddedDistributedSampler
@@ -212,7 +214,6 @@ class ImageDataModule(LightningDataModule):
         self.predict_dir = predict_dir
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(predict_dir) if predict_dir is not None else []
-        self._aug_generators: dict[str, torch.Generator] = {}
         # Unreadable files, reported by callbacks/skipped_images.py (a data module has no epoch-end hooks).
         self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
         self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
@@ -260,6 +261,8 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
         sampler = self._train_sampler(dataset) if train else self._eval_sampler(dataset)
+        if train and not self.per_sample_seeds:
+            dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
         workers = self.workers_per_device()
         return DataLoader(
             dataset,
@@ -318,23 +321,21 @@ class ImageDataModule(LightningDataModule):
                 f" = {global_batch_size(t)} images per optimizer step"
             )
 
-    def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        """Training augmentation of a (B, C, H, W) uint8 batch on its device: random crop + flip."""
-        return random_crop_flip(x, self.crop_padding, generator=generator)
+    def augment_batch(self, x: Tensor, rand: SampleRandom) -> Tensor:
+        """Training augmentation of a (B, C, H, W) uint8 batch on its device: random crop + flip, each
+        sample's from ``rand`` (its draws 0–2). An override takes every random number from ``rand``, so
+        that it stays the same on any device count; a draw of its own takes the next free draw number."""
+        return random_crop_flip(x, self.crop_padding, rand=rand)
 
-    def augmentation_generator(
-        self, device: torch.device, rank: int, epoch: int, batch: int
-    ) -> torch.Generator:
-        """The RNG of one training batch, seeded by (seed, rank, epoch, batch): different on every rank and
-        batch, reproducible, and the same after a resume. Re-seeding costs no device sync."""
-        generator = self._aug_generators.get(str(device))
-        if generator is None:
-            generator = self._aug_generators[str(device)] = torch.Generator(device=device)
-        return generator.manual_seed(_stable_seed(self.seed, rank, epoch, batch))
+    def augmentation_random(self, index: Tensor, epoch: int) -> SampleRandom:
+        """The per-sample random numbers of a training batch whose samples are ``index`` (B,): a function
+        of (seed, epoch, index) only, so neither rank nor batch nor device count changes a sample's draws."""
+        return SampleRandom(index, _stable_seed(self.seed, epoch))
 
     def mixing_rng(self, rank: int, epoch: int, batch: int) -> random.Random:
         """MixUp/CutMix's draws for one training batch (the choice, λ, the box: a few host scalars), seeded
-        by the same (seed, rank, epoch, batch) as the crop's generator (why Python's: batch_transforms.py)."""
+        by (seed, rank, epoch, batch): mixing pairs images inside this device's batch anyway (why Python's
+        RNG: batch_transforms.py)."""
         return random.Random(_stable_seed(self.seed, rank, epoch, batch))
 
     def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
@@ -360,14 +361,20 @@ class ImageDataModule(LightningDataModule):
         self.pending_skipped.setdefault(split, {}).update(bad.values())
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
-        x, y, *index = batch  # (B, C, H, W) uint8 on the device; a predict batch adds its sample indices
+        x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices
         trainer = self.trainer
         mix = None
         if trainer is not None and trainer.training:
             epoch = trainer.current_epoch
-            key = (trainer.global_rank, epoch, self._count_training_batch(epoch))  # seeds this batch's draws
-            if self.augment:
-                x = self.augment_batch(x, self.augmentation_generator(x.device, *key))
+            key = (trainer.global_rank, epoch, self._count_training_batch(epoch))  # seeds the mixing
+            if self.augment and not self.per_sample_seeds:  # per_sample_seeds: the workers augmented
+                if not index:
+                    raise RuntimeError(
+                        f"{type(self).__name__}: training batches reach the device without their sample"
+                        " indices: build the training loader with ImageDataModule._loader"
+                    )
+                x = self.augment_batch(x, self.augmentation_random(index[0], epoch))
+            index = []  # training steps take (x, y), as they always have
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 h, w = x.shape[-2:]
                 mix = draw_mix(h, w, self.mixup_alpha, self.cutmix_alpha, self.mixing_rng(*key))

@@ -1,10 +1,13 @@
 """Augmentation and normalisation of whole uint8 batches, on the device the batch landed on.
 
 Per-sample PIL transforms in DataLoader workers are what limits the tutorials' throughput on small
-images; here a (B, 3, H, W) uint8 batch costs a few tensor ops. Randomness comes from an explicit
-``torch.Generator`` so each rank draws its own crops and flips (the global RNG is seeded identically
-on every rank by ``seed_everything``, which would give every rank the same augmentation). MixUp and
-CutMix mix the normalised float batch and turn its labels into (B, num_classes) probabilities.
+images; here a (B, 3, H, W) uint8 batch costs a few tensor ops. Each sample's random numbers come from
+``SampleRandom``: a counter-based hash of (key, sample index, draw number), computed on the device for the
+whole batch at once. With the key a function of (seed, epoch), a sample is cropped and flipped alike
+whichever rank, batch or device count handles it, so 1 × 64 and 2 × 32 see the same augmented images and a
+resumed run augments as the uninterrupted one (the global RNG would do neither: ``seed_everything`` seeds
+it identically on every rank, and its stream depends on how many samples came before). MixUp and CutMix
+mix the normalised float batch and turn its labels into (B, num_classes) probabilities.
 """
 
 import functools
@@ -32,8 +35,56 @@ def normalize(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Ten
     return x.float().sub_(m).div_(s)  # in place on the fresh float copy: one allocation
 
 
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(h: Tensor) -> Tensor:
+    """A 32-bit integer hash of int64 values in [0, 2^32), elementwise (Wellons' lowbias32 xor-shift-multiply
+    rounds, https://nullprogram.com/blog/2018/07/31/). The multipliers are odd and below 2^31, so no
+    product leaves int64: the same bits on every device and backend, no overflow to rely on."""
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x27D4EB2F) & _M32  # xxHash's PRIME32_4
+    return h ^ (h >> 16)
+
+
+class SampleRandom:
+    """Random numbers for each sample of a batch, a pure function of (key, sample index, draw number).
+
+    ``index`` is the (B,) int64 tensor of the samples' indices in their dataset, on the batch's device;
+    ``key`` any int (the data module passes a hash of (seed, epoch)). Draw ``k`` of sample ``i`` is the
+    same whatever batch, rank or device count carries ``i`` — a counter-based generator in the manner of
+    Philox (Salmon et al., SC'11), small enough to run as a few elementwise integer ops on the device.
+    Augmentations number their draws: crop row 0, crop column 1, flip 2; a new per-sample draw takes the
+    next free number.
+    """
+
+    def __init__(self, index: Tensor, key: int) -> None:
+        k1, k2 = key & _M32, (key >> 32) & _M32
+        index = index.long()
+        # Two rounds fold the low and high 32 bits of the index with the two halves of the key.
+        self._base = _mix32(_mix32((index & _M32) ^ k1) ^ (index >> 32) ^ k2)  # (B,) in [0, 2^32)
+
+    def bits(self, draw: int) -> Tensor:
+        """(B,) int64 in [0, 2^32): draw number ``draw`` of each sample."""
+        return _mix32((self._base + (draw + 1) * 0x9E3779B9) & _M32)  # golden-ratio stride (splitmix)
+
+    def integers(self, draw: int, high: int) -> Tensor:
+        """(B,) int64 in [0, high), ``high`` ≤ 2^31: Lemire's multiply-shift of the 32 bits."""
+        return (self.bits(draw) * high) >> 32
+
+    def uniform(self, draw: int) -> Tensor:
+        """(B,) float32 in [0, 1), from the top 24 bits (exact in float32)."""
+        return (self.bits(draw) >> 8).float() * 2.0**-24
+
+
 def random_crop_flip(
-    x: Tensor, padding: int, flip_p: float = 0.5, generator: torch.Generator | None = None
+    x: Tensor,
+    padding: int,
+    flip_p: float = 0.5,
+    generator: torch.Generator | None = None,
+    rand: SampleRandom | None = None,
 ) -> Tensor:
     """torchvision's RandomCrop(size, padding) then RandomHorizontalFlip(flip_p), per image, batched.
 
@@ -44,13 +95,20 @@ def random_crop_flip(
     offset ``dx`` of the mirror is the mirror of the window at ``2·padding - dx``, so crops stay uniform.
     About 2× faster on CPU than one strided-window gather, which matters when the model is as small as
     LeNet (benchmarks/bench_lenet_throughput.py).
+
+    The draws come from ``rand`` (per sample: crop row 0, column 1, flip 2) when given, else from
+    ``generator`` (or the global RNG) for the whole batch.
     """
     if padding == 0:  # no crop to draw: a flip alone needs no padded copies
-        return random_hflip(x, flip_p, generator=generator)
+        return random_hflip(x, flip_p, generator=generator, rand=rand)
     b, c, h, w = x.shape
     n = 2 * padding + 1
-    offsets = torch.randint(0, n, (2, b), device=x.device, generator=generator)
-    flip = torch.rand(b, device=x.device, generator=generator) < flip_p
+    if rand is not None:
+        offsets = torch.stack([rand.integers(0, n), rand.integers(1, n)])
+        flip = rand.uniform(2) < flip_p
+    else:
+        offsets = torch.randint(0, n, (2, b), device=x.device, generator=generator)
+        flip = torch.rand(b, device=x.device, generator=generator) < flip_p
     source = F.pad(x, (padding, padding, padding, padding))  # (B, C, H2, W2), contiguous
     image = torch.arange(b, device=x.device)
     if flip_p > 0:
@@ -67,8 +125,15 @@ def random_crop_flip(
     return rows.index_select(0, (corner + plane + row).view(-1)).view(b, c, h, w)
 
 
-def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = None) -> Tensor:
-    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p
+def random_hflip(
+    x: Tensor, p: float = 0.5, generator: torch.Generator | None = None, rand: SampleRandom | None = None
+) -> Tensor:
+    """Each image mirrored with probability ``p``: draw 2 of ``rand`` (as in ``random_crop_flip``), else
+    one draw per image from ``generator``."""
+    if rand is not None:
+        flip = rand.uniform(2) < p
+    else:
+        flip = torch.rand(x.shape[0], device=x.device, generator=generator) < p
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
 
 
@@ -76,7 +141,9 @@ def random_hflip(x: Tensor, p: float = 0.5, generator: torch.Generator | None = 
 # Own functions, not torchvision's v2.MixUp / v2.CutMix: those draw λ (torch.distributions.Beta.sample) and
 # the box (torch.randint) from torch's global RNG and take no generator, so every rank would mix alike
 # (seed_everything seeds them all the same) and a resumed batch would mix differently. Here the draws come
-# from one RNG per batch, seeded like the crop's by (seed, rank, epoch, batch) (base.py: ``mixing_rng``).
+# from one RNG per batch, seeded by (seed, rank, epoch, batch) (base.py: ``mixing_rng``). Mixing pairs
+# each image with its neighbour in the same device's batch, so it is the one augmentation that differs
+# between 1 × 2b and 2 × b: which images meet depends on how the global batch is split (README says so).
 # It is Python's ``random.Random``: its ``betavariate`` is the Beta sampler that torch offers with a
 # generator only under a private name, and a few host scalars never make a GPU wait (a draw from a CUDA
 # generator read back with .item() would).
