@@ -230,9 +230,13 @@ class LitDDPCLI(LightningCLI):
         check_writable(trainer_config.get("default_root_dir") or os.getcwd())
         if trainer_config.get("logger") in (None, True):
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
-            # TensorBoard would show instead of RunInfo's, with the real validation metrics.
+            # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
+            # recipe (logs/lenet_cifar/version_N), so `--ckpt_path=last` never finds another experiment's run.
+            from lit_ddp.runtime.resume import experiment_name
+
             kwargs["logger"] = TensorBoardLogger(
                 save_dir=trainer_config.get("default_root_dir") or os.getcwd(),
+                name=experiment_name(self._subcommand_config(self.config).get("config")),
                 version=SLURMEnvironment.job_id(),
                 default_hp_metric=False,
             )
@@ -261,7 +265,7 @@ class LitDDPCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
         config["ckpt_path"] = prepare_ckpt_path(
-            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint
+            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
         )
         bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
 

@@ -184,7 +184,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     requeued = run(["bash", str(script), *two_epochs], tmp_path, env)
     out = requeued.stdout + requeued.stderr
     assert requeued.returncode == 0, out[-3000:]
-    (last,) = tmp_path.glob("logs/lightning_logs/version_*/checkpoints/last.ckpt")
+    (last,) = tmp_path.glob("logs/lenet_shapes/version_*/checkpoints/last.ckpt")  # $CONFIG's folder
     assert f"resuming from {last.relative_to(tmp_path)}" in out
     assert torch.load(last, weights_only=True)["global_step"] == 8
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # no second requeue

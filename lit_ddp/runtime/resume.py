@@ -2,13 +2,19 @@
 
 Lightning resolves ``--ckpt_path=last`` inside the *new* run's directory (``version_N+1/checkpoints``),
 which is empty, so a plain ``fit --ckpt_path=last`` would silently start from scratch. Here ``last`` means
-the newest ``last*.ckpt`` of any earlier run under the logger's directory, and the resumed run keeps
-logging into that run's directory (one TensorBoard run, one checkpoint folder). With no earlier checkpoint
-it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every (re)submission.
+the newest ``last*.ckpt`` of an earlier run *of the same model and data* under the logger's directory, and
+the resumed run keeps logging into that run's directory (one TensorBoard run, one checkpoint folder). With
+no earlier checkpoint it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every
+(re)submission; with only other experiments' runs there it is an error naming the run and what differs,
+since resuming one would train (and overwrite) another experiment.
+
+Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``experiment_name``), so runs of
+different recipes never share the folder ``last`` searches.
 """
 
 from pathlib import Path
 
+import yaml
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -21,6 +27,28 @@ from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, p
 from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
+DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
+
+
+def experiment_name(config_files) -> str:
+    """The folder a run logs into under ``default_root_dir``: the recipe's name.
+
+    The recipe is the first ``--config`` file that chooses the model or the data (presets such as
+    ``presets/debug.yaml`` only adjust it): ``configs/lenet_cifar.yaml`` → ``lenet_cifar``. A run's own saved
+    ``<name>/version_N/config.yaml``, given back with ``--config``, is that run's experiment, ``<name>``.
+    With no recipe file: ``lightning_logs``, as Lightning names it."""
+    for file in config_files or []:
+        path = Path(str(file))
+        try:
+            content = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):  # parsed already by the CLI: this is not where it fails
+            continue
+        if not isinstance(content, dict) or not ({"model", "data"} & set(content)):
+            continue
+        if path.name == "config.yaml" and path.parent.name.startswith("version_"):
+            return path.parent.parent.name
+        return path.stem
+    return DEFAULT_EXPERIMENT
 
 
 def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | None:
@@ -34,15 +62,52 @@ def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | N
     return None
 
 
-def find_last_checkpoint(trainer: Trainer) -> Path | None:
-    """The newest ``last*.ckpt`` of the runs under the logger's ``save_dir/name``, or None."""
+def _class_name(class_path: str | None) -> str | None:
+    return class_path.rsplit(".", 1)[-1] if class_path else None
+
+
+def _differences(checkpoint: dict, model: LightningModule, datamodule) -> list[str]:
+    """What a checkpoint's run was, where it is not this run: its model class and its data class."""
+    saved_model = _class_name((checkpoint.get("hyper_parameters") or {}).get("_class_path"))
+    saved_data = _class_name((checkpoint.get("datamodule_hyper_parameters") or {}).get("_class_path"))
+    this_data = type(datamodule).__name__ if datamodule is not None else None
+    differs = []
+    if saved_model and saved_model != type(model).__name__:
+        differs.append(f"model {saved_model} (this run: {type(model).__name__})")
+    if saved_data and this_data and saved_data != this_data:
+        differs.append(f"data {saved_data} (this run: {this_data})")
+    return differs
+
+
+def find_last_checkpoint(
+    trainer: Trainer, model: LightningModule | None = None, datamodule=None
+) -> Path | None:
+    """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
+    or None when there is none at all; UserError when there are only other experiments' runs."""
     logger = _logger_with_versions(trainer)
     checkpoint = trainer.checkpoint_callback
     if logger is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
         return None  # a fixed checkpoint dirpath or a pinned version: Lightning's own "last" is right
     runs = Path(logger.save_dir) / (logger.name or "")
-    candidates = [p for p in runs.glob("*/checkpoints/last*.ckpt") if p.is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+    candidates = sorted(
+        (p for p in runs.glob("*/checkpoints/last*.ckpt") if p.is_file()),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    if model is None or not candidates:
+        return candidates[0] if candidates else None
+    newest_other = None
+    for path in candidates:  # newest first; only the hyperparameters are read (memory-mapped)
+        differs = _differences(load_checkpoint_file(path, mmap=True), model, datamodule)
+        if not differs:
+            return path
+        newest_other = newest_other or (path, differs)
+    path, differs = newest_other
+    raise UserError(
+        f"--ckpt_path=last: the runs under {runs} are other experiments', the newest"
+        f" {path.parent.parent.name} with {' and '.join(differs)}: resuming it would train another model or"
+        " data: pass --ckpt_path=PATH to a checkpoint of this one, or leave --ckpt_path out for a new run"
+    )
 
 
 def _lightning_finds_last(trainer: Trainer) -> bool:
@@ -151,16 +216,17 @@ def prepare_ckpt_path(
     model: LightningModule,
     subcommand: str = "fit",
     checkpoint: dict | None = None,
+    datamodule=None,
 ) -> str | None:
-    """The path the subcommand should get: ``last`` resolved across runs; an explicit file checked now
-    (``checkpoint``: that file, if already loaded).
+    """The path the subcommand should get: ``last`` resolved across the runs of this model and data; an
+    explicit file checked now (``checkpoint``: that file, if already loaded).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        found = find_last_checkpoint(trainer)
+        found = find_last_checkpoint(trainer, model, datamodule)
         if found is None and subcommand != "fit" and not _lightning_finds_last(trainer):
             raise UserError(
                 f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under"

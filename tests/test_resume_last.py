@@ -1,0 +1,72 @@
+"""``--ckpt_path=last`` resumes a run of the same model and data, in that recipe's own folder."""
+
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from lit_ddp.cli import build_cli, main
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.runtime.resume import experiment_name
+
+TINY = [
+    "--data.train_size=64",
+    "--data.val_size=16",
+    "--data.test_size=16",
+    "--data.batch_size=32",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+]
+
+
+class OtherShapes(ShapesDataModule):
+    """Another experiment's data, for the tests: the same images under another data class."""
+
+
+OTHER = f"--data={__name__}.OtherShapes"
+
+
+def test_last_never_resumes_another_experiments_run_and_names_what_differs(tmp_path: Path, capsys) -> None:
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, root])
+    shapes_run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: p.read_bytes() for p in shapes_run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, OTHER, "--ckpt_path=last", "--trainer.max_epochs=2", root])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith("lit_ddp: error: --ckpt_path=last: the runs under")
+    assert "version_0 with data ShapesDataModule (this run: OtherShapes)" in err
+    # Nothing of the Shapes run was written to, and the refused run left no folder.
+    assert {p: p.read_bytes() for p in shapes_run.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
+
+
+def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_path: Path, caplog) -> None:
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, root])  # version_0: Shapes
+    build_cli(["fit", *TINY, OTHER, root])  # version_1: the newer run, another experiment
+    other_ckpt = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
+    other_bytes = other_ckpt.read_bytes()
+    with caplog.at_level("INFO"):
+        cli = build_cli(["fit", *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", root])
+    shapes_ckpt = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"resuming from {shapes_ckpt}" in caplog.messages
+    assert cli.trainer.current_epoch == 2 and cli.trainer.logger.version == 0
+    assert other_ckpt.read_bytes() == other_bytes
+
+
+def test_each_recipe_logs_into_its_own_folder(tmp_path: Path) -> None:
+    preset = tmp_path / "debug.yaml"
+    preset.write_text("trainer:\n  max_epochs: 1\n")
+    recipe = REPO / "configs" / "lenet_cifar.yaml"
+    saved = tmp_path / "lenet_cifar" / "version_3" / "config.yaml"
+    saved.parent.mkdir(parents=True)
+    saved.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\n")
+    assert experiment_name([recipe, preset]) == "lenet_cifar"
+    assert experiment_name([preset, recipe]) == "lenet_cifar"  # a preset is not the experiment
+    assert experiment_name([preset]) == experiment_name(None) == "lightning_logs"
+    assert experiment_name([saved]) == "lenet_cifar"  # a run's own config, given back
+    shapes_recipe = f"--config={REPO / 'configs' / 'lenet_shapes.yaml'}"
+    cli = build_cli([shapes_recipe, *TINY, f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert Path(cli.trainer.logger.log_dir) == tmp_path / "lenet_shapes" / "version_0"
