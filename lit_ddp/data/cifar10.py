@@ -4,6 +4,7 @@ The 50,000 training images are split by a seeded permutation into train and ``va
 images (the same split on every rank); ``test`` is the official 10,000-image test batch.
 """
 
+import codecs
 import pickle
 import shutil
 import tarfile
@@ -29,20 +30,67 @@ ARCHIVE = "cifar-10-python.tar.gz"  # what torchvision's download writes beside 
 LOCK = ".cifar-10-download.lock"
 
 
+def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
+    """What ``_codecs.encode`` does in a protocol-2 pickle written by Python 3 (its ``bytes`` are stored as
+    ``_codecs.encode(str, "latin1")``), for that codec only."""
+    if codecs.lookup(encoding).name != "iso8859-1":
+        raise _Refused(f"_codecs.encode(..., {encoding!r})")
+    return codecs.encode(text, "latin1")
+
+
+def _numpy_globals() -> dict[tuple[str, str], object]:
+    """The globals an ndarray pickle names, under the module names numpy 1 and numpy 2 write (and Python 2's
+    numpy, which wrote the official files). The objects are taken from numpy's own reductions, so no
+    deprecated ``numpy.core`` import is needed and the table holds on either numpy."""
+    array = np.zeros(1, np.uint8)
+    reconstruct, frombuffer = array.__reduce__()[0], array.__reduce_ex__(5)[0]
+    make_scalar = np.int64(0).__reduce__()[0]
+    found = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+    for core in ("numpy.core", "numpy._core"):
+        found[(f"{core}.multiarray", "_reconstruct")] = reconstruct
+        found[(f"{core}.multiarray", "scalar")] = make_scalar
+        found[(f"{core}.numeric", "_frombuffer")] = frombuffer
+    return found
+
+
+class _Refused(pickle.UnpicklingError):
+    """A pickle asked for a global that a CIFAR batch never names."""
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Loads only what a CIFAR batch holds: dicts, lists, bytes, str, ints (pickle opcodes, no global needed)
+    and numpy arrays and scalars. Any other global (``os.system``, ``builtins.eval``, ...) is refused before
+    it is even imported, so a crafted file cannot run code; ``pickle.load`` would call whatever it names."""
+
+    ALLOWED = {**_numpy_globals(), ("_codecs", "encode"): _latin1_encode}
+
+    def find_class(self, module: str, name: str) -> object:
+        try:
+            return self.ALLOWED[(module, name)]
+        except KeyError:
+            raise _Refused(f"{module}.{name}") from None
+
+
 def read_batch(path: Path) -> tuple[Tensor, Tensor]:
     """One pickled batch → images (N, 3, 32, 32) uint8 and labels (N,) int64.
 
     The official files are Python 2 pickles with bytes keys (``b"data"``, ``b"labels"``); a batch saved
-    again by Python 3 has str keys. Both are read, as torchvision does. (Load only files you trust, as
-    with any pickle.)
+    again by Python 3 has str keys. Both are read, as torchvision does, but with ``_BatchUnpickler``: a file
+    that asks for anything besides plain containers and numpy arrays is refused unrun.
     """
     # Each failure names the file and a fix that keeps it: the file may be good data in another form.
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="bytes")
+            entry = _BatchUnpickler(f, encoding="bytes").load()
     except OSError as err:
         raise UserError(f"cannot read CIFAR-10 file {path} ({err}): check that it is readable") from None
-    except Exception as err:  # a truncated or foreign file makes pickle.load raise nearly anything
+    except _Refused as err:
+        raise UserError(
+            f"CIFAR-10 file {path} is not a CIFAR-10 batch: it asks to call {err}, which the format never"
+            f" does (refused, nothing was run): delete it and take the file of that name from {ARCHIVE}"
+            " (re-download)"
+        ) from None
+    except Exception as err:  # a truncated or foreign file makes unpickling raise nearly anything
         raise UserError(
             f"CIFAR-10 file {path} is truncated or not a pickle ({type(err).__name__}: {err}):"
             f" replace it with the file of that name from {ARCHIVE}"
