@@ -125,6 +125,36 @@ def test_a_pickle_without_cifar_data_names_what_is_missing_and_advises_no_deleti
     assert "delete" not in str(err.value)
 
 
+def test_cifar100_batches_are_named_as_such_in_one_line(tmp_path: Path) -> None:
+    """CIFAR-100's pickles ('fine_labels', 0-99) under CIFAR-10's names trained until a label ≥ 10 met the
+    10-class loss: ``IndexError: Target 36 is out of bounds``."""
+    folder = write_cifar10(tmp_path) / "cifar-10-batches-py"
+    rng = np.random.default_rng(0)
+    cifar100 = {
+        b"filenames": [b"x.png"] * 20,
+        b"fine_labels": [int(v) for v in rng.integers(0, 100, 20)],
+        b"coarse_labels": [int(v) for v in rng.integers(0, 20, 20)],
+        b"data": rng.integers(0, 256, (20, 3072), dtype=np.uint8),
+    }
+    with open(folder / "data_batch_2", "wb") as f:
+        pickle.dump(cifar100, f, protocol=2)
+    dm = CIFAR10DataModule(data_dir=str(folder.parent))
+    with pytest.raises(UserError) as err:
+        dm.setup("fit")
+    message = str(err.value)
+    assert "\n" not in message and "data_batch_2 is a CIFAR-100 batch ('fine_labels', 100 classes)" in message
+    assert "reads CIFAR-10 (10 classes): pass --data.data_dir=" in message
+
+
+def test_labels_outside_the_ten_classes_are_one_line(tmp_path: Path) -> None:
+    folder = write_cifar10(tmp_path) / "cifar-10-batches-py"
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({"data": np.zeros((2, 3072), np.uint8), "labels": [3, 36]}, f)
+    expected = r"test_batch is not a CIFAR-10 batch \(ValueError: labels from 3 to 36, where CIFAR-10 has 0"
+    with pytest.raises(UserError, match=expected):
+        read_batch(folder / "test_batch")
+
+
 # ---- the reader runs no code from a data file ----------------------------------------------------
 
 

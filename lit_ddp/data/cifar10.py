@@ -97,10 +97,22 @@ def read_batch(path: Path) -> tuple[Tensor, Tensor]:
         ) from None
     try:
         entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
+    except (AttributeError, TypeError):
+        entry = {}  # not a dict: reported below as a missing 'data'
+    if "fine_labels" in entry and "labels" not in entry:
+        # CIFAR-100's release (train/test, 'fine_labels' 0-99) under CIFAR-10's file names: without this,
+        # labels up to 99 reach a 10-class loss as "IndexError: Target 36 is out of bounds".
+        raise UserError(
+            f"CIFAR-10 file {path} is a CIFAR-100 batch ('fine_labels', 100 classes), but this data module"
+            f" reads CIFAR-10 (10 classes): pass --data.data_dir=<folder holding {FOLDER}>"
+        )
+    try:
         data = np.asarray(entry["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-        labels = np.asarray(entry["labels"] if "labels" in entry else entry["fine_labels"], dtype=np.int64)
+        labels = np.asarray(entry["labels"], dtype=np.int64)
         if labels.ndim != 1 or len(labels) != len(data):
             raise ValueError(f"{len(data)} images but labels of shape {labels.shape}")
+        if len(labels) and not 0 <= labels.min() <= labels.max() < len(CLASS_NAMES):
+            raise ValueError(f"labels from {labels.min()} to {labels.max()}, where CIFAR-10 has 0 to 9")
     except (AttributeError, KeyError, ValueError, TypeError) as err:
         raise UserError(
             f"CIFAR-10 file {path} is not a CIFAR-10 batch ({type(err).__name__}: {err}): expected a pickled"
