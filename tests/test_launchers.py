@@ -218,3 +218,85 @@ def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None
     assert "0100007F" in listening["listen_rank0.txt"]  # rank 0 hosts the store: 127.0.0.1 (hex, as in /proc)
     loopback = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
     assert set(addresses) <= loopback, addresses
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(200)
+def test_torchrun_with_devices_left_out_is_one_clear_error_not_two_trainings(tmp_path: Path) -> None:
+    """--trainer.devices left out is 1 on a CPU: Lightning took each of torchrun's processes as a job of its
+    own (two trainings, two run folders)."""
+    result = run([*torchrun(2), *RUN], cwd=tmp_path, timeout=180)
+    assert result.returncode != 0
+    line = "lit_ddp: error: torchrun started 2 processes but --trainer.devices=1 × --trainer.num_nodes=1 = 1"
+    assert line + ": make them equal (--trainer.devices=2, or torchrun's" in result.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def _trainer(devices: int = 1, num_nodes: int = 1, strategy: str = "auto"):
+    from lightning import Trainer
+
+    return Trainer(
+        accelerator="cpu",
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=strategy,
+        logger=False,
+        barebones=True,
+    )
+
+
+LAUNCHER_ENVIRONMENTS = {
+    "torchrun": {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none", "RANK": "0"},
+    "mpirun": {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0"},
+    "mpirun (MPICH)": {"PMI_SIZE": "2", "MPI_LOCALNRANKS": "2", "PMI_RANK": "0"},
+    "srun": {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"},
+}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHER_ENVIRONMENTS))
+def test_every_launchers_world_must_match_the_trainers_devices(
+    launcher: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes started by the launcher and --trainer.devices=1: the check ran only when Lightning's
+    strategy used the launcher's environment, which it does not for one device, so each process trained
+    alone. (The trainer is built first: the check reads what each launcher sets, whatever Lightning chose.)"""
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.launch import check_launcher_world
+
+    trainer = _trainer(devices=1)
+    for key, value in LAUNCHER_ENVIRONMENTS[launcher].items():
+        monkeypatch.setenv(key, value)
+    name = launcher.split()[0]
+    with pytest.raises(UserError, match=rf"^{name} started 2 processes but --trainer.devices=1 × "):
+        check_launcher_world(trainer)
+    # One srun task is Lightning's own launch of the devices' processes: allowed.
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    if launcher == "srun":
+        check_launcher_world(trainer)
+
+
+def test_mpirun_without_mpi4py_is_one_error_not_separate_trainings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.launch import check_launcher_world
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    trainer = _trainer(devices=2, strategy="ddp")  # Lightning's own environment: it would start 2 more each
+    for key, value in LAUNCHER_ENVIRONMENTS["mpirun"].items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UserError, match="Lightning does not join them into one training.*pip install mpi4py"):
+        check_launcher_world(trainer)
+
+
+def test_several_nodes_without_a_launcher_is_one_line_not_a_600_s_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    from lit_ddp.cli import main
+
+    for key in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK", "WORLD_SIZE", "SLURM_NTASKS", "SLURM_STEP_ID"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *RUN, "--trainer.num_nodes=2", f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("lit_ddp: error: --trainer.num_nodes=2, but nothing started this job on 2 nodes")
+    assert not (tmp_path / "lightning_logs").exists()
