@@ -2,8 +2,10 @@
 
 Added to a CLI run with ``--trainer.callbacks='{"class_path": "ddp_semantics_probe.Probe", ...}'`` (tests/ on
 PYTHONPATH). At teardown each rank saves ``<out_dir>/<stage>_rank<r>.pt``: weights at set-up and after every
-epoch's last optimizer step, epoch-level metrics, the indices its training sampler yielded, the augmentation
-its generator draws, the BatchNorm classes it trained with, and every checkpoint write it made.
+epoch's last optimizer step and after each of the first steps, the first step's gradients (after DDP's
+all-reduce), epoch-level metrics, the indices its training sampler yielded, each epoch's first training batch
+as the step saw it (augmented) with its samples' indices, the BatchNorm classes it trained with, and every
+checkpoint write it made.
 """
 
 from pathlib import Path
@@ -14,6 +16,8 @@ from torch import Tensor
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lit_ddp.data.batch_transforms import normalize
+
+STEP_STATES = 8  # the weights after each of the first optimizer steps are kept
 
 
 def snapshot(module: LightningModule) -> dict[str, Tensor]:
@@ -42,7 +46,9 @@ class Probe(Callback):
             "epoch_state": [],
             "samples": [],
             "aug": [],
+            "aug_index": [],
             "plain": [],
+            "step_state": [],
             "writes": [],
         }
         self._last_state: dict[str, Tensor] = {}
@@ -85,10 +91,23 @@ class Probe(Callback):
             first = self.record["samples"][-1][1][: dm.batch_size]
             plain = normalize(dm.train_set.images[first].to(pl_module.device), dm.mean, dm.std)
             self.record["aug"].append(batch[0].cpu())
+            self.record["aug_index"].append(first)
             self.record["plain"].append(plain.cpu())
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        # After backward, so after DDP's gradient all-reduce: what the optimizer applies.
+        if "grads" not in self.record:
+            self.record["grads"] = {
+                k: p.grad.detach().clone().cpu() for k, p in pl_module.net.named_parameters()
+            }
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
         self._last_state = snapshot(pl_module)  # before validation's DDP buffer broadcast
+        steps = self.record["step_state"]
+        if len(steps) < min(
+            trainer.global_step, STEP_STATES
+        ):  # an optimizer step ended (not an accumulation)
+            steps.append(self._last_state)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.record["epoch_state"].append(self._last_state)
