@@ -27,6 +27,8 @@ from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, p
 from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
+# `validate`/`test --ckpt_path=untrained`: score the model as built (random, or --model.weights) on purpose.
+UNTRAINED = "untrained"
 DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
 
 
@@ -205,7 +207,7 @@ def _hparams_summary(checkpoint: dict) -> str:
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""
-    if ckpt_path and ckpt_path not in SPECIAL and "://" not in str(ckpt_path):
+    if ckpt_path and ckpt_path not in (*SPECIAL, UNTRAINED) and "://" not in str(ckpt_path):
         return load_checkpoint_file(ckpt_path, mmap=True)
     return None
 
@@ -222,8 +224,18 @@ def prepare_ckpt_path(
     explicit file checked now (``checkpoint``: that file, if already loaded).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
-    job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights."""
+    job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights. ``validate``
+    and ``test`` with no ``ckpt_path`` refuse for the same reason, unless the model loaded ``--model.weights``
+    or ``ckpt_path`` is ``untrained``: then the model as built is scored, on purpose."""
+    if ckpt_path == UNTRAINED:
+        return None
     if ckpt_path is None:
+        if subcommand in ("validate", "test") and not (model.hparams.get("weights") or None):
+            raise UserError(
+                f"{subcommand} with no --ckpt_path would score the model's random initial weights: pass"
+                f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
+                f" --ckpt_path={UNTRAINED} to score them on purpose"
+            )
         return None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer, model, datamodule)

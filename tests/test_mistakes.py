@@ -1,0 +1,41 @@
+"""Mistakes a new user makes, each one line on stderr (exit 2) or a run that does what it says."""
+
+from pathlib import Path
+
+import pytest
+
+from lit_ddp.cli import build_cli, main
+
+TINY = [
+    "--data.train_size=64",
+    "--data.val_size=16",
+    "--data.test_size=16",
+    "--data.batch_size=32",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+]
+
+
+def one_error_line(capsys, argv: list[str]) -> str:
+    """Runs ``main(argv)``; asserts exit 2 and exactly one line on stderr, no traceback; returns the line."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("lit_ddp: error: "), err
+    return err.removeprefix("lit_ddp: error: ")
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_evaluating_without_a_checkpoint_needs_one_or_says_untrained_on_purpose(
+    tmp_path: Path, capsys, subcommand: str
+) -> None:
+    """It scored the random initial weights, with no word."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, [subcommand, *TINY, root])
+    assert line.startswith(f"{subcommand} with no --ckpt_path would score the model's random initial weights")
+    assert "--ckpt_path=untrained" in line
+    assert not (tmp_path / "lightning_logs").exists()
+    cli = build_cli([subcommand, *TINY, "--ckpt_path=untrained", root])
+    split = "val" if subcommand == "validate" else "test"
+    assert 0.0 <= float(cli.trainer.callback_metrics[f"{split}/acc"]) <= 1.0
