@@ -39,3 +39,22 @@ def test_evaluating_without_a_checkpoint_needs_one_or_says_untrained_on_purpose(
     cli = build_cli([subcommand, *TINY, "--ckpt_path=untrained", root])
     split = "val" if subcommand == "validate" else "test"
     assert 0.0 <= float(cli.trainer.callback_metrics[f"{split}/acc"]) <= 1.0
+
+
+def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled(
+    tmp_path: Path, capsys
+) -> None:
+    """24 images with --data.batch_size=100000: the global batch read 100000 and scale_lr multiplied the lr
+    by 390, while every step drew the 24 images."""
+    data = ["--data.train_size=24", "--data.val_size=8", "--data.batch_size=100000"]
+    argv = ["fit", *TINY, *data, "--model.optim.scale_lr=true", f"--trainer.default_root_dir={tmp_path}"]
+    line = one_error_line(capsys, argv)
+    assert line.startswith("--data.batch_size=100000 is more than the 24 training images: every step would")
+    assert line.endswith("pass --data.batch_size=24 or less")
+    assert not list(tmp_path.rglob("*.ckpt"))
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.eval_limits import check_training_batch_fits
+
+    check_training_batch_fits(32, range(63), world_size=2)  # shards of 32 (padded): one full batch each
+    with pytest.raises(UserError, match="more than the 32 training images on each of 2 devices"):
+        check_training_batch_fits(33, range(63), world_size=2)

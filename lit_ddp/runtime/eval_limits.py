@@ -6,6 +6,10 @@ rank 0 and 0.5 × 1 → 0 on rank 1, which raises there while rank 0 goes on and
 fraction is taken of the largest shard's batch count, computed alike on every rank from the dataset's size,
 and handed to Lightning as that count (a rank with fewer batches runs all of its own), before its loops
 read it. An evaluation epoch has no collective per batch, so ranks may run different counts.
+
+The same hook refuses a training batch larger than a device's training shard: the loader would draw the
+whole shard as one smaller batch, while the global batch printed, logged and used by ``scale_lr`` would be
+the one asked for (``--data.batch_size=100000`` on 24 images scaled the lr by 390).
 """
 
 import math
@@ -37,6 +41,20 @@ def batches_of_fraction(limit: str, fraction: float, samples: int, world_size: i
     return batches
 
 
+def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> None:
+    """UserError when ``batch_size`` is more than the training images one device gets (its padded shard)."""
+    if train_set is None:
+        return
+    shard = math.ceil(len(train_set) / world_size)
+    if batch_size > shard:
+        on = f" on each of {world_size} devices" if world_size > 1 else ""
+        raise UserError(
+            f"--data.batch_size={batch_size} is more than the {shard} training images{on}: every step would"
+            f" take {shard}, not {batch_size} (the global batch and a scaled lr would be wrong): pass"
+            f" --data.batch_size={shard} or less"
+        )
+
+
 class EvenEvalLimits(Callback):
     """Turns a fractional evaluation limit into one batch count for all ranks, for the run; restores it."""
 
@@ -44,8 +62,11 @@ class EvenEvalLimits(Callback):
         self._given: dict[str, float] = {}
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        # Called after the data module's setup (its splits exist), before any loop builds a loader.
+        # Called after the data module's setup (its splits exist), before any loop builds a loader and
+        # before configure_optimizers reads the global batch.
         dm = trainer.datamodule
+        if stage == "fit" and isinstance(dm, ImageDataModule):
+            check_training_batch_fits(dm.batch_size, getattr(dm, "train_set", None), trainer.world_size)
         if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
             return  # one process: Lightning's own rule is the same; another data module: its own sampler
         for limit, split in LIMITS.get(stage, ()):
