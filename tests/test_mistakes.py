@@ -58,3 +58,18 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled
     check_training_batch_fits(32, range(63), world_size=2)  # shards of 32 (padded): one full batch each
     with pytest.raises(UserError, match="more than the 32 training images on each of 2 devices"):
         check_training_batch_fits(33, range(63), world_size=2)
+
+
+def test_a_last_training_batch_of_one_image_is_left_out_under_batchnorm(tmp_path: Path, caplog) -> None:
+    """65 training images in batches of 32 with BatchNorm: the epoch's third batch held 1 image and
+    BatchNorm raised "Expected more than 1 value per channel when training" (a 40-line traceback)."""
+    args = [*TINY, "--data.train_size=65", "--model.batch_norm=true", "--trainer.max_epochs=2"]
+    with caplog.at_level("INFO"):
+        cli = build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.num_training_batches == 2 and cli.trainer.global_step == 4
+    assert any("would hold 1 image per device (65 = 2 × 32 + 1)" in m for m in caplog.messages)
+    # Without BatchNorm the batch is kept: nothing is lost where nothing fails.
+    plain = build_cli(
+        ["fit", *TINY, "--data.train_size=65", f"--trainer.default_root_dir={tmp_path / 'plain'}"]
+    )
+    assert plain.trainer.num_training_batches == 3

@@ -272,7 +272,24 @@ class ImageDataModule(LightningDataModule):
             collate_fn=collate_batch,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=workers > 0,
+            drop_last=train and self._drop_one_image_batch(len(sampler)),
         )
+
+    def _drop_one_image_batch(self, shard: int) -> bool:
+        """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
+        model with BatchNorm cannot normalise one image in training ("Expected more than 1 value per
+        channel"). Shards are equal on every rank, so every rank decides alike and takes the same steps."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        # By name: torch's BatchNorm1d/2d/3d, SyncBatchNorm, lit_ddp's AllReduceSyncBatchNorm, timm's.
+        has_batch_norm = module is not None and any("BatchNorm" in type(m).__name__ for m in module.modules())
+        if shard % self.batch_size != 1 or shard == 1 or not has_batch_norm:
+            return False
+        rank_zero_info(
+            f"the last training batch of each epoch would hold 1 image per device ({shard} ="
+            f" {shard // self.batch_size} × {self.batch_size} + 1), which BatchNorm cannot normalise: it is"
+            " left out"
+        )
+        return True
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, train=True)
