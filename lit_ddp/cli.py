@@ -209,6 +209,9 @@ class LitDDPCLI(LightningCLI):
         trainer_config = config.get("trainer", {})
         check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
         check_strategy_fits(trainer_config.get("strategy"))
+        from lit_ddp.runtime.launch import check_precision
+
+        check_precision(trainer_config.get("precision"))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
         # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.

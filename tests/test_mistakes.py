@@ -73,3 +73,23 @@ def test_a_last_training_batch_of_one_image_is_left_out_under_batchnorm(tmp_path
         ["fit", *TINY, "--data.train_size=65", f"--trainer.default_root_dir={tmp_path / 'plain'}"]
     )
     assert plain.trainer.num_training_batches == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--trainer.precision=16-true"], "--trainer.precision=16-true keeps the weights in float16, and"),
+        (["--trainer.precision=bf16-true"], "--trainer.precision=bf16-true keeps the weights in bfloat16,"),
+        (["--trainer.precision=64"], "--trainer.precision=64 keeps the weights in float64, and lit_ddp's"),
+        (["--model.optim.lr=-1"], "--model.optim.lr=-1.0 must be a finite number ≥ 0 (try 0.1 for sgd"),
+        (["--model.optim.weight_decay=-0.1"], "--model.optim.weight_decay=-0.1 must be a finite number ≥ 0"),
+    ],
+)
+def test_a_precision_the_batches_cannot_take_and_a_negative_lr_are_one_line(
+    tmp_path: Path, capsys, args: list[str], expected: str
+) -> None:
+    """The -true precisions failed at the first layer with a 98-line dtype traceback (float32 input,
+    float16/float64 weights); lr=-1 with torch's ValueError from inside the optimizer."""
+    line = one_error_line(capsys, ["fit", *TINY, *args, f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(expected), line
+    assert not (tmp_path / "lightning_logs").exists()

@@ -62,6 +62,18 @@ class OptimConfig:
     # the kernel for the parameters' device (CUDA; CPU since torch 2.4), else torch's default.
     fused: bool | None = None
 
+    def __post_init__(self) -> None:
+        # torch would raise its own ValueError deep in the first optimizer build ("Invalid learning rate").
+        for name in ("lr", "weight_decay", "momentum", "warmup_epochs"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:  # NaN too
+                raise UserError(
+                    f"--model.optim.{name}={value} must be a finite number ≥ 0"
+                    + (" (try 0.1 for sgd, 1e-3 for adam/adamw)" if name == "lr" else "")
+                )
+        if self.base_batch_size < 1:
+            raise UserError(f"--model.optim.base_batch_size={self.base_batch_size} must be at least 1")
+
 
 # torch (2.4 and later) has fused SGD, Adam and AdamW kernels for floating-point parameters on these devices.
 FUSED_DEVICES = ("cpu", "cuda")

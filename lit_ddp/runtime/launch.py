@@ -194,6 +194,26 @@ def check_strategy_fits(strategy) -> None:
         )
 
 
+# Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
+# gives it, uint8 here, before the data module normalises it on the device into float32).
+WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "float64", "64": "float64"}
+
+
+def check_precision(precision) -> None:
+    """UserError for a ``-true`` precision other than 32: the model's weights would be float16, bfloat16 or
+    float64 and its input float32, which fails at the first layer with a 98-line dtype traceback."""
+    dtype = WEIGHT_DTYPES.get(str(precision))
+    if dtype is None:
+        return
+    instead = (
+        "32-true (the default)" if dtype == "float64" else "16-mixed or bf16-mixed (half-precision compute)"
+    )
+    raise UserError(
+        f"--trainer.precision={precision} keeps the weights in {dtype}, and lit_ddp's batches are normalised"
+        f" to float32 on the device: use {instead}"
+    )
+
+
 def check_writable(root_dir: str) -> None:
     """UserError, before any process starts, when the run directory cannot be written (not an OSError
     traceback from the first checkpoint or event file, possibly hours into the run). Creates nothing: the
