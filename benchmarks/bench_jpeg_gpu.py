@@ -87,7 +87,7 @@ class RepeatedImageNet(ImageNetDataModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
-            self.train_set.samples = self.train_set.samples * self.repeat
+            self.train_set.samples = list(self.train_set.samples) * self.repeat
 
 
 class WindowTimer(L.Callback):

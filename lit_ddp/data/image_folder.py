@@ -16,40 +16,30 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from lit_ddp.data.folder_index import IMAGE_EXTENSIONS, SampleIndex, find_classes, is_junk, load_or_scan
 from lit_ddp.data.jpeg import DECODE_ERRORS
+
+__all__ = [
+    "FileBatch",
+    "ImageFileDataset",
+    "SampleIndex",
+    "drop_unreadable",
+    "find_classes",
+    "is_junk",
+    "list_image_files",
+    "list_images",
+]
 
 # (B, 3, H, W) uint8, (B,) int64 labels, {position in batch: (path, reason)} for the unreadable files
 FileBatch = tuple[Tensor, Tensor, dict[int, tuple[str, str]]]
 
 
-def is_junk(name: str) -> bool:
-    """Hidden entries and macOS archive litter, never a class or an image: ``.DS_Store``, ``._x.JPEG``
-    (AppleDouble files: resource forks with an image's name), ``__MACOSX/`` (unzipped Finder archives)."""
-    return name.startswith(".") or name == "__MACOSX"
-
-
-def find_classes(root: Path) -> list[str]:
-    """Sorted class folder names under ``root``: ImageFolder's order, so label i means the same everywhere."""
-    if not root.is_dir():
-        return []
-    return sorted(e.name for e in os.scandir(root) if e.is_dir() and not is_junk(e.name))
-
-
-def list_images(root: Path, class_to_idx: dict[str, int]) -> list[tuple[str, int]]:
-    """(path, label) of every image file under ``root/<class>/``, sorted; classes not in ``class_to_idx`` are
-    an error of the caller's to report (see ``find_classes``)."""
-    samples = []
-    for name in find_classes(root):
-        folder = root / name
-        files = sorted(
-            e.name
-            for e in os.scandir(folder)
-            if e.name.lower().endswith(IMG_EXTENSIONS) and not is_junk(e.name) and e.is_file()
-        )
-        samples += [(str(folder / f), class_to_idx[name]) for f in files]
-    return samples
+def list_images(root: Path, class_to_idx: dict[str, int]) -> SampleIndex:
+    """(path, label) of every image file under ``root/<class>/``, sorted, read from no cache; classes not in
+    ``class_to_idx`` are an error of the caller's to report (see ``find_classes``)."""
+    listing, _ = load_or_scan(root, cache_dir=None)
+    return listing.samples([class_to_idx[name] for name in listing.folders])
 
 
 def list_image_files(root: Path) -> list[str]:
@@ -58,7 +48,7 @@ def list_image_files(root: Path) -> list[str]:
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not is_junk(d)]  # os.walk descends only into what is left here
         paths += [
-            os.path.join(folder, f) for f in files if f.lower().endswith(IMG_EXTENSIONS) and not is_junk(f)
+            os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_EXTENSIONS) and not is_junk(f)
         ]
     return sorted(paths)
 
@@ -88,16 +78,27 @@ class ImageFileDataset(Dataset):
     ``seed``, the same in every worker, process and run. A plain index draws from the worker's RNG as is.
     """
 
-    def __init__(self, samples: list[tuple[str, int]], load: Callable[[str], np.ndarray], size: int) -> None:
+    def __init__(
+        self, samples: Sequence[tuple[str, int]], load: Callable[[str], np.ndarray], size: int
+    ) -> None:
         self.samples = samples
         self.load = load
         self.size = size
+
+    @property
+    def samples(self) -> SampleIndex:
+        """(path, label) pairs, held as numpy arrays whatever was given: workers then copy none of them."""
+        return self._samples
+
+    @samples.setter
+    def samples(self, samples: Sequence[tuple[str, int]]) -> None:
+        self._samples = samples if isinstance(samples, SampleIndex) else SampleIndex.from_pairs(samples)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def _load(self, index: int, seed: int | None) -> tuple[np.ndarray, tuple[str, str] | None]:
-        path = self.samples[index][0]
+        path = self._samples.path(index)
         try:
             with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
                 return self.load(path), None
@@ -114,7 +115,7 @@ class ImageFileDataset(Dataset):
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
         images, errors = zip(*(self._load(i, seed) for i, seed in pairs), strict=True)
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # (B, 3, H, W), channels-last strides
-        y = torch.tensor([self.samples[i][1] for i, _ in pairs], dtype=torch.long)
+        y = torch.from_numpy(self._samples.labels[[i for i, _ in pairs]])
         return x, y, {i: e for i, e in enumerate(errors) if e}
 
 

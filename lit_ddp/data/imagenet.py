@@ -6,23 +6,28 @@ script expects::
     data_dir/test/<wnid>/*.JPEG     (optional; without it the test stage uses val/, as ImageNet's test
                                      labels are not public)
 
+The file lists come from a cache (``index_cache``), checked against the tree's state: local rank 0 lists
+each split in ``prepare_data`` when the tree changed since the cached listing, every rank reads the listing
+in ``setup`` (folder_index.py says what "changed" means, and why the lists are numpy arrays).
+
 Workers decode with DCT-domain downscaling, crop, flip and (optionally) auto-augment and erase each training
 image (``jpeg.py``), all seeded per (seed, epoch, index), and hand over uint8 batches; the normalisation (and
 MixUp/CutMix) run on whole batches on the device (``ImageDataModule.on_after_batch_transfer``).
 """
 
 import functools
+import time
+from collections import Counter
 from pathlib import Path
 
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.image_folder import (
-    ImageFileDataset,
-    find_classes,
-    list_images,
-)
+from lit_ddp.data.folder_index import SplitListing, class_key, default_cache_dir, find_classes, load_or_scan
+from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.errors import UserError
 
@@ -48,6 +53,8 @@ class ImageNetDataModule(ImageDataModule):
             each training crop after its flip, in the workers.
         random_erasing: probability of torchvision's RandomErasing on each training crop, to the mean colour.
         mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
+        index_cache: folder for the splits' file lists; None: ``$XDG_CACHE_HOME/lit_ddp/image_index``
+            (``~/.cache/...``). A list is used while its split and class folders are unchanged.
     """
 
     mean = (0.485, 0.456, 0.406)
@@ -73,6 +80,7 @@ class ImageNetDataModule(ImageDataModule):
         random_erasing: float = 0.0,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        index_cache: str | None = None,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -96,10 +104,25 @@ class ImageNetDataModule(ImageDataModule):
         # Checked here, in the launching process; erasing fills with the mean colour (jpeg.py says why).
         fill = tuple(round(255 * m) for m in self.mean)
         self.sample_augment = sample_augmentation(auto_augment, random_erasing, fill)
+        self.index_cache = Path(index_cache).expanduser() if index_cache is not None else default_cache_dir()
+        # Any listing written since now was made by this run's local rank 0 (its prepare_data comes after
+        # every rank has started), so every rank may use it as is, and they all see the same files.
+        self._created_at = time.time()
+        self.index_source: dict[str, str] = {}  # split → "listed" or "cache": how its last list was got
+        self.scans: dict[str, int] = {}  # split → how often this process listed its folder
         # Classes come from the training folder, here in the launching process: the CLI links
-        # num_classes to the model, and a missing folder fails before any rank is spawned.
-        self.class_names = tuple(find_classes(self.data_dir / "train"))
+        # num_classes to the model, and a missing folder fails before any rank is spawned. Compared and
+        # shown in NFC (folder_index.class_key); the folders keep their names on disk.
+        folders = find_classes(self.data_dir / "train")
+        self.class_names = tuple(class_key(f) for f in folders)
         self.num_classes = len(self.class_names)
+        counts = Counter(self.class_names)
+        twins = sorted(f for f, key in zip(folders, self.class_names, strict=True) if counts[key] > 1)
+        if twins:
+            raise UserError(
+                f"{self.data_dir / 'train'} has class folders whose names differ only in their Unicode form"
+                f" ({', '.join(map(ascii, twins))}): merge each pair into one folder"
+            )
         if not self.class_names or not (self.data_dir / "val").is_dir():
             raise UserError(
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
@@ -111,16 +134,51 @@ class ImageNetDataModule(ImageDataModule):
                 " needs at least two, one folder per class"
             )
 
+    def _splits(self, stage: str) -> list[str]:
+        if stage == "fit":
+            return ["train", "val"]
+        if stage == "validate":
+            return ["val"]
+        return ["test" if (self.data_dir / "test").is_dir() else "val"]
+
+    def _listing(self, name: str, trusted_since: float | None) -> SplitListing:
+        started = time.perf_counter()
+        listing, not_saved = load_or_scan(self.data_dir / name, self.index_cache, trusted_since)
+        self.index_source[name] = listing.source
+        if listing.source == "listed":
+            self.scans[name] = self.scans.get(name, 0) + 1
+            how = f"listed in {time.perf_counter() - started:.1f} s"
+            rank_zero_info(f"{self.data_dir / name}: {len(listing):,} image files ({how})")
+        if not_saved:
+            rank_zero_warn(
+                f"could not save the file list of {self.data_dir / name} in {self.index_cache} ({not_saved}):"
+                " every process lists the folder itself; pass --data.index_cache=<a writable folder>"
+            )
+        return listing
+
+    def prepare_data(self) -> None:
+        # Lightning calls this on each node's local rank 0, then setup on every rank: one listing per node,
+        # and none at all while the cached one is current.
+        if self.trainer is None:  # called by hand: every split
+            names = ["train", "val", *(["test"] if (self.data_dir / "test").is_dir() else [])]
+        else:
+            stage = {TrainerFn.FITTING: "fit", TrainerFn.VALIDATING: "validate"}.get(self.trainer.state.fn)
+            names = self._splits(stage or "test")
+        for name in names:
+            self._listing(name, trusted_since=None)
+
     def _split(self, name: str, train: bool) -> ImageFileDataset:
         root = self.data_dir / name
+        listing = self._listing(name, trusted_since=self._created_at)
         class_to_idx = {c: i for i, c in enumerate(self.class_names)}
-        unknown = sorted(set(find_classes(root)) - set(class_to_idx))
+        unknown = [f for f in listing.folders if class_key(f) not in class_to_idx]
         if unknown:
             raise UserError(
-                f"{root} has class folders that train/ lacks ({', '.join(unknown[:5])}): fix the layout"
+                f"{root} has class folders that train/ lacks ({', '.join(map(ascii, unknown[:5]))}): fix the"
+                " layout"
             )
-        samples = list_images(root, class_to_idx)
-        if not samples:
+        samples = listing.samples([class_to_idx[class_key(f)] for f in listing.folders])
+        if not len(samples):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
         decode = dict(size=self.image_size, draft=self.draft)
         if train:
@@ -139,7 +197,7 @@ class ImageNetDataModule(ImageDataModule):
         if stage in ("fit", "validate"):
             self.val_set = self._split("val", train=False)
         if stage in ("test", "predict"):
-            self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
+            self.test_split = self._splits(stage)[0]
             self.test_set = self._split(self.test_split, train=False)
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:

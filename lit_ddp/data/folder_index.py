@@ -1,0 +1,293 @@
+"""The list of image files of an ImageFolder split, made once per tree state and kept as numpy arrays.
+
+At ImageNet's size (1.28 M files) three things about that list matter:
+
+* **Its form.** A Python ``list[tuple[str, int]]`` is 2.6 M objects whose reference counts DataLoader workers
+  write whenever they touch one, so each forked worker slowly copies the whole list into its own memory
+  (pytorch/pytorch#13246). ``SampleIndex`` keeps the paths as one bytes buffer plus offsets, and the labels
+  as an int64 array: reading a path writes to none of their pages, so no worker copies anything.
+* **Its cost.** Listing is ``os.scandir`` per class folder with no per-file path objects; the buffer is
+  built by joins, one encode and one search for separators.
+* **Who makes it.** Every rank listing the tree itself is N scans of the same folders. ``load_or_scan``
+  keeps the listing in a cache file, keyed on the split's path and checked against the tree's state; the
+  data module lists in ``prepare_data`` (local rank 0 only) and every rank reads that file in ``setup``.
+
+The tree's state is ``(st_mtime_ns, st_ctime_ns, st_ino)`` of the split folder and of each class folder.
+Adding, removing or renaming a file changes its folder's mtime and ctime; adding or removing a class folder
+changes the split folder's; replacing a folder changes its inode. ctime cannot be set back by tools that
+restore mtimes (``rsync -a``, ``tar``, ``touch -d``). Editing a file in place changes none of these, and
+need not: the listing holds names, not contents. A cached listing is used only while every one of these
+values is unchanged; otherwise the tree is listed again.
+
+A folder changed within ``SETTLE_NS`` of the listing may have changed again within the same timestamp tick
+(1–2 s on some file systems) without its timestamps moving: it is recorded as unknown, so later runs list
+again, while the ranks of the run that listed it share that listing (``trusted_since``), so they agree.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import unicodedata
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+# torchvision's image extensions and .gif (decoded as its first frame): "every image file".
+IMAGE_EXTENSIONS = (*IMG_EXTENSIONS, ".gif")
+FORMAT = 1  # of the cache file; part of its name, so a new format never reads an old file
+MAGIC = b"LITDDPIX"
+SETTLE_NS = 2_000_000_000  # folders changed this close to the listing are not trusted by later runs
+
+
+def is_junk(name: str) -> bool:
+    """Hidden entries and macOS archive litter, never a class or an image: ``.DS_Store``, ``._x.JPEG``
+    (AppleDouble files: resource forks with an image's name), ``__MACOSX/`` (unzipped Finder archives)."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
+def find_classes(root: Path | str) -> list[str]:
+    """Sorted class folder names under ``root`` as on disk: ImageFolder's order, so label i means the same
+    everywhere."""
+    if not os.path.isdir(root):
+        return []
+    with os.scandir(root) as entries:
+        return sorted(e.name for e in entries if e.is_dir() and not is_junk(e.name))
+
+
+def class_key(name: str) -> str:
+    """A class folder's name as compared between splits: NFC, so that ``café`` written by macOS (NFD: ``e``
+    and a combining accent) is the same class as ``café`` written elsewhere (one code point)."""
+    return unicodedata.normalize("NFC", name)
+
+
+class SampleIndex(Sequence):
+    """(path, label) pairs held in three numpy arrays: ``blob`` (the paths relative to ``root``, each
+    followed by a NUL byte, file-system encoded), ``offsets`` (n + 1 starts in ``blob``) and ``labels``
+    (n int64). Indexing gives ``(path, label)`` like torchvision's ``ImageFolder.samples``."""
+
+    def __init__(self, root: str, blob: np.ndarray, offsets: np.ndarray, labels: np.ndarray) -> None:
+        if len(offsets) != len(labels) + 1:
+            raise ValueError(f"{len(offsets)} offsets for {len(labels)} labels: expected one more")
+        self.root = root  # "" or a folder path ending in os.sep
+        self.blob, self.offsets, self.labels = blob, offsets, labels
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, int]], root: str = "") -> "SampleIndex":
+        paths = [p for p, _ in pairs]
+        blob = os.fsencode("".join(p + "\0" for p in paths))
+        lengths = np.fromiter((len(os.fsencode(p)) + 1 for p in paths), np.int64, len(paths))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        labels = np.fromiter((y for _, y in pairs), np.int64, len(pairs))
+        return cls(root, np.frombuffer(blob, np.uint8), offsets, labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def path(self, index: int) -> str:
+        if index < 0:
+            index += len(self)
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1]) - 1  # less the NUL
+        return self.root + os.fsdecode(self.blob[start:end].tobytes())
+
+    def __getitem__(self, index: int) -> tuple[str, int]:  # type: ignore[override]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        return self.path(index), int(self.labels[index])
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def nbytes(self) -> int:
+        return self.blob.nbytes + self.offsets.nbytes + self.labels.nbytes
+
+
+# ---- listing ----------------------------------------------------------------------------------------
+
+
+def _state(path: str) -> list[int]:
+    """What changes when a folder's entries change (module docstring)."""
+    st = os.stat(path)
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def scan_split(root: str) -> tuple[list[str], list[list[int]] | None, np.ndarray, np.ndarray, np.ndarray]:
+    """List ``root/<class>/<image file>``: (class folders, their state, blob, offsets, folder index per
+    file), sorted by folder then name; paths in the blob are relative to ``root``. Each folder's state is
+    read before the folder is listed, so a change during the scan shows as a changed state later. The state
+    is None if a folder vanished during the scan."""
+    state: list[list[int]] | None = []
+    try:
+        state.append(_state(root))
+    except OSError:
+        state = None
+    folders = find_classes(root)
+    chunks, counts = [], []
+    for name in folders:
+        folder = os.path.join(root, name)
+        try:
+            if state is not None:
+                state.append(_state(folder))
+            with os.scandir(folder) as entries:
+                # is_file() reads the entry's type from the directory listing: no stat on ext4, xfs, NFS.
+                names = [e.name for e in entries if e.is_file()]
+            # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
+            files = sorted(n for n in names if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
+        except FileNotFoundError:  # removed since find_classes: list it as empty, keep nothing
+            files, state = [], None
+        if files:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
+            prefix = name + os.sep
+            chunks.append(prefix + ("\0" + prefix).join(files) + "\0")
+        counts.append(len(files))
+    blob = np.frombuffer(os.fsencode("".join(chunks)), np.uint8)
+    ends = np.flatnonzero(blob == 0) + 1  # a NUL byte never occurs inside a UTF-8 or fs-encoded name
+    offsets = np.concatenate([np.zeros(1, np.int64), ends.astype(np.int64)])
+    folder_of_file = np.repeat(np.arange(len(folders), dtype=np.int32), counts)
+    return folders, state, blob, offsets, folder_of_file
+
+
+# ---- the cache file ---------------------------------------------------------------------------------
+# MAGIC, header length (uint64), JSON header, then blob, offsets (int64) and folder index (int32), each at
+# a 64-byte boundary.
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lit_ddp" / "image_index"
+
+
+def cache_file(cache_dir: Path, root: str) -> Path:
+    key = hashlib.blake2b(os.fsencode(os.path.abspath(root)), digest_size=10).hexdigest()
+    return cache_dir / f"{key}.v{FORMAT}.idx"
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def _write(path: Path, header: dict, arrays: list[np.ndarray]) -> None:
+    layout, at = [], 0
+    for a in arrays:
+        layout.append([at, str(a.dtype), len(a)])
+        at = _aligned(at + a.nbytes)
+    text = json.dumps({**header, "arrays": layout}).encode()
+    start = _aligned(16 + len(text))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
+            for a, (offset, _, _) in zip(arrays, layout, strict=True):
+                f.seek(start + offset)
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the other users of a shared cache out
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never a partial one
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _read_header(path: Path) -> tuple[dict, int] | None:
+    """The header and where the arrays start, or None for a missing, foreign or damaged file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+            if len(head) < 16 or head[:8] != MAGIC:
+                return None
+            size = int.from_bytes(head[8:], "little")
+            return json.loads(f.read(size)), _aligned(16 + size)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_arrays(path: Path, header: dict, start: int) -> list[np.ndarray] | None:
+    """The arrays, read into this process's memory (not memory-mapped: a forked worker's first touch of a
+    mapped file page would count as its own memory), or None if the file is shorter than its header says."""
+    try:
+        size = path.stat().st_size
+        arrays = []
+        for offset, dtype, n in header["arrays"]:
+            if start + offset + n * np.dtype(dtype).itemsize > size:
+                return None
+            arrays.append(np.fromfile(path, dtype, n, offset=start + offset))
+        return arrays
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _prune(cache_dir: Path, keep: Path) -> None:
+    """Delete the cache files of folders that no longer exist (test trees, moved data sets)."""
+    for other in cache_dir.glob("*.idx"):
+        found = _read_header(other) if other != keep else ({"root": "."}, 0)
+        if found is None or not os.path.isdir(found[0].get("root", "")):
+            other.unlink(missing_ok=True)
+
+
+# ---- load or scan -----------------------------------------------------------------------------------
+
+
+class SplitListing:
+    """One split's listing: its class folders (as on disk), the files, and where it came from."""
+
+    def __init__(self, root: str, folders: list[str], arrays: list[np.ndarray], source: str) -> None:
+        self.root, self.folders = root, folders
+        self.blob, self.offsets, self.folder_of_file = arrays
+        self.source = source  # "listed" (this process scanned the tree) or "cache" (read a listing)
+
+    def __len__(self) -> int:
+        return len(self.folder_of_file)
+
+    def samples(self, label_of_folder: Sequence[int]) -> SampleIndex:
+        """The (path, label) index, label = ``label_of_folder[class folder's position in self.folders]``."""
+        lut = np.asarray(label_of_folder, dtype=np.int64)
+        labels = lut[self.folder_of_file] if len(self) else np.zeros(0, np.int64)
+        return SampleIndex(os.path.join(self.root, ""), self.blob, self.offsets, labels)
+
+
+def _unchanged(header: dict, root: str, trusted_since: float | None) -> bool:
+    if header.get("root") != root or header.get("extensions") != list(IMAGE_EXTENSIONS):
+        return False
+    if trusted_since is not None and header.get("listed_at", 0) >= trusted_since:
+        return True  # listed during this run (by local rank 0): every rank uses that same listing
+    folders = [root] + [os.path.join(root, f) for f in header.get("folders", [])]
+    saved = header.get("state") or []
+    if len(saved) != len(folders):
+        return False
+    try:  # a class folder added or removed changes the root's state, checked first
+        return all(s is not None and s == _state(f) for s, f in zip(saved, folders, strict=True))
+    except OSError:
+        return False
+
+
+def load_or_scan(
+    root: str | Path, cache_dir: Path | None, trusted_since: float | None = None
+) -> tuple[SplitListing, str | None]:
+    """The listing of ``root``: from ``cache_dir`` if the listing there is still valid, else scanned now and
+    written there. ``trusted_since``: a listing made at or after this ``time.time()`` is used without
+    checking the tree (the data module passes its creation time: a listing local rank 0 made in this run).
+    Returns the listing and, if the cache could not be written, why."""
+    root = os.path.abspath(root)
+    path = cache_file(cache_dir, root) if cache_dir is not None else None
+    found = _read_header(path) if path is not None else None
+    if found is not None and _unchanged(found[0], root, trusted_since):
+        arrays = _read_arrays(path, *found)
+        if arrays is not None:
+            return SplitListing(root, found[0]["folders"], arrays, "cache"), None
+    listed_at, started = time.time(), time.time_ns()
+    folders, state, *arrays = scan_split(root)
+    listing = SplitListing(root, folders, arrays, "listed")
+    if path is None:
+        return listing, None
+    # A folder changed near the listing may change again within its timestamps' tick, unseen: recorded as
+    # unknown (None), so that later runs list it again.
+    if state is not None:
+        state = [s if abs(started - max(s[0], s[1])) > SETTLE_NS else None for s in state]
+    header = {"root": root, "extensions": list(IMAGE_EXTENSIONS), "folders": folders, "listed_at": listed_at}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write(path, {**header, "state": state or []}, arrays)
+        _prune(path.parent, keep=path)
+    except OSError as err:
+        return listing, f"{type(err).__name__}: {err}"
+    return listing, None
