@@ -1,0 +1,37 @@
+"""The trust kit: check that your model and data module keep lit_ddp's DDP promises, from pytest.
+
+    from lit_ddp.testing import check_ddp_invariants
+
+    def test_my_model_trains_the_same_on_any_device_count():
+        report = check_ddp_invariants(model=MyModel(), datamodule=MyData(train_size=512))
+        assert report.ok, report.table()
+
+It runs small fits and validations on CPU with 2 gloo processes and with 1 (about a minute for LeNet on
+2 cores) and checks:
+
+- first-step gradients 2×b = 1×2b: two processes with per-device batch b compute the gradients one process
+  computes with batch 2b, to 1e-5 relative (README: what "the same model" means);
+- validation metrics 1 = 2 processes: every ``val/*`` metric of a 2-process validation equals the
+  1-process one, on every rank;
+- training shards disjoint and covering, evaluation unpadded: the ranks' training samples do not overlap
+  and together are the whole set; every validation sample is read exactly once;
+- augmentation same on any device count: each sample reaches the training step byte-identical on 1 and 2
+  processes (MixUp/CutMix are left out: they pair samples within one device's batch);
+- stop mid-epoch + resume = uninterrupted: a 2-process fit stopped after its first step and resumed from its
+  checkpoint ends with the uninterrupted fit's weights, exactly;
+- same seed twice = identical: weights and augmented batches.
+
+and warns (a row of the report, and a ``DDPInvariantWarning``), with the measured number, about BatchNorm
+without SyncBatchNorm at a per-device batch under 32, a training-set size that leaves padded duplicates on
+2, 4, 8 (or ``devices``) processes, and randomness the data path takes from the global RNGs.
+
+``report.ok`` is True when every check holds (warnings aside); ``report["augmentation same on any device
+count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |
+measured | what to change. ``python -m lit_ddp doctor --config my.yaml`` runs the same on a config.
+
+The model and data module travel to the ranks pickled: define their classes at module level.
+"""
+
+from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants
+
+__all__ = ["DDPInvariantWarning", "Report", "Row", "check_ddp_invariants"]

@@ -1,0 +1,70 @@
+"""Start one process per rank on this machine, as Lightning's ddp launcher or torchrun start them.
+
+Each rank gets LOCAL_RANK, NODE_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, so ``Trainer(devices=N,
+strategy="ddp")`` (or a ``--trainer.strategy=ddp`` CLI run) inside it joins a real gloo group without
+launching processes of its own. The parent's ``sys.path`` goes along, so classes defined in the caller's
+modules (a pytest file's model) unpickle in the ranks.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class LaunchError(RuntimeError):
+    """A rank failed or the ranks timed out; the message ends with each rank's last output."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(
+    world_size: int, command: Sequence[str], cwd: Path, timeout: float, log_name: str = "rank"
+) -> None:
+    """Runs ``python COMMAND`` as ``world_size`` ranks in ``cwd``; raises LaunchError, with each rank's last
+    output, if one fails or the ranks outlive ``timeout`` seconds. Logs: ``cwd/<log_name><r>.log``."""
+    paths = [p for p in sys.path if p and Path(p).is_dir()]  # the caller's modules, lit_ddp, the rest
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(paths),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "NODE_RANK": "0",
+        "WORLD_SIZE": str(world_size),
+        "PYTHONUNBUFFERED": "1",
+    }
+    logs = [Path(cwd) / f"{log_name}{r}.log" for r in range(world_size)]
+    procs = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, *command],
+                    env={**env, "LOCAL_RANK": str(r)},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                )
+            )
+    # Stop at the first failure: the other rank would otherwise wait in a collective until the timeout.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.1)
+    codes = [p.poll() for p in procs]  # None: still running (timed out or left behind by a failed rank)
+    for p in procs:
+        p.kill()
+        p.wait()
+    if codes != [0] * world_size:
+        tails = "\n".join(f"--- rank {r} ---\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
+        raise LaunchError(
+            f"{world_size}-process run failed or timed out after {timeout:.0f} s ({codes}):\n{tails}"
+        )

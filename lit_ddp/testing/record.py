@@ -1,0 +1,149 @@
+"""``Recorder``: a callback that keeps, on every rank, what a run did, and saves it at teardown.
+
+Used by the trust kit (checks.py) and by lit_ddp's own DDP tests (tests/ddp_semantics_probe.py adds a few
+fields): weights at set-up, after each of the first optimizer steps and after every epoch; the first
+step's gradients as the optimizer applies them (after DDP's all-reduce); the indices the training sampler
+yields each epoch; each epoch's first training batch as the step saw it, with its samples' indices; the
+indices each evaluation loader reads; the epoch-level metrics; the BatchNorm classes trained with.
+Saved as ``<out_dir>/<stage>_rank<r>.pt`` (``load`` reads every rank's).
+"""
+
+from pathlib import Path
+
+import torch
+from lightning import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from lit_ddp.runtime.compat import BatchNormBase
+
+STEP_STATES = 8  # the weights after each of the first optimizer steps are kept
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, Tensor]:
+    """Parameters and buffers (running statistics included), copied to CPU."""
+    return {k: v.detach().clone().cpu() for k, v in module.state_dict().items()}
+
+
+def network(pl_module: LightningModule) -> torch.nn.Module:
+    """The plain network of a lit_ddp system (``.net``), else the LightningModule itself."""
+    net = getattr(pl_module, "net", None)
+    return net if isinstance(net, torch.nn.Module) else pl_module
+
+
+def metrics(trainer: Trainer, prefix: str) -> dict[str, float]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(prefix)}
+
+
+def sample_index(item) -> int:
+    """A sampler's item as a dataset index: ints as they are, (index, seed) pairs by their index."""
+    return int(item[0]) if isinstance(item, tuple) else int(item)
+
+
+def sampler_indices(loader) -> list[int]:
+    """The indices a loader's sampler yields, in order (for a seeded or sequential sampler)."""
+    sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+    return [sample_index(i) for i in sampler]
+
+
+class Recorder(Callback):
+    """Records what this rank did (module docstring); ``stop_at_step`` > 0: save ``<out_dir>/stop.ckpt``
+    after that optimizer step and stop there, as a run interrupted mid-epoch would have saved."""
+
+    def __init__(self, out_dir: str, stop_at_step: int = 0) -> None:
+        self.out_dir = Path(out_dir)
+        self.stop_at_step = stop_at_step
+        self.record: dict = {
+            "val": [],
+            "test": [],
+            "epoch_state": [],
+            "step_state": [],
+            "samples": [],
+            "aug": [],
+            "aug_index": [],
+            "eval_indices": {},
+        }
+        self._last_state: dict[str, Tensor] = {}
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.record.update(
+            rank=trainer.global_rank, world_size=trainer.world_size, strategy=type(trainer.strategy).__name__
+        )
+        if stage == "fit":
+            # Before the strategy wraps the model in DDP (which would broadcast rank 0's weights).
+            self.record["init"] = snapshot(network(pl_module))
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.record["bn_classes"] = sorted(
+            {type(m).__name__ for m in pl_module.modules() if isinstance(m, BatchNormBase)}
+        )
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        loader = trainer.train_dataloader  # Lightning has called set_epoch on its sampler by now
+        sampler = loader.batch_sampler.sampler if loader.batch_sampler is not None else loader.sampler
+        self.record["samples"].append((type(sampler).__name__, sampler_indices(loader)))
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        # The epoch's first batch as the step receives it (augmented, normalised), with its samples' indices:
+        # the first batch_size of this rank's shard (a resumed epoch starts later: not recorded).
+        if batch_idx == 0 and len(self.record["aug"]) < len(self.record["samples"]):
+            order = self.record["samples"][-1][1]
+            self.record["aug"].append(batch[0].detach().cpu())
+            self.record["aug_index"].append(order[: len(batch[0])])
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        # After backward, so after DDP's gradient all-reduce: what the optimizer applies.
+        if "grads" not in self.record:
+            self.record["grads"] = {
+                k: p.grad.detach().clone().cpu()
+                for k, p in network(pl_module).named_parameters()
+                if p.grad is not None
+            }
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        self._last_state = snapshot(network(pl_module))  # before validation's DDP buffer broadcast
+        steps = self.record["step_state"]
+        if len(steps) < min(trainer.global_step, STEP_STATES):  # an optimizer step ended (not accumulation)
+            steps.append(self._last_state)
+        if self.stop_at_step and trainer.global_step == self.stop_at_step:
+            trainer.save_checkpoint(self.out_dir / "stop.ckpt")  # every rank calls it; rank 0 writes
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.record["epoch_state"].append(self._last_state)
+        self.record["global_step"] = trainer.global_step  # optimizer steps so far
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.record["final"] = self._last_state
+        self.record["global_step"] = trainer.global_step
+
+    def _eval_start(self, trainer: Trainer, split: str, loaders) -> None:
+        if not trainer.sanity_checking and split not in self.record["eval_indices"]:
+            loaders = loaders if isinstance(loaders, list) else [loaders]
+            self.record["eval_indices"][split] = [sampler_indices(loader) for loader in loaders]
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "val", trainer.val_dataloaders)
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._eval_start(trainer, "test", trainer.test_dataloaders)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.record["val"].append(metrics(trainer, "val/"))
+            self.record.setdefault("val_batches", []).append(list(trainer.num_val_batches))
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.record["test"].append(metrics(trainer, "test/"))
+        self.record.setdefault("test_batches", []).append(list(trainer.num_test_batches))
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn (a str enum)
+        torch.save(self.record, self.out_dir / f"{stage}_rank{trainer.global_rank}.pt")
+
+
+def load(out_dir: Path, stage: str, world_size: int) -> list[dict]:
+    """Every rank's record of one run."""
+    return [torch.load(Path(out_dir) / f"{stage}_rank{r}.pt", weights_only=False) for r in range(world_size)]

@@ -1,0 +1,139 @@
+"""One rank of the trust kit: runs its list of jobs (fits and validations) in this process.
+
+    python -m lit_ddp.testing.worker jobs.pkl     # started by checks.py through launch.py, one per rank
+
+Each job unpickles its own copy of the model and data module, seeds like the CLI (``seed_everything``),
+takes the head of the data (``Subsample``) and records what it did (``Recorder``). Running several jobs per
+process pays the import of torch and Lightning once; the gloo group, once created, is reused.
+"""
+
+import pickle
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning import Callback, LightningModule, Trainer, seed_everything
+from torch.utils.data import Dataset, default_collate
+
+from lit_ddp.errors import UserError
+from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
+from lit_ddp.testing.record import Recorder
+
+
+@dataclass
+class Job:
+    """One run of one rank. ``payload``: the pickled (model, data module), so every job starts afresh."""
+
+    name: str
+    stage: str  # "fit" or "validate"
+    payload: bytes
+    out_dir: str
+    world_size: int
+    batch_size: int  # per device
+    train_samples: int
+    val_samples: int
+    seed: int
+    max_steps: int = -1
+    stop_at_step: int = 0
+    ckpt_path: str | None = None
+    perturb_global_rng: bool = False
+    trainer_kwargs: dict = field(default_factory=dict)
+
+
+class Subsample(Dataset):
+    """``n`` samples spread evenly over ``dataset`` (sample k is the dataset's ``k · len // n``). Keys pass
+    through as the dataset takes them: ints, or a training sampler's (index, seed) pairs."""
+
+    def __init__(self, dataset: Dataset, n: int) -> None:
+        self.dataset, self.n, self.size = dataset, n, len(dataset)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _key(self, key):
+        if isinstance(key, tuple):
+            return (key[0] * self.size // self.n, *key[1:])
+        return key * self.size // self.n
+
+    def __getitem__(self, key):
+        return self.dataset[self._key(key)]
+
+    def __getitems__(self, keys: list) -> tuple:
+        keys = [self._key(k) for k in keys]
+        if hasattr(self.dataset, "__getitems__"):
+            return self.dataset.__getitems__(keys)
+        return tuple(default_collate([self.dataset[k] for k in keys]))
+
+
+class TakeHead(Callback):
+    """After the data module's ``setup``: its splits cut to the kit's sizes; the full sizes recorded."""
+
+    def __init__(self, job: Job, recorder: Recorder) -> None:
+        self.job, self.recorder = job, recorder
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        dm = trainer.datamodule
+        sizes = self.recorder.record.setdefault("full_sizes", {})
+        for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
+            dataset = getattr(dm, split, None)
+            if dataset is None:
+                continue
+            sizes[split] = len(dataset)
+            if len(dataset) < wanted:
+                raise UserError(
+                    f"{type(dm).__name__}.{split} holds {len(dataset)} samples; the checks need {wanted}:"
+                    " give the data module more samples or pass a smaller batch_size to the checks"
+                )
+            setattr(dm, split, Subsample(dataset, wanted))
+
+
+class PerturbGlobalRNG(Callback):
+    """Re-seeds torch's, Python's and NumPy's global RNGs as each epoch starts, to another seed than the run
+    was given: a data path that draws from them then augments differently from an unperturbed run."""
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        torch.manual_seed(987654321)
+        random.seed(987654321)
+        np.random.seed(98765)
+
+
+def run(job: Job) -> None:
+    model, dm = pickle.loads(job.payload)
+    dm.batch_size = job.batch_size
+    seed_everything(job.seed, verbose=False)
+    recorder = Recorder(str(Path(job.out_dir) / job.name), stop_at_step=job.stop_at_step)
+    callbacks = [TakeHead(job, recorder), recorder]
+    if job.perturb_global_rng:
+        callbacks.append(PerturbGlobalRNG())
+    kwargs = dict(job.trainer_kwargs)
+    if kwargs.get("sync_batchnorm"):
+        kwargs["plugins"] = with_sync_batchnorm()  # lit_ddp's: works on CPU/gloo (runtime/sync_batchnorm.py)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=job.world_size,
+        strategy="ddp" if job.world_size > 1 else "auto",
+        max_steps=job.max_steps,
+        limit_val_batches=0 if job.stage == "fit" else None,  # the validate jobs measure the metrics
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(Path(job.out_dir) / job.name),
+        callbacks=callbacks,
+        **kwargs,
+    )
+    if job.stage == "fit":
+        # The checkpoint is this kit's own, written a moment ago: the user's hyperparameter types need no
+        # allow-list to load it.
+        trainer.fit(model, datamodule=dm, ckpt_path=job.ckpt_path, weights_only=False)
+    else:
+        trainer.validate(model, datamodule=dm, verbose=False)
+
+
+if __name__ == "__main__":
+    for job in pickle.loads(Path(sys.argv[1]).read_bytes()):
+        run(job)

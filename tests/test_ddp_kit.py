@@ -1,0 +1,158 @@
+"""The trust kit (lit_ddp.testing) on deliberately broken models and data modules: each check fails on its
+broken case and names the fix; a sound LeNet + Shapes passes every check without a warning (issue 22).
+The built-in recipes through ``python -m lit_ddp doctor``: test_doctor.py.
+
+    python -m pytest tests/test_ddp_kit.py -q      # one 2-process and one 1-process launch for all cases
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+from torchmetrics.classification import MulticlassAccuracy
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.data.batch_transforms import random_crop_flip
+from lit_ddp.errors import UserError
+from lit_ddp.models import LeNetCIFAR
+from lit_ddp.testing import Report, check_ddp_invariants
+from lit_ddp.testing.checks import Case, run_cases
+
+# Small sets: 2 × 8 per step, 2 steps; 17 validation images (uneven shards of 9 and 8).
+SHAPES = {"train_size": 96, "val_size": 40, "test_size": 8, "batch_size": 8}
+
+
+class RankDependentAugmentation(ShapesDataModule):
+    """The old lit_ddp way: crops from a generator seeded by the rank, so 2 processes crop otherwise."""
+
+    def augment_batch(self, x, rand):
+        generator = torch.Generator(device=x.device).manual_seed(self.trainer.global_rank)
+        return random_crop_flip(x, self.crop_padding, generator=generator)
+
+
+class GlobalRNGAugmentation(ShapesDataModule):
+    """Crops from torch's global RNG (torchvision's transforms draw there)."""
+
+    def augment_batch(self, x, rand):
+        return random_crop_flip(x, self.crop_padding)
+
+
+class PaddedEvaluation(ShapesDataModule):
+    """Evaluation sharded by torch's DistributedSampler, which pads with repeated samples."""
+
+    def _eval_sampler(self, dataset):
+        kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
+        if not kwargs or kwargs["num_replicas"] <= 1:
+            return None
+        return DistributedSampler(dataset, kwargs["num_replicas"], kwargs["rank"], shuffle=False)
+
+
+class ShardAccuracy(LeNetCIFAR):
+    """A validation accuracy each rank computes on its own shard (never synced): rank 0 logs its shard's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shard_acc = MulticlassAccuracy(10, sync_on_compute=False)
+
+    def validation_step(self, batch, batch_idx):
+        logits = super().validation_step(batch, batch_idx)
+        self.shard_acc(logits.argmax(1), batch[1])
+        self.log("val/shard_acc", self.shard_acc)
+        return logits
+
+
+def case(model=None, data=ShapesDataModule, checks=None, **kwargs) -> Case:
+    options = {**SHAPES, **kwargs.pop("data_args", {})}
+    extra = {"checks": checks} if checks else {}
+    return Case(model or LeNetCIFAR(), data(**options), **kwargs, **extra)
+
+
+CASES = {
+    "sound": case(),
+    "rank_augmentation": case(data=RankDependentAugmentation, checks=("augmentation",)),
+    "global_rng_augmentation": case(data=GlobalRNGAugmentation, checks=("augmentation",)),
+    "padded_evaluation": case(data=PaddedEvaluation, checks=("shards",)),
+    # 2 per device with BatchNorm and no SyncBatchNorm; 2 × 2 · 2 steps needs 8 training images.
+    "batchnorm_batch_2": case(LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}),
+    "batchnorm_synced": case(
+        LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}, sync_batchnorm=True
+    ),
+    "shard_metric": case(ShardAccuracy(), checks=("metrics",)),
+}
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
+    root = tmp_path_factory.mktemp("kit")
+    return dict(zip(CASES, run_cases(list(CASES.values()), timeout=500, workdir=root), strict=True))
+
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_a_sound_model_and_data_module_pass_every_check_without_a_warning(reports) -> None:
+    report = reports["sound"]
+    print(report.table())
+    assert report.ok and not report.warnings, report.table()
+    assert [r.key for r in report.rows] == [
+        *("grads", "metrics", "shards", "augmentation", "resume", "reproducible"),
+        *("batchnorm", "padding", "global_rng"),
+    ]
+    assert "0 of 16 samples augmented differently" in report["augmentation"].measured
+    assert "17 samples read 17 times over 9+8" in report["shards"].measured
+
+
+def test_rank_dependent_augmentation_fails_the_augmentation_check(reports) -> None:
+    row = reports["rank_augmentation"]["augmentation"]
+    assert not row.holds and "depends on the rank or batch" in row.fix, row
+    assert reports["rank_augmentation"]["global_rng"].holds  # seeded, just per rank
+
+
+def test_augmentation_from_the_global_rng_fails_and_warns_with_the_count(reports) -> None:
+    report = reports["global_rng_augmentation"]
+    assert not report["augmentation"].holds and "global RNG" in report["augmentation"].fix
+    rng = report["global_rng"]
+    assert not rng.holds and rng.measured.startswith(("14 of 16", "15 of 16", "16 of 16")), rng.measured
+
+
+def test_a_padding_evaluation_sampler_fails_the_shard_check(reports) -> None:
+    row = reports["padded_evaluation"]["shards"]
+    assert not row.holds and "(1 repeats, 0 unread)" in row.measured and "Unpadded" in row.fix, row
+
+
+def test_batchnorm_at_per_device_batch_2_fails_the_gradient_check_and_warns(reports) -> None:
+    report = reports["batchnorm_batch_2"]
+    assert not report["grads"].holds and "sync_batchnorm=true" in report["grads"].fix, report.table()
+    assert not report["batchnorm"].holds and "per-device batch 2" in report["batchnorm"].measured
+    synced = reports["batchnorm_synced"]  # the fix it names makes it hold
+    assert synced["grads"].holds and synced["batchnorm"].holds, synced.table()
+
+
+def test_a_metric_of_rank_zeros_shard_fails_the_metric_check(reports) -> None:
+    row = reports["shard_metric"]["metrics"]
+    assert not row.holds and "val/shard_acc" in row.measured and "sync_dist=True" in row.fix, row
+
+
+def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
+    from lit_ddp.testing.checks import _warnings
+
+    rows = _warnings(128, {"bn_classes": [], "full_sizes": {"train_set": 1001}}, False, 0.0, None, (2, 4, 8))
+    padding = next(r for r in rows if r.key == "padding")
+    assert not padding.holds and padding.measured.startswith("1001 training samples: 1 repeated on 2 devices")
+    assert "3 repeated on 4 devices, 7 repeated on 8 devices" in padding.measured
+
+
+def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="is not a lit_ddp ImageDataModule"):
+        check_ddp_invariants(LeNetCIFAR(), object())
+    with pytest.raises(UserError, match="unknown check"):
+        check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), checks=("speed",))
+    with pytest.raises(UserError, match="steps=1 must be 2 or more"):
+        check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), steps=1)
+
+    class Local(ShapesDataModule):  # defined in a function: cannot travel to the ranks
+        pass
+
+    with pytest.raises(UserError, match="define their classes at module level"):
+        check_ddp_invariants(LeNetCIFAR(), Local(**SHAPES), workdir=tmp_path)
