@@ -2,12 +2,15 @@
 
 import csv
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from conftest import run_cli
 from PIL import Image
 
+from lit_ddp.callbacks.predictions import PredictionWriter
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import CLASS_NAMES
@@ -120,3 +123,26 @@ def test_a_predict_dir_without_images_is_one_line(tmp_path: Path, capsys, make: 
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("lit_ddp: error: ") and str(folder) in err
     assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_the_top_k_column_is_named_by_the_k_asked_for(tmp_path: Path) -> None:
+    """README's columns are fixed: a 3-class model's file also has ``top5``, holding its 3 classes (the
+    header was ``top3`` there, and a script reading ``top5`` failed)."""
+    rows = {
+        "index": torch.tensor([0, 1]),
+        "probs": torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.3, 0.2]]),
+        "classes": torch.tensor([[2, 0, 1], [1, 2, 0]]),
+        "target": torch.tensor([2, -1]),
+    }
+    dm = SimpleNamespace(class_names=("cat", "dog", "fox"), predict_set=None)
+    for top_k, column in ((5, "top5"), (3, "top3"), (2, "top2")):
+        path = tmp_path / f"top{top_k}.csv"
+        k = min(top_k, 3)
+        PredictionWriter(top_k=top_k)._write(
+            path, {**rows, "probs": rows["probs"][:, :k], "classes": rows["classes"][:, :k]}, dm
+        )
+        with open(path, newline="") as f:
+            written = list(csv.DictReader(f))
+        assert list(written[0]) == ["index", "prediction", "probability", column, "label"]
+        assert written[0][column].split("; ")[:2] == ["fox 0.7000", "cat 0.2000"][:k]
+        assert [r["label"] for r in written] == ["fox", ""]

@@ -31,8 +31,9 @@ class PredictionWriter(Callback):
         index,path,prediction,probability,top5,label
         0,new/cat.jpg,disc,0.9123,disc 0.9123; ring 0.0512; ...,
 
-    ``path`` only where the images are files; ``top5`` holds the k = min(top_k, num classes) most probable
-    classes, most probable first; ``label`` is empty for unlabelled images (``--data.predict_dir``).
+    ``path`` only where the images are files; ``top5`` (``top{top_k}``) holds the min(top_k, num classes)
+    most probable classes, most probable first; ``label`` is empty for unlabelled images
+    (``--data.predict_dir``).
 
     Reads ``index``, ``probs`` and ``target`` from each ``predict_step`` output, and from the data module
     ``class_names``, ``predict_set`` (for the file paths) and ``predict_source`` (for the report line).
@@ -88,8 +89,16 @@ class PredictionWriter(Callback):
         paths = self._paths(getattr(datamodule, "predict_set", None))
         names = list(getattr(datamodule, "class_names", ()))
         name = lambda c: names[c] if c < len(names) else str(c)  # noqa: E731 - a data module without names
-        k = rows["classes"].shape[1]
-        header = ["index", *(["path"] if paths else []), "prediction", "probability", f"top{k}", "label"]
+        # Named by the k asked for, not by how many classes the model has: a script reading "top5" must not
+        # break on a 3-class model (the column then holds 3 entries).
+        header = [
+            "index",
+            *(["path"] if paths else []),
+            "prediction",
+            "probability",
+            f"top{self.top_k}",
+            "label",
+        ]
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         count, last = 0, None
