@@ -1,7 +1,7 @@
 """Packs the project template into wheels, so `lit-ddp new` works from an installed package.
 
-The template's single source is this repository's root (cookiecutter.json, hooks/, the
-{{cookiecutter.project_slug}}/ layer, configs/, tests/, ...): build_py copies it into
+The template's single source is this repository's root (cookiecutter.json, hooks/ and the
+{{cookiecutter.project_slug}}/ tree of the project's own files): build_py copies it into
 lit_ddp/_template/ of the wheel. Source checkouts and editable installs read the root directly.
 """
 
@@ -12,18 +12,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-TEMPLATE_ITEMS = (
-    "cookiecutter.json",
-    "hooks",
-    "{{cookiecutter.project_slug}}",
-    "configs",
-    "tests",
-    "benchmarks",
-    "scripts",
-    ".ci",
-    ".gitignore",
-    "pyproject.toml",
-)
+TEMPLATE_ITEMS = ("cookiecutter.json", "hooks", "{{cookiecutter.project_slug}}")
 
 
 class BuildPyWithTemplate(build_py):

@@ -1,14 +1,14 @@
-"""Fill the rendered project with the live lit_ddp tree, renamed (see lit_ddp/scaffold/populate.py)."""
+"""Leave out the model families the user did not choose."""
 
 import json
 import sys
 from pathlib import Path
 
 CONTEXT = json.loads(r"""{{ cookiecutter | jsonify }}""")
-SOURCE = Path(CONTEXT["_repo_dir"])
-# In place of the hook's own temp dir, whose stray files would pass for installed modules.
-sys.path[0] = str(SOURCE if (SOURCE / "lit_ddp").is_dir() else SOURCE.parent.parent)
+SOURCE = Path(CONTEXT.get("_repo_dir", "."))
+if (SOURCE / "lit_ddp").is_dir():
+    sys.path[0] = str(SOURCE)
 
-from lit_ddp.scaffold.populate import populate  # noqa: E402
+from lit_ddp.scaffold.template import prune_families  # noqa: E402
 
-populate(Path.cwd(), SOURCE, CONTEXT)
+prune_families(Path.cwd(), CONTEXT["model_families"])

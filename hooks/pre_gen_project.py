@@ -5,11 +5,12 @@ import sys
 from pathlib import Path
 
 CONTEXT = json.loads(r"""{{ cookiecutter | jsonify }}""")
-SOURCE = Path(CONTEXT["_repo_dir"])
-# In place of the hook's own temp dir, whose stray files would pass for installed modules.
-sys.path[0] = str(SOURCE if (SOURCE / "lit_ddp").is_dir() else SOURCE.parent.parent)
+# The checkout's lit_ddp when generating from one (cookiecutter sets _repo_dir), else the installed one.
+SOURCE = Path(CONTEXT.get("_repo_dir", "."))
+if (SOURCE / "lit_ddp").is_dir():
+    sys.path[0] = str(SOURCE)  # in place of the hook's own temp dir, whose stray files would pass for modules
 
-from lit_ddp.scaffold.populate import validate  # noqa: E402
+from lit_ddp.scaffold.template import validate  # noqa: E402
 
 problems = validate(CONTEXT)
 if problems:

@@ -74,26 +74,41 @@ from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 # Console messages a user cannot act on, each silenced by its own text (never a whole category):
 # - in-memory uint8 datasets are fastest with num_workers=0 (no IPC), and loaders that decode files count
 #   the cores themselves (data/base.py): Lightning's hint to add workers is noise;
-warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
 # - the dashboard callbacks reduce their epoch values over the ranks themselves (callbacks/throughput.py
 #   says why): Lightning's advice to log them with sync_dist=True does not apply to these keys;
-warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)")
-# - Lightning 2.6 calls a torch API that torch 2.9+ deprecates, on every fit, validate and test;
-warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-# - an advertisement for a hosted logger, on every run, and that our model summary replaces Lightning's.
-QUIET_INFO = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-    lambda record: not str(record.msg).startswith(QUIET_INFO)
+# - Lightning 2.6 calls a torch API that torch 2.9+ deprecates, on every fit, validate and test.
+QUIET_WARNINGS = (
+    r".*does not have many workers.*",
+    r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
 )
+# An advertisement for a hosted logger, on every run, and that our model summary replaces Lightning's.
+QUIET_INFO = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
+
+
+def _not_quiet_info(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(QUIET_INFO)
+
+
+def quiet_console() -> None:
+    """Process-wide filters for the messages above: set by ``main()``, never by importing this module."""
+    for message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _not_quiet_info not in logger.filters:
+        logger.addFilter(_not_quiet_info)
+
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
-# the two, and LeNetCIFAR's defaults, in agreement).
+# the two, and LeNetCIFAR's defaults, in agreement). A project built on lit_ddp passes its own to main().
 DEFAULT_MODEL = "lit_ddp.models.LeNetCIFAR"
 DEFAULT_DATA = "lit_ddp.data.ShapesDataModule"
 TRAINER_DEFAULTS = {"default_root_dir": "logs", "max_epochs": 12}
 PROG = f"python -m {__package__}"
-DESCRIPTION = "DDP image classification: fit, validate, test and predict (each with --help)."
-DESCRIPTION += " `new DEST` generates a new project from this template (new --help)."  # scaffold-only
+DESCRIPTION = (
+    "DDP image classification: fit, validate, test and predict (each with --help)."
+    " `new DEST` generates a new project on lit_ddp (new --help)."
+)
 
 # Every callback a run gets, in the order Lightning calls them (it moves checkpoint callbacks last).
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
@@ -150,9 +165,33 @@ OFF_SWITCHES = {
 }
 
 
+def _as_default(choice: str | type | dict) -> dict:
+    """A default for --model or --data: a class, its import path, or a whole {class_path, init_args}."""
+    if isinstance(choice, dict):
+        return choice
+    return {"class_path": choice if isinstance(choice, str) else f"{choice.__module__}.{choice.__qualname__}"}
+
+
 class LitDDPCLI(LightningCLI):
+    """lit_ddp's LightningCLI: the declared callbacks, the hardening layer and one-line errors.
+
+    ``model`` and ``data`` are what runs when the command line names no --model / --data: a class, its
+    import path, or ``{"class_path": ..., "init_args": {...}}``; ``prog`` is the command's name in messages.
+    """
+
+    def __init__(
+        self,
+        *args,
+        model: str | type | dict = DEFAULT_MODEL,
+        data: str | type | dict = DEFAULT_DATA,
+        prog: str = PROG,
+        **kwargs,
+    ) -> None:
+        self.default_model, self.default_data, self.prog = _as_default(model), _as_default(data), prog
+        super().__init__(*args, **kwargs)
+
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
-        main_kwargs = {"prog": PROG, "description": DESCRIPTION, **main_kwargs}
+        main_kwargs = {"prog": self.prog, "description": DESCRIPTION, **main_kwargs}
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
@@ -163,7 +202,7 @@ class LitDDPCLI(LightningCLI):
         return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"model": {"class_path": DEFAULT_MODEL}, "data": {"class_path": DEFAULT_DATA}})
+        parser.set_defaults({"model": self.default_model, "data": self.default_data})
         # The data decides the number of classes: a 3-class folder needs no --model.num_classes.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         for key, (callback_class, init_args) in CALLBACKS.items():
@@ -189,7 +228,7 @@ class LitDDPCLI(LightningCLI):
                 else []
             )
             keys = {key for p in self._parsers for key in p.get_defaults().keys()}
-            raise UserError(explain(str(err), argv, keys, PROG)) from None
+            raise UserError(explain(str(err), argv, keys, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
@@ -199,7 +238,11 @@ class LitDDPCLI(LightningCLI):
             chosen = self.config[subcommand]["model"]
             defaults = parser.parse_args([subcommand, f"--model={chosen['class_path']}"])[subcommand]["model"]
             overridden = checkpoint_model_overrides(
-                chosen.as_dict(), defaults.as_dict(), DEFAULT_MODEL, ckpt_path, self._checkpoint
+                chosen.as_dict(),
+                defaults.as_dict(),
+                self.default_model["class_path"],
+                ckpt_path,
+                self._checkpoint,
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
@@ -305,15 +348,25 @@ def _user_error(exc: BaseException | None) -> BaseException | None:
     return None
 
 
-def main(args: list[str] | None = None) -> None:
+def main(
+    args: list[str] | None = None,
+    *,
+    model: str | type | dict = DEFAULT_MODEL,
+    data: str | type | dict = DEFAULT_DATA,
+    prog: str = PROG,
+) -> None:
+    """The command line. A project on lit_ddp calls it from its ``__main__.py`` with its own defaults:
+    ``main(model={"class_path": "lit_ddp.models.ImageClassifier", "init_args": {"net": ...}}, data=MyData,
+    prog="python -m my_project")``; its classes, once imported, are found by short name too."""
+    quiet_console()
     skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
-    argv = sys.argv[1:] if args is None else args  # scaffold-only
-    if argv[:1] == ["new"]:  # scaffold-only: `new` is not a Lightning subcommand
-        from lit_ddp.scaffold.new import main as new_project  # scaffold-only
+    argv = sys.argv[1:] if args is None else args
+    if argv[:1] == ["new"]:  # not a Lightning subcommand: lit_ddp's project generator
+        from lit_ddp.scaffold.new import main as new_project
 
-        return new_project(argv[1:])  # scaffold-only
+        return new_project(argv[1:])
     try:
-        build_cli(args)
+        build_cli(args, model=model, data=data, prog=prog)
     except Exception as err:
         user_error = _user_error(err)
         if user_error is None and lost_rank_message():

@@ -17,8 +17,7 @@ from jsonargparse import ArgumentParser
 from lit_ddp.data import ImageDataModule
 from lit_ddp.models import ImageClassifier
 
-COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict")
-COMMANDS += ("new",)  # scaffold-only
+COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
 # The options whose value is a class chosen by short name.
 CLASS_OPTIONS = {"model": ImageClassifier, "data": ImageDataModule}
 # Options that other LightningCLI programs have and lit_ddp leaves out on purpose.

@@ -23,11 +23,8 @@
 # reach that host and port. default_root_dir (logs/) must be on a filesystem every node shares.
 
 set -euo pipefail
-# The recipe: $CONFIG if set (CONFIG=configs/lenet_cifar.yaml sbatch ...), else the last DEFAULT_CONFIG below;
-# a project generated from this template keeps only the lines of its model families.
-DEFAULT_CONFIG=configs/lenet_shapes.yaml
-DEFAULT_CONFIG=configs/lenet_cifar.yaml  # family: lenet_cifar
-DEFAULT_CONFIG=configs/resnet_imagenet.yaml  # family: resnet_imagenet
+# The recipe: $CONFIG if set (CONFIG=configs/resnet_imagenet.yaml sbatch ...), else DEFAULT_CONFIG.
+DEFAULT_CONFIG=configs/lenet_cifar.yaml
 CONFIG=${CONFIG:-$DEFAULT_CONFIG}
 
 srun --kill-on-bad-exit=1 python -m lit_ddp fit --config "$CONFIG" \

@@ -19,11 +19,8 @@
 # --kill-on-bad-exit=1: if one task dies, srun kills the others at once instead of letting them hang.
 
 set -euo pipefail
-# The recipe: $CONFIG if set (CONFIG=configs/lenet_cifar.yaml sbatch ...), else the last DEFAULT_CONFIG below;
-# a project generated from this template keeps only the lines of its model families.
-DEFAULT_CONFIG=configs/lenet_shapes.yaml
-DEFAULT_CONFIG=configs/lenet_cifar.yaml  # family: lenet_cifar
-DEFAULT_CONFIG=configs/resnet_imagenet.yaml  # family: resnet_imagenet
+# The recipe: $CONFIG if set (CONFIG=configs/resnet_imagenet.yaml sbatch ...), else DEFAULT_CONFIG.
+DEFAULT_CONFIG=configs/lenet_cifar.yaml
 CONFIG=${CONFIG:-$DEFAULT_CONFIG}
 
 srun --kill-on-bad-exit=1 python -m lit_ddp fit --config "$CONFIG" \

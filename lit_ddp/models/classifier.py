@@ -1,12 +1,24 @@
 """The Lightning system shared by every image classifier: steps, metrics, optimizers.
 
-Subclasses (LeNetCIFAR, ResNetImageNet) only build the network, a plain ``nn.Module`` returning logits,
-and hand it to ``ImageClassifier.__init__``, which owns its memory format and compilation.
+A network is composed in, not subclassed: ``ImageClassifier(net=...)`` takes a plain ``nn.Module`` class
+returning logits, which it builds with the data's number of classes; in YAML that is the network's
+``class_path`` (Lightning's backbone example does the same)::
+
+    model:
+      class_path: lit_ddp.models.ImageClassifier
+      init_args:
+        net:
+          class_path: my_project.models.Net   # any nn.Module whose first argument is num_classes
+          init_args: {width: 64}
+
+The built-in recipes (LeNetCIFAR, ResNetImageNet) are subclasses that build their network themselves and
+hand the module over. Either way ``ImageClassifier`` owns the network's memory format and compilation.
 Every metric is a torchmetrics object updated locally on each rank and reduced once, at epoch end,
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +32,10 @@ from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.utils import global_batch_size
 
 STAGES = ("train", "val", "test")
+
+# A network class (or any callable) whose first argument is the number of classes: jsonargparse builds it
+# from a YAML ``class_path`` with the other arguments given, and the system calls it with num_classes.
+NetFactory = Callable[[int], nn.Module]
 
 
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
@@ -71,6 +87,10 @@ def _summed_states(metric: Metric) -> dict[str, Tensor]:
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
+    ``net`` is called with ``num_classes`` to build the network (``--model.net=Net``,
+    ``--model.net.width=64``); a subclass may pass a module it built itself instead, and then saves its own
+    hyperparameters, which are what a checkpoint rebuilds it from.
+
     ``channels_last`` stores the weights NHWC and hands the network NHWC inputs: what tensor cores want
     under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on (LeNet trains
     ~20 % faster per step). ``compile`` runs ``torch.compile`` on the network, in place, so checkpoints
@@ -79,15 +99,19 @@ class ImageClassifier(LightningModule):
 
     def __init__(
         self,
-        net: nn.Module,
-        num_classes: int,
-        optim: OptimConfig,
+        net: NetFactory,
+        num_classes: int = 10,
+        optim: OptimConfig = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4),
         label_smoothing: float = 0.0,
         top_k: tuple[int, ...] = (1,),
         channels_last: bool = False,
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(net, nn.Module):
+            # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
+            self.save_hyperparameters()
+            net = net(num_classes)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.net = net.to(memory_format=self.memory_format)
         self.compile_net = compile

@@ -1,9 +1,11 @@
-"""``python -m lit_ddp new DEST [--no-input] [--overwrite] [key=value ...]``: a new project from the
-template shipped inside this package (works offline, from a wheel, with no git URL).
+"""``python -m lit_ddp new DEST [--no-input] [--overwrite] [key=value ...]``: a new project on lit_ddp from
+the template shipped inside this package (works offline, from a wheel, with no git URL).
 
-The project is generated into a temporary directory and copied to DEST only when complete, so a bad
-answer or a failed hook writes nothing. --overwrite writes the template's files over those at the same
-paths in DEST and touches nothing else: it never deletes a file.
+The project holds the user's code only (a network, a data module, configs, tests) and depends on lit_ddp;
+its ``.cruft.json`` records the template's source and commit, for ``cruft update``. It is generated into a
+temporary directory and copied to DEST only when complete, so a bad answer or a failed hook writes
+nothing. --overwrite writes the template's files over those at the same paths in DEST and touches nothing
+else: it never deletes a file.
 """
 
 import argparse
@@ -14,7 +16,14 @@ import tempfile
 from pathlib import Path
 
 from lit_ddp.errors import UserError
-from lit_ddp.scaffold.populate import FAMILY_CHOICES, validate
+from lit_ddp.scaffold.template import (
+    FAMILY_CHOICES,
+    cruft_state,
+    jinja_in,
+    lit_ddp_requirement,
+    template_source,
+    validate,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -39,6 +48,8 @@ def _parse_context(pairs: list[str], variables: dict, dest: Path) -> dict:
         if key not in variables or key.startswith("_"):
             known = ", ".join(k for k in variables if not k.startswith("_"))
             raise UserError(f"unknown template variable {key!r}: the variables are {known}")
+        if problem := jinja_in(key, value):  # before cookiecutter evaluates it
+            raise UserError(problem)
         choices = variables[key]
         if isinstance(choices, list) and value not in choices:  # else cookiecutter's 20-line ValueError
             raise UserError(
@@ -48,6 +59,7 @@ def _parse_context(pairs: list[str], variables: dict, dest: Path) -> dict:
     # DEST names the project unless the user says otherwise.
     context.setdefault("project_slug", dest.name)
     context.setdefault("project_name", dest.name.replace("-", " ").replace("_", " ").title())
+    context.setdefault("lit_ddp_requirement", lit_ddp_requirement())
     return context
 
 
@@ -100,9 +112,18 @@ def new(argv: list[str]) -> Path:
         help="generate into a non-empty DEST: the template's files replace those at the same paths, every"
         " other file stays (nothing is deleted); refused where a folder or link of yours is in the way",
     )
+    parser.add_argument(
+        "--template",
+        type=Path,
+        help="generate from another copy of the template (a fork, a checkout at another commit)",
+    )
     args = parser.parse_intermixed_args(argv)
 
-    root = template_root()
+    root = args.template.expanduser().resolve() if args.template else template_root()
+    if not (root / "cookiecutter.json").is_file():
+        raise UserError(
+            f"{root} holds no cookiecutter.json: pass the root of a lit_ddp checkout as --template"
+        )
     variables = json.loads((root / "cookiecutter.json").read_text())
     dest = args.dest.expanduser().resolve()
     context = _parse_context(args.context, variables, dest)
@@ -116,17 +137,36 @@ def new(argv: list[str]) -> Path:
     from cookiecutter.main import cookiecutter
 
     with tempfile.TemporaryDirectory(prefix="lit_ddp_new_") as tmp:
+        # The answers, prompted ones included, come back in cookiecutter's replay file: kept in tmp, not
+        # in the user's ~/.cookiecutter_replay.
+        replay = Path(tmp) / "replay"
         try:
             generated = Path(
-                cookiecutter(str(root), no_input=args.no_input, extra_context=context, output_dir=tmp)
+                cookiecutter(
+                    str(root),
+                    no_input=args.no_input,
+                    extra_context=context,
+                    output_dir=str(Path(tmp) / "out"),
+                    default_config={"replay_dir": str(replay)},
+                )
             )
         except FailedHookException as err:
             raise UserError(f"the template refused the answers ({err}); nothing was written") from None
         except CookiecutterException as err:
             raise UserError(f"could not generate the project: {err}") from None
+        answers = json.loads(next(replay.glob("*.json")).read_text())["cookiecutter"]
+        source, commit = template_source(root)
+        state = cruft_state(source, commit, answers)
+        (generated / ".cruft.json").write_text(json.dumps(state, indent=2) + "\n")
         package = next((p.parent.name for p in generated.glob("*/__main__.py")), "<package>")
         _copy_over(generated, dest)
     print(f"created {dest}\n  cd {dest} && pip install -e . && python -m {package} fit")
+    if commit is None:
+        print(
+            f"note: {source} is not a git checkout, so .cruft.json records no commit: `cruft update` needs"
+            " one (generate from a lit_ddp git checkout with --template to have it)",
+            file=sys.stderr,
+        )
     return dest
 
 

@@ -1,0 +1,156 @@
+"""What the project template needs from Python: checks of the answers, the files of each model family,
+where the new project gets lit_ddp from, and the record that lets ``cruft update`` find the template again.
+
+Stdlib only: the cookiecutter hooks import it from a bare template checkout.
+"""
+
+import importlib.metadata
+import importlib.util
+import json
+import keyword
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# Files of each optional model family, relative to the generated project ({pkg}: its package).
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "lenet_cifar": ("configs/lenet_cifar.yaml",),
+    "resnet_imagenet": ("configs/resnet_imagenet.yaml", "tests/test_resnet_imagenet.py"),
+}
+FAMILY_CHOICES = {"both": tuple(FAMILIES), **{name: (name,) for name in FAMILIES}}
+# cookiecutter renders every answer as a Jinja template: "{{ 7 * 7 }}" would become "49".
+JINJA_SYNTAX = re.compile(r"\{\{|\{%|\{#")
+
+
+def _shadowed(package: str) -> str | None:
+    """What a top-level package of this name would hide: a standard library or installed module."""
+    if package in sys.stdlib_module_names:
+        return f"the standard library module {package}"
+    spec = importlib.util.find_spec(package)
+    # Any plain directory on sys.path (in the cwd, say) is a namespace package to find_spec, with no
+    # origin: only a real module or package counts as installed.
+    if spec is not None and spec.origin is not None:
+        return f"the installed module {package} ({spec.origin})"
+    return None
+
+
+def jinja_in(key: str, value: object) -> str | None:
+    """A one-line refusal for an answer cookiecutter would evaluate as a template, else None."""
+    if isinstance(value, str) and JINJA_SYNTAX.search(value):
+        return (
+            f"{key}={value!r} contains template syntax ({{{{, {{% or {{#), which the template would evaluate:"
+            " write it without braces"
+        )
+    return None
+
+
+def validate(context: dict) -> list[str]:
+    """Problems with the user's answers, as one-sentence messages (empty when all is well)."""
+    problems = []
+    package = context.get("package_name", "")
+    if not package.isidentifier() or keyword.iskeyword(package):
+        problems.append(
+            f"package_name {package!r} is not a valid Python identifier: use letters, digits and"
+            " underscores, not starting with a digit (e.g. package_name=my_project)"
+        )
+    elif clash := _shadowed(package):
+        problems.append(
+            f"package_name {package!r} would shadow {clash}: pass another name,"
+            f" e.g. package_name={package}_classifier"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", context.get("project_slug", "")):
+        problems.append(
+            f"project_slug {context.get('project_slug')!r} must be a directory name like my-project"
+        )
+    if not re.fullmatch(r"3\.\d+", context.get("python_version", "")):
+        problems.append(f"python_version {context.get('python_version')!r} must look like 3.10")
+    if context.get("model_families") not in FAMILY_CHOICES:
+        problems.append(f"model_families must be one of {', '.join(FAMILY_CHOICES)}")
+    for key, value in context.items():
+        if not key.startswith("_") and (problem := jinja_in(key, value)):
+            problems.append(problem)
+    return problems
+
+
+def prune_families(project: Path, families: str) -> None:
+    """Remove the files of the model families the user left out."""
+    for family in set(FAMILIES) - set(FAMILY_CHOICES[families]):
+        for rel in FAMILIES[family]:
+            (project / rel).unlink(missing_ok=True)
+
+
+def _direct_url() -> dict | None:
+    """PEP 610's record of where the installed lit_ddp came from (a folder, a VCS URL), if any."""
+    # Every lit_ddp metadata on sys.path: a source checkout's own lit_ddp.egg-info (no record) may come
+    # before the installed one.
+    for dist in importlib.metadata.distributions(name="lit_ddp"):
+        if text := dist.read_text("direct_url.json"):
+            return json.loads(text)
+    return None
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("lit_ddp")
+    except importlib.metadata.PackageNotFoundError:
+        from lit_ddp import __version__
+
+        return __version__
+
+
+def lit_ddp_requirement() -> str:
+    """The new project's dependency on lit_ddp: the folder or VCS commit this lit_ddp was installed from,
+    so the project installs on this machine with no package index holding lit_ddp; else a compatible
+    release range of this version (0.2.x for 0.2.1)."""
+    direct = _direct_url()
+    if direct and "vcs_info" in direct:
+        vcs = direct["vcs_info"]
+        return f"lit_ddp @ {vcs['vcs']}+{direct['url']}@{vcs['commit_id']}"
+    if direct and "dir_info" in direct:
+        return f"lit_ddp @ {direct['url']}"
+    return f"lit_ddp~={'.'.join(_version().split('.')[:3])}"
+
+
+def _git_head(folder: Path) -> str | None:
+    """The commit of the git checkout whose root is ``folder``, else None."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    run = lambda *args: subprocess.run([git, "-C", str(folder), *args], capture_output=True, text=True)  # noqa: E731
+    head = run("rev-parse", "--verify", "HEAD")
+    if head.returncode != 0 or run("rev-parse", "--show-toplevel").stdout.strip() != str(folder.resolve()):
+        return None
+    return head.stdout.strip()
+
+
+def template_source(template_root: Path) -> tuple[str, str | None]:
+    """Where ``cruft update`` can fetch the template again, and at which commit: the checkout it was
+    generated from, or the VCS URL and commit this lit_ddp was installed from; (path, None) if neither."""
+    commit = _git_head(template_root)
+    if commit is not None:
+        return str(template_root), commit
+    direct = _direct_url()
+    if direct and "vcs_info" in direct:
+        return direct["url"], direct["vcs_info"]["commit_id"]
+    if direct and "dir_info" in direct:
+        folder = Path(direct["url"].removeprefix("file://"))
+        if (commit := _git_head(folder)) is not None:
+            return str(folder), commit
+    return str(template_root), None
+
+
+def cruft_state(template: str, commit: str | None, context: dict) -> dict:
+    """The content of ``.cruft.json`` (cruft's own format), for ``cruft diff`` and ``cruft update``."""
+    answers = {k: v for k, v in context.items() if k != "_output_dir" and k != "_repo_dir"}
+    answers["_template"] = template
+    if commit is not None:
+        answers["_commit"] = commit
+    return {
+        "template": template,
+        "commit": commit,
+        "checkout": None,
+        "context": {"cookiecutter": answers},
+        "directory": None,
+    }

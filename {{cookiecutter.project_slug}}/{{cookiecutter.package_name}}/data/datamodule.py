@@ -1,0 +1,68 @@
+"""Your data. ``load_split`` is the one method to rewrite: return a split's images and labels.
+
+lit_ddp's ``ImageDataModule`` does the rest the same way on any device count: per-device batches, the
+training shuffle by (seed, epoch) sharded over the ranks, evaluation without padded duplicates, crop and
+flip on the device, normalisation, and exact mid-epoch resume. To start, it draws lit_ddp's embedded
+Shapes images, so everything runs with no file.
+"""
+
+from lit_ddp.data import ImageDataModule, TensorImageDataset
+from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+from torch import Tensor
+
+SPLITS = ("train", "val", "test")
+
+
+class MyDataModule(ImageDataModule):
+    """3×32×32 images in 10 classes, held in memory as uint8 (the fastest loader: no decoding, no workers).
+
+    Args:
+        train_size / val_size / test_size: images in each split.
+        batch_size: per device; the global batch is printed once at start.
+        seed: the images and the shuffle; the same on every rank.
+    """
+
+    num_classes = len(CLASS_NAMES)
+    class_names = CLASS_NAMES
+    # Per-channel statistics of the training images, in [0, 1] units: normalisation runs on the device.
+    mean = (0.5, 0.5, 0.5)
+    std = (0.29, 0.29, 0.29)
+
+    def __init__(
+        self,
+        train_size: int = 20000,
+        val_size: int = 2000,
+        test_size: int = 2000,
+        batch_size: int = 128,
+        num_workers: int | None = 0,
+        seed: int = 0,
+        augment: bool = True,
+        crop_padding: int = 4,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            augment=augment,
+            crop_padding=crop_padding,
+        )
+        self.save_hyperparameters()
+        self.sizes = {"train": train_size, "val": val_size, "test": test_size}
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        """(N, 3, H, W) uint8 images and (N,) int64 labels in [0, num_classes) of ``split``.
+
+        Replace with your loading code (numpy arrays: ``torch.from_numpy``); keep it a function of the
+        seed only, so every rank holds the same split.
+        """
+        return draw_shapes(self.sizes[split], seed=self.seed * len(SPLITS) + SPLITS.index(split))
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)  # prints the global batch
+        if stage == "fit":
+            self.train_set = TensorImageDataset(*self.load_split("train"))
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        elif stage == "validate":
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        else:  # test, predict
+            self.test_set = TensorImageDataset(*self.load_split("test"))
