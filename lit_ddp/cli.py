@@ -278,14 +278,17 @@ class LitDDPCLI(LightningCLI):
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
             # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
             # recipe (logs/lenet_cifar/version_N), so `--ckpt_path=last` never finds another experiment's run.
+            # A full disk while writing events is one line too (runtime/write_errors.py).
             from lit_ddp.runtime.resume import experiment_name
+            from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 
-            kwargs["logger"] = TensorBoardLogger(
+            logger: TensorBoardLogger = WriteSafeTensorBoardLogger(
                 save_dir=trainer_config.get("default_root_dir") or os.getcwd(),
                 name=experiment_name(self._subcommand_config(self.config).get("config")),
                 version=SLURMEnvironment.job_id(),
                 default_hp_metric=False,
             )
+            kwargs["logger"] = logger
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as err:  # Lightning's checks of Trainer options: a sentence naming the option

@@ -150,6 +150,34 @@ def test_local_paths_are_told_from_remote_ones() -> None:
     assert not compat.is_local_path("s3://bucket/last.ckpt")
 
 
+def test_tensorboards_writer_thread_hands_a_failed_write_to_the_callback_and_lives_on(tmp_path: Path) -> None:
+    import errno
+    import os
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    class FullDisk:
+        def write(self, data: bytes) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self) -> None:
+            pass
+
+    writer = SummaryWriter(tmp_path)
+    errors: list[OSError] = []
+    assert compat.hand_event_write_errors_to(writer, errors.append)
+    async_writer = writer.file_writer.event_writer._async_writer
+    async_writer._writer._writer = FullDisk()  # the RecordWriter's file: every byte now fails
+    writer.add_scalar("x", 1.0, 0)
+    writer.flush()  # raised the thread's OSError here, after the thread printed its traceback
+    assert errors and all(e.errno == errno.ENOSPC for e in errors)
+    assert async_writer._worker.exception is None and async_writer._worker.is_alive()
+    writer.close()
+
+
 def test_batchnorm_base_covers_every_batchnorm() -> None:
     for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
         assert issubclass(cls, compat.BatchNormBase)

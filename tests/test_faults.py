@@ -287,6 +287,54 @@ def test_c_the_cli_writes_checkpoints_atomically(tmp_path: Path) -> None:
     assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
 
 
+@pytest.mark.parametrize("fault", ["ENOSPC", "EROFS", "ENOSPC while logging"])
+def test_c_a_full_or_read_only_disk_is_one_line_and_the_previous_last_ckpt_survives(
+    tmp_path: Path, fault: str, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The disk fills (or is remounted read-only) after the first epoch's checkpoints: the next checkpoint
+    write fails, and so does every TensorBoard write from then on, in its writer thread (or, "while
+    logging", a TensorBoard write fails first). That ended in 78 (ENOSPC) and 171 (EROFS) lines of chained
+    tracebacks, the writer thread's among them."""
+    import errno
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from lit_ddp.cli import main
+
+    code = getattr(errno, fault.split()[0])
+    full = {"now": False, "saves": 0}
+    save, write = torch.save, RecordWriter.write
+
+    def disk_save(obj, f, *args, **kwargs):
+        full["saves"] += 1
+        full["now"] = full["now"] or full["saves"] > 2  # epoch 1 wrote the best and the last checkpoint
+        if full["now"]:
+            if code == errno.ENOSPC:
+                f.write(b"\0" * 4096)  # a partial write first, as a filling disk does
+            raise OSError(code, os.strerror(code))
+        return save(obj, f, *args, **kwargs)
+
+    def disk_write(self, data):
+        full["now"] = full["now"] or (fault.endswith("logging") and full["saves"] == 2)
+        if full["now"]:
+            raise OSError(code, os.strerror(code))
+        return write(self, data)
+
+    monkeypatch.setattr(torch, "save", disk_save)
+    monkeypatch.setattr(RecordWriter, "write", disk_write)
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1"]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    what = "TensorBoard events in" if fault.endswith("logging") else "checkpoint"
+    assert err.startswith(f"lit_ddp: error: could not write {what} ") and os.strerror(code) in err
+    assert f"the run stops; its previous {last} is intact" in err and "--ckpt_path=last" in err
+    assert torch.load(last, weights_only=True)["global_step"] == 8  # epoch 1's, whole
+    assert not list(last.parent.glob(".*.tmp-*"))  # the partial file is gone
+
+
 # ---- d: a non-finite loss --------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.runtime.compat import is_local_path
+from lit_ddp.runtime.write_errors import checkpoint_write_error, os_error_in
 
 # Types that may appear in saved hyperparameters (a frozen OptimConfig passed from Python, a Path passed as
 # a data directory). Everything else in a Lightning checkpoint is tensors and plain containers.
@@ -116,7 +117,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or not is_local_path(path):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote (fsspec): as Lightning
-        atomic_torch_save(checkpoint, path)
+        try:
+            atomic_torch_save(checkpoint, path)
+        except (OSError, RuntimeError) as err:
+            # A full disk, a quota, a read-only remount: one line saying the previous file is intact (the
+            # write was atomic), not torch's RuntimeError chained to the OSError.
+            os_error = os_error_in(err)
+            if os_error is None:
+                raise
+            raise checkpoint_write_error(os_error, Path(path)) from None
 
     def load_checkpoint(
         self, path, map_location: Any = None, weights_only: bool | None = None

@@ -21,7 +21,7 @@ from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
 from torch.nn.modules.batchnorm import _BatchNorm
 
-CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1")}
+CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1"), "tensorboard": ("2.21.0",)}
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,12 @@ PRIVATE_NAMES = (
         "lightning.fabric.utilities.cloud_io._is_local_file_protocol",
         "checkpoint_io.py",
         "atomic writes apply to local paths; remote (fsspec) paths keep Lightning's own writer",
+    ),
+    PrivateName(
+        "tensorboard.summary.writer.event_file_writer.EventFileWriter._async_writer._writer",
+        "write_errors.py",
+        "the RecordWriter that TensorBoard's background thread writes events with: an OSError there (full"
+        " disk) killed the thread with a printed traceback; wrapped to hand the error to the main thread",
     ),
     PrivateName(
         "torch.nn.modules.batchnorm._BatchNorm",
@@ -156,6 +162,27 @@ def logger_version_given(logger: Logger):
 def pin_logger_version(logger: Logger, version: int | str) -> None:
     """Make ``logger`` write into the run ``version`` (before anything has read its log_dir)."""
     logger._version = version
+
+
+def hand_event_write_errors_to(summary_writer, on_error) -> bool:
+    """Make the background thread of torch's ``SummaryWriter`` call ``on_error(err)`` on an OSError while
+    writing or flushing events (and drop those events) instead of dying; True if the writer was found."""
+    event_writer = getattr(getattr(summary_writer, "file_writer", None), "event_writer", None)
+    record_writer = getattr(getattr(event_writer, "_async_writer", None), "_writer", None)
+    if record_writer is None or not all(hasattr(record_writer, m) for m in ("write", "flush")):
+        return False
+
+    def guard(method):
+        def guarded(*args):
+            try:
+                method(*args)
+            except OSError as err:
+                on_error(err)
+
+        return guarded
+
+    record_writer.write, record_writer.flush = guard(record_writer.write), guard(record_writer.flush)
+    return True
 
 
 def is_local_path(path: str | Path) -> bool:

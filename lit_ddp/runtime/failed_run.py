@@ -24,6 +24,8 @@ class RemoveFailedRunDir(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, UserError) or not trainer.is_global_zero or trainer.logger is None:
             return
+        if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
+            return
         run_dir = Path(trainer.logger.log_dir)
         files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
         if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):

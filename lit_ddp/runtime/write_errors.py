@@ -1,0 +1,106 @@
+"""A full disk, a quota or a read-only remount during a run: one line, and what survived.
+
+Without this, a checkpoint write that fails with ENOSPC or EROFS ended the run with 78–171 lines of chained
+tracebacks: torch's writer wraps the OSError in a RuntimeError, Lightning's teardown flushes TensorBoard
+into the same full disk and raises again, and TensorBoard's background writer thread dies with a traceback
+of its own. Checkpoint writes are atomic (checkpoint_io.py), so the previous ``last.ckpt`` is intact; the
+line says so, and which path could not be written.
+"""
+
+import errno
+from pathlib import Path
+
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lit_ddp.errors import UserError
+from lit_ddp.runtime.compat import hand_event_write_errors_to
+
+# What to do about each kind of failed write; any other OSError gets its own text and the generic advice.
+ADVICE = {
+    errno.ENOSPC: "free space on that disk",
+    errno.EDQUOT: "free some of your quota",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "remount it writable or pass --trainer.default_root_dir on a writable disk",
+    errno.EACCES: "make it writable or pass --trainer.default_root_dir on a writable disk",
+}
+
+
+def os_error_in(exc: BaseException | None) -> OSError | None:
+    """The OSError behind ``exc``: torch's zip writer reports a failed write as a RuntimeError raised while
+    handling it ("unexpected pos ...")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def write_error(err: OSError, what: str, path: str | Path, checkpoints: Path | None) -> UserError:
+    """The line for a failed write of ``what`` at ``path``, naming the run's ``last.ckpt`` in the folder
+    ``checkpoints`` if one is there to resume from."""
+    reason = err.strerror or type(err).__name__
+    advice = ADVICE.get(err.errno, "fix the disk")
+    last = checkpoints / "last.ckpt" if checkpoints is not None else None
+    if last is not None and last.is_file():
+        kept, then = f"the run stops; its previous {last} is intact", "resume with --ckpt_path=last"
+    else:
+        kept, then = "the run stops before its first checkpoint", "run it again"
+    return UserError(f"could not write {what} {path} ({reason}): {kept}; {advice}, then {then}")
+
+
+def checkpoint_write_error(err: OSError, path: Path) -> UserError:
+    return write_error(err, "checkpoint", path, path.parent)
+
+
+class WriteSafeTensorBoardLogger(TensorBoardLogger):
+    """Lightning's TensorBoardLogger whose failed writes end the run with one line, not tracebacks from the
+    writer thread and from every later flush."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._write_failed: OSError | None = None
+        self._guarded = False
+
+    @property
+    def experiment(self):
+        writer = super().experiment
+        if not self._guarded and getattr(writer, "file_writer", None) is not None:
+            # TensorBoard writes events from a thread of its own, which dies with a printed traceback on an
+            # OSError; the error is kept instead, and the next log call on the main thread reports it.
+            self._guarded = hand_event_write_errors_to(writer, self._on_write_error)
+        return writer
+
+    def _on_write_error(self, err: OSError) -> None:
+        self._write_failed = self._write_failed or err
+
+    def _check(self) -> None:
+        if self._write_failed is not None:
+            checkpoints = Path(self.log_dir) / "checkpoints"
+            raise write_error(self._write_failed, "TensorBoard events in", self.log_dir, checkpoints)
+
+    def _guard(self, method, *args, **kwargs):
+        self._check()
+        try:
+            return method(*args, **kwargs)
+        except OSError as err:
+            self._on_write_error(err)
+        self._check()
+
+    def log_metrics(self, *args, **kwargs) -> None:
+        self._guard(super().log_metrics, *args, **kwargs)
+
+    def log_hyperparams(self, *args, **kwargs) -> None:
+        self._guard(super().log_hyperparams, *args, **kwargs)
+
+    def save(self) -> None:
+        self._guard(super().save)
+
+    def finalize(self, status: str) -> None:
+        if status == "success":
+            return self._guard(super().finalize, status)
+        try:  # the run is failing already, and says why: a flush into the same full disk adds nothing
+            super().finalize(status)
+        except (OSError, UserError):
+            pass
