@@ -106,6 +106,20 @@ def test_timm_arch_without_timm_names_the_install_command(monkeypatch: pytest.Mo
     )
 
 
+def test_a_missing_timm_is_named_before_any_option_of_the_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/resnet_imagenet.yaml sets zero_init_residual: true; with timm/resnet18 and no timm, the first
+    line asked to turn that off, and only the next run named the missing extra."""
+    monkeypatch.setitem(sys.modules, "timm", None)
+    with pytest.raises(UserError) as err:
+        ResNetImageNet(num_classes=3, arch="timm/resnet18", zero_init_residual=True)
+    assert str(err.value) == (
+        '--model.arch=timm/resnet18 needs timm, which is not installed: pip install "lit_ddp[timm]"'
+    )
+    # Likewise a misspelt name comes before the option's complaint.
+    with pytest.raises(UserError, match=r"unknown arch 'resnet19': did you mean resnet18"):
+        build_net("resnet19", 3, zero_init_residual=True)
+
+
 def test_timm_models_build_and_load_their_state_dicts(tmp_path: Path, info_lines: list[str]) -> None:
     timm = pytest.importorskip("timm")
     source = timm.create_model("resnet18", pretrained=False, num_classes=1000)

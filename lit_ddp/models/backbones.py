@@ -32,18 +32,14 @@ def _unknown_arch(arch: str, choices: tuple[str, ...] | list[str], where: str) -
     return UserError(f"unknown arch {arch!r}: {hint}pass a name from {where}")
 
 
-def _build_timm(name: str, num_classes: int) -> nn.Module:
+def _import_timm(arch: str):
     try:
         import timm
     except ImportError:
         raise UserError(
-            f"--model.arch={TIMM_PREFIX}{name} needs timm, which is not installed:"
-            ' pip install "lit_ddp[timm]"'
+            f'--model.arch={arch} needs timm, which is not installed: pip install "lit_ddp[timm]"'
         ) from None
-    if not timm.is_model(name):
-        names = [TIMM_PREFIX + n for n in timm.list_models()]
-        raise _unknown_arch(TIMM_PREFIX + name, names, "timm.list_models(), after timm/")
-    return timm.create_model(name, pretrained=False, num_classes=num_classes)
+    return timm
 
 
 def build_net(arch: str = "resnet50", num_classes: int = 1000, zero_init_residual: bool = False) -> nn.Module:
@@ -52,15 +48,22 @@ def build_net(arch: str = "resnet50", num_classes: int = 1000, zero_init_residua
     ``zero_init_residual`` zeroes the last BN gamma of every residual block, so each block starts as the
     identity (Goyal et al., 2017, "Accurate, Large Minibatch SGD", §5.1); torchvision's ResNets only.
     """
+    # The name first (a missing timm included), then its options: advice about an option of a network
+    # that cannot be built would send the user round twice.
+    timm = _import_timm(arch) if arch.startswith(TIMM_PREFIX) else None
+    if timm is not None and not timm.is_model(arch.removeprefix(TIMM_PREFIX)):
+        raise _unknown_arch(
+            arch, [TIMM_PREFIX + n for n in timm.list_models()], "timm.list_models(), after timm/"
+        )
+    if timm is None and arch not in TORCHVISION_ARCHS:
+        raise _unknown_arch(arch, TORCHVISION_ARCHS, "torchvision.models.list_models(), or timm/<name>")
     if zero_init_residual and arch not in RESNET_ARCHS:
         raise UserError(
             f"--model.zero_init_residual=true applies to torchvision's ResNets only, not {arch}:"
             " pass --model.zero_init_residual=false"
         )
-    if arch.startswith(TIMM_PREFIX):
-        return _build_timm(arch.removeprefix(TIMM_PREFIX), num_classes)
-    if arch not in TORCHVISION_ARCHS:
-        raise _unknown_arch(arch, TORCHVISION_ARCHS, "torchvision.models.list_models(), or timm/<name>")
+    if timm is not None:
+        return timm.create_model(arch.removeprefix(TIMM_PREFIX), pretrained=False, num_classes=num_classes)
     kwargs = {"zero_init_residual": True} if zero_init_residual else {}
     return models.get_model(
         arch, weights=None, num_classes=num_classes, **ARCH_KWARGS.get(arch, {}), **kwargs
