@@ -39,14 +39,17 @@ _M32 = 0xFFFFFFFF
 
 
 def _mix32(h: Tensor) -> Tensor:
-    """A 32-bit integer hash of int64 values in [0, 2^32), elementwise (Wellons' lowbias32 xor-shift-multiply
-    rounds, https://nullprogram.com/blog/2018/07/31/). The multipliers are odd and below 2^31, so no
-    product leaves int64: the same bits on every device and backend, no overflow to rely on."""
-    h = h ^ (h >> 16)
-    h = (h * 0x7FEB352D) & _M32
-    h = h ^ (h >> 15)
-    h = (h * 0x27D4EB2F) & _M32  # xxHash's PRIME32_4
-    return h ^ (h >> 16)
+    """A 32-bit integer hash of int64 values in [0, 2^32), elementwise and in place (Wellons' lowbias32
+    xor-shift-multiply rounds, https://nullprogram.com/blog/2018/07/31/). The multipliers are odd and below
+    2^31, so no product leaves int64: the same bits on every device and backend, no overflow relied on."""
+    h ^= h >> 16
+    h *= 0x7FEB352D
+    h &= _M32
+    h ^= h >> 15
+    h *= 0x27D4EB2F  # xxHash's PRIME32_4
+    h &= _M32
+    h ^= h >> 16
+    return h
 
 
 class SampleRandom:
@@ -54,21 +57,30 @@ class SampleRandom:
 
     ``index`` is the (B,) int64 tensor of the samples' indices in their dataset, on the batch's device;
     ``key`` any int (the data module passes a hash of (seed, epoch)). Draw ``k`` of sample ``i`` is the
-    same whatever batch, rank or device count carries ``i`` — a counter-based generator in the manner of
-    Philox (Salmon et al., SC'11), small enough to run as a few elementwise integer ops on the device.
+    same whatever batch, rank or device count carries ``i``: a counter-based generator (as Philox is,
+    Salmon et al., SC'11), here a few elementwise integer ops on the device for the whole batch.
     Augmentations number their draws: crop row 0, crop column 1, flip 2; a new per-sample draw takes the
-    next free number.
+    next free number. The first ``BLOCK`` draws are hashed together, as one (B, BLOCK) tensor.
     """
 
+    BLOCK = 4
+
     def __init__(self, index: Tensor, key: int) -> None:
-        k1, k2 = key & _M32, (key >> 32) & _M32
         index = index.long()
-        # Two rounds fold the low and high 32 bits of the index with the two halves of the key.
-        self._base = _mix32(_mix32((index & _M32) ^ k1) ^ (index >> 32) ^ k2)  # (B,) in [0, 2^32)
+        # The low 32 bits of the index, hashed with one half of the key; the high bits and the other half
+        # folded in before the draws' round: two rounds between any input bit and any output bit.
+        self._base = _mix32((index & _M32) ^ (key & _M32)) ^ (index >> 32) ^ ((key >> 32) & _M32)  # (B,)
+        self._block = self._draws(torch.arange(self.BLOCK, device=index.device))  # (B, BLOCK)
+
+    def _draws(self, draw: Tensor) -> Tensor:
+        # Golden-ratio strides between draw numbers, as splitmix's counter steps.
+        return _mix32((self._base.unsqueeze(-1) + (draw + 1) * 0x9E3779B9) & _M32)
 
     def bits(self, draw: int) -> Tensor:
         """(B,) int64 in [0, 2^32): draw number ``draw`` of each sample."""
-        return _mix32((self._base + (draw + 1) * 0x9E3779B9) & _M32)  # golden-ratio stride (splitmix)
+        if draw < self.BLOCK:
+            return self._block[:, draw]
+        return self._draws(torch.tensor([draw], device=self._base.device))[:, 0]
 
     def integers(self, draw: int, high: int) -> Tensor:
         """(B,) int64 in [0, high), ``high`` ≤ 2^31: Lemire's multiply-shift of the 32 bits."""
