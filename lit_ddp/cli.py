@@ -219,6 +219,12 @@ class LitDDPCLI(LightningCLI):
         return config[self.subcommand] if self.subcommand else config
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        from lit_ddp.cli_errors import check_config_files
+
+        # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
+        check_config_files(
+            [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
+        )
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:
@@ -294,6 +300,11 @@ class LitDDPCLI(LightningCLI):
         except ValueError as err:  # Lightning's checks of Trainer options: a sentence naming the option
             raise UserError(str(err)) from None
         set_dist_timeout(trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        # Lightning runs 16-mixed as bf16-mixed on a CPU (and warns): config.yaml, written later from this
+        # config, records the precision that ran, so that a re-run with --config is the same run.
+        saved = self._subcommand_config(self.config).get("trainer")
+        if saved is not None and saved.get("precision") is not None:
+            saved["precision"] = trainer.precision
         # Lightning appends its Timer (--trainer.max_time) after every other callback; it decides a stop
         # in on_train_batch_end, which StepLoss must see to write that step's loss: Timer goes first.
         trainer.callbacks.sort(key=lambda callback: not isinstance(callback, Timer))

@@ -15,6 +15,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from lit_ddp.data import ImageDataModule
+from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
@@ -51,6 +52,45 @@ def explain(message: str, argv: list[str], option_keys: Iterable[str], prog: str
             return line
     first = next(line.strip() for line in message.splitlines() if line.strip())
     return f"{first} (see {prog} {_command(argv)} --help)"
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (YAML keeps the last,
+    silently: `max_epochs: 1` above `max_epochs: 90` would run 90 epochs)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                problem = f"{key!r} is given already on line {seen[key]}"
+                raise _DuplicateKey(None, None, problem, key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def check_config_files(argv: list[str]) -> None:
+    """UserError for a ``--config`` file that is empty or gives a key twice: jsonargparse takes the last
+    value of a duplicate without a word, and reports an empty file as ``Unexpected config: ``."""
+    for path in _config_files(argv):
+        try:
+            content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
+        except _DuplicateKey as err:
+            raise UserError(
+                f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
+            ) from None
+        except yaml.YAMLError:
+            continue  # jsonargparse reports invalid YAML itself (see _invalid_yaml)
+        if content is None:
+            raise UserError(
+                f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
+                f" --config {path}"
+            )
 
 
 def _command(argv: list[str]) -> str:

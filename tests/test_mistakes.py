@@ -93,3 +93,46 @@ def test_a_precision_the_batches_cannot_take_and_a_negative_lr_are_one_line(
     line = one_error_line(capsys, ["fit", *TINY, *args, f"--trainer.default_root_dir={tmp_path}"])
     assert line.startswith(expected), line
     assert not (tmp_path / "lightning_logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "trainer:\n  max_epochs: 1\n  log_every_n_steps: 5\n  max_epochs: 90\n",
+            "my.yaml, line 4: 'max_epochs' is given already on line 2: keep one of them",
+        ),
+        ("", "my.yaml holds no settings (it is empty or only comments): put settings in it, or leave out"),
+        ("# a recipe to write\n", "my.yaml holds no settings (it is empty or only comments)"),
+    ],
+)
+def test_a_duplicate_key_or_an_empty_config_file_is_one_clear_line(
+    tmp_path: Path, capsys, text: str, expected: str
+) -> None:
+    """A duplicate key silently took the last value (90 epochs); an empty file: `Unexpected config: `."""
+    config = tmp_path / "my.yaml"
+    config.write_text(text)
+    line = one_error_line(capsys, ["fit", f"--config={config}", f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(f"{tmp_path / expected}"), line
+
+
+def test_16_mixed_on_a_cpu_is_recorded_as_the_bf16_mixed_that_ran(tmp_path: Path) -> None:
+    """Lightning runs 16-mixed as bf16-mixed on a CPU; config.yaml said 16-mixed, so a re-run of it on a GPU
+    would train in another precision than the run it reproduces."""
+    import yaml
+
+    cli = build_cli(["fit", *TINY, "--trainer.precision=16-mixed", f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.precision == "bf16-mixed"
+    saved = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "config.yaml").read_text())
+    assert saved["trainer"]["precision"] == "bf16-mixed"
+
+
+def test_a_warmup_longer_than_the_run_is_cut_with_a_note(tmp_path: Path, caplog) -> None:
+    """--trainer.max_steps=3 with a 2-epoch warmup (4 steps): the warmup was cut to 2 steps without a word."""
+    args = [*TINY, "--trainer.max_steps=3", "--model.optim.warmup_epochs=2", "--trainer.max_epochs=5"]
+    with caplog.at_level("INFO"):
+        build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}"])
+    assert (
+        "lit_ddp: note: --model.optim.warmup_epochs=2.0 is 4 steps, more than the run's 3: the warmup is cut"
+        " to 2 steps, so the lr reaches its peak only at the last step"
+    ) in caplog.messages

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.optim import Optimizer
 
@@ -142,6 +143,13 @@ def build_optimizer(
         for group in optimizer.param_groups:
             group["lr"] *= global_batch / cfg.base_batch_size
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
+    cut = min(warmup_steps, max(total_steps, 1) - 1)  # what lr_lambda keeps
+    if cut < warmup_steps:
+        rank_zero_info(
+            f"lit_ddp: note: --model.optim.warmup_epochs={cfg.warmup_epochs} is {warmup_steps} steps, more"
+            f" than the run's {int(total_steps)}: the warmup is cut to {int(cut)} steps, so the lr reaches"
+            " its peak only at the last step"
+        )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps)
     )
