@@ -5,9 +5,15 @@ Lightning's bar counts epochs from 0 to max_epochs - 1 (``Epoch 0/0`` for a one-
 line says ``epoch 1/1``) and shows the logger's version as ``v_num: 0.000``; its model summary has a FLOPs
 column of zeros (Lightning counts FLOPs only with an example input) and counts modules in train and eval
 mode, torchmetrics' metric objects included. Users cannot act on any of that.
+
+Lightning redraws its bar after every batch (``refresh_rate=1``): a dict of the logged metrics and a render,
+which on a small model's step costs more than all of lit_ddp's other callbacks together
+(docs/benchmarks.md, host overhead per step). Here a bar redraws at most ``REDRAW_S`` apart, and always at
+an epoch's last batch: no reader sees the difference, and the step pays it ten times a second at most.
 """
 
 import importlib.util
+import time
 
 from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
@@ -26,7 +32,35 @@ def _without_version(metrics: dict) -> dict:
     return metrics
 
 
-class RichBar(RichProgressBar):
+REDRAW_S = 0.1  # seconds between redraws of a progress bar within an epoch
+
+
+class _Throttled:
+    """A progress bar's per-batch redraws, at most one per ``REDRAW_S``, and the last batch's always."""
+
+    _drawn_at = float("-inf")
+
+    def _due(self, batch_idx: int, total: int | float) -> bool:
+        now = time.monotonic()
+        if now - self._drawn_at < REDRAW_S and batch_idx + 1 < total:
+            return False
+        self._drawn_at = now
+        return True
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        if self._due(batch_idx, self.total_train_batches):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int, dataloader_idx=0
+    ) -> None:
+        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+
+class RichBar(_Throttled, RichProgressBar):
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         return _without_version(super().get_metrics(trainer, pl_module))
 
@@ -36,7 +70,7 @@ class RichBar(RichProgressBar):
             self.progress.update(self.train_progress_bar_id, description=epoch_description(trainer))
 
 
-class TQDMBar(TQDMProgressBar):
+class TQDMBar(_Throttled, TQDMProgressBar):
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         return _without_version(super().get_metrics(trainer, pl_module))
 

@@ -1,0 +1,303 @@
+"""Host time per training step around a step that computes almost nothing: what a framework costs where a
+GPU makes the step itself fast (LeNet-CIFAR's step is well under a millisecond on a GPU).
+
+A linear layer on 3×8×8 images, batch 32, AdamW with lit_ddp's schedule, batches in memory; 1 and 2 CPU
+processes (gloo DDP; ``ddp_spawn`` for Lightning), one torch thread each. Variants, in fresh processes,
+taking turns ``--rounds`` times:
+
+  raw          a plain PyTorch loop (DDP when 2 processes) over pre-made, pre-normalised batches;
+  bare         the same step as a bare ``LightningModule`` through ``Trainer.fit``: no logger, callbacks,
+               progress bar, summary or checkpoints (Lightning's floor);
+  defaults     ``bare`` with Lightning's defaults on (TensorBoard logger, progress bar, summary, checkpoint);
+  callbacks    ``bare`` with lit_ddp's default callbacks (lit_ddp/cli.py ``CALLBACKS``, every one, progress
+               bar and checkpoints included) and its TensorBoard logger, as ``python -m lit_ddp fit``;
+  callbacks_redraw_each_batch
+               ``callbacks`` with the progress bar redrawn after every batch, as Lightning's does
+               (``console.REDRAW_S = 0``): lit_ddp's callbacks before the bar was throttled;
+  lit_ddp      what ``python -m lit_ddp fit`` trains: ``ImageClassifier`` (metrics, loss mean) on an
+               ``ImageDataModule`` of in-memory uint8 images (on-device crop + flip, normalisation), with
+               every default callback and the logger.
+
+Each run times ``--steps`` steps after ``--warmup`` (rank 0, from the start of the first timed batch to
+the end of the last). Reported: median µs per step over rounds, the range, and the per-round ratio of
+steps/s to ``bare``.
+
+    python benchmarks/bench_step_overhead.py --rounds 5
+    python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
+"""
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import lightning as L
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from lit_ddp.callbacks import console
+from lit_ddp.cli import CALLBACKS
+from lit_ddp.data.base import ImageDataModule, TensorImageDataset
+from lit_ddp.models import ImageClassifier
+from lit_ddp.models.optim import OptimConfig, build_optimizer
+from lit_ddp.runtime.nvml import skip_futile_nvml_checks
+
+BATCH, SIZE, CLASSES = 32, 8, 10
+VARIANTS = ["raw", "bare", "defaults", "callbacks", "lit_ddp", "callbacks_redraw_each_batch"]
+OPTIM = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4)
+
+
+class TinyNet(nn.Module):
+    """Compute negligible next to the framework: one (3·8·8 → classes) linear layer."""
+
+    def __init__(self, num_classes: int = CLASSES) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * SIZE * SIZE, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+def premade(n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        (torch.randn(BATCH, 3, SIZE, SIZE, generator=g), torch.randint(0, CLASSES, (BATCH,), generator=g))
+        for _ in range(n)
+    ]
+
+
+class Batches(Dataset):
+    """Pre-made batches, cycled: one batch per item (``batch_size=None``)."""
+
+    def __init__(self, length: int) -> None:
+        self.batches, self.length = premade(), length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int):
+        return self.batches[i % len(self.batches)]
+
+
+class BareModule(L.LightningModule):
+    num_classes = CLASSES  # read by lit_ddp's confusion-matrix callback
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = TinyNet()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        steps = int(self.trainer.estimated_stepping_batches)
+        opt, schedule = build_optimizer(self.net, OPTIM, BATCH * self.trainer.world_size, steps, steps)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class TinyImages(ImageDataModule):
+    """In-memory uint8 3×8×8 images: lit_ddp's data path (sampler, ``__getitems__``, on-device crop + flip
+    and normalisation) with nothing to decode."""
+
+    image_size = val_resize = SIZE
+    num_classes = CLASSES
+
+    def __init__(self, n: int) -> None:
+        super().__init__(batch_size=BATCH, num_workers=0, crop_padding=1)
+        self.n = n
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (self.n, 3, SIZE, SIZE), dtype=torch.uint8, generator=g)
+        labels = torch.randint(0, CLASSES, (self.n,), generator=g)
+        self.train_set = self.val_set = self.test_set = TensorImageDataset(images, labels)
+
+
+class Timer(L.Callback):
+    """Rank 0's wall time from the start of batch ``warmup`` to the end of the last batch."""
+
+    def __init__(self, warmup: int, out_file: str) -> None:
+        self.warmup, self.out_file = warmup, out_file
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.warmup:
+            self.t0 = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.t1 = time.perf_counter()
+
+    def on_train_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            with open(self.out_file, "w") as f:
+                f.write(str(self.t1 - self.t0))
+
+
+class Redraw(L.Callback):
+    """Sets the progress bar's redraw interval on each rank (a spawned rank imports console.py afresh)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def setup(self, trainer, pl_module, stage):
+        console.REDRAW_S = self.seconds
+
+
+def lit_ddp_callbacks() -> list[L.Callback]:
+    return [cls(**init_args) for cls, init_args in CALLBACKS.values()]
+
+
+def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) -> float:
+    if variant == "callbacks_redraw_each_batch":
+        console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
+        variant = "callbacks"
+    out_file = os.path.join(root, "seconds")
+    n = (steps + warmup) * world
+    logger = False
+    if variant in ("callbacks", "lit_ddp", "defaults"):
+        logger = L.pytorch.loggers.TensorBoardLogger(root, name="run", default_hp_metric=False)
+    on = variant != "bare"
+    callbacks = [Timer(warmup, out_file)]
+    if variant in ("callbacks", "lit_ddp"):
+        # The CLI's order; the timer and the redraw setting after it.
+        callbacks = lit_ddp_callbacks() + callbacks + [Redraw(console.REDRAW_S)]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp_spawn" if world > 1 else "auto",
+        max_epochs=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=logger,
+        callbacks=callbacks,
+        enable_progress_bar=on,
+        enable_model_summary=on,
+        enable_checkpointing=on,
+        default_root_dir=root,
+    )
+    if variant == "lit_ddp":
+        model = ImageClassifier(TinyNet(), num_classes=CLASSES, optim=OPTIM)
+        trainer.fit(model, datamodule=TinyImages(n * BATCH))
+    else:
+        trainer.fit(BareModule(), train_dataloaders=DataLoader(Batches(n), batch_size=None))
+    with open(out_file) as f:
+        return float(f.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _raw_rank(rank: int, world: int, port: int, steps: int, warmup: int, out_file: str) -> None:
+    torch.set_num_threads(1)
+    net: nn.Module = TinyNet()
+    if world > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        net = nn.parallel.DistributedDataParallel(net)
+    opt, schedule = build_optimizer(net, OPTIM, BATCH * world, steps + warmup, steps + warmup)
+    batches = premade()
+    for step in range(steps + warmup):
+        if step == warmup:
+            t0 = time.perf_counter()
+        x, y = batches[step % len(batches)]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        schedule.step()
+    seconds = time.perf_counter() - t0
+    if rank == 0:
+        with open(out_file, "w") as f:
+            f.write(str(seconds))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run_raw(world: int, steps: int, warmup: int, root: str) -> float:
+    out_file = os.path.join(root, "seconds")
+    if world == 1:
+        _raw_rank(0, 1, 0, steps, warmup, out_file)
+    else:
+        torch.multiprocessing.spawn(
+            _raw_rank, args=(world, _free_port(), steps, warmup, out_file), nprocs=world
+        )
+    with open(out_file) as f:
+        return float(f.read())
+
+
+def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
+    # As `python -m lit_ddp` does at start-up (cli.main): Adam's step would otherwise ask NVML for a GPU.
+    skip_futile_nvml_checks()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as root:
+        profiler = cProfile.Profile() if profile else None
+        if profiler:
+            profiler.enable()
+        if variant == "raw":
+            seconds = run_raw(world, steps, warmup, root)
+        else:
+            seconds = run_lightning(variant, world, steps, warmup, root)
+        if profiler:
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+            print(text.getvalue(), file=sys.stderr)
+    print(json.dumps({"us_per_step": seconds / steps * 1e6}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    parser.add_argument("--profile", choices=VARIANTS, help="one cProfile'd 1-process run of this variant")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.world, args.steps, args.warmup, profile=False)
+    if args.profile:
+        return child(args.profile, 1, args.steps, args.warmup, profile=True)
+
+    results: dict[tuple[int, str], list[float]] = {}
+    for world in args.procs:
+        for r in range(args.rounds):
+            order = args.variants[r % len(args.variants) :] + args.variants[: r % len(args.variants)]
+            for variant in order:
+                cmd = [sys.executable, __file__, "--child", variant, "--world", str(world)]
+                cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+                if out.returncode:
+                    raise RuntimeError(f"{variant} failed:\n{out.stderr[-3000:]}")
+                us = json.loads(out.stdout.strip().splitlines()[-1])["us_per_step"]
+                results.setdefault((world, variant), []).append(us)
+                print(f"procs {world} round {r} {variant}: {us:.0f} µs/step", flush=True)
+    print("\n| procs | variant | µs/step, median (range) | steps/s vs bare, median (range) |")
+    print("|---|---|---:|---:|")
+    for (world, variant), values in results.items():
+        ratios = [b / v for v, b in zip(values, results[(world, "bare")], strict=True)]
+        print(
+            f"| {world} | {variant} | {statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+            f" | {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |"
+        )
+
+
+if __name__ == "__main__":
+    main()
