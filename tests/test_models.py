@@ -228,3 +228,30 @@ def test_open_ended_runs_refuse_schedules_that_need_a_length_and_run_the_others(
         optimizer.step()
         scheduler.step()
     assert lrs[0] == pytest.approx(0.01) and lrs[9] == pytest.approx(0.1) and lrs[29] == pytest.approx(0.1)
+
+
+def test_a_composed_network_is_built_with_the_datas_classes_and_its_checkpoint_rebuilds_it(tmp_path) -> None:
+    """ImageClassifier(net=<class_path>): one nn.Module plus a YAML line, no system subclass. The data's
+    num_classes reaches the network, the checkpoint keeps the network's class_path and arguments, and
+    both load_from_checkpoint and `validate --ckpt_path` rebuild it."""
+    from tests.conftest import TINY_SHAPES, run_cli
+
+    composed = ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=true"]
+    fit = run_cli(["fit", *composed, *TINY_SHAPES, "--trainer.max_epochs=1"], cwd=tmp_path)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    hparams = torch.load(ckpt, weights_only=True)["hyper_parameters"]
+    assert (
+        hparams["net"]["class_path"] == "lit_ddp.models.LeNet" and hparams["net"]["init_args"]["batch_norm"]
+    )
+    restored = ImageClassifier.load_from_checkpoint(ckpt)
+    assert isinstance(restored.net, LeNet) and restored.net.classifier[-1].out_features == 10
+    assert any(isinstance(m, nn.BatchNorm2d) for m in restored.net.modules())
+    validate = run_cli(["validate", f"--ckpt_path={ckpt}", *TINY_SHAPES], cwd=tmp_path)
+    assert validate.returncode == 0, validate.stderr[-3000:]
+
+
+def test_a_composed_network_takes_num_classes_first() -> None:
+    system = ImageClassifier(net=LeNet, num_classes=3)
+    assert system(torch.randn(2, 3, 32, 32)).shape == (2, 3)
+    assert system.hparams.net is LeNet and system.hparams.num_classes == 3
