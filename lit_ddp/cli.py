@@ -380,6 +380,10 @@ def main(
 
         return new_project(argv[1:])
     try:
+        if argv[:1] == ["doctor"]:  # not a Lightning subcommand: the trust kit (lit_ddp/testing)
+            from lit_ddp.testing.doctor import main as doctor
+
+            sys.exit(doctor(argv[1:], lambda a: build_cli(a, run=False, model=model, data=data, prog=prog)))
         build_cli(args, model=model, data=data, prog=prog)
     except Exception as err:
         user_error = _user_error(err)

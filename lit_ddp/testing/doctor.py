@@ -1,0 +1,77 @@
+"""``python -m lit_ddp doctor``: the trust kit (lit_ddp.testing) on the model and data a config describes.
+
+    python -m lit_ddp doctor --config configs/lenet_shapes.yaml
+    python -m lit_ddp doctor --config configs/lenet_cifar.yaml --data.data_dir=data/
+    python -m lit_ddp doctor --config configs/resnet_imagenet.yaml --data.data_dir=data/imagenet --steps 2
+
+Reads the config and overrides as ``fit`` would, then runs the checks on CPU with 2 gloo processes and 1,
+with the config's sync_batchnorm, accumulate_grad_batches, gradient_clip_val and seed, and prints
+check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
+not failures), 1 when one does not. ``--batch-size`` is the per-device batch of the check runs (default:
+the config's, at most 8: the checks need a few steps, not a full batch); the BatchNorm warning reads the
+config's own.
+"""
+
+import argparse
+import sys
+import time
+import warnings
+from collections.abc import Callable
+
+from lit_ddp.testing.checks import DDPInvariantWarning, check_ddp_invariants
+
+PROG = "python -m lit_ddp doctor"
+DEFAULT_BATCH = 8
+
+
+def _options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every other argument (--config, --model.*, --data.*, --trainer.*) is read as fit reads it.",
+    )
+    parser.add_argument("--batch-size", type=int, default=None, help="per-device batch of the check runs")
+    parser.add_argument("--steps", type=int, default=2, help="optimizer steps of the 2-process fit (≥ 2)")
+    parser.add_argument("--workdir", default=None, help="keep the runs' records and logs in this folder")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
+    """``parse(args)``: the CLI's parser, returning a LightningCLI built with ``run=False`` (cli.py passes
+    it, so this layer does not import the CLI). Returns the exit status."""
+    options, rest = _options(argv)
+    # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
+    cli = parse([*rest, "--trainer.accelerator=cpu"])
+    trainer, config = cli.trainer, cli.config
+    dm = cli.datamodule
+    batch = options.batch_size or min(dm.batch_size, DEFAULT_BATCH)
+    world = trainer.num_devices * trainer.num_nodes
+    seed = config.get("seed_everything")
+    settings = {
+        "sync_batchnorm": bool(config["trainer"].get("sync_batchnorm")),
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "gradient_clip_val": trainer.gradient_clip_val,
+    }
+    print(
+        f"{PROG}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
+        f" {options.steps} steps, seed {seed}; " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        flush=True,
+    )
+    start = time.monotonic()
+    with warnings.catch_warnings():  # the table shows them
+        warnings.simplefilter("ignore", DDPInvariantWarning)
+        report = check_ddp_invariants(
+            cli.model,
+            dm,
+            batch_size=batch,
+            steps=options.steps,
+            seed=int(seed) if isinstance(seed, int) else 0,
+            devices=world,
+            workdir=options.workdir,
+            **settings,
+        )
+    print(report.table())
+    verdict = "every check holds" if report.ok else "some checks do not hold"
+    print(f"{verdict} ({len(report.warnings)} warning(s)), {time.monotonic() - start:.0f} s", file=sys.stderr)
+    return 0 if report.ok else 1
