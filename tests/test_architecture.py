@@ -170,3 +170,21 @@ def test_models_and_data_know_nothing_above_them(part: str) -> None:
     for path in sorted((PACKAGE / part).rglob("*.py")):
         for _, module, _ in _imports(ast.parse(path.read_text())):
             assert not module.startswith(("lit_ddp.callbacks", "lit_ddp.runtime", "lit_ddp.cli")), path
+
+
+def test_importing_the_cli_changes_no_process_wide_state() -> None:
+    """Warning and logger filters are set by main() (quiet_console), not by importing lit_ddp.cli."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, warnings\n"
+        "import lit_ddp.cli as cli\n"
+        "logger = logging.getLogger('lightning.pytorch.utilities.rank_zero')\n"
+        "ours = lambda: [f for f in warnings.filters if f[1] and f[1].pattern in cli.QUIET_WARNINGS]\n"
+        "assert not ours() and not logger.filters, (ours(), logger.filters)\n"
+        "cli.quiet_console(); cli.quiet_console()\n"
+        "assert len(ours()) == len(cli.QUIET_WARNINGS) and len(logger.filters) == 1\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
