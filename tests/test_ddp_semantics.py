@@ -10,10 +10,6 @@ Every rank records what it did through ddp_semantics_probe.Probe.
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +23,8 @@ from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.eval_limits import batches_of_fraction
+from lit_ddp.testing.checks import augmented_by_sample, relative_error
+from lit_ddp.testing.launch import launch as launch_ranks
 
 HERE = Path(__file__).resolve().parent
 CPU = [
@@ -72,50 +70,12 @@ def job(root: Path, run: str, args: list[str], command: str = "fit", **probe_arg
     return [command, *CPU, *args, f"--trainer.default_root_dir={out}", probe(out / "probe", **probe_args)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(world_size: int, jobs: list[list[str]], root: Path, timeout: float) -> None:
     """One ddp_semantics_worker.py process per rank, env as Lightning's launcher sets it for its children."""
     jobs_file = root / f"jobs_{world_size}.json"
     jobs_file.write_text(json.dumps(jobs))
-    paths = [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH")]  # the probe, lit_ddp, the rest
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "NODE_RANK": "0",
-        "WORLD_SIZE": str(world_size),
-    }
-    logs = [root / f"worker_{world_size}_rank{r}.log" for r in range(world_size)]
-    procs = []
-    for r, log in enumerate(logs):
-        with open(log, "w") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(HERE / "ddp_semantics_worker.py"), str(jobs_file)],
-                    env={**env, "LOCAL_RANK": str(r)},
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=root,
-                )
-            )
-    # Stop at the first failure: the other rank would otherwise wait in a collective until the timeout.
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        if any(p.poll() not in (None, 0) for p in procs):
-            break
-        time.sleep(0.2)
-    codes = [p.poll() for p in procs]  # None: still running (timed out or left behind by a failed rank)
-    for p in procs:
-        p.kill()
-        p.wait()
-    tails = "\n".join(f"--- rank {r} ---\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
-    assert codes == [0] * world_size, f"workers failed or timed out ({codes}):\n{tails}"
+    command = [str(HERE / "ddp_semantics_worker.py"), str(jobs_file)]
+    launch_ranks(world_size, command, root, timeout, log_name=f"worker_{world_size}_rank")
 
 
 @pytest.fixture(scope="module")
@@ -182,16 +142,6 @@ def running_stat_keys(state: dict[str, torch.Tensor]) -> list[str]:
 
 
 # ---- a, b: two processes × b ≡ one process × 2b ---------------------------------------------------
-
-
-def augmented_by_sample(ranks: list[dict], epoch: int = 0) -> dict[int, torch.Tensor]:
-    """Sample index → that sample as the training step saw it in the epoch's first batch, over all ranks."""
-    return {i: x for r in ranks for i, x in zip(r["aug_index"][epoch], r["aug"][epoch], strict=True)}
-
-
-def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest |a - b| of any tensor, relative to the largest |b| of that tensor."""
-    return max(float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max()) for k in b)
 
 
 # README ("What 'the same model' means") states these tolerances; docs/benchmarks.md has the measurements.
