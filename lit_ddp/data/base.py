@@ -178,6 +178,9 @@ class ImageDataModule(LightningDataModule):
     # strict: the first unreadable file stops the run (subclasses that read files take it as an argument).
     reads_image_files: bool = False
     strict: bool = False
+    # Image files are turned upright as their EXIF orientation says, in every split and predict_dir alike
+    # (subclasses that read files take it as an argument).
+    exif_transpose: bool = True
 
     def __init__(
         self,
@@ -319,7 +322,8 @@ class ImageDataModule(LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is not None:
-            load = functools.partial(load_eval_crop, size=self.image_size, resize=self.val_resize)
+            sizes = dict(size=self.image_size, resize=self.val_resize)
+            load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
             self.predict_set = ImageFileDataset([(f, -1) for f in self.predict_files], load, self.image_size)
         else:
             self.predict_set = self.test_set

@@ -48,6 +48,8 @@ class ImageNetDataModule(ImageDataModule):
         strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
         crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
+        exif_transpose: turn each image upright as its EXIF orientation says (phone photos), in training,
+            evaluation and predict alike; off: the pixels as stored, as torchvision's readers give them.
         predict_dir: predict on every image file under this folder (unlabelled) instead of the test split.
         auto_augment: none | trivialaugment | randaugment | autoaugment (torchvision's, ImageNet policy), on
             each training crop after its flip, in the workers.
@@ -75,6 +77,7 @@ class ImageNetDataModule(ImageDataModule):
         crop_scale: tuple[float, float] = (0.08, 1.0),
         crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
         draft: bool = True,
+        exif_transpose: bool = True,
         predict_dir: str | None = None,
         auto_augment: str = "none",
         random_erasing: float = 0.0,
@@ -101,6 +104,7 @@ class ImageNetDataModule(ImageDataModule):
         self.crop_scale = crop_scale
         self.crop_ratio = crop_ratio
         self.draft = draft
+        self.exif_transpose = exif_transpose
         # Checked here, in the launching process; erasing fills with the mean colour (jpeg.py says why).
         fill = tuple(round(255 * m) for m in self.mean)
         self.sample_augment = sample_augmentation(auto_augment, random_erasing, fill)
@@ -180,7 +184,7 @@ class ImageNetDataModule(ImageDataModule):
         samples = listing.samples([class_to_idx[class_key(f)] for f in listing.folders])
         if not len(samples):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
-        decode = dict(size=self.image_size, draft=self.draft)
+        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
         if train:
             augment = dict(flip_p=0.5, augment=self.sample_augment) if self.augment else {}
             load = functools.partial(

@@ -3,20 +3,24 @@
 JPEG decoding is what limits ImageNet training on CPUs; the tutorials' pipeline (PIL decode → RGB copy →
 PIL resize → float tensor → normalise, per image) spends as long again around the decode. Here:
 
-1. ``Image.open`` reads only the header; the crop box is drawn on the stored size.
+1. ``Image.open`` reads only the header, EXIF included; the crop box is drawn on the upright stored size.
 2. If the crop is at least twice the output size on its short side, libjpeg scales by 1/2, 1/4 or 1/8
    while it decodes (in the DCT domain: PIL's "draft" mode), so fewer pixels are ever produced; the
-   reduction never takes the crop below ``size``, so the final resize is still a downscale. (The idea of
-   DALI's and FFCV's scaled decoding.) At 224 from ~500×375 photos this rarely applies; it pays for the
-   larger photos and for small crops.
+   reduction never takes the crop below ``size`` (evaluation: 4 × ``size``, see ``EVAL_DRAFT_MARGIN``), so
+   the final resize is still a downscale. (The idea of DALI's and FFCV's scaled decoding.) At 224 from
+   ~500×375 photos this rarely applies; it pays for the larger photos and for small crops.
 3. Otherwise JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor, which skips
    the conversion of PIL's internal 4-byte pixels that ``np.asarray(pil_image)`` costs (about 0.35 ms for
    a 500×375 image, a third of the decode itself).
-4. The crop is a view; torch's antialiased bilinear uint8 kernel resizes it (written to match PIL's
-   ``resize``; about three times faster than PIL's on a channels-last crop).
+4. The pixels are turned upright as the EXIF orientation says (phone photos; ``exif_transpose=False``
+   reads them as stored).
+5. Torch's antialiased bilinear uint8 kernel resizes (written to match PIL's ``resize``; about three times
+   faster than PIL's on a channels-last image): a training crop is a whole-pixel view, resized to
+   ``size``; an evaluation crop is what torchvision's ``Resize(resize)`` + ``CenterCrop(size)`` gives
+   (``load_eval_crop`` says how it avoids resizing the whole image).
 
-Other files (PNG, also when named .JPEG; grayscale, CMYK and palette images) go through PIL and are
-converted to RGB; PIL identifies the format from the content, not the file name.
+Other files (PNG, also when named .JPEG; grayscale, CMYK, palette and 16-bit images) go through PIL and
+are converted to RGB; PIL identifies the format from the content, not the file name.
 
 Training crops are then flipped, and optionally auto-augmented and randomly erased, here, per sample, on the
 uint8 crop (``sample_augmentation``). Every random draw (box, flip, policy, erasing) comes from torch's
@@ -44,75 +48,120 @@ from lit_ddp.errors import UserError
 # ValueError, EOFError), absurd sizes (DecompressionBombError).
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
-Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels of the stored image
+Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels of the upright stored image
+
+ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2-8 say how the camera stored the picture turned
+SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's modes of 16-bit greyscale (PNG, TIFF)
+# Evaluation decodes a JPEG reduced in the DCT domain only while the crop keeps 4× the output's pixels
+# per side: the antialiased resize that follows then hides the difference between libjpeg's reduction and
+# the reference's filter (measured on photos and noisy synthetic images: a margin of 1.2-2 leaves 5-23 gray
+# levels at edges, 3-3.5 leaves 2-4, 4 and more leave at most 1-2; mean at most 0.16).
+EVAL_DRAFT_MARGIN = 4
 
 
-def random_resized_crop_box(img: Image.Image, scale: tuple[float, float], ratio: tuple[float, float]) -> Box:
+def random_resized_crop_box(
+    width: int, height: int, scale: tuple[float, float], ratio: tuple[float, float]
+) -> Box:
     """torchvision's RandomResizedCrop box: same distribution, same global torch RNG (seeded per sample).
-    Reads only ``img.size``, so the file is not decoded yet."""
-    top, left, h, w = RandomResizedCrop.get_params(img, list(scale), list(ratio))
+    ``get_params`` reads only the image's size, so a zero-stride tensor of that shape stands in for it."""
+    shape = torch.empty(()).expand(1, height, width)
+    top, left, h, w = RandomResizedCrop.get_params(shape, list(scale), list(ratio))
     return (left, top, left + w, top + h)
 
 
-def center_crop_box(width: int, height: int, size: int, resize: int) -> Box:
-    """The box that ``Resize(resize)`` (short side) then ``CenterCrop(size)`` keeps, in stored-image pixels.
+def reference_resize(width: int, height: int, resize: int) -> tuple[int, int]:
+    """(height, width) that torchvision's ``Resize(resize)`` gives: the short side ``resize``, the long one
+    scaled alike and truncated."""
+    if width <= height:
+        return int(resize * height / width), resize
+    return resize, int(resize * width / height)
 
-    One resize of this box gives the same picture as resizing the whole image and cropping, without
-    resizing pixels that are then thrown away (up to torchvision's integer rounding of the resized size).
-    """
+
+def center_crop_box(width: int, height: int, size: int, resize: int) -> Box:
+    """The region that ``Resize(resize)`` (short side) then ``CenterCrop(size)`` keeps, in stored-image pixels
+    (to within torchvision's integer rounding): what the draft decision and the crop's scale go by."""
     side = size * min(width, height) / resize
     left, top = (width - side) / 2, (height - side) / 2
     return (left, top, left + side, top + side)
 
 
-def _draft(img: Image.Image, box: Box, size: int) -> Box | None:
+def _draft_reduction(img: Image.Image, box: Box, size: int) -> float | None:
     """Ask libjpeg for the largest DCT-domain reduction that keeps the crop ≥ ``size`` pixels; returns the
-    box in the reduced image's pixels, or None if no reduction applies."""
+    reduction (stored pixels per decoded pixel: 2, 4 or 8), or None if none applies."""
     reduce = min(box[2] - box[0], box[3] - box[1]) / size
     if reduce < 2:
         return None
     width, height = img.size
     # PIL picks the largest of 8, 4, 2, 1 with stored // requested >= it, and returns the reduced image's
-    # extent in stored pixels, so the box maps by plain division.
+    # extent in reduced pixels (fractional where the stored size is not a multiple of the reduction).
     drafted = img.draft(img.mode, (math.ceil(width / reduce), math.ceil(height / reduce)))
-    if drafted is None:
-        return None
-    s = width / drafted[1][2]
-    return (box[0] / s, box[1] / s, box[2] / s, box[3] / s)
+    return None if drafted is None else width / drafted[1][2]
 
 
-def _decode(img: Image.Image, data: np.ndarray, box: Box, size: int, draft: bool) -> tuple[Tensor, Box]:
-    """(3, H, W) uint8 pixels of the whole (possibly DCT-reduced) image, and the box in those pixels."""
-    if img.format == "JPEG":
-        reduced = _draft(img, box, size) if draft else None
-        if reduced is None:
-            try:
-                return decode_jpeg(torch.from_numpy(data), mode=ImageReadMode.RGB), box
-            except RuntimeError as err:  # torchvision's message names the libjpeg error
-                raise OSError(str(err).splitlines()[-1]) from None
-        box = reduced
+def _draft(img: Image.Image, box: Box, size: int) -> Box | None:
+    """``_draft_reduction``, returning the box in the reduced image's pixels (or None)."""
+    reduction = _draft_reduction(img, box, size)
+    return None if reduction is None else tuple(v / reduction for v in box)
+
+
+def _orientation(img: Image.Image) -> int:
+    """The EXIF orientation, 1 (upright) when there is none or it is out of range."""
+    value = img.getexif().get(ORIENTATION, 1)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _upright(pixels: Tensor, orientation: int) -> Tensor:
+    """(3, H, W) stored pixels turned as EXIF ``orientation`` says (``ImageOps.exif_transpose``'s turns)."""
+    if orientation in (5, 6, 7, 8):  # stored a quarter turn away: rows become columns
+        pixels = pixels.transpose(1, 2)
+    flips = {2: (2,), 3: (1, 2), 4: (1,), 6: (2,), 7: (1, 2), 8: (1,)}.get(orientation)
+    return pixels.flip(flips) if flips else pixels
+
+
+def _pil_pixels(img: Image.Image) -> Tensor:
+    """(3, H, W) uint8 RGB of a PIL image (grayscale, CMYK, palette, alpha, 16-bit: rare, converted at full
+    size). 16-bit greyscale keeps its top byte (value >> 8), as PIL itself does for 16-bit RGB PNGs; PIL's
+    ``convert`` would clip every value above 255, which turns most of a 16-bit photo white."""
+    if img.mode in SIXTEEN_BIT:
+        grey = torch.from_numpy((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
+        return grey.expand(3, *grey.shape)
     if img.mode != "RGB":
-        img = img.convert("RGB")  # grayscale, CMYK, palette, alpha: rare, converted at full size
-    return torch.from_numpy(np.array(img)).permute(2, 0, 1), box
+        img = img.convert("RGB")
+    return torch.from_numpy(np.array(img)).permute(2, 0, 1)
 
 
-def resized_crop(path: str, box_of, size: int, draft: bool = True) -> np.ndarray:
-    """Decode ``path``, crop ``box_of(img)`` (a Box from the header-only PIL image) and resize the crop to
-    (size, size, 3) RGB uint8."""
+def decode(
+    path: str, region: Callable[[int, int], Box], draft_size: int | None, exif_transpose: bool
+) -> tuple[Tensor, float, tuple[int, int], Box]:
+    """Decode ``path`` upright (EXIF orientation applied unless ``exif_transpose`` is off). ``region(width,
+    height)``: the box of the upright stored image that the output is made from; a JPEG is reduced in the
+    DCT domain as far as keeps that box at least ``draft_size`` pixels on its short side (None: never).
+    Returns (3, h, w) uint8 pixels (channels-last memory for JPEGs), the reduction
+    (stored pixels per decoded pixel: 1, 2, 4 or 8), the upright stored (width, height), and the region."""
     data = np.fromfile(path, dtype=np.uint8)  # one read; writable, so torch takes it without a copy
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         raise OSError("not an image file that PIL can identify") from None  # PIL would name the BytesIO
     with img:
-        pixels, box = _decode(img, data, box_of(img), size, draft)
-    h, w = pixels.shape[1:]
-    left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)  # whole pixels, as torchvision's crops
-    right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
-    crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    # uint8 in, uint8 out: torch's antialiased kernel has a fast path for channels-last uint8 images.
-    out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    return out[0].permute(1, 2, 0).numpy()  # (size, size, 3) uint8
+        if img.format == "JPEG":  # the EXIF block is in the header: the region is known before decoding
+            orientation = _orientation(img) if exif_transpose else 1
+            width, height = img.size[::-1] if orientation >= 5 else img.size
+            box = region(width, height)
+            reduction = _draft_reduction(img, box, draft_size) if draft_size else None
+            if reduction is None:
+                try:
+                    pixels, reduction = decode_jpeg(torch.from_numpy(data), mode=ImageReadMode.RGB), 1.0
+                except RuntimeError as err:  # torchvision's message names the libjpeg error
+                    raise OSError(str(err).splitlines()[-1]) from None
+            else:
+                pixels = _pil_pixels(img)
+        else:  # decoded first: a PNG's EXIF chunk may follow its pixels
+            pixels, reduction = _pil_pixels(img), 1.0
+            orientation = _orientation(img) if exif_transpose else 1
+            width, height = img.size[::-1] if orientation >= 5 else img.size
+            box = region(width, height)
+    return _upright(pixels, orientation), reduction, (width, height), box
 
 
 def load_train_crop(
@@ -123,23 +172,75 @@ def load_train_crop(
     draft: bool = True,
     flip_p: float = 0.0,
     augment: Callable[[Tensor], Tensor] | None = None,
+    exif_transpose: bool = True,
 ) -> np.ndarray:
     """Decode + RandomResizedCrop(size, scale, ratio) + RandomHorizontalFlip(flip_p), then ``augment`` (see
-    ``sample_augmentation``) on the (3, size, size) uint8 crop."""
-    crop = resized_crop(path, lambda img: random_resized_crop_box(img, scale, ratio), size, draft)
-    if flip_p == 0 and augment is None:
-        return crop
-    image = torch.from_numpy(crop).permute(2, 0, 1)  # (3, H, W) view, what torchvision's transforms take
+    ``sample_augmentation``) on the (3, size, size) uint8 crop; (size, size, 3) uint8 out."""
+    region = functools.partial(random_resized_crop_box, scale=scale, ratio=ratio)
+    pixels, reduction, _, box = decode(path, region, size if draft else None, exif_transpose)
+    box = tuple(v / reduction for v in box)
+    h, w = pixels.shape[1:]
+    left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)  # whole pixels, as torchvision's crops
+    right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
+    crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    # uint8 in, uint8 out: torch's antialiased kernel has a fast path for channels-last uint8 images.
+    out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    image = out[0]  # (3, size, size), channels-last memory
     if flip_p > 0 and float(torch.rand(())) < flip_p:
         image = image.flip(-1)
     if augment is not None:
         image = augment(image)
-    return image.permute(1, 2, 0).numpy()  # (H, W, 3) uint8 again; the batch's np.stack copies it
+    return image.permute(1, 2, 0).numpy()  # (H, W, 3) uint8; the batch's np.stack copies it
 
 
-def load_eval_crop(path: str, size: int, resize: int, draft: bool = True) -> np.ndarray:
-    """Decode + Resize(resize) + CenterCrop(size)."""
-    return resized_crop(path, lambda img: center_crop_box(*img.size, size, resize), size, draft)
+def _scale_to_cover(length: int, scale: float, needed: int) -> float:
+    """``scale`` nudged up by a few ulps until interpolate's floor(length · scale) output length reaches
+    ``needed`` (the exact quotient can land a hair below an integer)."""
+    while math.floor(length * scale) < needed:
+        scale = math.nextafter(scale, math.inf)
+    return scale
+
+
+def load_eval_crop(
+    path: str, size: int, resize: int, draft: bool = True, exif_transpose: bool = True
+) -> np.ndarray:
+    """Decode + Resize(resize) + CenterCrop(size): torchvision's reference evaluation transform, to within
+    1 gray level of it on PIL images and equal to it on uint8 tensors (JPEGs decoded in full; a DCT-reduced
+    decode, ``draft``, differs by its own filter). (size, size, 3) uint8 out.
+
+    The reference resizes the whole image and crops at whole pixels of the resized image, which in stored
+    pixels is a fractional box; cropping the stored image at whole pixels first shifts the picture (up to
+    ~100 gray levels at edges). Resizing the whole image is exact but costs about twice the crop's resize.
+    So only the rows and columns up to the crop's far edge (plus the filter's reach) are resized, with the
+    reference's scale given explicitly: torch's kernel places output pixel i at (i + 0.5) / scale input
+    pixels from the first one, as the reference does, so the pixels before the crop still sit right.
+    """
+    region = functools.partial(center_crop_box, size=size, resize=resize)
+    draft_size = EVAL_DRAFT_MARGIN * size if draft else None
+    pixels, reduction, (width, height), _ = decode(path, region, draft_size, exif_transpose)
+    out_h, out_w = reference_resize(width, height, resize)
+    top, left = round((out_h - size) / 2), round((out_w - size) / 2)  # CenterCrop's rounding
+    scales, bands = [], []
+    for length, stored, out, end in (
+        (pixels.shape[1], height, out_h, top + size),
+        (pixels.shape[2], width, out_w, left + size),
+    ):
+        scale = out * reduction / stored  # output pixels per decoded pixel
+        # The last output pixel kept reads input up to its centre plus the filter's support (1 / scale
+        # when shrinking, 1 when enlarging); one pixel more for the kernel's rounding.
+        band = min(length, math.ceil(end / scale + max(1 / scale, 1.0)) + 1)
+        scales.append(_scale_to_cover(band, scale, end))
+        bands.append(band)
+    band = pixels[:, : bands[0], : bands[1]].unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    out = F.interpolate(
+        band,
+        scale_factor=scales,
+        recompute_scale_factor=False,
+        mode="bilinear",
+        antialias=True,
+        align_corners=False,
+    )
+    return out[0, :, top : top + size, left : left + size].permute(1, 2, 0).numpy()  # (size, size, 3) uint8
 
 
 # torchvision's policies, with the bilinear interpolation its classification reference gives them.
