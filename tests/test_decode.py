@@ -126,6 +126,16 @@ def test_exif_orientation_is_applied_in_train_and_eval_crops(tmp_path: Path, ori
         assert (ours_eval - off).abs().float().mean() > 20
 
 
+def test_a_png_is_turned_upright_too(tmp_path: Path) -> None:
+    """A PNG's EXIF chunk may follow its pixels: it is read after decoding."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    blocks(64, 48).save(tmp_path / "phone.png", exif=exif)
+    with Image.open(tmp_path / "phone.png") as img:
+        upright = np.array(ImageOps.exif_transpose(img).convert("RGB"))  # (64, 48, 3)
+    np.testing.assert_array_equal(load_eval_crop(str(tmp_path / "phone.png"), 48, 48), upright[8:56])
+
+
 # ---- 16-bit images --------------------------------------------------------------------------------
 
 
