@@ -14,6 +14,9 @@ taking turns ``--rounds`` times:
   callbacks_redraw_each_batch
                ``callbacks`` with the progress bar redrawn after every batch, as Lightning's does
                (``console.REDRAW_S = 0``): lit_ddp's callbacks before the bar was throttled;
+  empty_callbacks
+               ``bare`` with as many callbacks as lit_ddp's list holds, each doing nothing: what Lightning's
+               dispatch of every hook to every callback costs by itself;
   lit_ddp      what ``python -m lit_ddp fit`` trains: ``ImageClassifier`` (metrics, loss mean) on an
                ``ImageDataModule`` of in-memory uint8 images (on-device crop + flip, normalisation), with
                every default callback and the logger.
@@ -54,7 +57,15 @@ from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 BATCH, SIZE, CLASSES = 32, 8, 10
-VARIANTS = ["raw", "bare", "defaults", "callbacks", "lit_ddp", "callbacks_redraw_each_batch"]
+VARIANTS = [
+    "raw",
+    "bare",
+    "defaults",
+    "callbacks",
+    "lit_ddp",
+    "callbacks_redraw_each_batch",
+    "empty_callbacks",
+]
 OPTIM = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4)
 
 
@@ -168,8 +179,10 @@ def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) 
     logger = False
     if variant in ("callbacks", "lit_ddp", "defaults"):
         logger = L.pytorch.loggers.TensorBoardLogger(root, name="run", default_hp_metric=False)
-    on = variant != "bare"
+    on = variant not in ("bare", "empty_callbacks")
     callbacks = [Timer(warmup, out_file)]
+    if variant == "empty_callbacks":
+        callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
     if variant in ("callbacks", "lit_ddp"):
         # The CLI's order; the timer and the redraw setting after it.
         callbacks = lit_ddp_callbacks() + callbacks + [Redraw(console.REDRAW_S)]
