@@ -178,6 +178,17 @@ def test_tensorboards_writer_thread_hands_a_failed_write_to_the_callback_and_liv
     writer.close()
 
 
+def test_lightning_warns_of_a_mid_epoch_resume_in_the_words_preemption_silences() -> None:
+    """PreemptionCheckpoint silences this warning (by its text) while a resumed epoch starts, when the data
+    module's sampler resumed exactly; Lightning decides from the loader's state_dict(), which ours lacks."""
+    from lightning.pytorch.loops import training_epoch_loop
+
+    from lit_ddp.runtime.preemption import NOT_RESUMABLE_WARNING
+
+    source = inspect.getsource(training_epoch_loop).replace('"\n' + " " * 24 + '"', "")
+    assert re.search(NOT_RESUMABLE_WARNING, source), "Lightning's warning text changed: update preemption.py"
+
+
 def test_batchnorm_base_covers_every_batchnorm() -> None:
     for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
         assert issubclass(cls, compat.BatchNormBase)

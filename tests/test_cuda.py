@@ -83,7 +83,7 @@ def test_sigterm_mid_epoch_checkpoints_atomically_and_resumes_to_the_end(tmp_pat
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
     out = fit_ok(tmp_path, *args, *fault)
     # One process reads its own flag after every batch: it stops after the batch that saw the signal.
-    assert "stopped by SIGTERM at epoch 0, step 6 (mid-epoch, after 6 of 8 batches)" in out
+    assert "stopped by SIGTERM at epoch 1, step 6 (mid-epoch, after 6 of 8 batches)" in out
     assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 6
     fit_ok(tmp_path, *args, "--ckpt_path=last")
     assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 16
@@ -98,7 +98,7 @@ def test_nan_guard_stops_one_step_late_and_no_checkpoint_holds_the_bad_update(tm
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", *fault, "--trainer.callbacks.at_step=10"]
     result = run_cli(["fit", *GPU, f"--trainer.default_root_dir={tmp_path}", *args], tmp_path, 600, ENV)
     assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
-    assert "non-finite loss or gradients at step 10 (epoch 1, batch 2)" in result.stderr
+    assert "non-finite loss or gradients at step 10 (epoch 2, batch 3)" in result.stderr
     assert "one step later, and no checkpoint holds that update" in result.stderr
     assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 8  # epoch 0's, finite
 

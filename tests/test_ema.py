@@ -164,7 +164,7 @@ def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_wei
     stop = ["--preemption.check_every_n_batches=2", "--trainer.callbacks+=fault_probe.Fault"]
     stop += ["--trainer.callbacks.action=sigterm", "--trainer.callbacks.at_step=5"]
     stopped = ddp_fit(tmp_path, *stop)
-    assert "stopped by SIGTERM at epoch 1, step 7" in stopped.stdout + stopped.stderr
+    assert "stopped by SIGTERM at epoch 2, step 7" in stopped.stdout + stopped.stderr
     ckpt = torch.load(only_ckpt(tmp_path), weights_only=True)
     assert int(ckpt["averaging_state"]["n_averaged"]) == ckpt["callbacks"]["EMA"]["last_update_step"] == 7
 

@@ -112,7 +112,7 @@ def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None
     ended = time.time()
     fired_at = float((tmp_path / "probe" / "fired").read_text().split()[0])
     assert result.returncode == 1
-    assert "lit_ddp: error: rank 0 waited --dist_timeout=10 s for the other ranks at epoch 0, step 2" in (
+    assert "lit_ddp: error: rank 0 waited --dist_timeout=10 s for the other ranks at epoch 1, step 2" in (
         result.stderr
     )
     assert 10 <= ended - fired_at < 60
@@ -141,7 +141,7 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_is_exact(
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     out = stopped.stdout + stopped.stderr
     # The ranks agree without blocking: a signal during batch k, checked after it, stops them after k + 1.
-    assert "stopped by SIGTERM at epoch 1, step 7 (mid-epoch, after 3 of 4 batches)" in out
+    assert "stopped by SIGTERM at epoch 2, step 7 (mid-epoch, after 3 of 4 batches)" in out
     assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 7
 
     resumed = ddp_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
@@ -195,8 +195,11 @@ def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(tmp_pat
     stop = {"mid_epoch": {"at_step": 9}, "epoch_end": {"at_epoch_end": 0}}[where]
     run = tmp_path / "run"
     stopped = fit(run, *fault(run / "probe", "sigterm", **stop))
-    expected = {"mid_epoch": "step 10 (mid-epoch, after 2 of 8 batches)", "epoch_end": "step 8: saved"}[where]
-    assert f"stopped by SIGTERM at epoch 1, {expected}" in stopped.stdout + stopped.stderr
+    expected = {
+        "mid_epoch": "at epoch 2, step 10 (mid-epoch, after 2 of 8 batches)",
+        "epoch_end": "at the end of epoch 1, step 8: saved",
+    }[where]
+    assert f"stopped by SIGTERM {expected}" in stopped.stdout + stopped.stderr
     fit(run, "--ckpt_path=last", *fault(run / "probe2"))
     fit(run, "--ckpt_path=last", *fault(run / "probe2"))
     full, before, after = (batches(d) for d in (reference / "probe", run / "probe", run / "probe2"))
@@ -218,7 +221,7 @@ def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at
     out = stopped.stdout + stopped.stderr
     assert "Ctrl-C again aborts now" in out
     # Signalled during batch 5; its check, started after it, is read after the next batch.
-    assert "stopped by SIGINT at epoch 1, step 7 (mid-epoch, after 3 of 4 batches)" in out
+    assert "stopped by SIGINT at epoch 2, step 7 (mid-epoch, after 3 of 4 batches)" in out
     assert torch.load(last_ckpt(tmp_path / "once"), weights_only=True)["global_step"] == 7
 
     twice = run_cli(
@@ -242,7 +245,7 @@ def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
     """SIGUSR1 (SLURM's warning before the time limit) at the end of epoch 0; the resumed run = reference."""
     stopped = ddp_fit(tmp_path, *fault(tmp_path / "probe", "sigusr1", rank=0, at_epoch_end=0))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert "stopped by SIGUSR1 at epoch 1, step 4" in stopped.stdout + stopped.stderr
+    assert "stopped by SIGUSR1 at the end of epoch 1, step 4" in stopped.stdout + stopped.stderr
     assert "mid-epoch" not in stopped.stdout + stopped.stderr
     resumed = ddp_fit(tmp_path, "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -348,7 +351,7 @@ def test_d_a_nan_loss_stops_every_rank_at_that_step_naming_the_checkpoint(tmp_pa
     last = last_ckpt(tmp_path)
     lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
     assert lines and all(
-        "non-finite loss or gradients at step 5 (epoch 1, batch 1)" in line for line in lines
+        "non-finite loss or gradients at step 5 (epoch 2, batch 2)" in line for line in lines
     )
     assert f"--ckpt_path={last.relative_to(tmp_path)}" in lines[0]
     assert "Traceback" not in result.stderr

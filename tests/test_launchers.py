@@ -73,7 +73,7 @@ def test_torchrun_preemption_at_an_epochs_last_batch_with_uneven_val_shards_stop
     result = run([*torchrun(2), *RUN, *uneven, *probe], cwd=tmp_path, env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert "stopped by SIGTERM at epoch 1, step 4" in out and "mid-epoch" not in out
+    assert "stopped by SIGTERM at the end of epoch 1, step 4" in out and "mid-epoch" not in out
     (last,) = tmp_path.glob("logs/lightning_logs/version_0/checkpoints/last.ckpt")
     assert torch.load(last, weights_only=True)["global_step"] == 4
     # The validation the stop followed ran to its end, on all 65 images, and was logged.
@@ -178,7 +178,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     )
     out = first.stdout + first.stderr
     assert first.returncode == 0, out[-3000:]
-    assert "stopped by SIGUSR1 at epoch 1, step 7" in out  # the batch after the signal
+    assert "stopped by SIGUSR1 at epoch 2, step 7" in out  # the batch after the signal
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # once, by rank 0
 
     requeued = run(["bash", str(script), *two_epochs], tmp_path, env)

@@ -136,3 +136,39 @@ def test_a_warmup_longer_than_the_run_is_cut_with_a_note(tmp_path: Path, caplog)
         "lit_ddp: note: --model.optim.warmup_epochs=2.0 is 4 steps, more than the run's 3: the warmup is cut"
         " to 2 steps, so the lr reaches its peak only at the last step"
     ) in caplog.messages
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [
+        (
+            "--trainer.callbacks.at_step=5",
+            "stopped by SIGTERM at epoch 2, step 6 (mid-epoch, after 2 of 4 batches)",
+        ),
+        ("--trainer.callbacks.at_epoch_end=0", "stopped by SIGTERM at the end of epoch 1, step 4: saved"),
+    ],
+)
+def test_the_stop_message_counts_epochs_as_the_progress_bar_does(
+    tmp_path: Path, caplog, monkeypatch, stop: str, expected: str
+) -> None:
+    """4 batches per epoch, SIGTERM in the second epoch or right after the first: the message said
+    "epoch 1" for both (Lightning's current_epoch, from 0) while the bar and the summary count from 1."""
+    from conftest import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm", stop]
+    args = [*TINY, "--data.train_size=128", "--trainer.max_epochs=3", "--preemption.check_every_n_batches=1"]
+    with caplog.at_level("INFO"), pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, *probe, f"--trainer.default_root_dir={tmp_path}"])
+    assert exit_info.value.code in (0, None)
+    assert any(m.startswith(f"lit_ddp: {expected}") for m in caplog.messages), caplog.messages
+    if "mid-epoch" not in expected:
+        return
+    # The exact mid-epoch resume: Lightning warned that the dataloader "is not resumable", which it is.
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = build_cli(["fit", *args, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.global_step == 12
+    assert not [w for w in caught if "not resumable" in str(w.message)], [str(w.message) for w in caught]

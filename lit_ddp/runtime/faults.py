@@ -31,6 +31,7 @@ from lit_ddp.runtime.compat import (
     set_collective_timeout,
     wrap_child_observer_kill,
 )
+from lit_ddp.runtime.position import run_position
 
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
@@ -114,7 +115,7 @@ class FaultMonitor(Callback):
     def _lost_message(self, lost: list[tuple[int, int, int]]) -> str:
         t = self._trainer
         names = ", ".join(f"rank {self._node_rank0() + r} (pid {pid}, {_how(code)})" for r, pid, code in lost)
-        where = f" at epoch {t.current_epoch}, step {t.global_step}" if t is not None else ""
+        where = f" {run_position(t)}" if t is not None else ""
         return f"lost {names}{where}; the job stops"
 
     def _name_lost_children(self, children: list) -> None:
@@ -147,7 +148,7 @@ class FaultMonitor(Callback):
         global _lost_rank_message
         if trainer.world_size < 2 or not isinstance(exception, RuntimeError):
             return
-        where = f"at epoch {trainer.current_epoch}, step {trainer.global_step}"
+        where = run_position(trainer)
         if self._parent is not None:
             deadline = time.monotonic() + 2 * self.poll_s
             while os.getppid() == self._parent and time.monotonic() < deadline:

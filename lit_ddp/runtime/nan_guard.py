@@ -109,7 +109,9 @@ class NanGuard(Callback):
         streak = f" for {self._skipped} steps in a row (the GradScaler skipped them)" if scaled else ""
         stopped = "before this update" if not late else "one step later, and no checkpoint holds that update"
         raise NonFiniteLossError(
-            f"non-finite loss or gradients at step {step} (epoch {epoch}, batch {batch}){streak}{loss_text};"
+            # epochs and batches count from 1, as the progress bar does (runtime/position.py)
+            f"non-finite loss or gradients at step {step} (epoch {epoch + 1}, batch {batch + 1}){streak}"
+            f"{loss_text};"
             f" training stopped {stopped}: {_resume_hint(trainer)}"
         )
 

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -45,10 +46,16 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.compat import request_stop, restore_stop_flag_broadcast, skip_stop_flag_broadcast
+from lit_ddp.runtime.position import run_position
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
+# Lightning warns on a mid-epoch resume when the training DataLoader has no state_dict(); ours resumes
+# exactly through its sampler (data/base.py, samplers.py), which Lightning cannot see. Its text is all
+# there is to match (tests/test_compat.py pins it).
+NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your"
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
@@ -82,8 +89,16 @@ class PreemptionCheckpoint(Callback):
         self.stopped_by: str | None = None  # agreed by all ranks
         self._group: dist.ProcessGroup | None = None  # CPU (gloo) group for the agreement
         self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the all-reduce started last batch
+        self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        sampler = getattr(trainer.train_dataloader, "sampler", None)
+        if isinstance(sampler, ResumableShuffleSampler) and sampler.start > 0 and self._quiet is None:
+            # Resumed mid-epoch, exactly: Lightning's warning that it is not, emitted as the epoch starts,
+            # would be false. Only that one, and only until the epoch has started.
+            self._quiet = warnings.catch_warnings()
+            self._quiet.__enter__()
+            warnings.filterwarnings("ignore", message=NOT_RESUMABLE_WARNING)
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
         # Lightning's signal connector restores the original handlers at teardown.
         self._is_global_zero = trainer.is_global_zero
@@ -178,7 +193,16 @@ class PreemptionCheckpoint(Callback):
         if self.stopped_by is not None and not trainer.sanity_checking:
             request_stop(trainer)
 
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._unquiet()
+
+    def _unquiet(self) -> None:
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+
     def _restore(self, trainer: Trainer) -> None:
+        self._unquiet()
         self._pending = None  # every rank started it, so it completes without being waited for
         restore_stop_flag_broadcast(trainer)
         # Lightning restores the SIGTERM/SIGUSR1 handlers it installed; SIGINT is ours to give back.
@@ -195,13 +219,10 @@ class PreemptionCheckpoint(Callback):
             return
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)
-        batch = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-        where = f"epoch {trainer.current_epoch}, step {trainer.global_step}"
-        if 0 < batch < trainer.num_training_batches:
-            where += f" (mid-epoch, after {batch} of {trainer.num_training_batches} batches)"
         stopped_by = self.stopped_by or "SIGTERM"
         rank_zero_info(
-            f"lit_ddp: stopped by {stopped_by} at {where}: saved {path}; resume with --ckpt_path=last"
+            f"lit_ddp: stopped by {stopped_by} {run_position(trainer)}: saved {path};"
+            " resume with --ckpt_path=last"
         )
         if stopped_by == self.requeue_signal.name and trainer.is_global_zero:
             _requeue_slurm_job()
