@@ -5,7 +5,8 @@
     python -m lit_ddp doctor --config configs/resnet_imagenet.yaml --data.data_dir=data/imagenet --steps 2
 
 Reads the config and overrides as ``fit`` would, then runs the checks on CPU with 2 gloo processes and 1,
-with the config's sync_batchnorm, accumulate_grad_batches, gradient_clip_val and seed, and prints
+with the config's sync_batchnorm, accumulate_grad_batches, gradient_clip_val and seed (in float32,
+whatever the config's precision), and prints
 check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
 not failures), 1 when one does not. ``--batch-size`` is the per-device batch of the check runs (default:
 the config's, at most 8: the checks need a few steps, not a full batch); the BatchNorm warning reads the
@@ -18,7 +19,7 @@ import time
 import warnings
 from collections.abc import Callable
 
-from lit_ddp.testing.checks import DDPInvariantWarning, check_ddp_invariants
+from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
 
 PROG = "python -m lit_ddp doctor"
 DEFAULT_BATCH = 8
@@ -33,6 +34,11 @@ def _options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     )
     parser.add_argument("--batch-size", type=int, default=None, help="per-device batch of the check runs")
     parser.add_argument("--steps", type=int, default=2, help="optimizer steps of the 2-process fit (≥ 2)")
+    parser.add_argument(
+        "--checks",
+        default=",".join(CHECKS),
+        help=f"comma-separated subset of {','.join(CHECKS)} (fewer runs)",
+    )
     parser.add_argument("--workdir", default=None, help="keep the runs' records and logs in this folder")
     return parser.parse_known_args(argv)
 
@@ -42,7 +48,9 @@ def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
     it, so this layer does not import the CLI). Returns the exit status."""
     options, rest = _options(argv)
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
-    cli = parse([*rest, "--trainer.accelerator=cpu"])
+    with warnings.catch_warnings():  # args given while sys.argv holds the doctor's: expected here
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        cli = parse([*rest, "--trainer.accelerator=cpu"])
     trainer, config = cli.trainer, cli.config
     dm = cli.datamodule
     batch = options.batch_size or min(dm.batch_size, DEFAULT_BATCH)
@@ -68,6 +76,7 @@ def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
             steps=options.steps,
             seed=int(seed) if isinstance(seed, int) else 0,
             devices=world,
+            checks=tuple(c.strip() for c in options.checks.split(",") if c.strip()),
             workdir=options.workdir,
             **settings,
         )
