@@ -22,8 +22,9 @@ taking turns ``--rounds`` times:
                every default callback and the logger.
 
 Each run times ``--steps`` steps after ``--warmup`` (rank 0, from the start of the first timed batch to
-the end of the last). Reported: median µs per step over rounds, the range, and the per-round ratio of
-steps/s to ``bare``.
+the end of the last), in wall time and in the process's CPU time (which other processes on a shared machine
+disturb far less). Reported for each: median µs per step over rounds, the range, and the median and range
+of the per-round ratio of steps/s to ``bare``.
 
     python benchmarks/bench_step_overhead.py --rounds 5
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
@@ -137,23 +138,29 @@ class TinyImages(ImageDataModule):
         self.train_set = self.val_set = self.test_set = TensorImageDataset(images, labels)
 
 
+def clocks() -> tuple[float, float]:
+    """Wall time and this process's CPU time (all its threads: a progress bar's or a logger's too). On a
+    shared machine the CPU time moves far less than the wall time when other processes take the cores."""
+    return time.perf_counter(), time.process_time()
+
+
 class Timer(L.Callback):
-    """Rank 0's wall time from the start of batch ``warmup`` to the end of the last batch."""
+    """Rank 0's wall and CPU time from the start of batch ``warmup`` to the end of the last batch."""
 
     def __init__(self, warmup: int, out_file: str) -> None:
         self.warmup, self.out_file = warmup, out_file
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == self.warmup:
-            self.t0 = time.perf_counter()
+            self.t0 = clocks()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.t1 = time.perf_counter()
+        self.t1 = clocks()
 
     def on_train_end(self, trainer, pl_module):
         if trainer.is_global_zero:
             with open(self.out_file, "w") as f:
-                f.write(str(self.t1 - self.t0))
+                json.dump([b - a for a, b in zip(self.t0, self.t1, strict=True)], f)
 
 
 class Redraw(L.Callback):
@@ -170,7 +177,7 @@ def lit_ddp_callbacks() -> list[L.Callback]:
     return [cls(**init_args) for cls, init_args in CALLBACKS.values()]
 
 
-def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) -> float:
+def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) -> list[float]:
     if variant == "callbacks_redraw_each_batch":
         console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
         variant = "callbacks"
@@ -206,7 +213,7 @@ def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) 
     else:
         trainer.fit(BareModule(), train_dataloaders=DataLoader(Batches(n), batch_size=None))
     with open(out_file) as f:
-        return float(f.read())
+        return json.load(f)
 
 
 def _free_port() -> int:
@@ -225,30 +232,29 @@ def _raw_rank(rank: int, world: int, port: int, steps: int, warmup: int, out_fil
     batches = premade()
     for step in range(steps + warmup):
         if step == warmup:
-            t0 = time.perf_counter()
+            t0 = clocks()
         x, y = batches[step % len(batches)]
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(x), y).backward()
         opt.step()
         schedule.step()
-    seconds = time.perf_counter() - t0
+    t1 = clocks()
     if rank == 0:
         with open(out_file, "w") as f:
-            f.write(str(seconds))
+            json.dump([b - a for a, b in zip(t0, t1, strict=True)], f)
     if world > 1:
         dist.destroy_process_group()
 
 
-def run_raw(world: int, steps: int, warmup: int, root: str) -> float:
+def run_raw(world: int, steps: int, warmup: int, root: str) -> list[float]:
     out_file = os.path.join(root, "seconds")
     if world == 1:
         _raw_rank(0, 1, 0, steps, warmup, out_file)
     else:
-        torch.multiprocessing.spawn(
-            _raw_rank, args=(world, _free_port(), steps, warmup, out_file), nprocs=world
-        )
+        args = (world, _free_port(), steps, warmup, out_file)
+        torch.multiprocessing.spawn(_raw_rank, args=args, nprocs=world)
     with open(out_file) as f:
-        return float(f.read())
+        return json.load(f)
 
 
 def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
@@ -268,7 +274,8 @@ def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> N
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
             print(text.getvalue(), file=sys.stderr)
-    print(json.dumps({"us_per_step": seconds / steps * 1e6}))
+    wall, cpu = seconds
+    print(json.dumps({"wall_us": wall / steps * 1e6, "cpu_us": cpu / steps * 1e6}))
 
 
 def main() -> None:
@@ -289,7 +296,7 @@ def main() -> None:
     if args.profile:
         return child(args.profile, 1, args.steps, args.warmup, profile=True)
 
-    results: dict[tuple[int, str], list[float]] = {}
+    results: dict[tuple[int, str], dict[str, list[float]]] = {}
     for world in args.procs:
         for r in range(args.rounds):
             order = args.variants[r % len(args.variants) :] + args.variants[: r % len(args.variants)]
@@ -299,17 +306,20 @@ def main() -> None:
                 out = subprocess.run(cmd, capture_output=True, text=True, check=False)
                 if out.returncode:
                     raise RuntimeError(f"{variant} failed:\n{out.stderr[-3000:]}")
-                us = json.loads(out.stdout.strip().splitlines()[-1])["us_per_step"]
-                results.setdefault((world, variant), []).append(us)
-                print(f"procs {world} round {r} {variant}: {us:.0f} µs/step", flush=True)
-    print("\n| procs | variant | µs/step, median (range) | steps/s vs bare, median (range) |")
-    print("|---|---|---:|---:|")
-    for (world, variant), values in results.items():
-        ratios = [b / v for v, b in zip(values, results[(world, "bare")], strict=True)]
-        print(
-            f"| {world} | {variant} | {statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
-            f" | {statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}) |"
-        )
+                measured = json.loads(out.stdout.strip().splitlines()[-1])
+                for clock, us in measured.items():
+                    results.setdefault((world, variant), {}).setdefault(clock, []).append(us)
+                print(f"procs {world} round {r} {variant}: {json.dumps(measured)}", flush=True)
+    for clock in ("wall_us", "cpu_us"):
+        print(f"\n{clock[:-3]} time of rank 0")
+        print("| procs | variant | µs/step, median (range) | steps/s vs bare, median (range) |")
+        print("|---|---|---:|---:|")
+        for (world, variant), measured in results.items():
+            values, bare = measured[clock], results[(world, "bare")][clock]
+            ratios = [b / v for v, b in zip(values, bare, strict=True)]  # per round: taken side by side
+            us = f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+            ratio = f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})"
+            print(f"| {world} | {variant} | {us} | {ratio} |")
 
 
 if __name__ == "__main__":
