@@ -219,12 +219,14 @@ class LitDDPCLI(LightningCLI):
         return config[self.subcommand] if self.subcommand else config
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        from lit_ddp.cli_errors import check_config_files
+        from lit_ddp.cli_errors import config_file_problem
 
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
-        check_config_files(
+        problem = config_file_problem(
             [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
         )
+        if problem:
+            raise UserError(problem)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:

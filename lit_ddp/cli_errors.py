@@ -15,7 +15,6 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from lit_ddp.data import ImageDataModule
-from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
@@ -74,23 +73,22 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def check_config_files(argv: list[str]) -> None:
-    """UserError for a ``--config`` file that is empty or gives a key twice: jsonargparse takes the last
-    value of a duplicate without a word, and reports an empty file as ``Unexpected config: ``."""
+def config_file_problem(argv: list[str]) -> str | None:
+    """The line for a ``--config`` file that is empty or gives a key twice, or None: jsonargparse takes the
+    last value of a duplicate without a word, and reports an empty file as ``Unexpected config: ``."""
     for path in _config_files(argv):
         try:
             content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
         except _DuplicateKey as err:
-            raise UserError(
-                f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
-            ) from None
+            return f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
         except yaml.YAMLError:
             continue  # jsonargparse reports invalid YAML itself (see _invalid_yaml)
         if content is None:
-            raise UserError(
+            return (
                 f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
                 f" --config {path}"
             )
+    return None
 
 
 def _command(argv: list[str]) -> str:
