@@ -608,7 +608,7 @@ def test_d_nan_guard_read_next_step_at_an_epochs_last_batch_writes_no_checkpoint
 
     args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.accelerator=cpu", "--trainer.devices=1"]
     args += ["--nan_guard.read=next_step", f"--trainer.default_root_dir={tmp_path}"]
-    with pytest.raises(NonFiniteLossError, match=r"at step 7 \(epoch 0, batch 7\).*no checkpoint was saved"):
+    with pytest.raises(NonFiniteLossError, match=r"at step 7 \(epoch 1, batch 8\).*no checkpoint was saved"):
         build_cli([*args, *fault(tmp_path / "probe", "nan", rank=0, at_step=7)])
     assert not list(tmp_path.rglob("*.ckpt"))
     assert batches(tmp_path / "probe")[-1][1] == 7  # no step after the bad one's next
