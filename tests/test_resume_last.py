@@ -59,7 +59,9 @@ def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_pat
 def test_each_recipe_logs_into_its_own_folder(tmp_path: Path) -> None:
     preset = tmp_path / "debug.yaml"
     preset.write_text("trainer:\n  max_epochs: 1\n")
-    recipe = REPO / "configs" / "lenet_cifar.yaml"
+    recipe = tmp_path / "configs" / "lenet_cifar.yaml"  # a recipe: it chooses the model or the data
+    recipe.parent.mkdir()
+    recipe.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\ntrainer:\n  max_epochs: 3\n")
     saved = tmp_path / "lenet_cifar" / "version_3" / "config.yaml"
     saved.parent.mkdir(parents=True)
     saved.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\n")
