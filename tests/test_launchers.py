@@ -269,9 +269,11 @@ def test_every_launchers_world_must_match_the_trainers_devices(
     name = launcher.split()[0]
     with pytest.raises(UserError, match=rf"^{name} started 2 processes but --trainer.devices=1 × "):
         check_launcher_world(trainer)
-    # One srun task is Lightning's own launch of the devices' processes: allowed.
-    monkeypatch.setenv("SLURM_NTASKS", "1")
-    if launcher == "srun":
+    if launcher == "srun":  # one task is Lightning's own launch of the devices' processes; a shell is a shell
+        monkeypatch.setenv("SLURM_JOB_NAME", "bash")
+        check_launcher_world(trainer)
+        monkeypatch.setenv("SLURM_JOB_NAME", "train")
+        monkeypatch.setenv("SLURM_NTASKS", "1")
         check_launcher_world(trainer)
 
 

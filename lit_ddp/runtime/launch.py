@@ -87,8 +87,8 @@ def check_launcher_world(trainer: Trainer, environ=None) -> None:
             )
         return
     name, world, per_node, flags = found
-    if name == "srun" and world == 1:
-        return
+    if name == "srun" and (world == 1 or SLURMEnvironment.job_name() in ("bash", "interactive")):
+        return  # one task (Lightning starts the devices' processes), or a shell (Lightning's rule too)
     env = getattr(trainer.strategy, "cluster_environment", None)
     wanted = trainer.num_devices * trainer.num_nodes
     devices = f"--trainer.devices={trainer.num_devices} × --trainer.num_nodes={trainer.num_nodes} = {wanted}"
