@@ -282,10 +282,10 @@ class ImageDataModule(LightningDataModule):
         """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
         model with BatchNorm cannot normalise one image in training ("Expected more than 1 value per
         channel"). Shards are equal on every rank, so every rank decides alike and takes the same steps."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
+        if shard % self.batch_size != 1 or shard == 1 or self.trainer is None:
+            return False
         # By name: torch's BatchNorm1d/2d/3d, SyncBatchNorm, lit_ddp's AllReduceSyncBatchNorm, timm's.
-        has_batch_norm = module is not None and any("BatchNorm" in type(m).__name__ for m in module.modules())
-        if shard % self.batch_size != 1 or shard == 1 or not has_batch_norm:
+        if not any("BatchNorm" in type(m).__name__ for m in self.trainer.lightning_module.modules()):
             return False
         rank_zero_info(
             f"the last training batch of each epoch would hold 1 image per device ({shard} ="
