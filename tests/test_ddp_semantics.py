@@ -23,7 +23,7 @@ from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.eval_limits import batches_of_fraction
-from lit_ddp.testing.checks import GRAD_RTOL, augmented_by_sample, relative_error
+from lit_ddp.testing.checks import augmented_by_sample, relative_error
 from lit_ddp.testing.launch import launch as launch_ranks
 
 HERE = Path(__file__).resolve().parent
@@ -145,6 +145,7 @@ def running_stat_keys(state: dict[str, torch.Tensor]) -> list[str]:
 
 
 # README ("What 'the same model' means") states these tolerances; docs/benchmarks.md has the measurements.
+GRAD_RTOL = 1e-5  # first step's gradients, ‖Δg‖/‖g‖ (the trust kit allows 1e-4, for deeper networks)
 WEIGHT_ATOL = {"plain2": 1e-6, "bn_sync2": 1e-5, "adamw2": 1e-4}  # weights after 4 steps, largest |Δ|
 
 

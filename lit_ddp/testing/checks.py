@@ -25,7 +25,10 @@ from lit_ddp.testing.launch import launch
 from lit_ddp.testing.record import load
 from lit_ddp.testing.worker import Job
 
-GRAD_RTOL = 1e-5  # README: 2 × b vs 1 × 2b first-step gradients agree to ~3e-6 relative on LeNet
+# ‖Δg‖/‖g‖ of 2 × b vs 1 × 2b first-step gradients: float rounding stays well below (deeper networks and
+# SyncBatchNorm round more: README, docs/benchmarks.md); a broken invariant (per-device BatchNorm, other
+# crops, a loss averaged per device) lands orders of magnitude above.
+GRAD_RTOL = 1e-4
 METRIC_RTOL = 1e-5  # evaluation metrics: accuracies come out identical; losses within float rounding
 SMALL_BN_BATCH = 32  # below this per-device batch, BatchNorm's per-device statistics get noisy
 WORLD_SIZES = (2, 4, 8)  # device counts the padding warning considers, with the configured one
@@ -254,14 +257,14 @@ def _warnings(
     batch_size: int, ref: dict, sync: bool, grad_error: float, rng: tuple, world_sizes
 ) -> list[Row]:
     rows = []
-    bn = [c for c in ref.get("bn_classes", []) if "Sync" not in c]
+    bn = ref.get("bn_classes", [])  # as trained: lit_ddp's or torch's SyncBatchNorm when synced
     small = bn and not sync and batch_size < SMALL_BN_BATCH
     rows.append(
         Row(
             "batchnorm",
             "BatchNorm at small per-device batch",
             not small,
-            f"{len(bn)} BatchNorm class(es) {bn}, per-device batch {batch_size}, SyncBatchNorm "
+            f"BatchNorm ({', '.join(bn)}), per-device batch {batch_size}, SyncBatchNorm "
             f"{'on' if sync else 'off'}; first-step gradients 2×b vs 1×2b differ by {grad_error:.1e}"
             if bn
             else "no BatchNorm",
@@ -346,7 +349,8 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     b = case.batch_size or min(configured_batch, 16)
     mixing = dm.mixup_alpha > 0 or dm.cutmix_alpha > 0
     dm.mixup_alpha = dm.cutmix_alpha = 0.0  # they pair samples within a device's batch: left out (README)
-    payload = _payload(model, dm)
+    payload = root / f"{key}_payload.pkl"
+    payload.write_bytes(_payload(model, dm))
     train_samples, val_samples = 2 * b * case.steps, 2 * b + 1  # an odd evaluation set: uneven shards
     trainer_kwargs = {
         "accumulate_grad_batches": case.accumulate_grad_batches,
@@ -359,7 +363,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         return Job(
             f"{key}_{name}",
             stage,
-            payload,
+            str(payload),
             str(root),
             world_size,
             b * (3 - world_size),  # 2 × b or 1 × 2b

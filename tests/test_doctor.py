@@ -1,0 +1,119 @@
+"""``python -m lit_ddp doctor``: the trust kit holds on every built-in recipe (Shapes, CIFAR-10 from small
+pickles, ResNet-50 on a small ImageNet-layout tree) and exits 1, naming the fix, on a broken config.
+
+    python -m pytest tests/test_doctor.py -q
+"""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import REPO, run_cli
+from imagenet_tree import make_tree
+from test_cifar10 import write_cifar10
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.models import LeNetCIFAR
+
+CONFIGS = REPO / "configs"
+CHECK_ROWS = 6  # the checks; three warning rows follow
+
+
+def doctor(args: list[str], cwd: Path) -> tuple[int, str]:
+    proc = run_cli(["doctor", *args], cwd, timeout=560)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def table(out: str) -> list[list[str]]:
+    """The report's rows, as cells (check, holds?, measured, what to change)."""
+    lines = out[out.index("check ") :].splitlines()[2:]
+    return [[c.strip() for c in line.split(" | ")] for line in lines if line.count(" | ") == 3]
+
+
+def assert_every_check_holds(code: int, out: str) -> list[list[str]]:
+    rows = table(out)
+    assert code == 0 and len(rows) == CHECK_ROWS + 3, out[-4000:]
+    assert [r[1] for r in rows[:CHECK_ROWS]] == ["yes"] * CHECK_ROWS, out[-4000:]
+    assert "every check holds" in out
+    return rows
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_holds_on_lenet_shapes(tmp_path: Path) -> None:
+    data = ["--data.train_size=512", "--data.val_size=101"]  # the recipe's sizes only take longer to draw
+    rows = assert_every_check_holds(
+        *doctor(["--config", str(CONFIGS / "lenet_shapes.yaml"), *data], tmp_path)
+    )
+    assert "0 of 16 samples augmented differently" in rows[3][2]
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_holds_on_lenet_cifar_and_warns_of_padding(tmp_path: Path) -> None:
+    root = write_cifar10(tmp_path / "cifar", per_batch=20)  # 100 training images, 30 for validation
+    args = ["--config", str(CONFIGS / "lenet_cifar.yaml"), f"--data.data_dir={root}", "--data.val_size=30"]
+    rows = assert_every_check_holds(*doctor(args, tmp_path))
+    padding = next(r for r in rows if r[0].startswith("training-set size"))
+    assert padding[1] == "WARN" and "70 training samples: 2 repeated on 4 devices" in padding[2]
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_holds_on_resnet_imagenet_with_syncbn(tmp_path: Path) -> None:
+    special = make_tree(tmp_path / "tree")
+    special["truncated"].unlink()  # the checks count samples per batch: no file is dropped from one
+    special["corrupt"].unlink()
+    # The recipe's SyncBatchNorm, SGD, schedule and ImageFolder data path with a ResNet-18 on 64-pixel crops:
+    # a ResNet-50 pickles to 100 MB per run and its checks take minutes on 2 cores (README has its figures).
+    args = ["--config", str(CONFIGS / "resnet_imagenet.yaml"), f"--data.data_dir={tmp_path / 'tree'}"]
+    args += ["--model.arch=resnet18", "--data.image_size=64", "--data.val_resize=73", "--batch-size=2"]
+    code, out = doctor(args, tmp_path)
+    assert "sync_batchnorm=True" in out
+    assert_every_check_holds(code, out)
+
+
+def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:
+    # The checks' own failures are test_ddp_kit.py's: here what doctor does with a report that has one.
+    from lit_ddp.testing import doctor as doctor_module
+    from lit_ddp.testing.checks import Report, Row
+
+    failing = Report(
+        [
+            Row("grads", "first-step gradients 2×b = 1×2b", False, "relative difference 3.1e-01", "set sync"),
+            Row(
+                "batchnorm", "BatchNorm at small per-device batch", False, "per-device batch 2", "sync", True
+            ),
+        ]
+    )
+    got = {}
+
+    def fake_checks(model, datamodule, **kwargs):
+        got.update(kwargs)
+        return failing
+
+    monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
+    cli = SimpleNamespace(
+        model=LeNetCIFAR(),
+        datamodule=ShapesDataModule(batch_size=2),
+        trainer=SimpleNamespace(num_devices=4, num_nodes=2, accumulate_grad_batches=3, gradient_clip_val=1.0),
+        config={"trainer": {"sync_batchnorm": False}, "seed_everything": 7},
+    )
+    seen_args = []
+    code = doctor_module.main(
+        ["--config", "x.yaml", "--checks=grads", "--batch-size=2"], lambda a: seen_args.append(a) or cli
+    )
+    out = capsys.readouterr()
+    assert code == 1 and "some checks do not hold (1 warning(s))" in out.err
+    rows = table(out.out)
+    assert rows[0][:2] == ["first-step gradients 2×b = 1×2b", "NO"] and rows[1][1] == "WARN"
+    assert seen_args == [["--config", "x.yaml", "--trainer.accelerator=cpu"]]  # the checks run on CPU
+    assert got["checks"] == ("grads",) and got["batch_size"] == 2 and got["devices"] == 8 and got["seed"] == 7
+    assert (got["accumulate_grad_batches"], got["gradient_clip_val"], got["sync_batchnorm"]) == (
+        3,
+        1.0,
+        False,
+    )
