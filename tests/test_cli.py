@@ -150,7 +150,7 @@ def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys)
     out = capsys.readouterr().out
     assert stop.value.code == 0 and out.startswith("usage: python -m lit_ddp ")
     assert "fit,validate,test,predict" in out
-    assert "`new DEST` generates a new project" in " ".join(out.split())  # scaffold-only
+    assert "`new DEST` generates a new project" in " ".join(out.split())
 
 
 @pytest.mark.slow
