@@ -147,15 +147,19 @@ def clocks() -> tuple[float, float]:
 class Timer(L.Callback):
     """Rank 0's wall and CPU time from the start of batch ``warmup`` to the end of the last batch."""
 
-    def __init__(self, warmup: int, out_file: str) -> None:
-        self.warmup, self.out_file = warmup, out_file
+    def __init__(self, warmup: int, out_file: str, profiler: cProfile.Profile | None = None) -> None:
+        self.warmup, self.out_file, self.profiler = warmup, out_file, profiler
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == self.warmup:
             self.t0 = clocks()
+            if self.profiler is not None:  # the timed steps only, not the set-up
+                self.profiler.enable()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.t1 = clocks()
+        if self.profiler is not None and batch_idx == trainer.num_training_batches - 1:
+            self.profiler.disable()
 
     def on_train_end(self, trainer, pl_module):
         if trainer.is_global_zero:
@@ -177,7 +181,9 @@ def lit_ddp_callbacks() -> list[L.Callback]:
     return [cls(**init_args) for cls, init_args in CALLBACKS.values()]
 
 
-def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) -> list[float]:
+def run_lightning(
+    variant: str, world: int, steps: int, warmup: int, root: str, profiler: cProfile.Profile | None = None
+) -> list[float]:
     if variant == "callbacks_redraw_each_batch":
         console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
         variant = "callbacks"
@@ -187,7 +193,7 @@ def run_lightning(variant: str, world: int, steps: int, warmup: int, root: str) 
     if variant in ("callbacks", "lit_ddp", "defaults"):
         logger = L.pytorch.loggers.TensorBoardLogger(root, name="run", default_hp_metric=False)
     on = variant not in ("bare", "empty_callbacks")
-    callbacks = [Timer(warmup, out_file)]
+    callbacks = [Timer(warmup, out_file, profiler)]
     if variant == "empty_callbacks":
         callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
     if variant in ("callbacks", "lit_ddp"):
@@ -257,23 +263,36 @@ def run_raw(world: int, steps: int, warmup: int, root: str) -> list[float]:
         return json.load(f)
 
 
+def print_profile(profiler: cProfile.Profile, steps: int) -> None:
+    """The largest own-time entries, then the CPU time spent in each callback hook, µs per step (under the
+    profiler, which inflates every Python call several times: compare entries, not with the tables)."""
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    print(text.getvalue(), file=sys.stderr)
+    rows = [
+        (cumulative / steps * 1e6, calls, f"{file.split('site-packages/')[-1]}:{line} {name}")
+        for (file, line, name), (_, calls, _, cumulative, _) in stats.stats.items()
+        if name.startswith("on_") and ("callbacks" in file or "lit_ddp/runtime" in file)
+    ]
+    print("CPU µs per step inside each callback hook (cumulative, under cProfile):", file=sys.stderr)
+    for us, calls, where in sorted(rows, reverse=True)[:20]:
+        print(f"  {us:8.1f}  x{calls:6d}  {where}", file=sys.stderr)
+
+
 def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
     # As `python -m lit_ddp` does at start-up (cli.main): Adam's step would otherwise ask NVML for a GPU.
     skip_futile_nvml_checks()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
-        profiler = cProfile.Profile() if profile else None
-        if profiler:
-            profiler.enable()
         if variant == "raw":
             seconds = run_raw(world, steps, warmup, root)
         else:
-            seconds = run_lightning(variant, world, steps, warmup, root)
-        if profiler:
-            profiler.disable()
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
-            print(text.getvalue(), file=sys.stderr)
+            # CPU clock: the profile of a run that other processes slow down stays the same.
+            profiler = cProfile.Profile(time.process_time) if profile else None
+            seconds = run_lightning(variant, world, steps, warmup, root, profiler)
+            if profiler is not None:
+                print_profile(profiler, steps)
     wall, cpu = seconds
     print(json.dumps({"wall_us": wall / steps * 1e6, "cpu_us": cpu / steps * 1e6}))
 
@@ -287,7 +306,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    parser.add_argument("--profile", choices=VARIANTS, help="one cProfile'd 1-process run of this variant")
+    parser.add_argument("--profile", choices=VARIANTS[1:], help="cProfile one 1-process run's timed steps")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
