@@ -6,8 +6,8 @@
         report = check_ddp_invariants(model=MyModel(), datamodule=MyData(train_size=512))
         assert report.ok, report.table()
 
-It runs small fits and validations on CPU with 2 gloo processes and with 1 (about a minute for LeNet on
-2 cores) and checks:
+It runs small fits and validations on CPU with 2 gloo processes and with 1 (wall times: docs/benchmarks.md)
+and checks:
 
 - first-step gradients 2×b = 1×2b: two processes with per-device batch b compute the gradients one process
   computes with batch 2b, to 1e-4 in ‖Δg‖/‖g‖ (README: what "the same model" means);
