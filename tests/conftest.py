@@ -9,6 +9,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 TINY_SHAPES = ["--data.train_size=256", "--data.val_size=101", "--data.test_size=64", "--data.batch_size=32"]
+# In-process runs of one epoch of two batches, quiet: a mistake's line, or a run folder, in a second.
+TINY_RUN = [
+    "--data.train_size=64",
+    "--data.val_size=16",
+    "--data.test_size=16",
+    "--data.batch_size=32",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+]
 
 
 def run_cli(

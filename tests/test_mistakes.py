@@ -3,17 +3,11 @@
 from pathlib import Path
 
 import pytest
+from conftest import TINY_RUN
 
 from lit_ddp.cli import build_cli, main
 
-TINY = [
-    "--data.train_size=64",
-    "--data.val_size=16",
-    "--data.test_size=16",
-    "--data.batch_size=32",
-    "--trainer.max_epochs=1",
-    "--trainer.enable_progress_bar=false",
-]
+TINY = TINY_RUN
 
 
 def one_error_line(capsys, argv: list[str]) -> str:

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import TINY_SHAPES, run_cli
 from torch import nn
 
 from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig
@@ -234,8 +235,6 @@ def test_a_composed_network_is_built_with_the_datas_classes_and_its_checkpoint_r
     """ImageClassifier(net=<class_path>): one nn.Module plus a YAML line, no system subclass. The data's
     num_classes reaches the network, the checkpoint keeps the network's class_path and arguments, and
     both load_from_checkpoint and `validate --ckpt_path` rebuild it."""
-    from tests.conftest import TINY_SHAPES, run_cli
-
     composed = ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=true"]
     fit = run_cli(["fit", *composed, *TINY_SHAPES, "--trainer.max_epochs=1"], cwd=tmp_path)
     assert fit.returncode == 0, fit.stderr[-3000:]

@@ -3,20 +3,13 @@
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY_RUN
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.runtime.resume import experiment_name
 
-TINY = [
-    "--data.train_size=64",
-    "--data.val_size=16",
-    "--data.test_size=16",
-    "--data.batch_size=32",
-    "--trainer.max_epochs=1",
-    "--trainer.enable_progress_bar=false",
-]
+TINY = TINY_RUN
 
 
 class OtherShapes(ShapesDataModule):
