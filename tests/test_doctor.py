@@ -108,3 +108,25 @@ def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -
         1.0,
         False,
     )
+
+
+@pytest.mark.parametrize(("image_size", "batch_size", "expected"), [(32, 128, 8), (224, 256, 4), (224, 2, 2)])
+def test_the_check_runs_batch_is_smaller_for_large_images(monkeypatch, image_size, batch_size, expected):
+    """The checks need a few steps, not a full batch: 8 per device, 4 above 64 px (ResNet-50 at 224 px then
+    fits about two minutes on 2 cores), never more than the config's own batch."""
+    from lit_ddp.testing import doctor as doctor_module
+    from lit_ddp.testing.checks import Report
+
+    got = {}
+    fake_checks = lambda model, data, **kwargs: got.update(kwargs) or Report([])  # noqa: E731
+    monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
+    data = ShapesDataModule(batch_size=batch_size)
+    data.image_size = image_size
+    cli = SimpleNamespace(
+        model=LeNetCIFAR(),
+        datamodule=data,
+        trainer=SimpleNamespace(num_devices=1, num_nodes=1, accumulate_grad_batches=1, gradient_clip_val=0),
+        config={"trainer": {}, "seed_everything": 0},
+    )
+    assert doctor_module.main(["--config", "x.yaml"], lambda a: cli) == 0
+    assert got["batch_size"] == expected
