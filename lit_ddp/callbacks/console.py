@@ -50,13 +50,14 @@ class _Throttled:
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
     ) -> None:
-        if self._due(batch_idx, self.total_train_batches):
+        # A disabled bar (every rank but 0) draws nothing and has no totals to read.
+        if not self.is_disabled and self._due(batch_idx, self.total_train_batches):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int, dataloader_idx=0
     ) -> None:
-        if self._due(batch_idx, self.total_val_batches_current_dataloader):
+        if not self.is_disabled and self._due(batch_idx, self.total_val_batches_current_dataloader):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
 
