@@ -33,6 +33,7 @@ def table(out: str) -> list[list[str]]:
 
 
 def assert_every_check_holds(code: int, out: str) -> list[list[str]]:
+    assert "check " in out, out[-6000:]  # the report's header: else what doctor printed instead
     rows = table(out)
     assert code == 0 and len(rows) == CHECK_ROWS + 3, out[-4000:]
     assert [r[1] for r in rows[:CHECK_ROWS]] == ["yes"] * CHECK_ROWS, out[-4000:]
