@@ -14,6 +14,8 @@ taking turns ``--rounds`` times:
   callbacks_redraw_each_batch
                ``callbacks`` with the progress bar redrawn after every batch, as Lightning's does
                (``console.REDRAW_S = 0``): lit_ddp's callbacks before the bar was throttled;
+  callbacks_lightning_dispatch
+               ``callbacks`` without ``hook_dispatch``: Lightning calls every hook on every callback;
   empty_callbacks
                ``bare`` with as many callbacks as lit_ddp's list holds, each doing nothing: what Lightning's
                dispatch of every hook to every callback costs by itself;
@@ -65,6 +67,7 @@ VARIANTS = [
     "callbacks",
     "lit_ddp",
     "callbacks_redraw_each_batch",
+    "callbacks_lightning_dispatch",
     "empty_callbacks",
 ]
 OPTIM = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4)
@@ -177,8 +180,8 @@ class Redraw(L.Callback):
         console.REDRAW_S = self.seconds
 
 
-def lit_ddp_callbacks() -> list[L.Callback]:
-    return [cls(**init_args) for cls, init_args in CALLBACKS.values()]
+def lit_ddp_callbacks(leave_out: tuple[str, ...] = ()) -> list[L.Callback]:
+    return [cls(**init_args) for key, (cls, init_args) in CALLBACKS.items() if key not in leave_out]
 
 
 def run_lightning(
@@ -187,6 +190,9 @@ def run_lightning(
     if variant == "callbacks_redraw_each_batch":
         console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
         variant = "callbacks"
+    leave_out = ()
+    if variant == "callbacks_lightning_dispatch":
+        leave_out, variant = ("hook_dispatch",), "callbacks"
     out_file = os.path.join(root, "seconds")
     n = (steps + warmup) * world
     logger = False
@@ -198,7 +204,7 @@ def run_lightning(
         callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
     if variant in ("callbacks", "lit_ddp"):
         # The CLI's order; the timer and the redraw setting after it.
-        callbacks = lit_ddp_callbacks() + callbacks + [Redraw(console.REDRAW_S)]
+        callbacks = lit_ddp_callbacks(leave_out) + callbacks + [Redraw(console.REDRAW_S)]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,

@@ -58,6 +58,7 @@ from lit_ddp.runtime.faults import (
     set_dist_timeout,
 )
 from lit_ddp.runtime.gc_freeze import FreezeGC
+from lit_ddp.runtime.hook_dispatch import OverriddenHooksOnly
 from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
     check_devices_exist,
@@ -114,6 +115,8 @@ DESCRIPTION = (
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
 # leaves the callback out. The values are each callback's defaults for lit_ddp.
 CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
+    # Lightning calls each callback hook only on the callbacks that define it: host time per step
+    "hook_dispatch": (OverriddenHooksOnly, {}),
     # runtime: a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named
     "preemption": (PreemptionCheckpoint, {}),
     "nan_guard": (NanGuard, {}),
