@@ -625,6 +625,24 @@ def test_d_nan_guard_passes_large_finite_half_precision_gradients() -> None:
     NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, _optimizer_with_grads(big))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_d_nan_guard_catches_any_non_finite_gradient_and_passes_large_finite_ones(dtype) -> None:
+    """Each dtype's check (the 2-norm for fp32 and bf16, the inf-norm for fp16): a single NaN, inf or -inf
+    among finite gradients stops; the largest finite gradients that leave the optimizer's squares finite
+    do not."""
+    from lit_ddp.runtime.nan_guard import NanGuard, NonFiniteLossError
+
+    large = {torch.float32: 1e15, torch.bfloat16: 1e15, torch.float16: 60000.0}[dtype]
+    finite = torch.full((4096,), large, dtype=dtype)
+    NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, _optimizer_with_grads(finite, -finite))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        grads = torch.ones(4096, dtype=dtype)
+        grads[1234] = bad
+        optimizer = _optimizer_with_grads(finite, grads)
+        with pytest.raises(NonFiniteLossError, match="^non-finite loss or gradients"):
+            NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, optimizer)
+
+
 def test_d_clipping_under_a_grad_scaler_gets_an_unfused_optimizer() -> None:
     from lit_ddp.errors import UserError
     from lit_ddp.models import LeNet, OptimConfig
