@@ -45,3 +45,44 @@ def test_the_bar_redraws_at_most_every_redraw_s_and_always_at_the_last_batch(
     monkeypatch.setattr(console, "REDRAW_S", 0.0)  # due every time: Lightning's own behaviour
     bar = bar_class()
     assert all(bar._due(i, 25) for i in range(25))
+
+
+@pytest.mark.parametrize("bar_class", [console.RichBar, console.TQDMBar])
+def test_the_step_loss_is_read_to_the_host_at_redraws_only_and_shown_in_the_bar(
+    tmp_path, monkeypatch, bar_class
+) -> None:
+    """Logged with prog_bar=True, Lightning would turn the step loss into a float after every batch: a
+    blocking device-to-host copy per step on a GPU. Here the bar reads it when it redraws."""
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    from lit_ddp.callbacks import StepLoss
+
+    conversions = []
+    convert = result.convert_tensors_to_scalars
+    monkeypatch.setattr(result, "convert_tensors_to_scalars", lambda x: conversions.append(x) or convert(x))
+    monkeypatch.setattr(console, "REDRAW_S", 1e9)
+    shown = []
+
+    class Bar(bar_class):
+        def get_metrics(self, trainer, pl_module):
+            metrics = super().get_metrics(trainer, pl_module)
+            shown.append(metrics)
+            return metrics
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=20,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        log_every_n_steps=4,
+        callbacks=[StepLoss(), Bar()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(BoringModel())
+    assert not conversions
+    assert shown and isinstance(shown[-1]["train/loss_step"], float)
+    assert shown[-1]["train/loss_step"] == pytest.approx(float(trainer.callback_metrics["train/loss_step"]))

@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import ModelSummary as LightningModelSummary
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
+from lit_ddp.callbacks.step_loss import STEP_LOSS
+
 
 def epoch_description(trainer: Trainer) -> str:
     """``Epoch 3/12``: counted from 1, as the epoch summary line counts."""
@@ -27,8 +29,12 @@ def epoch_description(trainer: Trainer) -> str:
     return f"Epoch {trainer.current_epoch + 1}{total}"
 
 
-def _without_version(metrics: dict) -> dict:
+def _bar_metrics(trainer: Trainer, metrics: dict) -> dict:
     metrics.pop("v_num", None)  # the run directory's version_N, already in the path the run prints
+    # The step loss, read here at a redraw; logged with prog_bar=True Lightning would read it every step.
+    loss = trainer.callback_metrics.get(STEP_LOSS)
+    if loss is not None:
+        metrics[STEP_LOSS] = float(loss)
     return metrics
 
 
@@ -63,7 +69,7 @@ class _Throttled:
 
 class RichBar(_Throttled, RichProgressBar):
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
-        return _without_version(super().get_metrics(trainer, pl_module))
+        return _bar_metrics(trainer, super().get_metrics(trainer, pl_module))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
@@ -73,7 +79,7 @@ class RichBar(_Throttled, RichProgressBar):
 
 class TQDMBar(_Throttled, TQDMProgressBar):
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
-        return _without_version(super().get_metrics(trainer, pl_module))
+        return _bar_metrics(trainer, super().get_metrics(trainer, pl_module))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)

@@ -4,10 +4,16 @@ A callback rather than ``self.log`` in ``training_step``: Lightning's bookkeepin
 step costs ~0.8 ms a step on one CPU core (docs/benchmarks.md), 5–10 % of a LeNet step on a CPU and more of
 a small model's step on a GPU, while the value is written only every ``log_every_n_steps``. Logged on those
 steps alone, it costs ~0.1 ms a step.
+
+Not logged with ``prog_bar=True``: Lightning would then turn the cached value into a Python float after
+every step, a blocking device-to-host copy (a full device sync on a GPU) per step. lit_ddp's progress bar
+shows it instead, read when it redraws (callbacks/console.py).
 """
 
 from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
+
+STEP_LOSS = "train/loss_step"
 
 
 class StepLoss(Callback):
@@ -24,4 +30,4 @@ class StepLoss(Callback):
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if isinstance(loss, Tensor):
-            pl_module.log("train/loss_step", loss.detach(), on_step=True, on_epoch=False, prog_bar=True)
+            pl_module.log(STEP_LOSS, loss.detach(), on_step=True, on_epoch=False)
