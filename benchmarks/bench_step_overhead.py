@@ -30,6 +30,7 @@ of the per-round ratio of steps/s to ``bare``.
 
     python benchmarks/bench_step_overhead.py --rounds 5
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
+    python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
 """
 
 import argparse
@@ -152,10 +153,12 @@ class Timer(L.Callback):
 
     def __init__(self, warmup: int, out_file: str, profiler: cProfile.Profile | None = None) -> None:
         self.warmup, self.out_file, self.profiler = warmup, out_file, profiler
+        self.timing = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if batch_idx == self.warmup:
             self.t0 = clocks()
+            self.timing = True
             if self.profiler is not None:  # the timed steps only, not the set-up
                 self.profiler.enable()
 
@@ -184,8 +187,48 @@ def lit_ddp_callbacks(leave_out: tuple[str, ...] = ()) -> list[L.Callback]:
     return [cls(**init_args) for key, (cls, init_args) in CALLBACKS.items() if key not in leave_out]
 
 
+STEP_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+)
+
+
+def time_step_hooks(callbacks: list[L.Callback], timer: "Timer") -> dict[str, float]:
+    """Wrap each callback's own per-step hooks to add their wall time during the timed steps to the
+    returned dict: native time, without a profiler's inflation of Python calls."""
+    spent: dict[str, float] = {}
+    for callback in callbacks:
+        for hook in STEP_HOOKS:
+            if getattr(type(callback), hook) is getattr(L.Callback, hook):
+                continue
+            key = f"{type(callback).__name__}.{hook}"
+            setattr(callback, hook, _timed_hook(getattr(callback, hook), key, timer, spent))
+    return spent
+
+
+def _timed_hook(fn, key: str, timer: "Timer", spent: dict[str, float]):
+    def timed(*args, **kwargs):
+        if not timer.timing:
+            return fn(*args, **kwargs)
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+
+    return timed
+
+
 def run_lightning(
-    variant: str, world: int, steps: int, warmup: int, root: str, profiler: cProfile.Profile | None = None
+    variant: str,
+    world: int,
+    steps: int,
+    warmup: int,
+    root: str,
+    profiler: cProfile.Profile | None = None,
+    hook_costs: dict[str, dict[str, float]] | None = None,
 ) -> list[float]:
     if variant == "callbacks_redraw_each_batch":
         console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
@@ -204,7 +247,10 @@ def run_lightning(
         callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
     if variant in ("callbacks", "lit_ddp"):
         # The CLI's order; the timer and the redraw setting after it.
-        callbacks = lit_ddp_callbacks(leave_out) + callbacks + [Redraw(console.REDRAW_S)]
+        ours = lit_ddp_callbacks(leave_out)
+        if hook_costs is not None:
+            hook_costs.update(spent=time_step_hooks(ours, callbacks[0]))  # filled in during the fit
+        callbacks = ours + callbacks + [Redraw(console.REDRAW_S)]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -286,6 +332,20 @@ def print_profile(profiler: cProfile.Profile, steps: int) -> None:
         print(f"  {us:8.1f}  x{calls:6d}  {where}", file=sys.stderr)
 
 
+def print_hook_costs(steps: int, warmup: int) -> None:
+    """Each default callback's own hooks, µs per step, in one 1-process run of ``callbacks`` (wall time
+    around each call, no profiler), next to that run's whole step."""
+    costs: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as root:
+        wall, _ = run_lightning("callbacks", 1, steps, warmup, root, hook_costs=costs)
+    spent = costs["spent"]
+    print("| callback hook | µs per step |\n|---|---:|")
+    for key, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"| {key} | {seconds / steps * 1e6:.1f} |")
+    print(f"| all of them | {sum(spent.values()) / steps * 1e6:.1f} |")
+    print(f"| (the whole step) | {wall / steps * 1e6:.0f} |")
+
+
 def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
     # As `python -m lit_ddp` does at start-up (cli.main): Adam's step would otherwise ask NVML for a GPU.
     skip_futile_nvml_checks()
@@ -313,6 +373,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     parser.add_argument("--profile", choices=VARIANTS[1:], help="cProfile one 1-process run's timed steps")
+    parser.add_argument(
+        "--hook-costs", action="store_true", help="each default callback's per-step hooks, one 1-process run"
+    )
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -320,6 +383,10 @@ def main() -> None:
         return child(args.child, args.world, args.steps, args.warmup, profile=False)
     if args.profile:
         return child(args.profile, 1, args.steps, args.warmup, profile=True)
+    if args.hook_costs:
+        skip_futile_nvml_checks()
+        torch.set_num_threads(1)
+        return print_hook_costs(args.steps, args.warmup)
 
     results: dict[tuple[int, str], dict[str, list[float]]] = {}
     for world in args.procs:
