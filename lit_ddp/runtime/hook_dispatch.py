@@ -2,9 +2,9 @@
 
 Lightning calls every callback hook on every callback, ``Callback``'s empty defaults included, and wraps
 each call in a profiler context named after the callback's ``state_key`` (for a ``ModelCheckpoint``, the
-repr of its settings). With lit_ddp's default callbacks a training step makes over a hundred such calls, of
-which a few run any code; where a GPU makes the step itself fast, the rest is a share of the step that no
-callback can make cheaper (docs/benchmarks.md, "Host overhead per training step").
+repr of its settings). With lit_ddp's 20 default callbacks a training step makes 120 such calls, of which
+10 run any code; where a GPU makes the step itself fast, the rest is a share of the step that no callback
+can make cheaper (docs/benchmarks.md, "Host overhead per training step").
 
 ``OverriddenHooksOnly`` (config key ``hook_dispatch``; ``--hook_dispatch=null`` gives Lightning's own
 dispatch back) calls a hook only on the callbacks whose class, or the instance itself, defines it, in
