@@ -31,6 +31,7 @@ of the per-round ratio of steps/s to ``bare``.
     python benchmarks/bench_step_overhead.py --rounds 5
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
     python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
+    python benchmarks/bench_step_overhead.py --device-ops          # ops the data path runs on the device
 """
 
 import argparse
@@ -346,6 +347,44 @@ def print_hook_costs(steps: int, warmup: int) -> None:
     print(f"| (the whole step) | {wall / steps * 1e6:.0f} |")
 
 
+def print_device_ops() -> None:
+    """The tensor ops a CIFAR-shaped training batch (128 × 3 × 32 × 32, crop + flip, normalisation) costs
+    on the device it was copied to, counted at dispatch (on a GPU each op but a view is a kernel launch):
+    with the per-sample draws hashed after the copy, as lit_ddp did before, and before it, as it does."""
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
+    dm = ImageDataModule(batch_size=128, crop_padding=4)
+    dm.mean, dm.std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8, generator=g), torch.zeros(128).long())
+    index = torch.arange(128)
+    with Ops() as host:
+        drawn_first = dm.on_before_batch_transfer((*batch, index), 0)
+    print("| draws hashed | ops on the device | of them not views | ops on the host before the copy |")
+    print("|---|---:|---:|---:|")
+    for label, ready, host_count in (
+        ("after the copy", (*batch, index), 0),
+        ("before the copy", drawn_first, len(host.names)),
+    ):
+        with Ops() as device:
+            dm.on_after_batch_transfer(tuple(ready), 0)
+        kernels = sum(name not in views for name in device.names)
+        print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")
+
+
 def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
     # As `python -m lit_ddp` does at start-up (cli.main): Adam's step would otherwise ask NVML for a GPU.
     skip_futile_nvml_checks()
@@ -376,6 +415,7 @@ def main() -> None:
     parser.add_argument(
         "--hook-costs", action="store_true", help="each default callback's per-step hooks, one 1-process run"
     )
+    parser.add_argument("--device-ops", action="store_true", help="ops the data path runs on the device")
     parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -383,6 +423,8 @@ def main() -> None:
         return child(args.child, args.world, args.steps, args.warmup, profile=False)
     if args.profile:
         return child(args.profile, 1, args.steps, args.warmup, profile=True)
+    if args.device_ops:
+        return print_device_ops()
     if args.hook_costs:
         skip_futile_nvml_checks()
         torch.set_num_threads(1)

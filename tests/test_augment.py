@@ -146,6 +146,42 @@ def test_each_sample_is_augmented_alike_on_any_device_count_batch_and_after_a_re
     assert not torch.equal(later[0], a0[0])  # a new epoch draws anew
 
 
+def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -> None:
+    """Lightning's order: on_before_batch_transfer (host), the copy (Lightning moves objects with ``to``),
+    on_after_batch_transfer (device). The draws made before the copy augment exactly as draws made after
+    it; the device then runs only the crop, the flip and the normalisation: on a GPU every integer op of
+    the hash would be one more kernel launch per step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    images, labels = draw_shapes(32, seed=0)
+    index = torch.arange(100, 132)
+    dm = ShapesDataModule(crop_padding=4)
+    dm.trainer = fake_trainer(True, epoch=3)
+    on_host = dm.on_before_batch_transfer((images, labels, index), 0)
+    assert isinstance(on_host[2], SampleRandom)
+    moved = tuple(t.to("cpu") for t in on_host)  # what Lightning's batch transfer does to each element
+    with Ops() as device_ops:
+        x, y = dm.on_after_batch_transfer(moved, 0)
+    hashing = {"bitwise_xor", "bitwise_xor_", "bitwise_and", "bitwise_and_"}  # the hash rounds alone
+    assert not hashing & set(device_ops.names), device_ops.names
+    expected = ShapesDataModule(crop_padding=4)
+    expected.trainer = fake_trainer(True, epoch=3)
+    x_after, _ = expected.on_after_batch_transfer((images, labels, index), 0)  # drawn on the device
+    assert torch.equal(x, x_after)
+    evaluating = ShapesDataModule(crop_padding=4)
+    evaluating.trainer = fake_trainer(False)
+    assert torch.equal(evaluating.on_before_batch_transfer((images, labels, index), 0)[2], index)
+
+
 # ---- MixUp / CutMix in the data module ----------------------------------------------------------------
 
 

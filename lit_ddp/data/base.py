@@ -366,7 +366,16 @@ class ImageDataModule(LightningDataModule):
             batch, bad = drop_unreadable(batch)
             if bad:
                 self.on_unreadable_files(bad)
+        trainer = self.trainer
+        if trainer is not None and trainer.training and self._augments_on_device() and len(batch) > 2:
+            # The draws' hashing (a few dozen integer ops on (B,) tensors) here, on the host: on a GPU each
+            # op would be a kernel launch per step. The draws travel to the device with the batch.
+            x, y, index, *rest = batch
+            batch = (x, y, self.augmentation_random(index, trainer.current_epoch), *rest)
         return batch
+
+    def _augments_on_device(self) -> bool:
+        return self.augment and not self.per_sample_seeds  # per_sample_seeds: the workers augmented
 
     def on_unreadable_files(self, bad: dict[int, tuple[str, str]]) -> None:
         """With ``strict``, stop at the first one, naming it; else keep them for the skipped-images report
@@ -388,13 +397,16 @@ class ImageDataModule(LightningDataModule):
         if trainer is not None and trainer.training:
             epoch = trainer.current_epoch
             key = (trainer.global_rank, epoch, self._count_training_batch(epoch))  # seeds the mixing
-            if self.augment and not self.per_sample_seeds:  # per_sample_seeds: the workers augmented
+            if self._augments_on_device():
                 if not index:
                     raise RuntimeError(
                         f"{type(self).__name__}: training batches reach the device without their sample"
                         " indices: build the training loader with ImageDataModule._loader"
                     )
-                x = self.augment_batch(x, self.augmentation_random(index[0], epoch))
+                rand = index[0]  # drawn before the copy (on_before_batch_transfer), else drawn here
+                if not isinstance(rand, SampleRandom):
+                    rand = self.augmentation_random(rand, epoch)
+                x = self.augment_batch(x, rand)
             index = []  # training steps take (x, y), as they always have
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 h, w = x.shape[-2:]

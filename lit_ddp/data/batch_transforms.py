@@ -1,13 +1,14 @@
 """Augmentation and normalisation of whole uint8 batches, on the device the batch landed on.
 
-Per-sample PIL transforms in DataLoader workers are what limits the tutorials' throughput on small
-images; here a (B, 3, H, W) uint8 batch costs a few tensor ops. Each sample's random numbers come from
-``SampleRandom``: a counter-based hash of (key, sample index, draw number), computed on the device for the
-whole batch at once. With the key a function of (seed, epoch), a sample is cropped and flipped alike
-whichever rank, batch or device count handles it, so 1 × 64 and 2 × 32 see the same augmented images and a
-resumed run augments as the uninterrupted one (the global RNG would do neither: ``seed_everything`` seeds
-it identically on every rank, and its stream depends on how many samples came before). MixUp and CutMix
-mix the normalised float batch and turn its labels into (B, num_classes) probabilities.
+Per-sample PIL transforms in DataLoader workers are what limits the tutorials' throughput on small images;
+here a (B, 3, H, W) uint8 batch costs a few tensor ops. Each sample's random numbers come from
+``SampleRandom``: a counter-based hash of (key, sample index, draw number), computed for the whole batch at
+once (by the data module on the host, before the batch's copy to the device). With the key a function of
+(seed, epoch), a sample is cropped and flipped alike whichever rank, batch or device count handles it, so
+1 × 64 and 2 × 32 see the same augmented images and a resumed run augments as the uninterrupted one (the
+global RNG would do neither: ``seed_everything`` seeds it identically on every rank, and its stream depends
+on how many samples came before). MixUp and CutMix mix the normalised float batch and turn its labels into
+(B, num_classes) probabilities.
 """
 
 import functools
@@ -58,7 +59,7 @@ class SampleRandom:
     ``index`` is the (B,) int64 tensor of the samples' indices in their dataset, on the batch's device;
     ``key`` any int (the data module passes a hash of (seed, epoch)). Draw ``k`` of sample ``i`` is the
     same whatever batch, rank or device count carries ``i``: a counter-based generator (as Philox is,
-    Salmon et al., SC'11), here a few elementwise integer ops on the device for the whole batch.
+    Salmon et al., SC'11), here a few elementwise integer ops for the whole batch.
     Augmentations number their draws: crop row 0, crop column 1, flip 2; a new per-sample draw takes the
     next free number. The first ``BLOCK`` draws are hashed together, as one (B, BLOCK) tensor.
     """
@@ -71,6 +72,18 @@ class SampleRandom:
         # folded in before the draws' round: two rounds between any input bit and any output bit.
         self._base = _mix32((index & _M32) ^ (key & _M32)) ^ (index >> 32) ^ ((key >> 32) & _M32)  # (B,)
         self._block = self._draws(torch.arange(self.BLOCK, device=index.device))  # (B, BLOCK)
+
+    def to(self, device: torch.device | str) -> "SampleRandom":
+        """The same draws on ``device``. Lightning moves every object of a batch that has ``to``, so the data
+        module hashes on the host, before the copy, and the device gets two small tensors instead of a few
+        dozen one-line integer kernels per step."""
+        moved = object.__new__(SampleRandom)
+        # Non-blocking as Lightning copies tensors to a GPU: a blocking copy from pageable memory would wait
+        # for the device to finish its queued work.
+        non_blocking = torch.device(device).type == "cuda"
+        moved._base = self._base.to(device, non_blocking=non_blocking)
+        moved._block = self._block.to(device, non_blocking=non_blocking)
+        return moved
 
     def _draws(self, draw: Tensor) -> Tensor:
         # Golden-ratio strides between draw numbers, as splitmix's counter steps.
