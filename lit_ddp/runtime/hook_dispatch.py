@@ -10,7 +10,8 @@ can make cheaper (docs/benchmarks.md, "Host overhead per training step").
 dispatch back) calls a hook only on the callbacks whose class, or the instance itself, defines it, in
 Lightning's order and with Lightning's arguments. The module's current hook name is set around the calls as
 Lightning sets it, and a profiler given to the Trainer still times every call it would have timed. The
-choice of callbacks is made once per hook and made again whenever ``trainer.callbacks`` changes.
+choice of callbacks is made once per hook and made again whenever ``trainer.callbacks`` changes (a hook
+assigned to a callback instance while a run is under way is seen from the next change or run on).
 
 The dispatch is Lightning's module-level function, replaced (runtime/compat.py) while a trainer that has
 this callback runs its ``fit``/``validate``/``test``/``predict``, and put back when the last such run ends;
