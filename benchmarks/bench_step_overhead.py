@@ -32,6 +32,7 @@ of the per-round ratio of steps/s to ``bare``.
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
     python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
     python benchmarks/bench_step_overhead.py --device-ops          # ops the data path runs on the device
+    python benchmarks/bench_step_overhead.py --procs 1 --variants bare callbacks --without nan_guard step_loss
 """
 
 import argparse
@@ -237,6 +238,8 @@ def run_lightning(
     leave_out = ()
     if variant == "callbacks_lightning_dispatch":
         leave_out, variant = ("hook_dispatch",), "callbacks"
+    elif variant.startswith("callbacks_without_"):  # --without KEY: every default callback but KEY
+        leave_out, variant = (variant.removeprefix("callbacks_without_"),), "callbacks"
     out_file = os.path.join(root, "seconds")
     n = (steps + warmup) * world
     logger = False
@@ -416,7 +419,15 @@ def main() -> None:
         "--hook-costs", action="store_true", help="each default callback's per-step hooks, one 1-process run"
     )
     parser.add_argument("--device-ops", action="store_true", help="ops the data path runs on the device")
-    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--without",
+        nargs="+",
+        default=[],
+        choices=list(CALLBACKS),
+        metavar="KEY",
+        help="also run `callbacks` without each of these default callbacks (what each one costs a step)",
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -430,6 +441,7 @@ def main() -> None:
         torch.set_num_threads(1)
         return print_hook_costs(args.steps, args.warmup)
 
+    args.variants += [f"callbacks_without_{key}" for key in args.without]
     results: dict[tuple[int, str], dict[str, list[float]]] = {}
     for world in args.procs:
         for r in range(args.rounds):
