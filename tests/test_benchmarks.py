@@ -1,5 +1,6 @@
 """The GPU suite's plumbing, on CPU: what benchmarks/gpu_suite.sh records and how the headline figures are
-collected. The GPU figures themselves come only from a GPU machine (docs/benchmarks.md)."""
+collected. The GPU figures themselves come only from a GPU machine (docs/benchmarks.md). And the CPU
+benchmarks that have no other test, run on a few steps."""
 
 import json
 import os
@@ -59,3 +60,24 @@ def test_the_suite_records_versions_and_collects_on_a_machine_without_a_gpu(tmp_
     collected = json.loads(gpu_json.read_text())
     assert collected["versions"] == versions and collected["gpu_tests_passed"] is False
     assert all(collected[key] is None for key in ("resnet50_lightning_img_s", "lenet_cifar_epoch_s"))
+
+
+@pytest.mark.slow
+def test_the_step_overhead_benchmark_runs_every_mode_on_a_few_steps() -> None:
+    """benchmarks/bench_step_overhead.py, shrunk: its side-by-side table (1 process, a left-out callback
+    included), the per-hook costs and the device-op count each run and print their tables."""
+    script = [sys.executable, str(REPO / "benchmarks" / "bench_step_overhead.py")]
+    few = ["--steps", "6", "--warmup", "2", "--procs", "1", "--rounds", "1"]
+
+    def run(*args: str) -> str:
+        out = subprocess.run([*script, *args], capture_output=True, text=True, timeout=240, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    table = run(*few, "--variants", "bare", "callbacks", "--without", "nan_guard")
+    assert "| 1 | callbacks_without_nan_guard |" in table and "| 1 | bare |" in table
+    hooks = run(*few, "--hook-costs")
+    assert "| NanGuard.on_before_optimizer_step |" in hooks and "| all of them |" in hooks
+    rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in run("--device-ops").splitlines()}
+    after, before = (int(rows[label][1]) for label in ("after the copy", "before the copy"))
+    assert before < after  # fewer device kernels when the draws are hashed on the host
