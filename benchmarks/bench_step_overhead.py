@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.callbacks import console
@@ -350,22 +351,23 @@ def print_hook_costs(steps: int, warmup: int) -> None:
     print(f"| (the whole step) | {wall / steps * 1e6:.0f} |")
 
 
+class DispatchedOps(TorchDispatchMode):
+    """The name of every tensor op dispatched while it is entered (views included), in ``names``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def print_device_ops() -> None:
     """The tensor ops a CIFAR-shaped training batch (128 × 3 × 32 × 32, crop + flip, normalisation) costs
     on the device it was copied to, counted at dispatch (on a GPU each op but a view is a kernel launch):
     with the per-sample draws hashed after the copy, as lit_ddp did before, and before it, as it does."""
     from types import SimpleNamespace
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
 
     views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
     dm = ImageDataModule(batch_size=128, crop_padding=4)
@@ -374,7 +376,7 @@ def print_device_ops() -> None:
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8, generator=g), torch.zeros(128).long())
     index = torch.arange(128)
-    with Ops() as host:
+    with DispatchedOps() as host:
         drawn_first = dm.on_before_batch_transfer((*batch, index), 0)
     print("| draws hashed | ops on the device | of them not views | ops on the host before the copy |")
     print("|---|---:|---:|---:|")
@@ -382,7 +384,7 @@ def print_device_ops() -> None:
         ("after the copy", (*batch, index), 0),
         ("before the copy", drawn_first, len(host.names)),
     ):
-        with Ops() as device:
+        with DispatchedOps() as device:
             dm.on_after_batch_transfer(tuple(ready), 0)
         kernels = sum(name not in views for name in device.names)
         print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")

@@ -6,12 +6,14 @@ ImageFolder workers' auto-augment, random erasing and per-sample crops: test_aug
 """
 
 import random
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import REPO
 from lightning import Callback, Trainer
 from test_ddp_semantics import DDP2, assert_identical, ckpt, final, job, launch, max_diff, records
 
@@ -151,16 +153,8 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     on_after_batch_transfer (device). The draws made before the copy augment exactly as draws made after
     it; the device then runs only the crop, the flip and the normalisation: on a GPU every integer op of
     the hash would be one more kernel launch per step."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.names: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_step_overhead import DispatchedOps
 
     images, labels = draw_shapes(32, seed=0)
     index = torch.arange(100, 132)
@@ -169,7 +163,7 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     on_host = dm.on_before_batch_transfer((images, labels, index), 0)
     assert isinstance(on_host[2], SampleRandom)
     moved = tuple(t.to("cpu") for t in on_host)  # what Lightning's batch transfer does to each element
-    with Ops() as device_ops:
+    with DispatchedOps() as device_ops:
         x, y = dm.on_after_batch_transfer(moved, 0)
     hashing = {"bitwise_xor", "bitwise_xor_", "bitwise_and", "bitwise_and_"}  # the hash rounds alone
     assert not hashing & set(device_ops.names), device_ops.names

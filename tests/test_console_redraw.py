@@ -8,6 +8,23 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lit_ddp.callbacks import console
 
 
+def _fit(tmp_path, callbacks: list, **limits) -> L.Trainer:
+    """One epoch of Lightning's BoringModel with these callbacks, nothing else on."""
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        **limits,
+    )
+    trainer.fit(BoringModel())
+    return trainer
+
+
 @pytest.mark.parametrize(
     "bar_class, lightning_bar", [(console.RichBar, RichProgressBar), (console.TQDMBar, TQDMProgressBar)]
 )
@@ -28,19 +45,7 @@ def test_the_bar_redraws_at_most_every_redraw_s_and_always_at_the_last_batch(
     monkeypatch.setattr(lightning_bar, "on_train_batch_end", on_train_batch_end)
     monkeypatch.setattr(lightning_bar, "on_validation_batch_end", on_validation_batch_end)
     monkeypatch.setattr(console, "REDRAW_S", 1e9)  # no batch is due by time: only the first and the last
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=25,
-        limit_val_batches=7,
-        num_sanity_val_steps=0,
-        callbacks=[bar_class()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(BoringModel())
+    _fit(tmp_path, [bar_class()], limit_train_batches=25, limit_val_batches=7)
     assert drawn == {"train": [0, 24], "val": [6]}
     monkeypatch.setattr(console, "REDRAW_S", 0.0)  # due every time: Lightning's own behaviour
     bar = bar_class()
@@ -69,20 +74,8 @@ def test_the_step_loss_is_read_to_the_host_at_redraws_only_and_shown_in_the_bar(
             shown.append(metrics)
             return metrics
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=20,
-        limit_val_batches=2,
-        num_sanity_val_steps=0,
-        log_every_n_steps=4,
-        callbacks=[StepLoss(), Bar()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    trainer.fit(BoringModel())
+    limits = dict(limit_train_batches=20, limit_val_batches=2, log_every_n_steps=4)
+    trainer = _fit(tmp_path, [StepLoss(), Bar()], **limits)
     assert not conversions
     assert shown and isinstance(shown[-1]["train/loss_step"], float)
     assert shown[-1]["train/loss_step"] == pytest.approx(float(trainer.callback_metrics["train/loss_step"]))

@@ -1,9 +1,8 @@
 """The training batch loss, ``train/loss_step``, on the steps Lightning writes, and in the progress bar.
 
 A callback rather than ``self.log`` in ``training_step``: Lightning's bookkeeping of a value logged on every
-step costs ~0.8 ms a step on one CPU core (docs/benchmarks.md), 5–10 % of a LeNet step on a CPU and more of
-a small model's step on a GPU, while the value is written only every ``log_every_n_steps``. Logged on those
-steps alone, it costs ~0.1 ms a step.
+step costs a sizeable share of a small model's step (docs/benchmarks.md), while the value is written only
+every ``log_every_n_steps``. Logged on those steps alone, it costs a fraction of that.
 
 Not logged with ``prog_bar=True``: Lightning would then turn the cached value into a Python float after
 every step, a blocking device-to-host copy (a full device sync on a GPU) per step. lit_ddp's progress bar

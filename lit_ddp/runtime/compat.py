@@ -105,9 +105,9 @@ PRIVATE_NAMES = (
 BatchNormBase = _BatchNorm
 
 
-def tensor_norms(tensors: list[torch.Tensor], norm_type: float) -> list[torch.Tensor]:
+def tensor_norms(tensors: list[torch.Tensor], norm_type: float) -> Sequence[torch.Tensor]:
     """The ``norm_type``-norm of each tensor, in one fused call (a loop in C++ on devices without one)."""
-    return list(torch._foreach_norm(tensors, norm_type))
+    return torch._foreach_norm(tensors, norm_type)
 
 
 # ---- preemption ------------------------------------------------------------------------------------

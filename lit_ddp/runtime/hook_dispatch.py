@@ -51,11 +51,11 @@ class _HookTable:
         chosen = self.chosen.get(key)
         if chosen is None:
             # Lightning's "monitoring callbacks" split (on_validation_end, on_train_epoch_end), then the hook.
-            monitors = [isinstance(cb, EarlyStopping | Checkpoint) for cb in callbacks]
             chosen = [
                 cb
-                for cb, is_monitor in zip(callbacks, monitors, strict=True)
-                if (monitoring is None or monitoring == is_monitor) and defines_hook(cb, hook_name)
+                for cb in callbacks
+                if (monitoring is None or monitoring == isinstance(cb, EarlyStopping | Checkpoint))
+                and defines_hook(cb, hook_name)
             ]
             self.chosen[key] = chosen
         return chosen

@@ -37,6 +37,12 @@ from lit_ddp.runtime.compat import tensor_norms
 from lit_ddp.runtime.preemption import last_checkpoint_path
 
 
+def _position(trainer: Trainer) -> tuple[int, int, int]:
+    """(optimizer step, epoch, batch in the epoch) of the step being taken."""
+    batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
+    return trainer.global_step, trainer.current_epoch, batch
+
+
 class NonFiniteLossError(UserError):
     """Training diverged; the message names the step and the checkpoint to resume from."""
 
@@ -76,11 +82,10 @@ class NanGuard(Callback):
         self._read_pending(trainer)  # the previous step's verdict (next_step): arrived long ago
         norm_type = math.inf if any(g.dtype == torch.float16 for g in grads) else 2.0
         largest = torch.stack(tensor_norms(grads, norm_type)).amax()  # NaN and inf propagate
-        batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
-        where = (trainer.global_step, trainer.current_epoch, batch)
         on_cuda = largest.device.type == "cuda"
         if self.read == "now" or (self.read == "auto" and not on_cuda):
-            self._judge(trainer, math.isfinite(largest.item()), where, late=False)
+            # No position passed: _judge reads this step's only if it fails.
+            self._judge(trainer, math.isfinite(largest.item()), None, late=False)
             return
         if self._host is None:
             self._host = torch.empty((), dtype=torch.float32, pin_memory=on_cuda)
@@ -89,7 +94,7 @@ class NanGuard(Callback):
         if on_cuda:
             event = torch.cuda.Event()
             event.record()
-        self._pending = (event, where)
+        self._pending = (event, _position(trainer))
 
     def _read_pending(self, trainer: Trainer) -> None:
         if self._pending is None:
@@ -99,7 +104,7 @@ class NanGuard(Callback):
             event.synchronize()  # waits for that step's check alone, not for the work queued since
         self._judge(trainer, math.isfinite(self._host.item()), where, late=True)
 
-    def _judge(self, trainer: Trainer, finite: bool, where: tuple[int, int, int], late: bool) -> None:
+    def _judge(self, trainer: Trainer, finite: bool, where: tuple[int, int, int] | None, late: bool) -> None:
         if finite:
             self._skipped = 0
             return
@@ -108,7 +113,7 @@ class NanGuard(Callback):
             self._skipped += 1
             if self._skipped < self.max_skipped_steps:
                 return  # the scaler skips this step and lowers its scale
-        step, epoch, batch = where
+        step, epoch, batch = where or _position(trainer)
         loss = trainer.callback_metrics.get("train/loss_step")
         loss_text = f" (last logged train/loss {float(loss):.4g})" if loss is not None else ""
         streak = f" for {self._skipped} steps in a row (the GradScaler skipped them)" if scaled else ""
