@@ -1,0 +1,126 @@
+"""The one A/B harness every benchmark here shares: interleaved rounds, a summary, a JSON record.
+
+    from harness import interleaved, summarize, write_results
+    samples = interleaved({"before": run_before, "after": run_after}, rounds=10)
+    summary = summarize(samples)
+    write_results("out.json", {"summary": summary, "samples": samples})
+
+Variants take turns within every round (A, B; then B, A), so a machine that slows down or speeds up over
+minutes moves both alike; the ratio of medians against the first variant is the figure to quote, with the
+min and max beside it. ``write_results`` adds what makes a figure checkable: the command that produced it,
+the git commit of the tree and the machine.
+"""
+
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def interleaved(
+    variants: dict[str, Callable[[], float]],
+    rounds: int,
+    on_round: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, list[float]]:
+    """Call each variant once per round, the order reversed on odd rounds; its figures by variant.
+
+    ``on_round(r, {name: figure})`` is called after each round (to print progress)."""
+    if not variants or rounds < 1:
+        raise ValueError("interleaved needs at least one variant and one round")
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        figures = {}
+        for name in names if r % 2 == 0 else reversed(names):
+            figures[name] = float(variants[name]())
+            samples[name].append(figures[name])
+        if on_round is not None:
+            on_round(r, {name: figures[name] for name in names})
+    return samples
+
+
+def summarize(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Median, min, max and count per variant, and each median's ratio to the first variant's median.
+
+    Per-round ratios (``round_ratio_median``) are given too: with interleaved rounds they cancel a drift
+    that affects both variants of a round."""
+    if not samples:
+        raise ValueError("summarize needs at least one variant")
+    first = next(iter(samples))
+    base = samples[first]
+    out: dict[str, dict[str, float]] = {}
+    for name, values in samples.items():
+        if not values:
+            raise ValueError(f"variant {name!r} has no samples")
+        median = statistics.median(values)
+        row = {"median": median, "min": min(values), "max": max(values), "n": len(values)}
+        base_median = statistics.median(base)
+        row["ratio"] = median / base_median if base_median else float("nan")
+        if len(values) == len(base) and all(base):
+            row["round_ratio_median"] = statistics.median(v / b for v, b in zip(values, base, strict=True))
+        out[name] = row
+    return out
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    """The commit of the tree the benchmark runs from, with ``+dirty`` when it has uncommitted changes."""
+    cwd = cwd or Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
+def machine() -> dict[str, object]:
+    """What the figures were taken on: host, CPU count, platform, Python, torch and the GPU if any."""
+    info: dict[str, object] = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+    except ImportError:
+        return info
+    info["torch"] = torch.__version__
+    info["threads"] = torch.get_num_threads()
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def command() -> str:
+    """The command line that is running, as one could type it again."""
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+def write_results(path: str | Path, payload: dict) -> dict:
+    """Write ``payload`` as JSON with ``command``, ``commit`` and ``machine`` added; returns the record."""
+    record = {"command": command(), "commit": git_commit(), "machine": machine(), **payload}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def format_summary(summary: dict[str, dict[str, float]], unit: str = "") -> str:
+    """One line per variant: median (min-max), ratio of medians to the first."""
+    lines = []
+    for name, row in summary.items():
+        lines.append(
+            f"{name}: median {row['median']:.4g}{unit} ({row['min']:.4g}-{row['max']:.4g}),"
+            f" ratio {row['ratio']:.3f}"
+        )
+    return "\n".join(lines)

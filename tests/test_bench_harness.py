@@ -1,0 +1,73 @@
+"""benchmarks/harness.py: the order of the interleaved rounds, the summary's figures, and the record."""
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from harness import interleaved, summarize, write_results  # noqa: E402
+
+
+def test_variants_take_turns_and_the_order_flips_every_round() -> None:
+    calls: list[str] = []
+    figures = {"a": itertools.count(10), "b": itertools.count(20)}
+
+    def variant(name: str):
+        def run() -> float:
+            calls.append(name)
+            return next(figures[name])
+
+        return run
+
+    samples = interleaved({"a": variant("a"), "b": variant("b")}, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert samples == {"a": [10.0, 11.0, 12.0], "b": [20.0, 21.0, 22.0]}
+
+
+def test_summary_gives_median_spread_and_ratio_of_medians_to_the_first_variant() -> None:
+    summary = summarize({"before": [100.0, 90.0, 110.0, 105.0], "after": [200.0, 150.0, 190.0, 210.0]})
+    assert summary["before"] == {
+        "median": 102.5,
+        "min": 90.0,
+        "max": 110.0,
+        "n": 4,
+        "ratio": 1.0,
+        "round_ratio_median": 1.0,
+    }
+    after = summary["after"]
+    assert (after["median"], after["min"], after["max"]) == (195.0, 150.0, 210.0)
+    assert after["ratio"] == pytest.approx(195.0 / 102.5)
+    # per-round ratios 2.0, 1.667, 1.727, 2.0: the median is the mean of the middle two
+    assert after["round_ratio_median"] == pytest.approx((190 / 110 + 2.0) / 2)
+
+
+def test_nothing_to_summarize_is_refused() -> None:
+    with pytest.raises(ValueError, match="no samples"):
+        summarize({"a": []})
+    with pytest.raises(ValueError):
+        interleaved({"a": lambda: 1.0}, rounds=0)
+
+
+def test_the_record_says_which_command_commit_and_machine_gave_the_figures(tmp_path: Path) -> None:
+    out = tmp_path / "deep" / "result.json"
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); from harness import write_results;"
+        f" write_results({str(out)!r}, {{'summary': {{'a': {{'median': 1.0}}}}}})"
+    )
+    subprocess.run([sys.executable, "-c", code, "--flag"], check=True, cwd=REPO, timeout=60)
+    record = json.loads(out.read_text())
+    assert record["summary"] == {"a": {"median": 1.0}}
+    assert record["command"].endswith("-c --flag")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert record["commit"].split("+")[0] == head.strip()
+    assert record["machine"]["cpus"] >= 1 and record["machine"]["python"]
+
+
+def test_write_results_returns_what_it_wrote(tmp_path: Path) -> None:
+    written = write_results(tmp_path / "r.json", {"x": 1})
+    assert json.loads((tmp_path / "r.json").read_text()) == written and written["x"] == 1
