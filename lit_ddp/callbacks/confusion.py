@@ -11,7 +11,7 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_ddp.callbacks.render import confusion_figure
-from lit_ddp.callbacks.tensorboard import tensorboard_writer
+from lit_ddp.callbacks.sinks import sinks
 
 
 def class_names(trainer: Trainer, num_classes: int) -> list[str]:
@@ -75,11 +75,14 @@ class ConfusionMatrix(Callback):
 
     @rank_zero_only
     def _write(self, trainer: Trainer, matrix: Tensor, per_class: Tensor, names: list[str]) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is None:
+        targets, step = sinks(trainer), trainer.global_step
+        if not targets:
             return
         if len(names) > self.max_classes:
-            writer.add_histogram("val_class_acc", per_class, trainer.global_step)
-        else:
-            writer.add_image("val/confusion_matrix", confusion_figure(matrix, names), trainer.global_step)
-            writer.add_text("val/confusion_matrix", counts_markdown(matrix, names), trainer.global_step)
+            for sink in targets:
+                sink.values("val_class_acc", per_class, step)
+            return
+        figure, counts = confusion_figure(matrix, names), counts_markdown(matrix, names)
+        for sink in targets:
+            sink.image("val/confusion_matrix", figure, step)
+            sink.text("val/confusion_matrix", counts, step)

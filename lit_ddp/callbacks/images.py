@@ -6,7 +6,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 from lit_ddp.callbacks.render import image_grid
-from lit_ddp.callbacks.tensorboard import tensorboard_writer
+from lit_ddp.callbacks.sinks import sinks
 
 
 def denormalize(x: Tensor, mean, std) -> Tensor:
@@ -32,8 +32,8 @@ class TrainBatchImages(Callback):
         if self._done:
             return
         self._done = True  # once per run, also when the first batch is not batch 0 (resumed runs)
-        writer = tensorboard_writer(trainer)
-        if writer is None or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        targets = sinks(trainer)
+        if not targets or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return
         x, y = batch[0][: self.max_images].detach(), batch[1][: self.max_images]
         y = (y.argmax(dim=-1) if y.ndim == 2 else y).tolist()  # MixUp/CutMix targets: the dominant label
@@ -47,4 +47,6 @@ class TrainBatchImages(Callback):
             x = ((x - lo) / (hi - lo).clamp(min=1e-8) * 255).round().to(torch.uint8)
         names = list(getattr(dm, "class_names", ()) or ())
         captions = [names[i] if i < len(names) else str(i) for i in y]
-        writer.add_image("train/batch", image_grid(x.cpu(), captions, tile=self.tile), trainer.global_step)
+        grid = image_grid(x.cpu(), captions, tile=self.tile)
+        for sink in targets:
+            sink.image("train/batch", grid, trainer.global_step)

@@ -1,5 +1,5 @@
-"""Figures for TensorBoard drawn with Pillow (already a dependency): an image grid with captions and a
-labelled confusion matrix. Both return (3, H, W) uint8 tensors for ``SummaryWriter.add_image``.
+"""Figures for the dashboard drawn with Pillow (already a dependency): an image grid with captions and a
+labelled confusion matrix. Both return (3, H, W) uint8 tensors, what every sink's ``image`` takes.
 """
 
 from collections.abc import Sequence

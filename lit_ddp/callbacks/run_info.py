@@ -1,5 +1,6 @@
-"""Once per run: the HParams tab (resolved hyperparameters, final validation metrics attached) and the
-Text tab (the resolved config and the environment), written by rank 0 at the start of fit."""
+"""Once per run: the resolved hyperparameters (with the metrics that judge the run), the resolved config
+and the environment, written by rank 0 at the start of fit to every logger (TensorBoard's HParams and Text
+tabs, MLflow's parameters and artifacts, files beside a CSV log)."""
 
 import os
 import platform
@@ -8,9 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
-from torch.utils.tensorboard.summary import hparams
 
-from lit_ddp.callbacks.tensorboard import tensorboard_writer
+from lit_ddp.callbacks.sinks import sinks
 from lit_ddp.utils import flatten, global_batch_size
 
 
@@ -80,10 +80,6 @@ def environment_markdown(trainer: Trainer) -> str:
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows.items())
 
 
-def _code_block(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())  # markdown: indented = verbatim
-
-
 class RunInfo(Callback):
     """Writes the ``hparams`` summary and the ``config`` and ``environment`` texts.
 
@@ -103,21 +99,17 @@ class RunInfo(Callback):
 
     @rank_zero_only
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        writer = tensorboard_writer(trainer)
-        if writer is None:
+        targets = sinks(trainer)
+        if not targets:
             return
         params = run_hparams(trainer, pl_module)
-        # Only the metric names go into the summary; TensorBoard reads their values from the scalars.
-        exp, ssi, sei = hparams(params, {tag: 0.0 for tag in self._metric_tags(pl_module)})
-        file_writer = writer.file_writer
-        for summary in (exp, ssi, sei):
-            file_writer.add_summary(summary)
         # The resolved config LightningCLI saved in the run directory (setup, before fit); else the hparams.
-        config_path = os.path.join(writer.get_logdir(), "config.yaml")
+        config_path = os.path.join(trainer.log_dir or "", "config.yaml")
         if os.path.isfile(config_path):
             with open(config_path) as f:
                 config = f.read()
         else:
             config = "\n".join(f"{k}: {v}" for k, v in params.items())
-        writer.add_text("config", _code_block(config), trainer.global_step)
-        writer.add_text("environment", environment_markdown(trainer), trainer.global_step)
+        environment = environment_markdown(trainer)
+        for sink in targets:
+            sink.run_info(params, self._metric_tags(pl_module), config, environment, trainer.global_step)

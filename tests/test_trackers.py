@@ -1,0 +1,81 @@
+"""The dashboard through the logger a user picks: a real MLflow file store and a CSV log, read back.
+
+What each logger holds: MLflow the scalars, the images (key and step), the texts and the parameters;
+CSVLogger the scalars in metrics.csv and the rest as files in its run directory (docs/dashboard.md)."""
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+
+FIT = ["fit", *TINY_RUN, "--trainer.accelerator=cpu"]
+
+
+@pytest.mark.timeout(180)
+def test_a_fit_with_mlflow_records_val_acc_images_and_texts_in_the_file_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    from mlflow.tracking import MlflowClient
+    from PIL import Image
+
+    from lit_ddp.cli import build_cli
+
+    uri = (tmp_path / "mlruns").as_uri()
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    logger += ["--trainer.logger.init_args.experiment_name=shapes"]
+    build_cli([*FIT, *logger, f"--trainer.default_root_dir={tmp_path}"])
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("shapes").experiment_id])
+    acc = [m.value for m in client.get_metric_history(run.info.run_id, "val/acc")]
+    assert len(acc) == 1 and 0.0 <= acc[0] <= 1.0
+    assert {"train/loss_epoch", "val/loss", "perf/images_per_s"} <= set(run.data.metrics)
+    params = run.data.params
+    assert params["trainer/world_size"] == "1" and params["data/class"] == "ShapesDataModule"
+
+    def artifacts(path: str = "") -> set[str]:
+        found = set()
+        for item in client.list_artifacts(run.info.run_id, path):
+            found |= artifacts(item.path) if item.is_dir else {item.path}
+        return found
+
+    files = artifacts()
+    assert {"config.yaml", "environment.md"} <= files
+    assert any(f.startswith("val/confusion_matrix/") and f.endswith(".md") for f in files)
+    # log_image with a key and a step: a PNG per (key, step) under images/ (the name's separators vary
+    # between MLflow releases: only the key's words are read here)
+    images = [f for f in files if f.startswith("images/") and f.endswith(".png")]
+    (batch,) = [f for f in images if "train" in f and "batch" in f]
+    assert len([f for f in images if "confusion_matrix" in f]) == 1
+    png = Path(client.download_artifacts(run.info.run_id, batch, str(tmp_path / "dl")))
+    assert Image.open(png).mode == "RGB" and Image.open(png).size[0] > 64
+    local = Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path / "dl")))
+    assert "ShapesDataModule" in local.read_text()
+
+
+@pytest.mark.timeout(180)
+def test_a_fit_with_csv_logger_records_val_acc_and_writes_the_dashboard_as_files(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from lit_ddp.cli import build_cli
+
+    logger = ["--trainer.logger=CSVLogger", f"--trainer.logger.init_args.save_dir={tmp_path / 'csv'}"]
+    cli = build_cli([*FIT, *logger, f"--trainer.default_root_dir={tmp_path}"])
+
+    run_dir = Path(cli.trainer.logger.log_dir)
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    acc = [float(r["val/acc"]) for r in rows if r.get("val/acc")]
+    assert len(acc) == 1 and 0.0 <= acc[0] <= 1.0
+    dashboard = run_dir / "dashboard"
+    (batch,) = (dashboard / "train" / "batch").glob("step_*.png")
+    (matrix,) = (dashboard / "val" / "confusion_matrix").glob("step_*.png")
+    assert Image.open(batch).size[0] > 64 and Image.open(matrix).mode == "RGB"
+    (counts,) = (dashboard / "val" / "confusion_matrix").glob("step_*.md")
+    assert counts.read_text().startswith("| true \\ predicted |")
+    assert "| world size |" in (dashboard / "environment.md").read_text()
+    assert "trainer/world_size: 1" in (run_dir / "hparams.yaml").read_text()
+    assert (run_dir / "config.yaml").is_file()
