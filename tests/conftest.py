@@ -6,6 +6,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+HELPERS = REPO / "tests" / "helpers"
+sys.path.insert(0, str(HELPERS))  # the tests import the helper scripts (imagenet_tree, the probes) by name
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 TINY_SHAPES = ["--data.train_size=256", "--data.val_size=101", "--data.test_size=64", "--data.batch_size=32"]

@@ -394,7 +394,7 @@ def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Pat
 def test_the_step_loss_written_at_a_stop_is_that_steps_not_a_stale_one(tmp_path: Path) -> None:
     """log_every_n_steps=5, a stop decided during step 6: Lightning writes step values at that step too,
     which held the loss of step 4 until StepLoss logged at stops."""
-    sys.path.insert(0, str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))  # fault_probe, for --trainer.callbacks
     stop = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=should_stop"]
     args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=5", *stop]
     build_cli([*args, "--trainer.callbacks.at_step=6", f"--trainer.default_root_dir={tmp_path}"])

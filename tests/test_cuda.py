@@ -24,7 +24,7 @@ pytestmark = [
 
 GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
 NCCL = ["--trainer.strategy=ddp"]  # one rank: Lightning still builds the NCCL process group and DDP
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}  # the probes, for --trainer.callbacks
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # the probes, for --trainer.callbacks
 
 
 def fit_ok(tmp_path: Path, *args: str, command: str = "fit", timeout: float = 600) -> str:

@@ -74,7 +74,7 @@ def launch(world_size: int, jobs: list[list[str]], root: Path, timeout: float) -
     """One ddp_semantics_worker.py process per rank, env as Lightning's launcher sets it for its children."""
     jobs_file = root / f"jobs_{world_size}.json"
     jobs_file.write_text(json.dumps(jobs))
-    command = [str(HERE / "ddp_semantics_worker.py"), str(jobs_file)]
+    command = [str(HERE / "helpers" / "ddp_semantics_worker.py"), str(jobs_file)]
     launch_ranks(world_size, command, root, timeout, log_name=f"worker_{world_size}_rank")
 
 
@@ -350,8 +350,9 @@ def test_g_resume_from_last_ckpt_equals_an_uninterrupted_run(runs: Path) -> None
 
 
 def run_ok(args: list[str], cwd: Path) -> None:
-    """``python -m lit_ddp ARGS`` with tests/ importable (for the probe callback); must exit 0."""
-    proc = run_cli(args, cwd, timeout=300, env={"PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])})
+    """``python -m lit_ddp ARGS`` with tests/helpers/ importable (for the probe callback); must exit 0."""
+    env = {"PYTHONPATH": os.pathsep.join([str(HERE / "helpers"), str(HERE.parent)])}
+    proc = run_cli(args, cwd, timeout=300, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
 

@@ -1,5 +1,5 @@
 """Faults on CPU with 2 real processes: a killed rank, preemption and resume, a crash mid-checkpoint, NaN,
-bad checkpoints, bad launch arguments. Each injects its fault with tests/fault_probe.py; asserts outcomes."""
+bad checkpoints, bad launch arguments. Each injects its fault with tests/helpers/fault_probe.py; asserts outcomes."""
 
 import ast
 import os
@@ -28,7 +28,7 @@ DDP_FIT = [
     "--trainer.enable_model_summary=false",
 ]
 STEPS_PER_EPOCH = 4
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
 
 
 def fault(

@@ -69,7 +69,7 @@ def test_torchrun_preemption_at_an_epochs_last_batch_with_uneven_val_shards_stop
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
     probe += ["--trainer.callbacks.at_step=2", "--preemption.check_every_n_batches=1"]
     uneven = ["--data.val_size=65", "--trainer.max_epochs=2", "--trainer.devices=2"]
-    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
     result = run([*torchrun(2), *RUN, *uneven, *probe], cwd=tmp_path, env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -120,7 +120,7 @@ def slurm_job(tmp_path: Path, template: str, nodes: int, per_node: int) -> tuple
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_ins = {
-        "srun": f'exec {sys.executable} {REPO / "tests" / "fake_srun.py"} "$@"',
+        "srun": f'exec {sys.executable} {REPO / "tests" / "helpers" / "fake_srun.py"} "$@"',
         "scontrol": f'echo "$@" >> {tmp_path / "scontrol.log"}',  # records `requeue <job id>`
     }
     for name, body in stand_ins.items():
@@ -167,7 +167,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     """SLURM's ``--signal=SIGUSR1@90`` mid-epoch → last.ckpt, ``scontrol requeue 4242``, exit 0; the requeued
     job (the same script, run again) continues from that step and finishes the run."""
     script, env = slurm_job(tmp_path, "sbatch_single_node.sh", 1, 2)
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"
     two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
     every_batch = "--preemption.check_every_n_batches=1"
@@ -208,7 +208,7 @@ def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None
             f"--trainer.callbacks.out_dir={tmp_path / 'probe'}",
         ],
         cwd=tmp_path,
-        env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"},
+        env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"},
     )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]

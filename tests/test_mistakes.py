@@ -148,7 +148,7 @@ def test_the_stop_message_counts_epochs_as_the_progress_bar_does(
     "epoch 1" for both (Lightning's current_epoch, from 0) while the bar and the summary count from 1."""
     from conftest import REPO
 
-    monkeypatch.syspath_prepend(str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "helpers"))  # fault_probe, for --trainer.callbacks
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm", stop]
     args = [*TINY, "--data.train_size=128", "--trainer.max_epochs=2", "--preemption.check_every_n_batches=1"]
     with caplog.at_level("INFO"), pytest.raises(SystemExit) as exit_info:

@@ -110,7 +110,7 @@ def two_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "sync_batchnorm_worker.py"), str(out)],
+            [sys.executable, str(HERE / "helpers" / "sync_batchnorm_worker.py"), str(out)],
             env={**env, "RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -1,7 +1,7 @@
 """``Recorder``: a callback that keeps, on every rank, what a run did, and saves it at teardown.
 
-Used by the trust kit (checks.py) and by lit_ddp's own DDP tests (tests/ddp_semantics_probe.py adds a few
-fields): weights at set-up, after each of the first optimizer steps and after every epoch; the first
+Used by the trust kit (checks.py) and by lit_ddp's own DDP tests (tests/helpers/ddp_semantics_probe.py adds a
+few fields): weights at set-up, after each of the first optimizer steps and after every epoch; the first
 step's gradients as the optimizer applies them (after DDP's all-reduce); the indices the training sampler
 yields each epoch; each epoch's first training batch as the step saw it, with its samples' indices; the
 indices each evaluation loader reads; the epoch-level metrics; the BatchNorm classes trained with.

@@ -5,7 +5,7 @@ exactly as Lightning's own ddp launcher starts its child ranks (and as torchrun 
 real ``--trainer.strategy=ddp`` run. Running several commands per process pays the ~5 s import of torch and
 Lightning once instead of once per run; the gloo group, once created, is reused by the later runs.
 
-    python tests/ddp_semantics_worker.py jobs.json   # jobs.json: a list of argument lists
+    python tests/helpers/ddp_semantics_worker.py jobs.json   # jobs.json: a list of argument lists
 """
 
 import json

@@ -1,8 +1,8 @@
 """A callback that injects one fault into a CLI run, for tests/test_faults.py and tests/test_launchers.py.
 
 Added with ``--trainer.callbacks+=fault_probe.Fault --trainer.callbacks.init_args.action=sigkill ...``
-(tests/ on PYTHONPATH). The fault fires on one rank at a chosen point, so a test knows exactly what was
-lost:
+(tests/helpers/ on PYTHONPATH). The fault fires on one rank at a chosen point, so a test knows exactly
+what was lost:
 
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint.

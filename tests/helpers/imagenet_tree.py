@@ -1,6 +1,6 @@
 """A tiny ImageNet-layout tree of real image files, with the awkward files real ImageNet has.
 
-    python tests/imagenet_tree.py /tmp/tiny_imagenet   # for trying the CLI by hand
+    python tests/helpers/imagenet_tree.py /tmp/tiny_imagenet   # for trying the CLI by hand
 
 Each class has its own dominant colour, so a ResNet separates the classes within a few epochs.
 """
