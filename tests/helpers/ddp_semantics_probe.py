@@ -1,10 +1,10 @@
 """A callback that records, on every rank, what a run did, for tests/test_ddp_semantics.py.
 
 Added to a CLI run with ``--trainer.callbacks='{"class_path": "ddp_semantics_probe.Probe", ...}'``
-(tests/helpers/ on PYTHONPATH). lit_ddp.testing's Recorder keeps the weights, gradients, samples, augmented batches and
-metrics (lit_ddp/testing/record.py); the probe adds a fingerprint of the data splits, each epoch's first
-batch normalised without augmentation, every checkpoint write this rank made, and a simulated kill after
-``stop_after_epochs``. Each rank saves ``<out_dir>/<stage>_rank<r>.pt``.
+(tests/helpers/ on PYTHONPATH). lit_ddp.testing's Recorder keeps the weights, gradients, samples, augmented
+batches and metrics (lit_ddp/testing/record.py); the probe adds a fingerprint of the data splits, each
+epoch's first batch normalised without augmentation, every checkpoint write this rank made, and a simulated
+kill after ``stop_after_epochs``. Each rank saves ``<out_dir>/<stage>_rank<r>.pt``.
 """
 
 import torch
