@@ -5,14 +5,16 @@
 
 Each run is a fresh process that imports lit_ddp and the benchmark from its checkout, so a change to the
 code and a change to the benchmark's harness both count. The order alternates every round; the median of
-the per-round ratios is the figure to quote (2-core machines move single runs by ±10 %).
+the per-round ratios (``round_ratio_median``) is the figure to quote.
 """
 
-import argparse
-import json
-import statistics
 import subprocess
 import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved, parser, report  # noqa: E402
 
 RUN = (
     "import sys; sys.path[:0] = [{tree!r}, {tree!r} + '/benchmarks']; import lit_ddp;"
@@ -22,6 +24,7 @@ RUN = (
 
 
 def run(tree: str, procs: int, steps: int, warmup: int) -> float:
+    """Images/s of column (a), in a fresh process that imports lit_ddp and the benchmark from ``tree``."""
     code = RUN.format(tree=tree, procs=procs, steps=steps, warmup=warmup)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
     if out.returncode:
@@ -30,30 +33,19 @@ def run(tree: str, procs: int, steps: int, warmup: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("before")
-    parser.add_argument("after")
-    parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=6)
-    args = parser.parse_args()
-    rates: dict[str, list[float]] = {"before": [], "after": []}
-    for r in range(args.rounds):
-        for name in ("before", "after") if r % 2 == 0 else ("after", "before"):
-            rates[name].append(run(getattr(args, name), args.procs, args.steps, args.warmup))
-        print(r, {k: round(v[-1]) for k, v in rates.items()}, flush=True)
-    ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
-    summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in rates.items()}
-    print(json.dumps(summary))
-    print(
-        "after/before per round:",
-        [round(x, 3) for x in ratios],
-        "median",
-        round(statistics.median(ratios), 3),
-    )
+    p = parser(__doc__, rounds=6)
+    p.add_argument("before")
+    p.add_argument("after")
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=30)
+    args = p.parse_args()
+    variants = {
+        side: partial(run, getattr(args, side), args.procs, args.steps, args.warmup)
+        for side in ("before", "after")
+    }
+    samples = interleaved(variants, args.rounds, on_round=lambda r, f: print(r, f, flush=True))
+    report(samples, args.out, " images/s", procs=args.procs, steps=args.steps, warmup=args.warmup)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The on-device crop + flip of one training batch: draws from a per-batch generator (before issue 22) vs
+"""The on-device crop + flip of one training batch: draws from a per-batch generator (the earlier way) vs
 per-sample draws from (seed, epoch, index) (``SampleRandom``), interleaved in one process.
 
 Times ``random_crop_flip`` with each source of random numbers on a (B, 3, 32, 32) uint8 CPU batch, the
@@ -9,14 +9,16 @@ augmentation's own share of a step, which whole-step A/B runs on a busy 2-core m
     python benchmarks/bench_augment_draws.py --batch 128 --rounds 30 --reps 50
 """
 
-import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 
-from lit_ddp.data.base import _stable_seed
-from lit_ddp.data.batch_transforms import SampleRandom, random_crop_flip
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved, parser, report, seconds_per_call  # noqa: E402
+
+from lit_ddp.data.base import _stable_seed  # noqa: E402
+from lit_ddp.data.batch_transforms import SampleRandom, random_crop_flip  # noqa: E402
 
 
 def per_batch_generator(x: torch.Tensor, generator: torch.Generator, epoch: int, batch: int) -> torch.Tensor:
@@ -29,41 +31,22 @@ def per_sample(x: torch.Tensor, index: torch.Tensor, epoch: int, batch: int) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--reps", type=int, default=50, help="batches per timing")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=30)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--reps", type=int, default=50, help="batches per timing")
+    args = p.parse_args()
     x = torch.randint(0, 256, (args.batch, 3, 32, 32), dtype=torch.uint8)
     index = torch.randperm(50000)[: args.batch]
     generator = torch.Generator()
-    variants = {
-        "per-batch generator": lambda i: per_batch_generator(x, generator, 1, i),
-        "per-sample SampleRandom": lambda i: per_sample(x, index, 1, i),
+    draws = {
+        "per-batch generator": lambda: per_batch_generator(x, generator, 1, 0),
+        "per-sample SampleRandom": lambda: per_sample(x, index, 1, 0),
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for fn in variants.values():  # warm-up
-        for i in range(args.reps):
-            fn(i)
-    for r in range(args.rounds):
-        for name in list(variants)[:: 1 if r % 2 == 0 else -1]:
-            t0 = time.perf_counter()
-            for i in range(args.reps):
-                variants[name](i)
-            times[name].append((time.perf_counter() - t0) / args.reps * 1e6)
-    names = list(variants)
-    ratios = [b / a for a, b in zip(times[names[0]], times[names[1]], strict=True)]
-    for name in names:
-        t = times[name]
-        print(f"{name}: median {statistics.median(t):.0f} µs per batch (min {min(t):.0f}, max {max(t):.0f})")
-    quartiles = statistics.quantiles(ratios, n=4)
-    print(
-        f"per-sample / per-batch per round: median {statistics.median(ratios):.3f}"
-        f" (quartiles {quartiles[0]:.3f}–{quartiles[2]:.3f}), batch {args.batch}, torch threads"
-        f" {torch.get_num_threads()}"
-    )
+    timed = {name: seconds_per_call(fn, args.reps) for name, fn in draws.items()}
+    interleaved(timed, 1)  # warm-up
+    samples = interleaved({name: lambda t=t: t() * 1e6 for name, t in timed.items()}, args.rounds)
+    print(f"batch {args.batch}, torch threads {torch.get_num_threads()}")
+    report(samples, args.out, " µs per batch", batch=args.batch, threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The ImageFolder file list at ImageNet's size: set-up time per rank, index memory and worker memory over
-an epoch, for torchvision's ``ImageFolder``, lit_ddp's listing before issue 24 (903dee7's ``list_images``,
+an epoch, for torchvision's ``ImageFolder``, lit_ddp's earlier listing (903dee7's ``list_images``,
 inlined below) and lit_ddp's cached numpy index (cold: no cache yet; warm: the tree unchanged since).
 
     python benchmarks/bench_imagefolder_scale.py --sizes 10000 100000 1281167 --repeats 3
@@ -36,6 +36,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+from harness import interleaved, seconds_per_call  # noqa: E402
+
 IMAGE_SIZE = (500, 375)
 REAL_JPEGS = 64
 
@@ -184,17 +187,14 @@ def child_listing(args) -> None:
 
     classes = sorted(e.name for e in os.scandir(args.tree / "train") if e.is_dir())
     class_to_idx = {c: i for i, c in enumerate(classes)}
-    times = {"torchvision": [], "lit_ddp": []}
-    for _ in range(args.rounds):
-        for split in ("train", "val"):
-            start = time.perf_counter()
-            make_dataset(str(args.tree / split), class_to_idx, IMG_EXTENSIONS)
-            times["torchvision"].append(time.perf_counter() - start)
-            start = time.perf_counter()
-            scan_split(str(args.tree / split))
-            times["lit_ddp"].append(time.perf_counter() - start)
-    # train + val per round
-    print(json.dumps({k: [a + b for a, b in zip(v[::2], v[1::2], strict=True)] for k, v in times.items()}))
+    splits = [str(args.tree / split) for split in ("train", "val")]
+    variants = {
+        "torchvision": seconds_per_call(
+            lambda: [make_dataset(s, class_to_idx, IMG_EXTENSIONS) for s in splits]
+        ),
+        "lit_ddp": seconds_per_call(lambda: [scan_split(s) for s in splits]),
+    }
+    print(json.dumps(interleaved(variants, args.rounds)))  # seconds for train + val, per round
 
 
 class StubLegacyDataset:

@@ -20,8 +20,8 @@ once first, so all pipelines read from the page cache. Figures are in docs/bench
 """
 
 import argparse
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +29,11 @@ import torch
 from PIL import Image
 from torchvision import datasets, transforms
 
-from lit_ddp.data import ImageNetDataModule
-from lit_ddp.data.batch_transforms import normalize, random_hflip
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved, seconds_per_call  # noqa: E402
+
+from lit_ddp.data import ImageNetDataModule  # noqa: E402
+from lit_ddp.data.batch_transforms import normalize, random_hflip  # noqa: E402
 
 MEAN, STD = ImageNetDataModule.mean, ImageNetDataModule.std
 
@@ -58,13 +61,27 @@ def make_images(root: Path, n: int, width: int, height: int, seed: int = 0) -> N
 def best_rates(rows: list, n: int, repeats: int) -> list[float]:
     """images/s of each row: best of ``repeats`` passes over ``n`` images, the rows taking turns in each
     round, so that load from other processes on the machine spreads over all rows alike."""
-    best = [float("inf")] * len(rows)
-    for _ in range(repeats):
-        for i, (_, fn) in enumerate(rows):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return [n / t for t in best]
+    samples = interleaved({name: (lambda fn=fn: n / seconds_per_call(fn)()) for name, fn in rows}, repeats)
+    return [max(rates) for rates in samples.values()]
+
+
+def add_image_arguments(parser: argparse.ArgumentParser, images: int) -> None:
+    """The generated JPEGs and the crop, shared with ab_input_pipeline.py."""
+    parser.add_argument("--images", type=int, default=images)
+    parser.add_argument("--width", type=int, default=500)
+    parser.add_argument("--height", type=int, default=375)
+    parser.add_argument("--size", type=int, default=224, help="crop size")
+    parser.add_argument("--val-resize", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--dir", type=Path, default=None, help="keep the generated images here (and reuse)")
+
+
+def image_dir(args: argparse.Namespace) -> Path:
+    """``--dir`` (or a new temporary folder) holding ``--images`` generated JPEGs under train/."""
+    root = args.dir or Path(tempfile.mkdtemp(prefix="bench_imagenet_"))
+    if not (root / "train").is_dir():
+        make_images(root, args.images, args.width, args.height)
+    return root
 
 
 def torchvision_folder(root: Path, steps: list) -> datasets.ImageFolder:
@@ -73,22 +90,13 @@ def torchvision_folder(root: Path, steps: list) -> datasets.ImageFolder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--images", type=int, default=400)
-    parser.add_argument("--width", type=int, default=500)
-    parser.add_argument("--height", type=int, default=375)
-    parser.add_argument("--size", type=int, default=224, help="crop size")
-    parser.add_argument("--val-resize", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64)
+    add_image_arguments(parser, images=400)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dir", type=Path, default=None, help="keep the generated images here (and reuse)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # what a DataLoader worker gets
     torch.manual_seed(0)
     n, size = args.images, args.size
-
-    root = args.dir or Path(tempfile.mkdtemp(prefix="bench_imagenet_"))
-    if not (root / "train").is_dir():
-        make_images(root, n, args.width, args.height)
+    root = image_dir(args)
     files = sorted((root / "train").rglob("*.JPEG"))[:n]
     kb = sum(len(p.read_bytes()) for p in files) / len(files) / 1e3  # also warms the page cache
 

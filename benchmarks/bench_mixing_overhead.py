@@ -13,20 +13,25 @@ machine resolves far better than the difference of two whole steps.
     python benchmarks/bench_mixing_overhead.py --rounds 15 --steps 200 --threads 1 --control   # A/A
 """
 
-import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from lit_ddp.data import ShapesDataModule
-from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize
-from lit_ddp.data.shapes import draw_shapes
-from lit_ddp.models import LeNetCIFAR
-from lit_ddp.models.optim import build_optimizer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved, parser, report, seconds_per_call  # noqa: E402
+
+from lit_ddp.data import ShapesDataModule  # noqa: E402
+from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize  # noqa: E402
+from lit_ddp.data.shapes import draw_shapes  # noqa: E402
+from lit_ddp.models import LeNetCIFAR  # noqa: E402
+from lit_ddp.models.optim import build_optimizer  # noqa: E402
 
 BATCH = 64
+VARIANTS = (("mixing off", False), ("mixing on", True))  # with --control: off in both
 
 
 def make_steps(control: bool = False) -> dict[bool, object]:
@@ -57,15 +62,6 @@ def make_steps(control: bool = False) -> dict[bool, object]:
     return {False: make(False), True: make(True)}
 
 
-def time_steps(step, steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - t0) / steps
-
-
 def time_mixing_alone(repeats: int) -> float:
     """Median seconds of one batch's draw + mix (MixUp/CutMix chosen per batch), over ``repeats`` batches."""
     x, y = draw_shapes(BATCH, seed=0)
@@ -80,38 +76,25 @@ def time_mixing_alone(repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (1: less exposed to neighbours)"
-    )
-    parser.add_argument("--control", action="store_true", help="A/A: mixing off in both variants")
-    args = parser.parse_args()
+    p = parser(__doc__, rounds=15)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: less exposed to neighbours)")
+    p.add_argument("--control", action="store_true", help="A/A: mixing off in both variants")
+    args = p.parse_args()
     torch.set_num_threads(args.threads)
     steps = make_steps(args.control)
-    times: dict[bool, list[float]] = {False: [], True: []}
-    for r in range(args.rounds):
-        for mix in (False, True) if r % 2 == 0 else (True, False):  # alternate who goes first
-            times[mix].append(time_steps(steps[mix], args.steps, args.warmup))
-    ratios = sorted(on / off for on, off in zip(times[True], times[False], strict=True))
-    q1, med, q3 = statistics.quantiles(ratios, n=4)
-    print(
-        f"torch threads: {torch.get_num_threads()}, rounds: {args.rounds}, steps per round: {args.steps},"
-        f" one model{' (A/A control: mixing off in both)' if args.control else ''}"
-    )
-    for mix in (False, True):
-        ms = [t * 1e3 for t in times[mix]]
-        name = "on " if mix else "off"
-        print(f"mixing {name}: median {statistics.median(ms):.3f} ms/step ({min(ms):.3f}-{max(ms):.3f})")
-    spread = f"quartiles {q1:.4f}-{q3:.4f}, range {ratios[0]:.4f}-{ratios[-1]:.4f}"
-    print(f"on/off per round: median {med:.4f}, {spread}")
+
+    def ms_per_step(step) -> float:
+        seconds_per_call(step, args.warmup)()
+        return seconds_per_call(step, args.steps)() * 1e3
+
+    samples = interleaved({name: lambda s=steps[mix]: ms_per_step(s) for name, mix in VARIANTS}, args.rounds)
+    print(f"torch threads {torch.get_num_threads()}, {args.steps} steps per round, one model")
+    summary = report(samples, args.out, " ms/step", steps=args.steps, control=args.control)
     alone = time_mixing_alone(2000) * 1e3
-    step = statistics.median(times[False]) * 1e3
-    print(f"mixing alone: median {alone * 1e3:.1f} µs = {alone / step:.2%} of the median step without it")
+    share = alone / summary["mixing off"]["median"]
+    print(f"mixing alone: median {alone * 1e3:.1f} µs = {share:.2%} of the median step without it")
 
 
 if __name__ == "__main__":

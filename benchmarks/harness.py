@@ -11,6 +11,7 @@ min and max beside it. ``write_results`` adds what makes a figure checkable: the
 the git commit of the tree and the machine.
 """
 
+import argparse
 import json
 import os
 import platform
@@ -18,8 +19,21 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+
+def seconds_per_call(fn: Callable[[], object], calls: int = 1) -> Callable[[], float]:
+    """A variant for ``interleaved``: calls ``fn`` ``calls`` times, returns the seconds per call."""
+
+    def timed() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) / calls
+
+    return timed
 
 
 def interleaved(
@@ -116,11 +130,29 @@ def write_results(path: str | Path, payload: dict) -> dict:
 
 
 def format_summary(summary: dict[str, dict[str, float]], unit: str = "") -> str:
-    """One line per variant: median (min-max), ratio of medians to the first."""
+    """One line per variant: median (min-max), ratio of medians to the first, median of per-round ratios."""
     lines = []
     for name, row in summary.items():
-        lines.append(
-            f"{name}: median {row['median']:.4g}{unit} ({row['min']:.4g}-{row['max']:.4g}),"
-            f" ratio {row['ratio']:.3f}"
-        )
+        line = f"{name}: median {row['median']:.4g}{unit} ({row['min']:.4g}-{row['max']:.4g})"
+        line += f", ratio {row['ratio']:.3f}"
+        if "round_ratio_median" in row:
+            line += f", per round {row['round_ratio_median']:.3f}"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def parser(doc: str, rounds: int) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: its docstring as help, ``--rounds`` and ``--out`` (a JSON record)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds (default %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help="also write the samples and summary here (JSON)")
+    return p
+
+
+def report(samples: dict[str, list[float]], out: Path | None, unit: str = "", **extra) -> dict:
+    """Print the summary; with ``out``, write it with the samples and ``extra`` (the settings) as JSON."""
+    summary = summarize(samples)
+    print(format_summary(summary, unit))
+    if out is not None:
+        write_results(out, {"unit": unit, "summary": summary, "samples": samples, **extra})
+    return summary

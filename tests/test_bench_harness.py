@@ -71,3 +71,17 @@ def test_the_record_says_which_command_commit_and_machine_gave_the_figures(tmp_p
 def test_write_results_returns_what_it_wrote(tmp_path: Path) -> None:
     written = write_results(tmp_path / "r.json", {"x": 1})
     assert json.loads((tmp_path / "r.json").read_text()) == written and written["x"] == 1
+
+
+@pytest.mark.timeout(240)
+def test_an_ab_benchmark_records_both_checkouts_through_the_harness(tmp_path: Path) -> None:
+    """ab_input_pipeline.py on this checkout against itself, a few tiny JPEGs: the harness's record."""
+    out = tmp_path / "ab.json"
+    args = [str(REPO), str(REPO), "--images", "6", "--width", "64", "--height", "48", "--size", "32"]
+    args += ["--val-resize", "40", "--batch-size", "3", "--rounds", "2", "--dir", str(tmp_path / "jpegs")]
+    script = str(REPO / "benchmarks" / "ab_input_pipeline.py")
+    subprocess.run([sys.executable, script, *args, "--out", str(out)], check=True, timeout=220, cwd=tmp_path)
+    record = json.loads(out.read_text())
+    assert set(record["samples"]) == {"before", "after"} and record["images"] == 6
+    assert all(len(v) == 2 and min(v) > 0 for v in record["samples"].values())
+    assert record["summary"]["before"]["ratio"] == 1.0 and "ab_input_pipeline.py" in record["command"]
