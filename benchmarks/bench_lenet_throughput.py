@@ -24,9 +24,11 @@ import argparse
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from functools import partial
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -40,6 +42,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import interleaved  # noqa: E402
 
 from lit_ddp.cli import CALLBACKS, OFF_SWITCHES
 from lit_ddp.data import ShapesDataModule
@@ -313,16 +318,13 @@ def main() -> None:
     # Shared machines are noisy: the variants take turns, `--repeats` times, and each keeps its best.
     results = []
     for world in args.procs:
-        row = {"procs": world}
-        for _ in range(args.repeats):
-            runs = {"lit_ddp": partial(_lit_ddp, world, args.steps, args.warmup)}
-            for w in args.tutorial_workers:
-                runs[f"tutorial_w{w}"] = partial(_spawn, _tutorial, world, args.steps, args.warmup, w)
-            runs["bare_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "lit_ddp")
-            runs["bare_tutorial_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "tutorial")
-            runs["lightning_floor"] = partial(_lightning_floor, world, args.steps, args.warmup)
-            for name, fn in runs.items():
-                row[name] = max(row.get(name, 0.0), fn())
+        runs = {"lit_ddp": partial(_lit_ddp, world, args.steps, args.warmup)}
+        for w in args.tutorial_workers:
+            runs[f"tutorial_w{w}"] = partial(_spawn, _tutorial, world, args.steps, args.warmup, w)
+        runs["bare_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "lit_ddp")
+        runs["bare_tutorial_step"] = partial(_spawn, _bare, world, args.steps, args.warmup, "tutorial")
+        runs["lightning_floor"] = partial(_lightning_floor, world, args.steps, args.warmup)
+        row = {"procs": world, **{name: max(r) for name, r in interleaved(runs, args.repeats).items()}}
         best_tutorial = max(row[f"tutorial_w{w}"] for w in args.tutorial_workers)
         row["lit_ddp/best_tutorial"] = row["lit_ddp"] / best_tutorial
         row["lit_ddp/bare_step"] = row["lit_ddp"] / row["bare_step"]
