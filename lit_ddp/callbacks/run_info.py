@@ -10,7 +10,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
-from lit_ddp.callbacks.sinks import sinks
+from lit_ddp.callbacks.sinks import run_dir, sinks
 from lit_ddp.utils import flatten, global_batch_size
 
 
@@ -104,7 +104,7 @@ class RunInfo(Callback):
             return
         params = run_hparams(trainer, pl_module)
         # The resolved config LightningCLI saved in the run directory (setup, before fit); else the hparams.
-        config_path = os.path.join(trainer.log_dir or "", "config.yaml")
+        config_path = os.path.join(run_dir(trainer) or "", "config.yaml")
         if os.path.isfile(config_path):
             with open(config_path) as f:
                 config = f.read()

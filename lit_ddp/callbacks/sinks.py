@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lightning import Trainer
-from lightning.pytorch.loggers import Logger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
 from PIL import Image
 from torch import Tensor
 
@@ -152,3 +152,12 @@ def sinks(trainer: Trainer) -> list[Sink]:
             directory = getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir
             out.append(FileSink(logger, directory))
     return out
+
+
+def run_dir(trainer: Trainer) -> str | None:
+    """Where LightningCLI saved config.yaml: ``Trainer.log_dir``'s rule, without its broadcast (a collective
+    that would wait forever when only rank 0 asks)."""
+    if not trainer.loggers:
+        return trainer.default_root_dir
+    first = trainer.loggers[0]
+    return first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
