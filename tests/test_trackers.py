@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_cli
 
 FIT = ["fit", *TINY_RUN, "--trainer.accelerator=cpu"]
 
@@ -79,3 +79,19 @@ def test_a_fit_with_csv_logger_records_val_acc_and_writes_the_dashboard_as_files
     assert "| world size |" in (dashboard / "environment.md").read_text()
     assert "trainer/world_size: 1" in (run_dir / "hparams.yaml").read_text()
     assert (run_dir / "config.yaml").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_two_processes_with_csv_logger_write_one_run_folder_from_rank_zero(tmp_path: Path) -> None:
+    """The sinks run on rank 0 only and ask no collective: a 2-process fit finishes and writes once."""
+    args = [*FIT, "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.logger=CSVLogger"]
+    args += [f"--trainer.logger.init_args.save_dir={tmp_path / 'csv'}"]
+    args += [f"--trainer.default_root_dir={tmp_path}"]
+    result = run_cli(args, cwd=tmp_path, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "csv" / "lightning_logs").iterdir()
+    with open(run_dir / "metrics.csv") as f:
+        assert [r["val/acc"] for r in csv.DictReader(f) if r.get("val/acc")] != []
+    assert len(list((run_dir / "dashboard" / "val" / "confusion_matrix").glob("step_*.png"))) == 1
