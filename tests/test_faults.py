@@ -1,5 +1,6 @@
 """Faults on CPU with 2 real processes: a killed rank, preemption and resume, a crash mid-checkpoint, NaN,
-bad checkpoints, bad launch arguments. Each injects its fault with tests/helpers/fault_probe.py; asserts outcomes."""
+bad checkpoints, bad launch arguments. Each injects its fault with tests/helpers/fault_probe.py; asserts
+outcomes."""
 
 import ast
 import os
