@@ -9,7 +9,7 @@ and the share of step time the training loop spends waiting for data.
 
 What runs is what ``python -m lit_ddp fit --config configs/resnet_imagenet.yaml`` runs on one device, less
 validation, logging and checkpoints: ImageNetDataModule's DataLoader workers (``--num-workers``, default its
-automatic count: the CPUs this process may use, less one, at most 8) decode, crop and flip each JPEG into
+automatic count: the CPUs this process may use, less one, as memory allows) decode, crop and flip each JPEG into
 uint8 batches (lit_ddp/data/jpeg.py); the batches are pinned, copied to the GPU and normalised there; and
 ``Trainer.fit`` trains ResNetImageNet with the recipe's settings (channels_last, SGD, label smoothing,
 zero-init residual, bf16-mixed on CUDA / 32-true elsewhere, cudnn benchmark) on them.

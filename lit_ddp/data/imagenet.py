@@ -44,7 +44,7 @@ class ImageNetDataModule(ImageDataModule):
         batch_size: per device.
         num_workers: decoding processes per device; each decodes a few hundred images/s
             (docs/benchmarks.md), so a fast GPU needs about 8. None: the CPU cores this process may use,
-            shared over the node's devices, less one per device, at most 8 (``base.auto_num_workers``).
+            shared over the node's devices, less one per device, as memory allows (``base.auto_num_workers``).
         strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
         crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
