@@ -139,3 +139,12 @@ def test_the_cli_fits_with_gpu_decode(tree: Path, tmp_path: Path) -> None:
     (run,) = run_dirs(tmp_path)
     assert len(read_scalars(run)["val/acc"]) == 1
     assert "truncated.JPEG" in result.stderr + result.stdout  # the skipped-images report names it
+
+
+def test_the_float_resize_that_cuda_runs_is_within_one_gray_level_of_the_uint8_one() -> None:
+    x = torch.randint(0, 256, (2, 3, 97, 131), dtype=torch.uint8)
+    x = x.contiguous(memory_format=torch.channels_last)
+    fast = jpeg.resize_uint8(x, size=(48, 48))
+    kwargs = dict(size=(48, 48), mode="bilinear", antialias=True, align_corners=False)
+    through_float = torch.nn.functional.interpolate(x.float(), **kwargs).round().clamp(0, 255).to(torch.uint8)
+    assert (fast.int() - through_float.int()).abs().max() <= 1

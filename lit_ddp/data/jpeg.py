@@ -171,9 +171,18 @@ def crop_resize(pixels: Tensor, box: Box, size: int) -> Tensor:
     left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)
     right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
     crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    # uint8 in, uint8 out: torch's antialiased kernel has a fast path for channels-last uint8 images.
-    out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    out = resize_uint8(crop, size=(size, size))
     return out[0]  # (3, size, size), channels-last memory
+
+
+def resize_uint8(x: Tensor, **kwargs) -> Tensor:
+    """Antialiased bilinear resize of (N, 3, H, W) uint8 (``F.interpolate``'s size or scale arguments). On
+    the CPU uint8 in, uint8 out: torch's kernel has a fast path for channels-last uint8 images; elsewhere
+    (CUDA's antialiased kernel takes floating point only) through float32, rounded back."""
+    kwargs.update(mode="bilinear", antialias=True, align_corners=False)
+    if x.device.type == "cpu":
+        return F.interpolate(x, **kwargs)
+    return F.interpolate(x.float(), **kwargs).round_().clamp_(0, 255).to(torch.uint8)
 
 
 def load_train_crop(
@@ -247,14 +256,7 @@ def resize_center_crop(
         scales.append(_scale_to_cover(band, scale, end))
         bands.append(band)
     band = pixels[:, : bands[0], : bands[1]].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    out = F.interpolate(
-        band,
-        scale_factor=scales,
-        recompute_scale_factor=False,
-        mode="bilinear",
-        antialias=True,
-        align_corners=False,
-    )
+    out = resize_uint8(band, scale_factor=scales, recompute_scale_factor=False)
     return out[0, :, top : top + size, left : left + size]
 
 
