@@ -1,34 +1,55 @@
 #!/usr/bin/env bash
-# Every GPU figure of issue 17 and the CUDA tests, on one GPU machine, logs and JSON in one folder:
+# Every GPU figure of the project and the CUDA tests, on one GPU machine; logs and JSON in one folder.
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]   # PART: versions tests resnet compile lenet jpeg collect
+#   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
-# With no PART it runs them all (about 25 minutes on an H100); a machine that allows 10 minutes per command
-# runs them a few parts at a time into the same OUT_DIR. `collect` writes benchmarks/results/gpu.json (or
-# $GPU_JSON) from what the others left there: null for a figure that did not run, never an estimate. The project must be importable
-# (PYTHONPATH is set to this checkout) with jsonargparse and its pure-Python companions installed or on the
-# path, and pytest for `tests` (bring the wheels to a machine without a package registry).
+# PARTs, in the order they run with none given: setup versions tests resnet compile lenet jpeg jpeg_workers
+# jpeg_4cpus gpu_decode worker_memory collect. Each runs under `timeout` within 10 minutes (PART_TIMEOUT,
+# seconds), so a machine that allows 10 minutes per command runs one or a few at a time into the same
+# OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
+# null for a figure that did not run or failed, never an estimate.
+#
+# On a GPU machine's own PyTorch image (Python 3.12, its torch, torchvision and Lightning; no jsonargparse
+# and no package index), from a copy of this checkout:
+#
+#   pip download --no-deps -d .whl jsonargparse docstring-parser typeshed-client   # here, with an index;
+#                                            # .whl/ is git-ignored: copy it along with the checkout
+#   bash benchmarks/gpu_suite.sh /tmp/gpu setup versions tests   # then the other parts, a few at a time
+#
+# `setup` unzips those wheels into the interpreter's site-packages (a wheel is a zip of the installed files;
+# pip install --target plus PYTHONPATH hung on that image) and checks that lit_ddp's CLI imports; the
+# project itself runs from this checkout (PYTHONPATH). pytest must be there for `tests` (the images have it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
 shift
-PARTS=${*:-versions tests resnet compile lenet jpeg collect}
+ALL="setup versions tests resnet compile lenet jpeg jpeg_workers jpeg_4cpus gpu_decode worker_memory collect"
+PARTS=${*:-$ALL}
+PART_TIMEOUT=${PART_TIMEOUT:-590}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+run() { timeout "$PART_TIMEOUT" "$@"; }
 
 for part in $PARTS; do
   echo "=== $part ($(date -u +%H:%M:%S))"
   case $part in
+    setup)
+      site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+      for wheel in .whl/*.whl; do
+        [ -e "$wheel" ] || { echo "no wheels in .whl/: see this script's header" >&2; exit 2; }
+        python3 -m zipfile -e "$wheel" "$site" && echo "unzipped $wheel into $site"
+      done
+      python3 -c 'import jsonargparse, lit_ddp.cli; print("jsonargparse", jsonargparse.__version__)' ;;
     versions)
       python - "$(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)" \
         > "$OUT/versions.json" <<'PY'
-import json, platform, sys
+import json, os, platform, sys
 import lightning, torch, torchmetrics, torchvision
 cuda = torch.cuda.is_available()
 print(json.dumps({
     "commit": sys.argv[1],
     "device": torch.cuda.get_device_name(0) if cuda else "no CUDA device",
-    "cpus": __import__("os").cpu_count(),
+    "cpus": len(os.sched_getaffinity(0)),
     "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
     "torchvision": torchvision.__version__, "lightning": lightning.__version__,
     "torchmetrics": torchmetrics.__version__,
@@ -36,21 +57,37 @@ print(json.dumps({
 PY
       cat "$OUT/versions.json"; echo ;;
     tests)
-      python -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -o addopts="" -rA 2>&1 \
-        | tee "$OUT/cuda_tests.log"
+      run python -m pytest -m cuda tests/test_cuda.py tests/test_cuda_resnet.py -p no:cacheprovider \
+        -o addopts="" -rA 2>&1 | tee "$OUT/cuda_tests.log"
       echo "${PIPESTATUS[0]}" > "$OUT/cuda_tests.rc" ;;
     resnet)
-      python benchmarks/bench_resnet_gpu.py --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.log" ;;
+      run python benchmarks/bench_resnet_gpu.py --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.log" ;;
     compile)
-      python benchmarks/bench_resnet_gpu.py --compile --json "$OUT/resnet50_compile.json" 2>&1 \
+      run python benchmarks/bench_resnet_gpu.py --compile --json "$OUT/resnet50_compile.json" 2>&1 \
         | tee "$OUT/resnet50_compile.log" ;;
     lenet)
-      python benchmarks/bench_lenet_gpu.py --json "$OUT/lenet.json" 2>&1 | tee "$OUT/lenet.log" ;;
-    jpeg)
-      python benchmarks/bench_jpeg_gpu.py --json "$OUT/jpeg.json" 2>&1 | tee "$OUT/jpeg.log" ;;
+      run python benchmarks/bench_lenet_gpu.py --json "$OUT/lenet.json" 2>&1 | tee "$OUT/lenet.log" ;;
+    jpeg)  # the recipe's loader with its automatic worker count
+      run python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --json "$OUT/jpeg.json" 2>&1 \
+        | tee "$OUT/jpeg.log" ;;
+    jpeg_workers)  # other counts, shorter windows: collect takes the best
+      cpus=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
+      for n in ${JPEG_WORKERS:-$((cpus / 2)) $((cpus - 2)) $((cpus - 1)) $cpus}; do
+        run python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --num-workers "$n" --steps 150 \
+          --json "$OUT/jpeg_workers_$n.json" 2>&1 | tee "$OUT/jpeg_workers_$n.log"
+      done ;;
+    jpeg_4cpus)  # a node with 4 CPUs per GPU, decoding on them
+      run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --json "$OUT/jpeg_4cpus.json" \
+        2>&1 | tee "$OUT/jpeg_4cpus.log" ;;
+    gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.gpu_decode=true)
+      run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode \
+        --json "$OUT/gpu_decode.json" 2>&1 | tee "$OUT/gpu_decode.log" ;;
+    worker_memory)
+      run python benchmarks/bench_worker_memory_gpu.py --workers 4 --json "$OUT/worker_memory.json" 2>&1 \
+        | tee "$OUT/worker_memory.log" ;;
     collect)
       python benchmarks/collect_gpu_results.py "$OUT" "${GPU_JSON:-benchmarks/results/gpu.json}" ;;
     *)
-      echo "unknown part: $part (versions tests resnet compile lenet jpeg collect)" >&2; exit 2 ;;
+      echo "unknown part: $part ($ALL)" >&2; exit 2 ;;
   esac
 done

@@ -22,19 +22,51 @@ TINY_RUN = [
 ]
 
 
+def cli_env(env: dict | None = None) -> dict[str, str]:
+    """The environment of a subprocess the tests start: this process's, with ``env`` on top, and PYTHONPATH
+    this checkout, then ``env``'s entries (tests/ for the probes), then the caller's own, kept: on a machine
+    where a package sits on PYTHONPATH (a GPU image's jsonargparse) the subprocess still imports it."""
+    env = dict(env or {})
+    paths = [str(REPO), *env.pop("PYTHONPATH", "").split(os.pathsep)]
+    paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    pythonpath = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # in order, once each
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **env, "PYTHONPATH": pythonpath}
+
+
+# tests/helpers/ on the subprocess's path too: the probes and faults that tests pass as --trainer.callbacks.
+WITH_PROBES = {"PYTHONPATH": str(HELPERS)}
+
+
 def run_cli(
     args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m lit_ddp ARGS`` in a subprocess; fails the test (not hangs) past ``timeout`` seconds."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
+    """``python -m lit_ddp ARGS`` in a subprocess, in ``cwd`` (made if missing), with ``cli_env(env)``;
+    fails the test (not hangs) past ``timeout`` seconds."""
+    cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "lit_ddp", *args],
         cwd=cwd,
-        env=full_env,
+        env=cli_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def run_folder(root: Path, args: list[str]) -> Path:
+    """The folder under ``root`` (the run's default_root_dir) that a CLI run with ``args`` logs into: its
+    recipe's name (the first --config choosing the model or data), or lightning_logs without one, as the
+    CLI names it (lit_ddp.runtime.resume.experiment_name)."""
+    from lit_ddp.runtime.resume import experiment_name
+
+    configs = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
+    return root / experiment_name(configs)
+
+
+def last_ckpt(root: Path, args: list[str]) -> Path:
+    """The one last.ckpt a CLI run with ``args`` under ``root`` wrote, in ``<run folder>/version_N``."""
+    (path,) = run_folder(root, args).glob("version_*/checkpoints/last.ckpt")
+    return path
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[float]]:

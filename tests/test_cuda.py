@@ -10,12 +10,11 @@ JPEG files and FSDP are in test_cuda_resnet.py (the ResNet family's).
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
+from conftest import REPO, TINY_SHAPES, WITH_PROBES, last_ckpt, read_scalars, run_cli
 
 pytestmark = [
     pytest.mark.cuda,
@@ -24,20 +23,20 @@ pytestmark = [
 
 GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
 NCCL = ["--trainer.strategy=ddp"]  # one rank: Lightning still builds the NCCL process group and DDP
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # the probes, for --trainer.callbacks
 
 
 def fit_ok(tmp_path: Path, *args: str, command: str = "fit", timeout: float = 600) -> str:
     # The GPU and the run folder last: a --config among args (a recipe) would otherwise replace them.
-    result = run_cli([command, *args, *GPU, f"--trainer.default_root_dir={tmp_path}"], tmp_path, timeout, ENV)
+    result = run_cli(cli_args(tmp_path, command, *args), tmp_path, timeout, WITH_PROBES)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     return out
 
 
-def last_ckpt(root: Path) -> Path:
-    (path,) = root.glob("lightning_logs/version_*/checkpoints/last.ckpt")
-    return path
+def cli_args(root: Path, command: str, *args: str, device: list[str] = GPU) -> list[str]:
+    """The command line fit_ok runs; test_run_paths.py runs it on the CPU (``device``) and checks the paths
+    these tests read, so that a path gone stale fails in CI, not first on a GPU node."""
+    return [command, *args, *device, f"--trainer.default_root_dir={root}"]
 
 
 def loads_on_cpu(path: Path) -> dict:
@@ -54,8 +53,8 @@ def loads_on_cpu(path: Path) -> dict:
 def test_lenet_fits_in_bf16_channels_last(tmp_path: Path, compile: str) -> None:
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
     fit_ok(tmp_path, *args, "--model.channels_last=true", f"--model.compile={compile}")
-    assert 0.0 <= read_scalars(last_ckpt(tmp_path).parent.parent)["val/acc"][-1] <= 1.0
-    loads_on_cpu(last_ckpt(tmp_path))
+    assert 0.0 <= read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"][-1] <= 1.0
+    loads_on_cpu(last_ckpt(tmp_path, args))
 
 
 # ---- DDP on NCCL, SyncBatchNorm ------------------------------------------------------------------------
@@ -71,7 +70,7 @@ def test_ddp_on_nccl_with_torchs_syncbatchnorm_converted_back_after_fit(tmp_path
     from lit_ddp.models import LeNetCIFAR
 
     model = LeNetCIFAR(batch_norm=True)  # plain BatchNorm again: the checkpoint loads anywhere
-    model.load_state_dict(loads_on_cpu(last_ckpt(tmp_path))["state_dict"])
+    model.load_state_dict(loads_on_cpu(last_ckpt(tmp_path, args))["state_dict"])
 
 
 # ---- preemption, atomic checkpoints, resume ----------------------------------------------------------
@@ -84,9 +83,9 @@ def test_sigterm_mid_epoch_checkpoints_atomically_and_resumes_to_the_end(tmp_pat
     out = fit_ok(tmp_path, *args, *fault)
     # One process reads its own flag after every batch: it stops after the batch that saw the signal.
     assert "stopped by SIGTERM at epoch 1, step 6 (mid-epoch, after 6 of 8 batches)" in out
-    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 6
+    assert loads_on_cpu(last_ckpt(tmp_path, args))["global_step"] == 6
     fit_ok(tmp_path, *args, "--ckpt_path=last")
-    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 16
+    assert loads_on_cpu(last_ckpt(tmp_path, args))["global_step"] == 16
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and ".tmp" in p.name]  # no torn writes left
 
 
@@ -96,11 +95,11 @@ def test_sigterm_mid_epoch_checkpoints_atomically_and_resumes_to_the_end(tmp_pat
 def test_nan_guard_stops_one_step_late_and_no_checkpoint_holds_the_bad_update(tmp_path: Path) -> None:
     fault = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=nan"]
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", *fault, "--trainer.callbacks.at_step=10"]
-    result = run_cli(["fit", *GPU, f"--trainer.default_root_dir={tmp_path}", *args], tmp_path, 600, ENV)
+    result = run_cli(cli_args(tmp_path, "fit", *args), tmp_path, 600, WITH_PROBES)
     assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
     assert "non-finite loss or gradients at step 10 (epoch 2, batch 3)" in result.stderr
     assert "one step later, and no checkpoint holds that update" in result.stderr
-    assert loads_on_cpu(last_ckpt(tmp_path))["global_step"] == 8  # epoch 0's, finite
+    assert loads_on_cpu(last_ckpt(tmp_path, args))["global_step"] == 8  # epoch 0's, finite
 
 
 # ---- EMA and predictions on NCCL -------------------------------------------------------------------
@@ -108,11 +107,12 @@ def test_nan_guard_stops_one_step_late_and_no_checkpoint_holds_the_bad_update(tm
 
 def test_ema_all_reduces_its_buffers_on_nccl_and_predictions_gather(tmp_path: Path) -> None:
     args = [*TINY_SHAPES, "--trainer.max_epochs=1", *NCCL, "--model.batch_norm=true"]
-    fit_ok(tmp_path, *args, f"--config={REPO / 'configs' / 'presets' / 'ema.yaml'}")
-    checkpoint = loads_on_cpu(last_ckpt(tmp_path))
+    args += [f"--config={REPO / 'configs' / 'presets' / 'ema.yaml'}"]
+    fit_ok(tmp_path, *args)
+    checkpoint = loads_on_cpu(last_ckpt(tmp_path, args))
     assert "current_model_state" in checkpoint  # the raw weights beside the average
-    out = tmp_path / "predict"
-    fit_ok(out, *TINY_SHAPES, *NCCL, f"--ckpt_path={last_ckpt(tmp_path)}", command="predict")
+    out = tmp_path / "predict"  # run_cli makes the working folder
+    fit_ok(out, *TINY_SHAPES, *NCCL, f"--ckpt_path={last_ckpt(tmp_path, args)}", command="predict")
     (written,) = out.rglob("predictions.csv")
     with open(written) as f:
         rows = list(csv.DictReader(f))

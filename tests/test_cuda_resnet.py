@@ -1,14 +1,15 @@
 """The ResNet family's CUDA paths, on one GPU (``python -m pytest -m cuda``; skipped without one): ResNet-18
 from JPEG files in bf16, channels-last and compiled; FSDP with the template's callbacks, checkpoint I/O and
-resume. The shared helpers are test_cuda.py's."""
+resume (the recipe's channels-last SGD: the optimizer is not fused under FSDP, test_optim_choice.py). The
+shared helpers are test_cuda.py's."""
 
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, read_scalars
+from conftest import REPO, last_ckpt, read_scalars
 from imagenet_tree import make_tree
-from test_cuda import fit_ok, last_ckpt, loads_on_cpu
+from test_cuda import fit_ok, loads_on_cpu
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,8 +39,8 @@ def resnet18(root: Path) -> list[str]:
 def test_resnet18_fits_from_jpeg_files_in_bf16_channels_last_compiled(tmp_path: Path, imagenet: Path) -> None:
     args = [*resnet18(imagenet), "--trainer.precision=bf16-mixed", "--model.compile=true"]
     fit_ok(tmp_path, *args, "--model.channels_last=true")
-    assert len(read_scalars(last_ckpt(tmp_path).parent.parent)["val/acc"]) == 2
-    loads_on_cpu(last_ckpt(tmp_path))
+    assert len(read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"]) == 2  # resnet_imagenet/
+    loads_on_cpu(last_ckpt(tmp_path, args))
 
 
 # ---- FSDP ------------------------------------------------------------------------------------------
@@ -49,4 +50,4 @@ def test_fsdp_trains_resnet_with_the_templates_callbacks_and_resumes(tmp_path: P
     args = [*resnet18(imagenet), "--trainer.strategy=fsdp", "--trainer.precision=bf16-mixed"]
     fit_ok(tmp_path, *args, "--trainer.max_epochs=1")
     fit_ok(tmp_path, *args, "--ckpt_path=last")
-    assert len(read_scalars(last_ckpt(tmp_path).parent.parent)["val/acc"]) == 2
+    assert len(read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"]) == 2

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from lit_ddp.data import ShapesDataModule, TensorImageDataset
-from lit_ddp.data.base import auto_num_workers, available_cpus, collate_batch, split_indices
+from lit_ddp.data.base import available_cpus, collate_batch, split_indices
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip, random_hflip
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 from lit_ddp.errors import UserError
@@ -124,24 +124,9 @@ def test_negative_crop_padding_is_one_clear_error() -> None:
         ShapesDataModule(crop_padding=-2)
 
 
-@pytest.mark.parametrize(
-    ("cpus", "devices", "workers"),
-    [
-        (2, 2, 0),  # README's CPU DDP run: a worker per process would only compete with training
-        (2, 1, 1),
-        (1, 1, 0),
-        (16, 1, 8),  # capped: 8 workers feed a ResNet-50 on an H100
-        (32, 8, 3),  # 4 cores per GPU: one for the training process, three decode
-        (8, 8, 0),
-        (96, 8, 8),
-    ],
-)
-def test_automatic_workers_share_the_cores_over_the_devices(cpus: int, devices: int, workers: int) -> None:
-    assert auto_num_workers(cpus, devices) == workers
-
-
 def test_num_workers_none_is_resolved_for_the_trainers_devices_and_a_number_is_kept(monkeypatch) -> None:
     monkeypatch.setattr("lit_ddp.data.base.available_cpus", lambda: 12)
+    monkeypatch.setattr("lit_ddp.data.base.available_memory", lambda: None)  # no memory bound here
     auto, fixed = ShapesDataModule(num_workers=None), ShapesDataModule(num_workers=5)
     auto.trainer = fixed.trainer = SimpleNamespace(num_devices=2)  # what fit() attaches; devices per node
     assert (auto.workers_per_device(), fixed.workers_per_device()) == (5, 5)  # 12 // 2 - 1 and as given

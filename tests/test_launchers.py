@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, read_scalars, run_dirs
+from conftest import REPO, TINY_SHAPES, cli_env, read_scalars, run_dirs
 
 RUN = [
     *TINY_SHAPES,
@@ -30,8 +30,7 @@ def free_port() -> int:
 def run(
     cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout)
 
 
 def torchrun(nproc: int) -> list[str]:

@@ -50,8 +50,9 @@ def run(cmd: list[str], cwd: Path, timeout: float = 300, **env) -> subprocess.Co
 
 
 def new_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    # PYTHONPATH: this checkout's lit_ddp, whatever is installed.
-    return run([sys.executable, "-m", "lit_ddp", "new", *args], cwd=cwd, timeout=120, PYTHONPATH=str(REPO))
+    # PYTHONPATH: this checkout's lit_ddp, whatever is installed; the caller's entries kept after it.
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return run([sys.executable, "-m", "lit_ddp", "new", *args], cwd=cwd, timeout=120, PYTHONPATH=pythonpath)
 
 
 def python_lines(project: Path) -> int:

@@ -125,24 +125,67 @@ class SeededSampleSampler(ResumableShuffleSampler):
 
 def available_cpus() -> int:
     """The CPUs this process may run on: a container's or a scheduler's allotment, not the whole machine's
-    (``os.cpu_count()`` counts those; affinity masks are Linux-only, hence the fallback). A launcher that
-    pins each rank to cores of its own (srun's CPU binding) makes this a per-rank count: set num_workers."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    (``os.cpu_count()`` counts those): its affinity mask (Linux-only, hence the fallback), within a cgroup
+    CPU quota where one is set (``docker --cpus``, a Kubernetes CPU limit), which the mask does not show."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:  # cgroup v2: "max 100000", or "<quota> <period>" in µs of CPU time per period
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cpus
 
 
-# One worker decodes ~470 ImageNet images/s (docs/benchmarks.md): 8 feed a ResNet-50 on an H100 (~3,500/s).
-# More only add start-up time and memory (each worker holds a copy of the dataset object and its prefetch).
-MAX_AUTO_WORKERS = 8
+def available_memory() -> int | None:
+    """Bytes this process could still take: the kernel's estimate of available memory (``MemAvailable``),
+    within a cgroup v2 memory limit where one is set; free pages where there is no /proc (other Unixes);
+    None where none of these can be read."""
+    try:
+        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        available = int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, ValueError, OSError):
+            return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(available, 0)
 
 
-def auto_num_workers(cpus: int, devices: int, cap: int = MAX_AUTO_WORKERS) -> int:
-    """DataLoader workers per device for ``num_workers=None``: each device's process gets an equal share of
-    the node's CPUs and keeps one core of it for itself (the training loop, or feeding the GPU); the rest
-    decode, up to ``cap``. A share of one core or less gets 0 workers: a worker would only compete with its
-    own main process (on 2 cores with 2 CPU processes, 0 workers is 8× faster than 10: README's CPU run)."""
-    return max(0, min(cap, cpus // max(devices, 1) - 1))
+# A worker of the ImageNet recipe (batch 256 of 224 px) at its peak: its private memory and its prefetched
+# batches in shared memory (docs/gpu.md, benchmarks/bench_worker_memory_gpu.py). Workers may take half the
+# available memory: the rest stays for the training process (pinned batches, checkpoints) and the page cache,
+# which keeps the dataset's files.
+WORKER_BYTES = 256 << 20
+WORKER_MEMORY_SHARE = 0.5
+
+
+def auto_num_workers(
+    cpus: int, devices: int, memory: int | None = None, worker_bytes: int = WORKER_BYTES
+) -> int:
+    """DataLoader workers per device for ``num_workers=None``. Each device's process has its CPUs: an equal
+    share of the ``cpus`` this process may use, or all of them where the launcher gave each device's process
+    CPUs of its own (SLURM's ``--cpus-per-task``, which srun binds each task to). It keeps one core for
+    itself (the training loop, feeding the GPU); the rest decode, as many as ``WORKER_MEMORY_SHARE`` of the
+    ``memory`` (bytes; None: ``available_memory()``) shared over the devices holds at ``worker_bytes`` each.
+
+    No fixed cap: a fast GPU takes every core a node gives it (a ResNet-50 on an H100 eats ~4,000 images/s,
+    a worker decodes a few hundred). A share of one core or less gets 0 workers: a worker would only compete
+    with its own main process (on 2 cores with 2 CPU processes, 0 workers is 8× faster than 10)."""
+    devices = max(devices, 1)
+    own_cpus = os.environ.get("SLURM_CPUS_PER_TASK") == str(cpus)
+    workers = (cpus if own_cpus else cpus // devices) - 1
+    memory = available_memory() if memory is None else memory
+    if memory is not None:
+        workers = min(workers, int(memory * WORKER_MEMORY_SHARE / devices) // worker_bytes)
+    return max(0, workers)
 
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).

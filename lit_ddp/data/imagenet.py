@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule
+from lit_ddp.data.device_decode import EncodedBatch, EncodedFileDataset, read_eval_sample, read_train_sample
 from lit_ddp.data.folder_index import SplitListing, class_key, default_cache_dir, find_classes, load_or_scan
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
@@ -44,7 +45,7 @@ class ImageNetDataModule(ImageDataModule):
         batch_size: per device.
         num_workers: decoding processes per device; each decodes a few hundred images/s
             (docs/benchmarks.md), so a fast GPU needs about 8. None: the CPU cores this process may use,
-            shared over the node's devices, less one per device, at most 8 (``base.auto_num_workers``).
+            shared over the node's devices, less one per device, as memory allows (``base.auto_num_workers``).
         strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
         crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
@@ -57,6 +58,10 @@ class ImageNetDataModule(ImageDataModule):
         mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
         index_cache: folder for the splits' file lists; None: ``$XDG_CACHE_HOME/lit_ddp/image_index``
             (``~/.cache/...``). A list is used while its split and class folders are unchanged.
+        gpu_decode: the workers only read the files and draw each crop; the batch is decoded, cropped,
+            resized and flipped on the training device (nvJPEG on a GPU), for nodes with few CPU cores per
+            GPU (device_decode.py). Always a full decode (``draft`` does not apply); not with auto_augment
+            or random_erasing, which run in the workers.
     """
 
     mean = (0.485, 0.456, 0.406)
@@ -84,6 +89,7 @@ class ImageNetDataModule(ImageDataModule):
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
         index_cache: str | None = None,
+        gpu_decode: bool = False,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -108,6 +114,12 @@ class ImageNetDataModule(ImageDataModule):
         # Checked here, in the launching process; erasing fills with the mean colour (jpeg.py says why).
         fill = tuple(round(255 * m) for m in self.mean)
         self.sample_augment = sample_augmentation(auto_augment, random_erasing, fill)
+        if gpu_decode and self.sample_augment is not None:
+            raise UserError(
+                "--data.gpu_decode=true cannot run auto_augment or random_erasing, which augment each image"
+                " in the workers: pass --data.gpu_decode=false, or drop those two"
+            )
+        self.gpu_decode = gpu_decode
         self.index_cache = Path(index_cache).expanduser() if index_cache is not None else default_cache_dir()
         # Any listing written since now was made by this run's local rank 0 (its prepare_data comes after
         # every rank has started), so every rank may use it as is, and they all see the same files.
@@ -185,6 +197,15 @@ class ImageNetDataModule(ImageDataModule):
         if not len(samples):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
         decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
+        if self.gpu_decode:
+            if train:
+                flip = dict(flip_p=0.5) if self.augment else {}
+                read = functools.partial(
+                    read_train_sample, scale=self.crop_scale, ratio=self.crop_ratio, **flip, **decode
+                )
+                return EncodedFileDataset(samples, read, self.image_size, resize=None)
+            read = functools.partial(read_eval_sample, resize=self.val_resize, **decode)
+            return EncodedFileDataset(samples, read, self.image_size, resize=self.val_resize)
         if train:
             augment = dict(flip_p=0.5, augment=self.sample_augment) if self.augment else {}
             load = functools.partial(
@@ -203,6 +224,19 @@ class ImageNetDataModule(ImageDataModule):
         if stage in ("test", "predict"):
             self.test_split = self._splits(stage)[0]
             self.test_set = self._split(self.test_split, train=False)
+
+    def on_after_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
+        x, y, *rest = batch
+        if isinstance(x, EncodedBatch):  # gpu_decode: the bytes are still on the host, y on the device
+            x, bad = x.decode(y.device)
+            if bad and (rest or len(bad) < len(y)):  # as drop_unreadable: no empty training batch
+                keep = torch.ones(len(y), dtype=torch.bool)
+                keep[list(bad)] = False
+                keep = keep.to(y.device)
+                x, y, rest = x[keep], y[keep], [t[keep] for t in rest]
+            if bad:
+                self.on_unreadable_files(bad)
+        return super().on_after_batch_transfer((x, y, *rest), dataloader_idx)
 
     def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
         return x  # the workers flipped and augmented each image already, seeded per sample (see _split)

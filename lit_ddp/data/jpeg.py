@@ -164,6 +164,27 @@ def decode(
     return _upright(pixels, orientation), reduction, (width, height), box
 
 
+def crop_resize(pixels: Tensor, box: Box, size: int) -> Tensor:
+    """(3, size, size) uint8 from (3, H, W) uint8 ``pixels``: the ``box`` (in these pixels) at whole pixels,
+    as torchvision's crops, resized antialiased; on the pixels' device (device_decode.py runs it there)."""
+    h, w = pixels.shape[1:]
+    left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)
+    right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
+    crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    out = resize_uint8(crop, size=(size, size))
+    return out[0]  # (3, size, size), channels-last memory
+
+
+def resize_uint8(x: Tensor, **kwargs) -> Tensor:
+    """Antialiased bilinear resize of (N, 3, H, W) uint8 (``F.interpolate``'s size or scale arguments). On
+    the CPU uint8 in, uint8 out: torch's kernel has a fast path for channels-last uint8 images; elsewhere
+    (CUDA's antialiased kernel takes floating point only) through float32, rounded back."""
+    kwargs.update(mode="bilinear", antialias=True, align_corners=False)
+    if x.device.type == "cpu":
+        return F.interpolate(x, **kwargs)
+    return F.interpolate(x.float(), **kwargs).round_().clamp_(0, 255).to(torch.uint8)
+
+
 def load_train_crop(
     path: str,
     size: int,
@@ -178,14 +199,7 @@ def load_train_crop(
     ``sample_augmentation``) on the (3, size, size) uint8 crop; (size, size, 3) uint8 out."""
     region = functools.partial(random_resized_crop_box, scale=scale, ratio=ratio)
     pixels, reduction, _, box = decode(path, region, size if draft else None, exif_transpose)
-    box = tuple(v / reduction for v in box)
-    h, w = pixels.shape[1:]
-    left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)  # whole pixels, as torchvision's crops
-    right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
-    crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    # uint8 in, uint8 out: torch's antialiased kernel has a fast path for channels-last uint8 images.
-    out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    image = out[0]  # (3, size, size), channels-last memory
+    image = crop_resize(pixels, tuple(v / reduction for v in box), size)
     if flip_p > 0 and float(torch.rand(())) < flip_p:
         image = image.flip(-1)
     if augment is not None:
@@ -218,29 +232,32 @@ def load_eval_crop(
     region = functools.partial(center_crop_box, size=size, resize=resize)
     draft_size = EVAL_DRAFT_MARGIN * size if draft else None
     pixels, reduction, (width, height), _ = decode(path, region, draft_size, exif_transpose)
+    return resize_center_crop(pixels, reduction, (width, height), size, resize).permute(1, 2, 0).numpy()
+
+
+def resize_center_crop(
+    pixels: Tensor, reduction: float, stored: tuple[int, int], size: int, resize: int
+) -> Tensor:
+    """``load_eval_crop``'s resize and centre crop of decoded ``pixels`` (3, h, w) uint8, ``reduction``
+    stored pixels per decoded pixel, of an upright stored image of ``stored`` (width, height): (3, size,
+    size) uint8 on the pixels' device (device_decode.py runs it there)."""
+    width, height = stored
     out_h, out_w = reference_resize(width, height, resize)
     top, left = round((out_h - size) / 2), round((out_w - size) / 2)  # CenterCrop's rounding
     scales, bands = [], []
-    for length, stored, out, end in (
+    for length, stored_length, out, end in (
         (pixels.shape[1], height, out_h, top + size),
         (pixels.shape[2], width, out_w, left + size),
     ):
-        scale = out * reduction / stored  # output pixels per decoded pixel
+        scale = out * reduction / stored_length  # output pixels per decoded pixel
         # The last output pixel kept reads input up to its centre plus the filter's support (1 / scale
         # when shrinking, 1 when enlarging); one pixel more for the kernel's rounding.
         band = min(length, math.ceil(end / scale + max(1 / scale, 1.0)) + 1)
         scales.append(_scale_to_cover(band, scale, end))
         bands.append(band)
     band = pixels[:, : bands[0], : bands[1]].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    out = F.interpolate(
-        band,
-        scale_factor=scales,
-        recompute_scale_factor=False,
-        mode="bilinear",
-        antialias=True,
-        align_corners=False,
-    )
-    return out[0, :, top : top + size, left : left + size].permute(1, 2, 0).numpy()  # (size, size, 3) uint8
+    out = resize_uint8(band, scale_factor=scales, recompute_scale_factor=False)
+    return out[0, :, top : top + size, left : left + size]
 
 
 # torchvision's policies, with the bilinear interpolation its classification reference gives them.

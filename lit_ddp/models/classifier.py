@@ -234,6 +234,7 @@ class ImageClassifier(LightningModule):
             total_steps,
             steps_per_epoch,
             clips_scaled_gradients=clips_scaled,
+            trained_as=trainer.model,  # FSDP there lays the gradients out its own way
         )
         if self.optim.scale_lr:
             rank_zero_info(

@@ -80,9 +80,38 @@ class OptimConfig:
 FUSED_DEVICES = ("cpu", "cuda")
 
 
-def fused_available(model: nn.Module) -> bool:
-    """Whether torch has fused optimizer kernels for every parameter's device and dtype."""
-    return all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in model.parameters())
+def fused_available(model: nn.Module, trained_as: nn.Module | None = None) -> bool:
+    """Whether torch's fused kernels take every parameter of ``model`` and the gradient it will be given.
+
+    ``trained_as``: the module the strategy runs (``trainer.model``: ``model`` itself, or wrapped by DDP or
+    FSDP). Fused only where all of these hold:
+
+    - each parameter is a plain tensor: a subclass (FSDP2's and tensor parallelism's ``DTensor``) goes to
+      torch's own default, as ``torch.optim`` does when left to choose;
+    - on a device with the kernels, floating point. Mixed devices or dtypes are fine: the kernels group the
+      parameters by (device, dtype);
+    - each gradient has its parameter's strides, which CUDA's fused kernels require (they have no slow
+      path). Autograd and DDP lay a gradient out like its parameter; FSDP gives every parameter a contiguous
+      gradient (a view of its flat gradient), so under FSDP a channels-last weight would crash the first step.
+    """
+    fsdp = under_fsdp(trained_as)
+    return all(
+        type(p) in (torch.Tensor, nn.Parameter)
+        and p.device.type in FUSED_DEVICES
+        and p.is_floating_point()
+        and (p.is_contiguous() or not fsdp)
+        for p in model.parameters()
+        if p.requires_grad
+    )
+
+
+def under_fsdp(trained_as: nn.Module | None) -> bool:
+    """Whether FSDP (torch.distributed.fsdp.FullyShardedDataParallel) manages ``trained_as``'s parameters."""
+    if trained_as is None or not torch.distributed.is_available():  # some builds have no torch.distributed
+        return False
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in trained_as.modules())
 
 
 def param_groups(model: nn.Module, weight_decay: float, exclude_norm_and_bias: bool) -> list[dict]:
@@ -121,11 +150,13 @@ def build_optimizer(
     total_steps: float,
     steps_per_epoch: float,
     clips_scaled_gradients: bool = False,
+    trained_as: nn.Module | None = None,
 ) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
     ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
     ``clips_scaled_gradients``: gradients are clipped under a GradScaler (16-mixed), which Lightning cannot
-    do for a fused optimizer (it unscales inside its step), so the automatic choice is then not fused."""
+    do for a fused optimizer (it unscales inside its step), so the automatic choice is then not fused;
+    ``trained_as``: the module the strategy runs (``trainer.model``), see :func:`fused_available`."""
     if not math.isfinite(total_steps) and cfg.schedule in NEEDS_LENGTH:
         raise UserError(
             f"--model.optim.schedule={cfg.schedule} decays over the run's length, which is open-ended: set"
@@ -137,7 +168,14 @@ def build_optimizer(
             "--model.optim.fused=true cannot be combined with --trainer.gradient_clip_val under 16-mixed"
             " precision (a fused optimizer unscales its gradients itself): drop one of them"
         )
-    fused = fused_available(model) and not clips_scaled_gradients if cfg.fused is None else cfg.fused
+    if cfg.fused and under_fsdp(trained_as) and not all(p.is_contiguous() for p in model.parameters()):
+        raise UserError(
+            "--model.optim.fused=true cannot train non-contiguous (channels-last) weights under FSDP, which"
+            " hands them contiguous gradients: pass --model.channels_last=false or drop --model.optim.fused"
+        )
+    fused = cfg.fused
+    if fused is None:
+        fused = fused_available(model, trained_as) and not clips_scaled_gradients
     optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
     if cfg.scale_lr:
         for group in optimizer.param_groups:

@@ -1,0 +1,196 @@
+"""JPEG decoding on the training device (``ImageNetDataModule(gpu_decode=True)``), for nodes with few CPU
+cores per GPU: the DataLoader workers only read each file's bytes and its header (PIL's lazy open: the size,
+the format, the EXIF orientation) and draw the sample's crop box and flip; the batch is decoded where it is
+trained, with nvJPEG on CUDA (``torchvision.io.decode_jpeg(..., device=...)``, one call for the batch), and
+cropped, resized and flipped there with the very functions the CPU path runs (jpeg.py ``crop_resize``,
+``resize_center_crop``). On a CPU device the same code decodes with libjpeg-turbo, which is how CI tests it.
+
+Each sample's draws are the CPU path's: the box and the flip come from torch's global RNG, seeded per sample
+by (seed, epoch, index) around the read (image_folder.py), in the same order as ``load_train_crop`` draws
+them; decoding draws nothing. So a sample gets the same crop whichever rank, worker or batch handles it, and
+the same as with ``gpu_decode=False`` (the pixels too where both decode in full: ``draft=False``).
+
+What the device path does not take is decoded in the worker as before and travels as pixels beside the
+encoded bytes: files that are not JPEG, JPEGs not stored as RGB (grayscale, CMYK), and photos stored turned
+(EXIF orientation other than 1); and the black placeholder of an unreadable file, which the data module
+drops before the copy.
+"""
+
+import contextlib
+import io
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch import Tensor
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from lit_ddp.data.image_folder import ImageFileDataset, seeded_global_rng
+from lit_ddp.data.jpeg import (
+    DECODE_ERRORS,
+    Box,
+    _orientation,
+    crop_resize,
+    load_eval_crop,
+    load_train_crop,
+    random_resized_crop_box,
+    resize_center_crop,
+)
+
+
+class Encoded:
+    """One sample's file bytes (a 1-d uint8 tensor) and what the device does with them: a training crop
+    ``box`` and ``flip``, or (``box`` None) the evaluation resize of the stored ``size`` (width, height)."""
+
+    __slots__ = ("path", "data", "box", "flip", "size")
+
+    def __init__(self, path: str, data: Tensor, box: Box | None, flip: bool, size: tuple[int, int]) -> None:
+        self.path, self.data, self.box, self.flip, self.size = path, data, box, flip, size
+
+
+def _device_decodable(data: np.ndarray, exif_transpose: bool) -> tuple[int, int] | None:
+    """The stored (width, height) of a JPEG the device path takes (RGB, stored upright or read as stored),
+    else None. Reads only the header."""
+    try:
+        img = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        return None  # the worker's CPU path names the problem
+    with img:
+        upright = not exif_transpose or _orientation(img) == 1
+        return img.size if img.format == "JPEG" and img.mode == "RGB" and upright else None
+
+
+def read_train_sample(
+    path: str,
+    size: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draft: bool = True,
+    flip_p: float = 0.0,
+    exif_transpose: bool = True,
+) -> Encoded | np.ndarray:
+    """The worker's share of ``load_train_crop``: the file's bytes, the RandomResizedCrop box and the flip,
+    drawn as it draws them; the CPU path's (size, size, 3) crop for what the device does not decode."""
+    data = np.fromfile(path, dtype=np.uint8)
+    stored = _device_decodable(data, exif_transpose)
+    if stored is None:  # nothing drawn yet: the CPU path draws exactly what it would have
+        return load_train_crop(path, size, scale, ratio, draft, flip_p, None, exif_transpose)
+    box = random_resized_crop_box(*stored, scale, ratio)
+    flip = flip_p > 0 and float(torch.rand(())) < flip_p
+    return Encoded(path, torch.from_numpy(data), box, flip, stored)
+
+
+def read_eval_sample(
+    path: str, size: int, resize: int, draft: bool = True, exif_transpose: bool = True
+) -> Encoded | np.ndarray:
+    """The worker's share of ``load_eval_crop``: the file's bytes and stored size (the CPU path's crop for
+    what the device does not decode)."""
+    data = np.fromfile(path, dtype=np.uint8)
+    stored = _device_decodable(data, exif_transpose)
+    if stored is None:
+        return load_eval_crop(path, size, resize, draft, exif_transpose)
+    return Encoded(path, torch.from_numpy(data), None, False, stored)
+
+
+class EncodedBatch:
+    """A batch as the workers hand it over: the samples' bytes in one uint8 tensor (one shared-memory
+    transfer, not one per file), and the pixels of the samples decoded on the CPU in another. Not a tensor
+    nor a dataclass, so Lightning's copy to the device leaves it on the host, where ``decode_jpeg`` wants
+    the bytes. ``batch[keep]`` (a (B,) bool mask) keeps some samples (unreadable files are dropped so)."""
+
+    def __init__(self, samples: Sequence[Encoded | np.ndarray], size: int, resize: int | None) -> None:
+        self.size, self.resize = size, resize  # resize None: training crops
+        encoded = [s for s in samples if isinstance(s, Encoded)]
+        decoded = [s for s in samples if not isinstance(s, Encoded)]
+        self.data = torch.cat([s.data for s in encoded]) if encoded else torch.empty(0, dtype=torch.uint8)
+        self.pixels = torch.from_numpy(np.stack(decoded)) if decoded else None  # (K, size, size, 3)
+        # Per sample: ("jpeg", start, end, box, flip, stored size, path) or ("pixels", row in self.pixels).
+        self.slots: list[tuple] = []
+        start = rows = 0
+        for s in samples:
+            if isinstance(s, Encoded):
+                end = start + len(s.data)
+                self.slots.append(("jpeg", start, end, s.box, s.flip, s.size, s.path))
+                start = end
+            else:
+                self.slots.append(("pixels", rows))
+                rows += 1
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __getitem__(self, keep: Tensor) -> "EncodedBatch":
+        kept = object.__new__(EncodedBatch)
+        kept.size, kept.resize, kept.data, kept.pixels = self.size, self.resize, self.data, self.pixels
+        kept.slots = [slot for slot, k in zip(self.slots, keep.tolist(), strict=True) if k]
+        return kept
+
+    def decode(self, device: torch.device) -> tuple[Tensor, dict[int, tuple[str, str]]]:
+        """(B, 3, size, size) uint8 on ``device``, channels-last memory as the CPU path's batches, and the
+        files the decoder refused, {slot: (path, why)} as ``ImageFileDataset`` reports them (a header can
+        parse and the data still be truncated): their slots are black, for the caller to drop."""
+        out = torch.zeros((len(self), 3, self.size, self.size), dtype=torch.uint8, device=device)
+        out = out.contiguous(memory_format=torch.channels_last)
+        jpegs = [(i, slot) for i, slot in enumerate(self.slots) if slot[0] == "jpeg"]
+        images, bad = self._decode_jpegs([self.data[slot[1] : slot[2]] for _, slot in jpegs], device)
+        bad = {jpegs[k][0]: (jpegs[k][1][6], why) for k, why in bad.items()}
+        for (i, (_, _, _, box, _, stored, _)), image in zip(jpegs, images, strict=True):
+            if image is None:
+                continue
+            if self.resize is None:
+                out[i] = crop_resize(image, box, self.size)
+            else:
+                out[i] = resize_center_crop(image, 1.0, stored, self.size, self.resize)
+        flips = [i for i, slot in jpegs if slot[4] and i not in bad]
+        if flips:
+            index = torch.tensor(flips, device=device)
+            out[index] = out[index].flip(-1)
+        rows = [(i, slot[1]) for i, slot in enumerate(self.slots) if slot[0] == "pixels"]
+        if rows:
+            pixels = self.pixels[[row for _, row in rows]].permute(0, 3, 1, 2)
+            out[torch.tensor([i for i, _ in rows], device=device)] = pixels.to(device)
+        return out, bad
+
+    @staticmethod
+    def _decode_jpegs(data: list[Tensor], device: torch.device) -> tuple[list[Tensor | None], dict[int, str]]:
+        """All in one call; if the decoder refuses one, each alone, to find which (None, and why)."""
+        if not data:
+            return [], {}
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=device), {}
+        except RuntimeError:
+            pass
+        images, bad = [], {}
+        for k, d in enumerate(data):
+            try:
+                images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError as err:  # torchvision's message names the decoder's error
+                images.append(None)
+                bad[k] = f"OSError: {str(err).splitlines()[-1]}"
+        return images, bad
+
+
+class EncodedFileDataset(ImageFileDataset):
+    """``ImageFileDataset`` whose ``load`` is ``read_train_sample`` or ``read_eval_sample`` (bound to their
+    arguments): batches of (EncodedBatch, labels, unreadable files) for ``EncodedBatch.decode``."""
+
+    def __init__(self, samples, load, size: int, resize: int | None) -> None:
+        super().__init__(samples, load, size)
+        self.resize = resize
+
+    def read(self, index: int, seed: int | None) -> tuple[Encoded | np.ndarray, tuple[str, str] | None]:
+        """One sample's ``load``, its draws seeded with ``seed`` (as ``ImageFileDataset`` does)."""
+        path = self.samples.path(index)
+        try:
+            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
+                return self.load(path), None
+        except DECODE_ERRORS as err:
+            # A black placeholder keeps the batch whole; the slot is dropped in the main process.
+            return np.zeros((self.size, self.size, 3), np.uint8), (path, f"{type(err).__name__}: {err}")
+
+    def __getitems__(self, indices: Sequence[int | tuple[int, int]]):
+        pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
+        samples, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
+        y = torch.from_numpy(self.samples.labels[[i for i, _ in pairs]])
+        return EncodedBatch(samples, self.size, self.resize), y, {i: e for i, e in enumerate(errors) if e}

@@ -1,0 +1,150 @@
+"""``--data.gpu_decode=true`` (data/device_decode.py): the workers read bytes and draw the crops, the device
+decodes. On a CPU device the decoder is the CPU path's own (libjpeg-turbo), so these tests hold the device
+path to the CPU path's exact pixels; on a GPU nvJPEG's IDCT and chroma upsampling differ by a few gray
+levels (docs/gpu.md)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, read_scalars, run_cli, run_dirs
+from imagenet_tree import CLASSES, draw, make_tree
+from PIL import Image
+
+from lit_ddp.data import ImageNetDataModule, device_decode, jpeg
+from lit_ddp.data.base import _stable_seed
+from lit_ddp.data.device_decode import EncodedBatch
+from lit_ddp.errors import UserError
+
+SIZE, RESIZE = 48, 56
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("imagenet")
+    make_tree(root, train_per_class=6, val_per_class=3)
+    # A photo stored turned a quarter (EXIF orientation 6): decoded in the worker, as on the CPU path.
+    exif = Image.Exif()
+    exif[jpeg.ORIENTATION] = 6
+    draw(1, (120, 80), np.random.default_rng(1)).save(root / "train" / CLASSES[1] / "turned.JPEG", exif=exif)
+    return root
+
+
+def data_module(root: Path, gpu_decode: bool, draft: bool = False, **kwargs) -> ImageNetDataModule:
+    dm = ImageNetDataModule(
+        data_dir=str(root), image_size=SIZE, val_resize=RESIZE, batch_size=8, num_workers=0, draft=draft,
+        gpu_decode=gpu_decode, index_cache=str(root / ".cache"), **kwargs,
+    )  # fmt: skip
+    dm.setup("fit")
+    return dm
+
+
+def seeded(indices: list[int], epoch: int = 3) -> list[tuple[int, int]]:
+    """The training sampler's (index, seed) pairs: the seed a function of (seed 0, epoch, index) only."""
+    return [(i, _stable_seed(0, epoch, i)) for i in indices]
+
+
+def both(root: Path, split: str, indices, draft: bool = False):
+    """The CPU path's batch and the device path's (decoded on the CPU) for the same indices."""
+    cpu, dev = data_module(root, False, draft), data_module(root, True)
+    cpu_set, dev_set = (getattr(d, f"{split}_set") for d in (cpu, dev))
+    x, _, bad = cpu_set.__getitems__(indices)
+    encoded, _, worker_bad = dev_set.__getitems__(indices)
+    assert isinstance(encoded, EncodedBatch)
+    x_dev, device_bad = encoded.decode(torch.device("cpu"))
+    return x, bad, x_dev, {**worker_bad, **device_bad}
+
+
+def test_training_crops_and_flips_are_the_cpu_paths_to_the_pixel(tree: Path) -> None:
+    n = len(data_module(tree, False).train_set)
+    x, bad, x_dev, bad_dev = both(tree, "train", seeded(list(range(n))))
+    assert set(bad) == set(bad_dev) and [Path(p).name for p, _ in bad.values()] == ["truncated.JPEG"]
+    good = [i for i in range(n) if i not in bad]
+    assert x_dev.shape == x.shape and x_dev.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(x_dev[good], x[good])  # every box, flip and resize the same
+    flipped = [i for i in good if not torch.equal(x[i], x[i].flip(-1))]
+    assert flipped  # a test with only unflipped crops would not see a flip drawn differently
+
+
+def test_the_boxes_drawn_are_the_cpu_paths(tree: Path, monkeypatch) -> None:
+    drawn: list[tuple] = []
+
+    def recording(*args, **kwargs):
+        drawn.append(jpeg_box(*args, **kwargs))
+        return drawn[-1]
+
+    jpeg_box = jpeg.random_resized_crop_box
+    monkeypatch.setattr(jpeg, "random_resized_crop_box", recording)
+    monkeypatch.setattr(device_decode, "random_resized_crop_box", recording)
+    indices = seeded([0, 5, 9, 13], epoch=7)
+    data_module(tree, False, draft=True).train_set.__getitems__(indices)
+    cpu, drawn[:] = list(drawn), []
+    data_module(tree, True).train_set.__getitems__(indices)
+    assert drawn == cpu and len(cpu) == 4
+
+
+def test_each_samples_draws_are_its_own_whatever_batch_carries_it(tree: Path) -> None:
+    train_set = data_module(tree, True).train_set
+    alone, _ = train_set.__getitems__(seeded([4]))[0].decode(torch.device("cpu"))
+    among, _ = train_set.__getitems__(seeded([11, 2, 4, 7]))[0].decode(torch.device("cpu"))
+    assert torch.equal(alone[0], among[2])
+    other_epoch, _ = train_set.__getitems__(seeded([4], epoch=4))[0].decode(torch.device("cpu"))
+    assert not torch.equal(alone[0], other_epoch[0])
+
+
+def test_evaluation_crops_are_the_cpu_paths_to_the_pixel(tree: Path) -> None:
+    n = len(data_module(tree, False).val_set)
+    x, bad, x_dev, bad_dev = both(tree, "val", list(range(n)))
+    assert set(bad) == set(bad_dev) != set()  # the corrupt file, refused in the worker on both paths
+    good = [i for i in range(n) if i not in bad]
+    assert torch.equal(x_dev[good], x[good])
+
+
+def test_against_the_default_dct_reduced_cpu_decode_within_a_bound(tree: Path) -> None:
+    """The CPU path reduces large crops in the DCT domain (draft); the device always decodes in full. The
+    tree's small images seldom draft, so the bound is checked on the crops that differ at all."""
+    n = len(data_module(tree, False).train_set)
+    x, bad, x_dev, _ = both(tree, "train", seeded(list(range(n))), draft=True)
+    good = [i for i in range(n) if i not in bad]
+    diff = (x[good].int() - x_dev[good].int()).abs()
+    assert diff.float().mean() <= 2.0  # gray levels, over all pixels
+
+
+def test_a_batch_with_unreadable_files_is_dropped_and_reported_like_the_cpu_paths(tree: Path) -> None:
+    dm = data_module(tree, True)
+    n = len(dm.train_set)
+    batch = dm.train_set.__getitems__(seeded(list(range(n))))
+    batch = dm.on_before_batch_transfer(batch, 0)  # as Lightning runs the hooks; no trainer: no augmentation
+    x, y = dm.on_after_batch_transfer(batch, 0)
+    assert x.dtype == torch.float32 and len(x) == len(y) == n - 1
+    assert [Path(p).name for p in dm.pending_skipped["predict"]] == ["truncated.JPEG"]
+
+
+def test_gpu_decode_with_worker_augmentations_is_one_clear_line(tree: Path) -> None:
+    with pytest.raises(UserError, match="--data.gpu_decode=true cannot run auto_augment"):
+        data_module(tree, True, auto_augment="trivialaugment")
+
+
+@pytest.mark.slow
+def test_the_cli_fits_with_gpu_decode(tree: Path, tmp_path: Path) -> None:
+    args = [f"--config={REPO / 'configs' / 'resnet_imagenet.yaml'}", f"--data.data_dir={tree}"]
+    args += ["--model.arch=resnet18", f"--data.image_size={SIZE}", f"--data.val_resize={RESIZE}"]
+    args += ["--data.batch_size=8", "--data.num_workers=1", "--data.gpu_decode=true"]
+    args += ["--trainer.accelerator=cpu", "--trainer.precision=32-true", "--trainer.max_epochs=1"]
+    args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
+    args += [f"--data.index_cache={tmp_path / 'cache'}"]
+    result = run_cli(["fit", *args], tmp_path, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    (run,) = run_dirs(tmp_path)
+    assert len(read_scalars(run)["val/acc"]) == 1
+    assert "truncated.JPEG" in result.stderr + result.stdout  # the skipped-images report names it
+
+
+def test_the_float_resize_that_cuda_runs_is_within_one_gray_level_of_the_uint8_one() -> None:
+    x = torch.randint(0, 256, (2, 3, 97, 131), dtype=torch.uint8)
+    x = x.contiguous(memory_format=torch.channels_last)
+    fast = jpeg.resize_uint8(x, size=(48, 48))
+    kwargs = dict(size=(48, 48), mode="bilinear", antialias=True, align_corners=False)
+    through_float = torch.nn.functional.interpolate(x.float(), **kwargs).round().clamp(0, 255).to(torch.uint8)
+    assert (fast.int() - through_float.int()).abs().max() <= 1

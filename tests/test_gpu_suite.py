@@ -1,0 +1,70 @@
+"""benchmarks/gpu_suite.sh's collection of issue 30's figures (collect_gpu_results.py), on fake part outputs:
+what ran is read, what did not stays null, the best worker count is the measured one."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from collect_gpu_results import FIGURES, RATIOS, collect  # noqa: E402
+
+
+def write(path: Path, figures: dict) -> None:
+    path.write_text(json.dumps(figures))
+
+
+def test_nothing_run_is_all_null(tmp_path: Path) -> None:
+    result = collect(tmp_path)
+    for key in [*FIGURES, *RATIOS, "jpeg_best_img_s", "jpeg_best_num_workers", "gpu_tests_passed"]:
+        assert result[key] is None, key
+
+
+def test_the_best_worker_count_and_the_ratios_come_from_what_ran(tmp_path: Path) -> None:
+    write(tmp_path / "resnet50.json", {"lightning_img_s": 4000.0, "raw_img_s": 4010.0})
+    write(
+        tmp_path / "jpeg.json",
+        {"jpeg_pipeline_img_s": 3800.0, "num_workers": 15, "jpeg_data_wait_share": 0.04},
+    )
+    write(tmp_path / "jpeg_workers_8.json", {"jpeg_pipeline_img_s": 2400.0, "num_workers": 8})
+    write(tmp_path / "jpeg_workers_16.json", {"jpeg_pipeline_img_s": 3900.0, "num_workers": 16})
+    write(tmp_path / "jpeg_workers_14.json", {"error": "timed out"})  # a part that failed: no figure
+    result = collect(tmp_path)
+    assert (result["jpeg_pipeline_img_s"], result["jpeg_num_workers"]) == (3800.0, 15.0)
+    assert (result["jpeg_best_img_s"], result["jpeg_best_num_workers"]) == (3900.0, 16)
+    assert result["jpeg_vs_on_device"] == 3800.0 / 4000.0
+    assert result["gpu_decode_img_s"] is None and result["gpu_decode_vs_on_device"] is None
+    assert result["worker_cost_mib"] is None and result["gpu_tests_passed"] is None
+
+
+def test_a_ratio_without_the_on_device_figure_stays_null(tmp_path: Path) -> None:
+    write(tmp_path / "gpu_decode.json", {"jpeg_pipeline_img_s": 3000.0, "jpeg_data_wait_share": 0.2})
+    result = collect(tmp_path)
+    assert result["gpu_decode_img_s"] == 3000.0 and result["gpu_decode_vs_on_device"] is None
+
+
+def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), str(tmp_path), "nonsense"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "unknown part: nonsense" in result.stderr
+    for part in ("setup", "tests", "jpeg_workers", "gpu_decode", "worker_memory", "collect"):
+        assert part in result.stderr
+
+
+def test_setup_unzips_the_wheels_it_was_brought_into_site_packages_or_says_what_is_missing(tmp_path) -> None:
+    checkout = tmp_path / "checkout"
+    (checkout / "benchmarks").mkdir(parents=True)
+    (checkout / "benchmarks" / "gpu_suite.sh").write_text((REPO / "benchmarks" / "gpu_suite.sh").read_text())
+    result = subprocess.run(
+        ["bash", str(checkout / "benchmarks" / "gpu_suite.sh"), str(tmp_path / "out"), "setup"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "no wheels in .whl/" in result.stderr
