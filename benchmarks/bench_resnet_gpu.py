@@ -6,10 +6,10 @@
     python benchmarks/bench_resnet_gpu.py --device cpu --arch resnet18 --batch-size 8 --image-size 64 \\
         --precision 32-true --warmup 2 --steps 4                   # proves it runs, on a laptop
 
-Both sides run the same network (``build_resnet``), the same optimizer and per-step schedule
+Both sides run the same network (``build_net``, as ArchClassifier), the same optimizer and per-step schedule
 (``build_optimizer``: SGD momentum 0.9, weight decay 1e-4 off BN/bias, warmup + cosine), label smoothing
 0.1, channels_last and the same autocast, on one fixed batch that already sits on the device, so only the
-training step and what wraps it are measured. The Lightning side is the real ResNetImageNet system: its
+training step and what wraps it are measured. The Lightning side is the real ArchClassifier system: its
 torchmetrics top-1/top-5 updates and per-step loss logging are part of what it costs. Targets (issue 4):
 Lightning ≥ 0.97 × the raw loop, and ≥ 3,500 images/s for ResNet-50 on one H100.
 """
@@ -25,7 +25,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
-from lit_ddp.models import OptimConfig, ResNetImageNet, build_resnet
+from lit_ddp.models import ArchClassifier, OptimConfig, build_net
 from lit_ddp.models.optim import build_optimizer
 
 OPTIM = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.1)
@@ -46,7 +46,7 @@ def synthetic_batch(args: argparse.Namespace, device: torch.device) -> tuple[tor
 def raw_loop(args: argparse.Namespace, device: torch.device) -> float:
     """images/s of a hand-written loop: forward, loss, backward, step, schedule."""
     torch.manual_seed(0)
-    model = build_resnet(args.arch, args.num_classes).to(device, memory_format=torch.channels_last)
+    model = build_net(args.arch, args.num_classes).to(device, memory_format=torch.channels_last)
     total = args.warmup + args.steps
     optimizer, scheduler = build_optimizer(model, OPTIM, args.batch_size, total, steps_per_epoch=total)
     if args.compile:
@@ -100,9 +100,9 @@ class StepTimer(L.Callback):
 
 
 def lightning_loop(args: argparse.Namespace, device: torch.device) -> float:
-    """images/s of the same training through Trainer.fit and the ResNetImageNet system."""
+    """images/s of the same training through Trainer.fit and the ArchClassifier system."""
     torch.manual_seed(0)
-    system = ResNetImageNet(
+    system = ArchClassifier(
         num_classes=args.num_classes,
         arch=args.arch,
         optim=OPTIM,

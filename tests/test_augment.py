@@ -180,7 +180,7 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
 
 
 def fake_trainer(training: bool, epoch: int = 0, rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(training=training, current_epoch=epoch, global_rank=rank)
+    return SimpleNamespace(training=training, current_epoch=epoch, global_rank=rank, world_size=1)
 
 
 def test_mixing_is_per_seed_rank_epoch_and_batch_and_survives_a_resume() -> None:

@@ -28,14 +28,14 @@ class RankDependentAugmentation(ShapesDataModule):
 
     def augment_batch(self, x, rand):
         generator = torch.Generator(device=x.device).manual_seed(self.trainer.global_rank)
-        return random_crop_flip(x, self.crop_padding, generator=generator)
+        return random_crop_flip(x, self.augmentation.padding, generator=generator)
 
 
 class GlobalRNGAugmentation(ShapesDataModule):
     """Crops from torch's global RNG (torchvision's transforms draw there)."""
 
     def augment_batch(self, x, rand):
-        return random_crop_flip(x, self.crop_padding)
+        return random_crop_flip(x, self.augmentation.padding)
 
 
 class PaddedEvaluation(ShapesDataModule):

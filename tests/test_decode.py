@@ -176,7 +176,6 @@ def test_the_data_module_switch_reaches_train_eval_and_predict(tmp_path: Path) -
             image_size=32,
             val_resize=36,
             num_workers=0,
-            augment=False,
             exif_transpose=exif,
             predict_dir=str(tmp_path / "mine"),
             index_cache=str(tmp_path / "cache"),
@@ -185,8 +184,9 @@ def test_the_data_module_switch_reaches_train_eval_and_predict(tmp_path: Path) -
         torch.manual_seed(0)
         train = dm.train_set.load(str(path))
         torch.manual_seed(0)
+        aug = dm.augmentation
         assert np.array_equal(
-            train, load_train_crop(str(path), 32, dm.crop_scale, dm.crop_ratio, exif_transpose=exif)
+            train, load_train_crop(str(path), 32, aug.scale, aug.ratio, flip_p=0.5, exif_transpose=exif)
         )
         expected = load_eval_crop(str(path), 32, 36, exif_transpose=exif)
         assert np.array_equal(dm.val_set.load(str(path)), expected)

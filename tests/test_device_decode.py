@@ -118,7 +118,7 @@ def test_a_batch_with_unreadable_files_is_dropped_and_reported_like_the_cpu_path
     batch = dm.on_before_batch_transfer(batch, 0)  # as Lightning runs the hooks; no trainer: no augmentation
     x, y = dm.on_after_batch_transfer(batch, 0)
     assert x.dtype == torch.float32 and len(x) == len(y) == n - 1
-    assert [Path(p).name for p in dm.pending_skipped["predict"]] == ["truncated.JPEG"]
+    assert [Path(p).name for p in dm.unreadable.take_pending("predict")] == ["truncated.JPEG"]
 
 
 def test_gpu_decode_with_worker_augmentations_is_one_clear_line(tree: Path) -> None:

@@ -177,7 +177,7 @@ def test_weights_of_another_network_or_a_bad_file_are_one_line(tmp_path: Path) -
     cases = {
         "mobilenet.pth": r"does not fit --model.arch=resnet18: only 0 of the network's 122 tensors match",
         "missing.pth": r"missing.pth does not exist: pass --model.weights=PATH",
-        "corrupt.pth": r"corrupt.pth cannot be loaded \(.+\): pass a file written by torch.save",
+        "corrupt.pth": r"corrupt.pth is corrupt, truncated or not a torch file \(.+\): pass a file",
         "dict.pth": r"dict.pth holds no state_dict",
     }
     for name, message in cases.items():

@@ -218,8 +218,8 @@ def test_fit_validate_test_in_process(tree, tmp_path: Path) -> None:
 
     model, dm, trainer = cli.model, cli.datamodule, cli.trainer
     assert isinstance(model, ResNetImageNet) and model.hparams.num_classes == len(CLASSES) == dm.num_classes
-    named = {split: list(found) for split, found in dm.skipped.items()}
-    assert named == {"train": [str(special["truncated"])], "val": [str(special["corrupt"])]}
+    named = {split: list(dm.unreadable.reported(split)) for split in ("train", "val", "test")}
+    assert named == {"train": [str(special["truncated"])], "val": [str(special["corrupt"])], "test": []}
     metrics = trainer.callback_metrics
     assert metrics["train/skipped_images"] == 1 and metrics["val/skipped_images"] == 1
     assert 0.0 <= metrics["val/acc"] <= 1.0 and torch.isfinite(metrics["val/loss"])

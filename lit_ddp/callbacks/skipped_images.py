@@ -1,21 +1,22 @@
 """Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch.
 
-Works with any ``ImageDataModule`` whose splits are image files (``reads_image_files``, as
-``ImageNetDataModule``'s): its ``pending_skipped`` ({split: {path: reason}}) and ``skipped`` (the union so
-far). For any other it does nothing.
+Works with any ``ImageDataModule`` whose splits are image files, through its ``unreadable``
+(``UnreadableFiles``: ImageNetDataModule's). For any other it does nothing.
 """
 
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_ddp.data import ImageDataModule
+
 
 class SkippedImagesReport(Callback):
     """At each epoch end: gather the unreadable files every rank met, warn once (rank 0) about the new
     ones, and log ``{split}/skipped_images`` (same value on every rank) once a split has any.
 
-    It reads and clears ``trainer.datamodule.pending_skipped`` ({split: {path: reason}}) and keeps the
-    union in ``trainer.datamodule.skipped``. Files are told apart by path: the reason can differ from one
+    It takes each rank's new files from ``trainer.datamodule.unreadable`` and keeps every rank's there
+    (``UnreadableFiles.report``). Files are told apart by path: the reason can differ from one
     crop to the next (a truncated JPEG fails in whichever decoder the crop size picks).
     The gather is a collective, run by every rank in the same hook.
     """
@@ -24,16 +25,16 @@ class SkippedImagesReport(Callback):
 
     def _report(self, trainer: Trainer, pl_module: LightningModule, split: str) -> None:
         dm = trainer.datamodule
-        if not getattr(dm, "reads_image_files", False):
+        files = dm.unreadable if isinstance(dm, ImageDataModule) else None
+        if files is None:
             return  # a data module that reads no files (every rank decides alike: no collective is skipped)
-        found: dict[str, str] = dm.pending_skipped.pop(split, {})
+        found = files.take_pending(split)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, found)
             found = {path: why for rank_found in gathered for path, why in rank_found.items()}
-        known = dm.skipped.setdefault(split, {})
-        new = sorted(set(found) - set(known))
-        known.update({path: found[path] for path in new})
+        new = files.report(split, found)
+        known = files.reported(split)
         if new:
             more = len(new) - self.max_named
             named = [f"{path} ({found[path]})" for path in new[: self.max_named]]

@@ -2,15 +2,19 @@
 name (``--data=CIFAR10DataModule``).
 """
 
+from lit_ddp.data.augmentation import Augmentation, CropFlip, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset
 from lit_ddp.data.cifar10 import CIFAR10DataModule
 from lit_ddp.data.imagenet import ImageNetDataModule
 from lit_ddp.data.shapes import ShapesDataModule
 
 __all__ = [
+    "Augmentation",
     "CIFAR10DataModule",
+    "CropFlip",
     "ImageDataModule",
     "ImageNetDataModule",
+    "RandomResizedCropFlip",
     "ShapesDataModule",
     "TensorImageDataset",
 ]

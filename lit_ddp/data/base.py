@@ -1,24 +1,24 @@
-"""What every lit_ddp DataModule shares: per-device batches of uint8 images, loaders, on-device
-augmentation and normalisation.
+"""What every lit_ddp DataModule shares: per-device batches of uint8 images, loaders, augmentation and
+normalisation. The contract for your own data module: docs/data-module.md.
 
-Subclasses set ``num_classes``, ``class_names``, ``mean``, ``std`` and create ``train_set``,
-``val_set``, ``test_set`` in ``setup``. The training loader shuffles by (seed, epoch) and shards over the
-ranks (Lightning calls ``set_epoch`` on it); evaluation loaders shard without padding (samplers.py).
+A subclass sets ``num_classes``, ``class_names``, ``mean``, ``std`` and implements
+``load_split(split) -> Dataset`` for "train", "val" and "test"; the base's one ``setup`` calls it for the
+splits a stage needs. The training loader shuffles by (seed, epoch) and shards over the ranks
+(``train_sampler``, overridable); evaluation loaders shard without padding (samplers.py).
 
-``predict`` reads the ``test_split`` (``test_set``), or with ``predict_dir`` every image file under that
-folder, unlabelled (label -1), resized and centre-cropped as evaluation images are. Its batches carry each
-sample's index in that set as a third tensor, so predictions can be put back in order and named, whatever
-the rank, the batch, or an unreadable file left out of its batch.
+``predict`` reads the test split, or with ``predict_dir`` every image file under that folder, unlabelled
+(label -1), resized and centre-cropped as evaluation images are. Its batches carry each sample's index in
+that set as a third tensor, so predictions can be put back in order and named, whatever the rank, the
+batch, or an unreadable file left out of its batch.
 
-Resuming mid-epoch is exact: the data module counts the training batches of the current epoch, saves the
-count in the checkpoint (``state_dict``), and a resumed run continues at the next batch of the same order.
-Training batches carry their samples' indices to the device, and each sample's crop and flip are drawn
-from (seed, epoch, index) alone (``SampleRandom``, batch_transforms.py): the same on any device count and
-after a resume. MixUp and CutMix (``mixup_alpha``, ``cutmix_alpha``) mix the normalised training batch and
-make its labels (B, num_classes) probabilities; their draws come from (seed, rank, epoch, batch), since they
-pair images inside one device's batch (the one device-count-dependent augmentation). Data modules that
-augment each sample in the DataLoader workers (imagenet.py) get (index, seed) pairs from their training
-sampler instead, the seed a function of (seed, epoch, index) only (``SeededSampleSampler``).
+Resuming mid-epoch is exact, and counted in samples: the data module counts the training samples of the
+current epoch consumed over all ranks, saves the count in the checkpoint (``state_dict``), and a resumed
+run continues at the next sample of the same (seed, epoch) order, on any device count and per-device batch
+whose product (the samples per step over all devices) is the one the checkpoint was saved with. Each
+sample's augmentation comes from (seed, epoch, index) alone (augmentation.py), the same on any device count
+and after a resume. MixUp and CutMix (``mixup_alpha``, ``cutmix_alpha``) mix the normalised training batch
+and make its labels (B, num_classes) probabilities; their draws come from (seed, rank, epoch, batch), since
+they pair images inside one device's batch (the one device-count-dependent augmentation).
 """
 
 import functools
@@ -30,13 +30,14 @@ from pathlib import Path
 
 import torch
 from lightning import LightningDataModule
-from lightning.pytorch.trainer.states import RunningStage
-from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize, random_crop_flip
-from lit_ddp.data.image_folder import ImageFileDataset, drop_unreadable, list_image_files
+from lit_ddp.data.augmentation import Augmentation, CropFlip, describe
+from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
+from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import ResumableShuffleSampler, UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
@@ -64,7 +65,7 @@ class TensorImageDataset(Dataset):
         return self.images[index], self.labels[index]
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
-        # index_select copies whole images; ``images[idx]`` indexes element by element, ~20× slower on CPU.
+        # index_select copies whole images; ``images[idx]`` indexes element by element, much slower on CPU.
         idx = torch.as_tensor(indices, dtype=torch.long)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
@@ -176,9 +177,9 @@ def auto_num_workers(
     itself (the training loop, feeding the GPU); the rest decode, as many as ``WORKER_MEMORY_SHARE`` of the
     ``memory`` (bytes; None: ``available_memory()``) shared over the devices holds at ``worker_bytes`` each.
 
-    No fixed cap: a fast GPU takes every core a node gives it (a ResNet-50 on an H100 eats ~4,000 images/s,
-    a worker decodes a few hundred). A share of one core or less gets 0 workers: a worker would only compete
-    with its own main process (on 2 cores with 2 CPU processes, 0 workers is 8× faster than 10)."""
+    No fixed cap: a fast GPU takes every core a node gives it (docs/gpu.md: a ResNet-50 eats more images per
+    second than a few workers decode). A share of one core or less gets 0 workers: a worker would only
+    compete with its own main process (docs/benchmarks.md measures it on 2 cores)."""
     devices = max(devices, 1)
     own_cpus = os.environ.get("SLURM_CPUS_PER_TASK") == str(cpus)
     workers = (cpus if own_cpus else cpus // devices) - 1
@@ -197,14 +198,31 @@ SPLIT_OF_STAGE = {
     RunningStage.PREDICTING: "predict",
 }
 
+# The splits each stage's ``setup`` loads (predict reads the test split unless predict_dir is given).
+SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+
+# torch's layers that normalise over the batch in training (their Lazy* forms and timm's BatchNormAct2d are
+# subclasses): they cannot normalise a batch of one image ("Expected more than 1 value per channel").
+BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
 
 class ImageDataModule(LightningDataModule):
     """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
+    The base saves every constructor's arguments, a subclass's too (no ``save_hyperparameters`` needed).
 
-    Training batches are augmented on their device by ``augment_batch``: here a random crop from the
-    image zero-padded by ``crop_padding`` pixels per side, then a horizontal flip with probability 1/2
-    (the CIFAR recipe; subclasses with other needs override it). ``mixup_alpha`` / ``cutmix_alpha`` > 0
-    then mix the normalised batch (MixUp / CutMix with Beta(α, α); with both, one per batch, p = 1/2).
+    Args:
+        batch_size: per device.
+        num_workers: DataLoader workers per device; None: one per spare CPU core (``auto_num_workers``).
+        seed: the shuffle, the augmentation and any seeded split; the same on every rank.
+        augmentation: training augmentation (augmentation.py): ``CropFlip`` (random crop from the image
+            zero-padded by ``padding`` pixels, then a horizontal flip, on the device), another
+            ``Augmentation``, or null for none.
+        predict_dir: predict on every image file under this folder (unlabelled) instead of the test split.
+        mixup_alpha: MixUp of the normalised training batch with Beta(α, α); 0 is off. With CutMix
+            too, one of the two per batch, p = 1/2.
+        cutmix_alpha: CutMix of the normalised training batch with Beta(α, α); 0 is off.
+        augment: deprecated; false is ``augmentation: null``.
+        crop_padding: deprecated; N is ``augmentation: {class_path: CropFlip, init_args: {padding: N}}``.
     """
 
     num_classes: int = 10
@@ -215,34 +233,28 @@ class ImageDataModule(LightningDataModule):
     image_size: int = 32
     val_resize: int = 32
     test_split: str = "test"  # what test_set holds, named in predict's report
-    # True: the training sampler yields (index, seed) pairs, for a train_set that augments each sample itself.
-    per_sample_seeds: bool = False
-    # True: the splits are image files, some maybe unreadable (callbacks/skipped_images.py reports them);
-    # strict: the first unreadable file stops the run (subclasses that read files take it as an argument).
-    reads_image_files: bool = False
-    strict: bool = False
-    # Image files are turned upright as their EXIF orientation says, in every split and predict_dir alike
-    # (subclasses that read files take it as an argument).
-    exif_transpose: bool = True
+    exif_transpose: bool = True  # predict_dir's images are turned upright as their EXIF orientation says
+    # Data modules whose splits are image files note the unreadable ones here (callbacks/skipped_images.py
+    # reports them); None: the splits are in memory, nothing to report.
+    unreadable: UnreadableFiles | None = None
 
     def __init__(
         self,
         batch_size: int = 128,
         num_workers: int | None = None,
         seed: int = 0,
-        augment: bool = True,
-        crop_padding: int = 0,
+        augmentation: Augmentation | None = CropFlip(padding=4),
         predict_dir: str | None = None,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
+        augment: bool | None = None,
+        crop_padding: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size} must be at least 1 (it is the per-device batch size)")
         if num_workers is not None and num_workers < 0:
             raise UserError(f"num_workers={num_workers} must be 0 or more (or null: one per spare CPU core)")
-        if crop_padding < 0:
-            raise UserError(f"crop_padding={crop_padding} must be 0 or more (pixels of padding per side)")
         for name, alpha in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
             if alpha < 0:
                 raise UserError(f"{name}={alpha} must be 0 (off) or more (the α of its Beta(α, α))")
@@ -250,8 +262,11 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers  # None: auto_num_workers, resolved once the trainer is attached
         self._auto_workers: int | None = None
         self.seed = seed
-        self.augment = augment
-        self.crop_padding = crop_padding
+        self.augmentation = self._deprecated_keys(augmentation, augment, crop_padding)
+        # Every constructor's arguments, the subclasses' included (Lightning collects the whole chain), for
+        # the checkpoint; the augmentation as plain data, which a weights-only load reads without importing.
+        self.save_hyperparameters(ignore=["augmentation", "augment", "crop_padding"])
+        self.hparams["augmentation"] = describe(self.augmentation)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
@@ -260,33 +275,107 @@ class ImageDataModule(LightningDataModule):
         self.predict_dir = predict_dir
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(predict_dir) if predict_dir is not None else []
-        # Unreadable files, reported by callbacks/skipped_images.py (a data module has no epoch-end hooks).
-        self.skipped: dict[str, dict[str, str]] = {}  # split → {path: reason} met so far, all ranks
-        self.pending_skipped: dict[str, dict[str, str]] = {}  # this rank's, since the last report
-        self._epoch = 0  # the training epoch whose batches are being counted
-        self._batches = 0  # training batches of that epoch seen so far (trained, or before a resume)
-        self._resume: tuple[int, int] | None = None  # (epoch, batches) from a checkpoint
+        self._drop_single = False  # decided in setup("fit"), from the model's layers
+        self._epoch = 0  # the training epoch whose samples are being counted
+        self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)
+        self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
+        self._resume: tuple[int, int] | None = None  # (epoch, samples) from a checkpoint
+
+    @staticmethod
+    def _deprecated_keys(
+        augmentation: Augmentation | None, augment: bool | None, crop_padding: int | None
+    ) -> Augmentation | None:
+        """The keys of older configs, still read: ``crop_padding: N`` and ``augment: false``."""
+        if crop_padding is not None:
+            rank_zero_deprecation(
+                f"--data.crop_padding={crop_padding} is deprecated: use --data.augmentation=CropFlip"
+                f" --data.augmentation.padding={crop_padding}"
+            )
+            augmentation = CropFlip(padding=crop_padding)
+        if augment is not None:
+            was = str(augment).lower()
+            rank_zero_deprecation(f"--data.augment={was} is deprecated: use --data.augmentation (null: none)")
+            if not augment:
+                augmentation = None
+        return augmentation
+
+    @property
+    def augment(self) -> bool:
+        """Whether training images are augmented at all."""
+        return self.augmentation is not None
+
+    # ---- the splits ----------------------------------------------------------------------------
+
+    def load_split(self, split: str) -> Dataset | tuple[Tensor, Tensor]:
+        """The ``split`` ("train", "val" or "test") as a Dataset of (C, H, W) uint8 images and int64 labels,
+        or as a pair (N, C, H, W) uint8 images, (N,) labels held in memory. A function of the seed only:
+        every rank must hold the same split."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_split(split) -> Dataset")
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.trainer is not None:
+            t = self.trainer
+            rank_zero_info(
+                f"global batch = {self.batch_size} per device × {t.world_size} devices"
+                f" × {t.accumulate_grad_batches} accumulation"
+                f" = {global_batch_size(t)} images per optimizer step"
+            )
+            self._check_batch_norm(t.lightning_module)
+        splits = SPLITS_OF_STAGE[stage]
+        if stage == "predict" and self.predict_dir is not None:
+            splits = ()  # predict reads predict_dir's files, not the test split
+        for split in splits:
+            data = self.load_split(split)
+            if isinstance(data, tuple):
+                data = TensorImageDataset(*data)
+            setattr(self, f"{split}_set", data)
+
+    def _check_batch_norm(self, model: nn.Module | None) -> None:
+        """Training batches of one image cannot pass torch's BatchNorm layers (here, before the strategy
+        swaps them for synchronised ones): refuse ``batch_size=1``; otherwise leave out an epoch's last
+        batch if it would hold one image per device (``_drop_one_image_batch``)."""
+        has_bn = model is not None and any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())
+        if has_bn and self.batch_size == 1:
+            raise UserError(
+                "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
+                " device; pass --data.batch_size=2 or more, or a model without BatchNorm"
+            )
+        self._drop_single = has_bn
 
     # ---- loaders -------------------------------------------------------------------------------
+
+    def _replicas(self) -> tuple[int, int]:
+        """(num_replicas, rank) of the samplers: the trainer's, or (1, 0) without one."""
+        kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
+        return kwargs.get("num_replicas", 1), kwargs.get("rank", 0)
 
     def _eval_sampler(self, dataset: Dataset) -> UnpaddedDistributedSampler | None:
         """Under DDP, shard evaluation sets without padding so every sample counts exactly once; with one
         process, or without a trainer, a plain sequential loader."""
-        kwargs = self.trainer.distributed_sampler_kwargs if self.trainer is not None else None
-        if not kwargs or kwargs["num_replicas"] <= 1:
+        num_replicas, rank = self._replicas()
+        if num_replicas <= 1:
             return None
-        return UnpaddedDistributedSampler(dataset, num_replicas=kwargs["num_replicas"], rank=kwargs["rank"])
+        return UnpaddedDistributedSampler(dataset, num_replicas=num_replicas, rank=rank)
 
-    def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
-        """The (seed, epoch) shuffle on every device count; a DistributedSampler, so Lightning keeps it."""
-        kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
-        sampler_class = SeededSampleSampler if self.per_sample_seeds else ResumableShuffleSampler
-        sampler = sampler_class(
-            dataset, num_replicas=kwargs.get("num_replicas", 1), rank=kwargs.get("rank", 0), seed=self.seed
-        )
+    @property
+    def resume_point(self) -> tuple[int, int] | None:
+        """(epoch, samples of it consumed over all ranks) where a resumed run continues; None: from the
+        start of whatever epoch Lightning runs."""
+        return self._resume
+
+    def train_sampler(self, dataset: Dataset, num_replicas: int, rank: int) -> Sampler:
+        """The training sampler: rank ``rank``'s shard of a (seed, epoch) permutation, the same order on every
+        device count, started at ``resume_point``. An override must keep those promises (a
+        DistributedSampler subclass, so Lightning keeps it; ``set_epoch``). With an augmentation that runs
+        in the workers, it yields (index, seed) pairs (``SeededSampleSampler``)."""
+        in_workers = self.augmentation is not None and not self.augmentation.on_device
+        sampler_class = SeededSampleSampler if in_workers else ResumableShuffleSampler
+        sampler = sampler_class(dataset, num_replicas=num_replicas, rank=rank, seed=self.seed)
         if self._resume is not None:
-            epoch, batches = self._resume
-            sampler.resume(epoch, batches * self.batch_size)
+            epoch, samples = self._resume
+            # rank r takes positions r, r + W, ... of the permutation: the first `samples` are samples / W
+            # of each rank's shard (load_state_dict made sure W divides it)
+            sampler.resume(epoch, samples // num_replicas)
         return sampler
 
     def workers_per_device(self) -> int:
@@ -306,8 +395,8 @@ class ImageDataModule(LightningDataModule):
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
-        sampler = self._train_sampler(dataset) if train else self._eval_sampler(dataset)
-        if train and not self.per_sample_seeds:
+        sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
+        if train and self._augments_on_device():
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
         workers = self.workers_per_device()
         return DataLoader(
@@ -323,12 +412,9 @@ class ImageDataModule(LightningDataModule):
 
     def _drop_one_image_batch(self, shard: int) -> bool:
         """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
-        model with BatchNorm cannot normalise one image in training ("Expected more than 1 value per
-        channel"). Shards are equal on every rank, so every rank decides alike and takes the same steps."""
-        if shard % self.batch_size != 1 or shard == 1 or self.trainer is None:
-            return False
-        # By name: torch's BatchNorm1d/2d/3d, SyncBatchNorm, lit_ddp's AllReduceSyncBatchNorm, timm's.
-        if not any("BatchNorm" in type(m).__name__ for m in self.trainer.lightning_module.modules()):
+        model with BatchNorm cannot normalise one image in training. Shards are equal on every rank, so
+        every rank decides alike and takes the same steps."""
+        if shard % self.batch_size != 1 or shard == 1 or not self._drop_single:
             return False
         rank_zero_info(
             f"the last training batch of each epoch would hold 1 image per device ({shard} ="
@@ -376,20 +462,11 @@ class ImageDataModule(LightningDataModule):
 
     # ---- on-device batch work ------------------------------------------------------------------
 
-    def setup(self, stage: str) -> None:
-        if stage == "fit" and self.trainer is not None:
-            t = self.trainer
-            rank_zero_info(
-                f"global batch = {self.batch_size} per device × {t.world_size} devices"
-                f" × {t.accumulate_grad_batches} accumulation"
-                f" = {global_batch_size(t)} images per optimizer step"
-            )
-
     def augment_batch(self, x: Tensor, rand: SampleRandom) -> Tensor:
-        """Training augmentation of a (B, C, H, W) uint8 batch on its device: random crop + flip, each
-        sample's from ``rand`` (its draws 0–2). An override takes every random number from ``rand``, so
-        that it stays the same on any device count; a draw of its own takes the next free draw number."""
-        return random_crop_flip(x, self.crop_padding, rand=rand)
+        """Training augmentation of a (B, C, H, W) uint8 batch on its device: the ``augmentation``'s, each
+        sample's draws from ``rand``. An override takes every random number from ``rand``, so that it stays
+        the same on any device count; a draw of its own takes the next free draw number."""
+        return self.augmentation.augment_batch(x, rand) if self.augmentation is not None else x
 
     def augmentation_random(self, index: Tensor, epoch: int) -> SampleRandom:
         """The per-sample random numbers of a training batch whose samples are ``index`` (B,): a function
@@ -418,20 +495,14 @@ class ImageDataModule(LightningDataModule):
         return batch
 
     def _augments_on_device(self) -> bool:
-        return self.augment and not self.per_sample_seeds  # per_sample_seeds: the workers augmented
+        return self.augmentation is not None and self.augmentation.on_device
 
     def on_unreadable_files(self, bad: dict[int, tuple[str, str]]) -> None:
-        """With ``strict``, stop at the first one, naming it; else keep them for the skipped-images report
-        (callbacks/skipped_images.py). predict's are named in predictions.csv's report."""
-        if self.strict:
-            path, reason = next(iter(bad.values()))
-            # Not "delete it": a permission or network-disk error reads the same as a broken file.
-            raise UserError(
-                f"unreadable image file {path} ({reason}):"
-                " replace it with a readable copy, or pass --data.strict=false to skip such files"
-            )
-        split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
-        self.pending_skipped.setdefault(split, {}).update(bad.values())
+        """Note them in ``unreadable`` for the skipped-images report (or stop, when it is strict); predict's
+        are named in predictions.csv's report."""
+        if self.unreadable is not None:
+            split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
+            self.unreadable.add(split, bad)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
         x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices
@@ -439,7 +510,7 @@ class ImageDataModule(LightningDataModule):
         mix = None
         if trainer is not None and trainer.training:
             epoch = trainer.current_epoch
-            key = (trainer.global_rank, epoch, self._count_training_batch(epoch))  # seeds the mixing
+            key = (trainer.global_rank, epoch, self._count_training_batch(epoch, trainer.world_size))
             if self._augments_on_device():
                 if not index:
                     raise RuntimeError(
@@ -459,18 +530,62 @@ class ImageDataModule(LightningDataModule):
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
         return x, y, *index
 
-    def _count_training_batch(self, epoch: int) -> int:
-        """This batch's index in its epoch. Counted here, where each trained batch passes once (the loader
-        itself runs a batch ahead of training, which Lightning prefetches)."""
+    def _count_training_batch(self, epoch: int, world_size: int) -> int:
+        """This batch's index in its epoch; counts its samples over all ranks. Counted here, where each
+        trained batch passes once (the loader itself runs a batch ahead of training, which Lightning
+        prefetches)."""
         if epoch != self._epoch:
-            self._epoch, self._batches = epoch, 0
+            self._epoch, self._samples, self._batches = epoch, 0, 0
+        self._samples += self.batch_size * world_size
         self._batches += 1
         return self._batches - 1
 
+    # ---- resume --------------------------------------------------------------------------------
+
+    def _samples_per_step(self) -> int:
+        """Training samples one batch takes over all ranks: per-device batch × processes."""
+        return self.batch_size * (self.trainer.world_size if self.trainer is not None else 1)
+
     def state_dict(self) -> dict:
-        # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands.
-        return {"epoch": self._epoch, "batches": self._batches}
+        # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands, in
+        # samples over all ranks, and the classes the model learnt (checked on any later use of it).
+        trainer = self.trainer
+        complete = trainer is not None and self._batches >= trainer.num_training_batches
+        return {
+            "epoch": self._epoch,
+            "samples": self._samples,
+            "samples_per_step": self._samples_per_step(),
+            "epoch_complete": bool(complete),
+            "batches": self._batches,
+            "class_names": list(self.class_names),
+        }
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._epoch, self._batches = state_dict["epoch"], state_dict["batches"]
-        self._resume = (self._epoch, self._batches)
+        saved = tuple(state_dict.get("class_names") or ())
+        if saved and self.class_names and saved != tuple(self.class_names):
+            raise UserError(
+                f"the checkpoint's model learnt the classes {list(saved)}, but the data has"
+                f" {list(self.class_names)}: use the data (and class folders) it was trained on, or"
+                " fine-tune from it with --model.weights=<checkpoint> instead of --ckpt_path"
+            )
+        epoch = state_dict["epoch"]
+        step = self._samples_per_step()
+        if "samples" in state_dict:
+            samples = state_dict["samples"]
+        else:  # a checkpoint from before samples were counted: its batches, on this run's device count
+            samples = state_dict["batches"] * step
+        mid_epoch = samples > 0 and not state_dict.get("epoch_complete", False)
+        fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        saved_step = state_dict.get("samples_per_step", step)
+        if fitting and mid_epoch and saved_step != step:
+            world = self.trainer.world_size
+            per_device = f"--data.batch_size={saved_step // world}" if saved_step % world == 0 else None
+            fix = f"resume with {per_device}" if per_device else "resume on a device count that divides it"
+            raise UserError(
+                f"cannot resume mid-epoch exactly: the checkpoint took {saved_step} training samples per step"
+                f" over all devices ({samples} of epoch {epoch} done), this run takes {step}"
+                f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
+            )
+        self._epoch, self._samples = epoch, samples
+        self._batches = samples // step
+        self._resume = (epoch, samples) if fitting or self.trainer is None else None

@@ -116,10 +116,11 @@ def random_crop_flip(
     Zero-pads (black, as torchvision pads PIL images) and copies each output row, ``w`` contiguous pixels,
     from its place in the padded batch with one ``index_select`` over a sliding-window view of the
     buffer: a row-sized memcpy each, where indexing the ``(B, C, h, w)`` windows element by element
-    costs ~8× more on a CPU. Flips come from a mirrored copy of the padded batch: the window at column
-    offset ``dx`` of the mirror is the mirror of the window at ``2·padding - dx``, so crops stay uniform.
-    About 2× faster on CPU than one strided-window gather, which matters when the model is as small as
-    LeNet (benchmarks/bench_lenet_throughput.py).
+    costs several times more on a CPU. Flips come from a mirrored copy of the padded batch: the window at
+    column offset ``dx`` of the mirror is the mirror of the window at ``2·padding - dx``, so crops stay
+    uniform.
+    Faster on CPU than one strided-window gather, which matters when the model is as small as LeNet
+    (docs/benchmarks.md: benchmarks/bench_lenet_throughput.py).
 
     The draws come from ``rand`` (per sample: crop row 0, column 1, flip 2) when given, else from
     ``generator`` (or the global RNG) for the whole batch.

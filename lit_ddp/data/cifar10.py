@@ -129,9 +129,29 @@ def read_split(folder: Path, names: tuple[str, ...]) -> tuple[Tensor, Tensor]:
 def find_folder(data_dir: Path) -> Path | None:
     """``data_dir/cifar-10-batches-py`` (torchvision's layout) or ``data_dir`` itself."""
     for folder in (data_dir / FOLDER, data_dir):
-        if all((folder / name).is_file() for name in (*TRAIN_BATCHES, TEST_BATCH)):
+        if not missing_files(folder):
             return folder
     return None
+
+
+def missing_files(folder: Path) -> list[str]:
+    """The batch files of the release that ``folder`` lacks."""
+    return [name for name in (*TRAIN_BATCHES, TEST_BATCH) if not (folder / name).is_file()]
+
+
+def not_found(data_dir: Path) -> UserError:
+    """Not there at all, or a folder with some batches missing (named: re-extracting restores them)."""
+    for folder in (data_dir / FOLDER, data_dir):
+        missing = missing_files(folder)
+        if len(missing) < len((*TRAIN_BATCHES, TEST_BATCH)):
+            return UserError(
+                f"CIFAR-10 in {folder} is incomplete: {', '.join(missing)} missing; extract {ARCHIVE} again"
+                " there, or pass --data.download=true into an empty --data.data_dir"
+            )
+    return UserError(
+        f"CIFAR-10 not found in {data_dir / FOLDER}: pass --data.download=true to fetch it,"
+        f" or --data.data_dir=<folder holding {FOLDER}>"
+    )
 
 
 class CIFAR10DataModule(ImageDataModule):
@@ -140,11 +160,9 @@ class CIFAR10DataModule(ImageDataModule):
     Args:
         data_dir: folder holding ``cifar-10-batches-py`` (or that folder itself).
         download: fetch the dataset into ``data_dir`` first (in ``prepare_data``: one process per node).
-        batch_size: per device.
-        val_size: training images held out for validation by a seeded split.
-        seed: decides the split; the same on every rank.
-        predict_dir: predict on every image file under this folder (unlabelled) instead of test.
-        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
+        val_size: training images held out for validation by a seeded split (``seed`` decides it).
+        num_workers: 0 by default: the images are in memory, no decoding to spread, and no IPC is fastest.
+        **kwargs: ``ImageDataModule``'s (batch_size, seed, augmentation, predict_dir, mixup_alpha, ...).
     """
 
     num_classes = 10
@@ -156,36 +174,18 @@ class CIFAR10DataModule(ImageDataModule):
         self,
         data_dir: str = "data/",
         download: bool = False,
-        batch_size: int = 128,
-        num_workers: int | None = 0,  # in memory: no decoding to spread, and no IPC is fastest
         val_size: int = 5000,
-        seed: int = 0,
-        augment: bool = True,
-        crop_padding: int = 4,
-        predict_dir: str | None = None,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
+        num_workers: int | None = 0,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            augment=augment,
-            crop_padding=crop_padding,
-            predict_dir=predict_dir,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-        )
-        self.save_hyperparameters()
+        super().__init__(num_workers=num_workers, **kwargs)
         self.data_dir = Path(data_dir)
         self.download = download
         self.val_size = val_size
+        self._train_val: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, labels, train, val
         # Fail here, in the launching process, before any rank is spawned.
         if not download and find_folder(self.data_dir) is None:
-            raise UserError(
-                f"CIFAR-10 not found in {self.data_dir / FOLDER}: pass --data.download=true to fetch it,"
-                f" or --data.data_dir=<folder holding {FOLDER}>"
-            )
+            raise not_found(self.data_dir)
 
     def prepare_data(self) -> None:
         if not self.download or find_folder(self.data_dir) is not None:
@@ -238,15 +238,18 @@ class CIFAR10DataModule(ImageDataModule):
                 f" {self.data_dir} yourself, or check the network"
             ) from None
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
+    def load_split(self, split: str) -> TensorImageDataset:
         folder = find_folder(self.data_dir)
         if folder is None:
-            raise UserError(f"CIFAR-10 not found in {self.data_dir / FOLDER}: pass --data.download=true")
-        if stage in ("fit", "validate"):
+            raise not_found(self.data_dir)
+        if split == "test":
+            return TensorImageDataset(*read_split(folder, (TEST_BATCH,)))
+        # train and val are one read of the training batches, split by seed: read once for both
+        if self._train_val is None:
             images, labels = read_split(folder, TRAIN_BATCHES)
-            train_idx, val_idx = split_indices(len(images), self.val_size, self.seed)
-            self.train_set = TensorImageDataset(images[train_idx], labels[train_idx])
-            self.val_set = TensorImageDataset(images[val_idx], labels[val_idx])
-        if stage in ("test", "predict"):
-            self.test_set = TensorImageDataset(*read_split(folder, (TEST_BATCH,)))
+            self._train_val = (images, labels, *split_indices(len(images), self.val_size, self.seed))
+        images, labels, train_idx, val_idx = self._train_val
+        if split == "val":
+            self._train_val = None  # setup asks for train, then val: nothing to keep after that
+        idx = train_idx if split == "train" else val_idx
+        return TensorImageDataset(images[idx], labels[idx])

@@ -1,8 +1,8 @@
 """Image files in the ImageFolder layout (``root/<class>/<file>``), decoded in DataLoader workers.
 
 A file that cannot be decoded does not stop the run: its slot in the batch carries the path and the
-reason, the data module drops the slot in the main process (``on_before_batch_transfer``) and keeps it in
-``pending_skipped``; the ``SkippedImagesReport`` callback gathers what every rank skipped at the end of
+reason, the data module drops the slot in the main process (``on_before_batch_transfer``) and notes it in
+its ``UnreadableFiles``; the ``SkippedImagesReport`` callback gathers what every rank skipped at the end of
 each epoch and warns once, on rank 0, with the count and the names. Each worker and each rank sees different
 files, so the report has to be assembled from the batches, not from a worker's memory.
 """
@@ -19,11 +19,13 @@ from torch.utils.data import Dataset
 
 from lit_ddp.data.folder_index import IMAGE_EXTENSIONS, SampleIndex, find_classes, is_junk, load_or_scan
 from lit_ddp.data.jpeg import DECODE_ERRORS
+from lit_ddp.errors import UserError
 
 __all__ = [
     "FileBatch",
     "ImageFileDataset",
     "SampleIndex",
+    "UnreadableFiles",
     "drop_unreadable",
     "find_classes",
     "is_junk",
@@ -57,7 +59,7 @@ def list_image_files(root: Path) -> list[str]:
 def seeded_global_rng(seed: int) -> Iterator[None]:
     """torch's global CPU RNG seeded with ``seed`` inside the block and restored after it, for torchvision's
     random transforms, which take no generator. Restored because with ``num_workers=0`` this is the training
-    process's own RNG. (``torch.manual_seed`` would also seed every accelerator: ~0.2 ms, against ~3 µs.)"""
+    process's own RNG. (``torch.manual_seed`` would also seed every accelerator, far slower per sample.)"""
     generator = torch.default_generator
     state = generator.get_state()
     generator.manual_seed(seed)
@@ -131,3 +133,39 @@ def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, ...], dict[int, tup
         keep[list(bad)] = False
         tensors = tuple(t[keep] for t in tensors)
     return tensors, bad
+
+
+class UnreadableFiles:
+    """The unreadable image files a data module met, by split: this rank's since the last report
+    (``take_pending``) and every rank's reported so far (``reported``). ``strict``: the first one stops the
+    run instead, naming it."""
+
+    def __init__(self, strict: bool = False) -> None:
+        self.strict = strict
+        self._pending: dict[str, dict[str, str]] = {}  # split → {path: reason}, this rank's
+        self._reported: dict[str, dict[str, str]] = {}  # split → {path: reason}, all ranks'
+
+    def add(self, split: str, bad: dict[int, tuple[str, str]]) -> None:
+        """Note a batch's unreadable files ({slot: (path, reason)}), or with ``strict`` stop at the first."""
+        if self.strict and bad:
+            path, reason = next(iter(bad.values()))
+            # Not "delete it": a permission or network-disk error reads the same as a broken file.
+            raise UserError(
+                f"unreadable image file {path} ({reason}):"
+                " replace it with a readable copy, or pass --data.strict=false to skip such files"
+            )
+        self._pending.setdefault(split, {}).update(bad.values())
+
+    def take_pending(self, split: str) -> dict[str, str]:
+        """This rank's files of ``split`` since the last call, {path: reason}; forgets them."""
+        return self._pending.pop(split, {})
+
+    def report(self, split: str, found: dict[str, str]) -> list[str]:
+        """Add ``found`` (every rank's, gathered) to the reported files; return the new paths, sorted."""
+        known = self._reported.setdefault(split, {})
+        new = sorted(set(found) - set(known))
+        known.update({path: found[path] for path in new})
+        return new
+
+    def reported(self, split: str) -> dict[str, str]:
+        return self._reported.get(split, {})

@@ -20,19 +20,40 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 
+from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.device_decode import EncodedBatch, EncodedFileDataset, read_eval_sample, read_train_sample
-from lit_ddp.data.folder_index import SplitListing, class_key, default_cache_dir, find_classes, load_or_scan
-from lit_ddp.data.image_folder import ImageFileDataset
+from lit_ddp.data.folder_index import (
+    IMAGE_EXTENSIONS,
+    SplitListing,
+    class_key,
+    default_cache_dir,
+    find_classes,
+    load_or_scan,
+)
+from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.errors import UserError
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
+
+
+def _deprecated_crop_keys(augmentation: Augmentation | None, old: dict) -> Augmentation | None:
+    """Older configs' ``crop_scale``, ``crop_ratio``, ``auto_augment``, ``random_erasing``: still read, into
+    ``augmentation`` (a RandomResizedCropFlip with those fields)."""
+    if not old:
+        return augmentation
+    keys = {"scale": "crop_scale", "ratio": "crop_ratio"}
+    given = ", ".join(f"--data.{keys.get(k, k)}" for k in old)
+    fields = " ".join(f"--data.augmentation.{k}=..." for k in old)
+    rank_zero_deprecation(f"{given}: deprecated, use {fields}")
+    base = augmentation if isinstance(augmentation, RandomResizedCropFlip) else RandomResizedCropFlip()
+    return RandomResizedCropFlip(**{**vars(base), **old})
 
 
 class ImageNetDataModule(ImageDataModule):
@@ -43,31 +64,31 @@ class ImageNetDataModule(ImageDataModule):
         image_size: side of the square crops fed to the model.
         val_resize: evaluation images are resized to this short side, then centre-cropped to image_size.
         batch_size: per device.
-        num_workers: decoding processes per device; each decodes a few hundred images/s
-            (docs/benchmarks.md), so a fast GPU needs about 8. None: the CPU cores this process may use,
-            shared over the node's devices, less one per device, as memory allows (``base.auto_num_workers``).
+        augmentation: ``RandomResizedCropFlip`` (crop scale and ratio, flip, then optionally
+            ``auto_augment`` and ``random_erasing``) on each training image in the DataLoader workers; null:
+            training images are resized and centre-cropped as evaluation images are; an on-device one
+            (``CropFlip``) works on those centre crops.
         strict: stop at the first unreadable image file, naming it, instead of skipping it with a warning.
-        crop_scale / crop_ratio: RandomResizedCrop's area fraction and aspect-ratio ranges.
         draft: JPEG DCT-domain downscaling before the crop (off: full decode, as torchvision does).
         exif_transpose: turn each image upright as its EXIF orientation says (phone photos), in training,
             evaluation and predict alike; off: the pixels as stored, as torchvision's readers give them.
-        predict_dir: predict on every image file under this folder (unlabelled) instead of the test split.
-        auto_augment: none | trivialaugment | randaugment | autoaugment (torchvision's, ImageNet policy), on
-            each training crop after its flip, in the workers.
-        random_erasing: probability of torchvision's RandomErasing on each training crop, to the mean colour.
-        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
         index_cache: folder for the splits' file lists; None: ``$XDG_CACHE_HOME/lit_ddp/image_index``
             (``~/.cache/...``). A list is used while its split and class folders are unchanged.
         gpu_decode: the workers only read the files and draw each crop; the batch is decoded, cropped,
             resized and flipped on the training device (nvJPEG on a GPU), for nodes with few CPU cores per
             GPU (device_decode.py). Always a full decode (``draft`` does not apply); not with auto_augment
             or random_erasing, which run in the workers.
+        crop_scale: deprecated: ``augmentation.scale``.
+        crop_ratio: deprecated: ``augmentation.ratio``.
+        auto_augment: deprecated: ``augmentation.auto_augment``.
+        random_erasing: deprecated: ``augmentation.random_erasing``.
+        **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
+            num_workers None (the default), the CPU cores this process may use, shared over the node's
+            devices, less one per device, as memory allows (``base.auto_num_workers``; docs/gpu.md).
     """
 
     mean = (0.485, 0.456, 0.406)
     std = (0.229, 0.224, 0.225)
-    reads_image_files = True
-    per_sample_seeds = True  # the workers crop, flip and augment each image: seeded by (seed, epoch, index)
 
     def __init__(
         self,
@@ -75,45 +96,36 @@ class ImageNetDataModule(ImageDataModule):
         image_size: int = 224,
         val_resize: int = 256,
         batch_size: int = 256,
-        num_workers: int | None = None,
-        seed: int = 0,
-        augment: bool = True,
+        augmentation: Augmentation | None = RandomResizedCropFlip(),
         strict: bool = False,
-        crop_scale: tuple[float, float] = (0.08, 1.0),
-        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
         draft: bool = True,
         exif_transpose: bool = True,
-        predict_dir: str | None = None,
-        auto_augment: str = "none",
-        random_erasing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
         index_cache: str | None = None,
         gpu_decode: bool = False,
+        crop_scale: tuple[float, float] | None = None,
+        crop_ratio: tuple[float, float] | None = None,
+        auto_augment: str | None = None,
+        random_erasing: float | None = None,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            augment=augment,
-            predict_dir=predict_dir,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-        )
-        self.save_hyperparameters()
+        old = dict(scale=crop_scale, ratio=crop_ratio, auto_augment=auto_augment)
+        old = {k: v for k, v in {**old, "random_erasing": random_erasing}.items() if v is not None}
+        augmentation = _deprecated_crop_keys(augmentation, old)
+        super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
         self.data_dir = Path(data_dir)
         self.image_size = image_size
         self.val_resize = val_resize
-        self.strict = strict
-        self.crop_scale = crop_scale
-        self.crop_ratio = crop_ratio
+        self.unreadable = UnreadableFiles(strict=strict)
         self.draft = draft
         self.exif_transpose = exif_transpose
-        # Checked here, in the launching process; erasing fills with the mean colour (jpeg.py says why).
-        fill = tuple(round(255 * m) for m in self.mean)
-        self.sample_augment = sample_augmentation(auto_augment, random_erasing, fill)
+        self.sample_augment = None
+        if isinstance(self.augmentation, RandomResizedCropFlip):
+            # erasing fills with the mean colour (jpeg.py says why)
+            fill = tuple(round(255 * m) for m in self.mean)
+            aug = self.augmentation
+            self.sample_augment = sample_augmentation(aug.auto_augment, aug.random_erasing, fill)
         if gpu_decode and self.sample_augment is not None:
             raise UserError(
                 "--data.gpu_decode=true cannot run auto_augment or random_erasing, which augment each image"
@@ -149,6 +161,10 @@ class ImageNetDataModule(ImageDataModule):
                 f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
                 " needs at least two, one folder per class"
             )
+
+    @property
+    def strict(self) -> bool:
+        return self.unreadable.strict
 
     def _splits(self, stage: str) -> list[str]:
         if stage == "fit":
@@ -196,34 +212,35 @@ class ImageNetDataModule(ImageDataModule):
         samples = listing.samples([class_to_idx[class_key(f)] for f in listing.folders])
         if not len(samples):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
-        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
-        if self.gpu_decode:
-            if train:
-                flip = dict(flip_p=0.5) if self.augment else {}
-                read = functools.partial(
-                    read_train_sample, scale=self.crop_scale, ratio=self.crop_ratio, **flip, **decode
+        if train:  # a class without a training image would be a class the model never sees
+            counts = np.bincount(samples.labels, minlength=self.num_classes)
+            empty = [self.class_names[i] for i in np.flatnonzero(counts == 0)]
+            if empty:
+                raise UserError(
+                    f"{root} has class folders with no image file ({', '.join(map(ascii, empty[:5]))}): add"
+                    f" images ({', '.join(IMAGE_EXTENSIONS[:4])}, ...) or remove the folders"
                 )
+        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
+        aug = self.augmentation
+        if self.gpu_decode:
+            if train and isinstance(aug, RandomResizedCropFlip):
+                crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5)
+                read = functools.partial(read_train_sample, **crop, **decode)
                 return EncodedFileDataset(samples, read, self.image_size, resize=None)
             read = functools.partial(read_eval_sample, resize=self.val_resize, **decode)
             return EncodedFileDataset(samples, read, self.image_size, resize=self.val_resize)
-        if train:
-            augment = dict(flip_p=0.5, augment=self.sample_augment) if self.augment else {}
-            load = functools.partial(
-                load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **augment, **decode
-            )
-        else:
+        if train and isinstance(aug, RandomResizedCropFlip):
+            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
+            load = functools.partial(load_train_crop, **crop, **decode)
+        else:  # evaluation, or training without (or with an on-device) augmentation: the centre crop
             load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
         return ImageFileDataset(samples, load, self.image_size)
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit":
-            self.train_set = self._split("train", train=True)
-        if stage in ("fit", "validate"):
-            self.val_set = self._split("val", train=False)
-        if stage in ("test", "predict"):
-            self.test_split = self._splits(stage)[0]
-            self.test_set = self._split(self.test_split, train=False)
+    def load_split(self, split: str) -> ImageFileDataset | EncodedFileDataset:
+        if split == "test":  # test/, or val/ when there is none (ImageNet's test labels are not public)
+            self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
+            return self._split(self.test_split, train=False)
+        return self._split(split, train=split == "train")
 
     def on_after_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
         x, y, *rest = batch
@@ -237,6 +254,3 @@ class ImageNetDataModule(ImageDataModule):
             if bad:
                 self.on_unreadable_files(bad)
         return super().on_after_batch_transfer((x, y, *rest), dataloader_idx)
-
-    def augment_batch(self, x: Tensor, generator: torch.Generator) -> Tensor:
-        return x  # the workers flipped and augmented each image already, seeded per sample (see _split)

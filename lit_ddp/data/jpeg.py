@@ -10,8 +10,8 @@ PIL resize → float tensor → normalise, per image) spends as long again aroun
    the final resize is still a downscale. (The idea of DALI's and FFCV's scaled decoding.) At 224 from
    ~500×375 photos this rarely applies; it pays for the larger photos and for small crops.
 3. Otherwise JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor, which skips
-   the conversion of PIL's internal 4-byte pixels that ``np.asarray(pil_image)`` costs (about 0.35 ms for
-   a 500×375 image, a third of the decode itself).
+   the conversion of PIL's internal 4-byte pixels that ``np.asarray(pil_image)`` costs (a sizeable part
+   of the decode itself: docs/benchmarks.md).
 4. The pixels are turned upright as the EXIF orientation says (phone photos; ``exif_transpose=False``
    reads them as stored).
 5. Torch's antialiased bilinear uint8 kernel resizes (written to match PIL's ``resize``; about three times
@@ -223,8 +223,8 @@ def load_eval_crop(
     decode, ``draft``, differs by its own filter). (size, size, 3) uint8 out.
 
     The reference resizes the whole image and crops at whole pixels of the resized image, which in stored
-    pixels is a fractional box; cropping the stored image at whole pixels first shifts the picture (up to
-    ~100 gray levels at edges). Resizing the whole image is exact but costs about twice the crop's resize.
+    pixels is a fractional box; cropping the stored image at whole pixels first shifts the picture (large
+    errors at edges). Resizing the whole image is exact but costs more than the crop's resize.
     So only the rows and columns up to the crop's far edge (plus the filter's reach) are resized, with the
     reference's scale given explicitly: torch's kernel places output pixel i at (i + 0.5) / scale input
     pixels from the first one, as the reference does, so the pixels before the crop still sit right.

@@ -2,7 +2,7 @@
 seed, so ``python -m lit_ddp fit`` needs no download and no file.
 
 Each image is one shape (disc, ring, square, ...) at a random position and size, in a random colour on
-a random shaded background, with pixel noise: easy enough for LeNet to pass 90 % in a minute on a CPU,
+a random shaded background, with pixel noise: easy enough for LeNet to learn in a minute on a CPU,
 hard enough that the accuracy curve means something, and it looks like images in TensorBoard.
 """
 
@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset, _stable_seed
+from lit_ddp.errors import UserError
 
 CLASS_NAMES = (
     "disc",
@@ -80,11 +81,10 @@ class ShapesDataModule(ImageDataModule):
     """The embedded default: procedurally drawn CIFAR-shaped images, any size, no file needed.
 
     Args:
-        train_size / val_size / test_size: number of images in each split (each drawn from its own seed).
-        batch_size: per device.
-        seed: decides the images; the same on every rank.
-        predict_dir: predict on every image file under this folder (unlabelled) instead of test.
-        mixup_alpha / cutmix_alpha: MixUp / CutMix of the training batches with Beta(α, α); 0 is off.
+        train_size / val_size / test_size: number of images in each split (each drawn from its own seed, a
+            function of ``seed``: the same on every rank).
+        num_workers: 0 by default: the images are in memory, no decoding to spread, and no IPC is fastest.
+        **kwargs: ``ImageDataModule``'s (batch_size, seed, augmentation, predict_dir, mixup_alpha, ...).
     """
 
     num_classes = len(CLASS_NAMES)
@@ -97,37 +97,15 @@ class ShapesDataModule(ImageDataModule):
         train_size: int = 20000,
         val_size: int = 2000,
         test_size: int = 2000,
-        batch_size: int = 128,
-        num_workers: int | None = 0,  # in memory: no decoding to spread, and no IPC is fastest
-        seed: int = 0,
-        augment: bool = True,
-        crop_padding: int = 4,
-        predict_dir: str | None = None,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
+        num_workers: int | None = 0,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            augment=augment,
-            crop_padding=crop_padding,
-            predict_dir=predict_dir,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-        )
-        self.save_hyperparameters()
+        super().__init__(num_workers=num_workers, **kwargs)
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
+        for split, size in self.sizes.items():
+            if size < 1:
+                raise UserError(f"--data.{split}_size={size} must be 1 or more (images drawn for that split)")
 
-    def _draw(self, split: str) -> TensorImageDataset:
+    def load_split(self, split: str) -> TensorImageDataset:
         split_id = ("train", "val", "test").index(split)
         return TensorImageDataset(*draw_shapes(self.sizes[split], _stable_seed(self.seed, split_id)))
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit":
-            self.train_set, self.val_set = self._draw("train"), self._draw("val")
-        elif stage == "validate":
-            self.val_set = self._draw("val")
-        else:  # test, predict
-            self.test_set = self._draw("test")

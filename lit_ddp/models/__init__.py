@@ -5,17 +5,18 @@ system is one ImageClassifier subclass: the CLI finds either by short name once 
 (``--model=LeNetCIFAR``), and tests/test_models.py covers every subclass.
 """
 
-from lit_ddp.models.backbones import TORCHVISION_ARCHS, build_net
+from lit_ddp.models.arch_classifier import ArchClassifier
+from lit_ddp.models.backbones import RESNET_ARCHS, TORCHVISION_ARCHS, build_net
 from lit_ddp.models.classifier import ImageClassifier, NetFactory
 from lit_ddp.models.lenet import LeNet
 from lit_ddp.models.lenet_cifar import LeNetCIFAR
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.models.resnet import RESNET_ARCHS, build_resnet
 from lit_ddp.models.resnet_imagenet import ResNetImageNet
 from lit_ddp.models.weights import load_weights
 
 __all__ = [
     "RESNET_ARCHS",
+    "ArchClassifier",
     "TORCHVISION_ARCHS",
     "ImageClassifier",
     "LeNet",
@@ -24,6 +25,5 @@ __all__ = [
     "OptimConfig",
     "ResNetImageNet",
     "build_net",
-    "build_resnet",
     "load_weights",
 ]

@@ -11,7 +11,7 @@ returning logits, which it builds with the data's number of classes; in YAML tha
           class_path: my_project.models.Net   # any nn.Module whose first argument is num_classes
           init_args: {width: 64}
 
-The built-in recipes (LeNetCIFAR, ResNetImageNet) are subclasses that build their network themselves and
+The built-in recipes (LeNetCIFAR, ArchClassifier) are subclasses that build their network themselves and
 hand the module over. Either way ``ImageClassifier`` owns the network's memory format and compilation.
 Every metric is a torchmetrics object updated locally on each rank and reduced once, at epoch end,
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
@@ -92,8 +92,8 @@ class ImageClassifier(LightningModule):
     hyperparameters, which are what a checkpoint rebuilds it from.
 
     ``channels_last`` stores the weights NHWC and hands the network NHWC inputs: what tensor cores want
-    under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on (LeNet trains
-    ~20 % faster per step). ``compile`` runs ``torch.compile`` on the network, in place, so checkpoints
+    under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on
+    (docs/benchmarks.md). ``compile`` runs ``torch.compile`` on the network, in place, so checkpoints
     keep their parameter names.
     """
 

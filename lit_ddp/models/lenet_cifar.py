@@ -12,10 +12,9 @@ class LeNetCIFAR(ImageClassifier):
         num_classes: linked from the data module by the CLI.
         batch_norm: BatchNorm after each conv and hidden fc layer (exercises SyncBatchNorm cheaply).
         optim: optimizer and schedule; AdamW with cosine decay trains LeNet well without tuning.
-        label_smoothing: training-loss label smoothing.
-        channels_last: NHWC weights and inputs; on CPU ~20 % faster per LeNet step than NCHW
-            (benchmarks/bench_lenet_throughput.py).
-        compile: ``torch.compile`` the network.
+        channels_last: NHWC weights and inputs; on CPU faster per LeNet step than NCHW
+            (docs/benchmarks.md: benchmarks/bench_lenet_throughput.py).
+        **kwargs: ``ImageClassifier``'s (label_smoothing, compile, top_k).
     """
 
     def __init__(
@@ -23,16 +22,9 @@ class LeNetCIFAR(ImageClassifier):
         num_classes: int = 10,
         batch_norm: bool = False,
         optim: OptimConfig = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4),
-        label_smoothing: float = 0.0,
         channels_last: bool = True,
-        compile: bool = False,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            LeNet(num_classes=num_classes, batch_norm=batch_norm),
-            num_classes=num_classes,
-            optim=optim,
-            label_smoothing=label_smoothing,
-            channels_last=channels_last,
-            compile=compile,
-        )
+        net = LeNet(num_classes=num_classes, batch_norm=batch_norm)
+        super().__init__(net, num_classes=num_classes, optim=optim, channels_last=channels_last, **kwargs)
         self.save_hyperparameters()

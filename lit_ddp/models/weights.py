@@ -22,6 +22,17 @@ def _reason(err: Exception) -> str:
     return (unsafe or lines or [type(err).__name__])[0].split(". ")[0]
 
 
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals ``path``'s pickle names that the weights-only unpickler would refuse (read from the
+    file's structure by torch, not from an error's text); [] for a file torch cannot read at all."""
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_GLOBALS}
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a torch zip file: corrupt or truncated
+        return []
+    return [name for name in names if name not in allowed]
+
+
 def read_state_dict(path: Path) -> dict[str, Tensor]:
     """The tensors in ``path``: a state_dict file, or a checkpoint's ``state_dict`` entry."""
     if not path.is_file():
@@ -33,9 +44,16 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
         with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError … on foreign files
+        unsafe = _unsafe_globals(path)
+        if unsafe:
+            raise UserError(
+                f"weights file {path} names code that a weights-only load refuses to import"
+                f" ({', '.join(unsafe[:3])}; nothing was run): if you trust the file, load it yourself and"
+                " save its state_dict with torch.save(model.state_dict(), PATH)"
+            ) from err
         raise UserError(
-            f"weights file {path} cannot be loaded ({_reason(err)}): pass a file written by"
-            " torch.save(model.state_dict(), PATH) or a Lightning .ckpt"
+            f"weights file {path} is corrupt, truncated or not a torch file ({_reason(err)}): pass a file"
+            " written by torch.save(model.state_dict(), PATH) or a Lightning .ckpt"
         ) from err
     state = loaded.get("state_dict", loaded) if isinstance(loaded, dict) else None
     if not isinstance(state, dict) or not state or not all(isinstance(v, Tensor) for v in state.values()):

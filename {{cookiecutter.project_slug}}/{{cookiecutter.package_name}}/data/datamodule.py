@@ -6,7 +6,7 @@ flip on the device, normalisation, and exact mid-epoch resume. To start, it draw
 Shapes images, so everything runs with no file.
 """
 
-from lit_ddp.data import ImageDataModule, TensorImageDataset
+from lit_ddp.data import ImageDataModule
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 from torch import Tensor
 
@@ -18,8 +18,9 @@ class MyDataModule(ImageDataModule):
 
     Args:
         train_size / val_size / test_size: images in each split.
-        batch_size: per device; the global batch is printed once at start.
-        seed: the images and the shuffle; the same on every rank.
+        num_workers: 0: the images are in memory, no decoding to spread.
+        **kwargs: ImageDataModule's: batch_size (per device; the global batch is printed once at start),
+            seed (the images and the shuffle; the same on every rank), augmentation, predict_dir, ...
     """
 
     num_classes = len(CLASS_NAMES)
@@ -33,20 +34,11 @@ class MyDataModule(ImageDataModule):
         train_size: int = 20000,
         val_size: int = 2000,
         test_size: int = 2000,
-        batch_size: int = 128,
         num_workers: int | None = 0,
-        seed: int = 0,
-        augment: bool = True,
-        crop_padding: int = 4,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            augment=augment,
-            crop_padding=crop_padding,
-        )
-        self.save_hyperparameters()
+        # kwargs: ImageDataModule's (batch_size, seed, augmentation, ...), which the command line shows too
+        super().__init__(num_workers=num_workers, **kwargs)
         self.sizes = {"train": train_size, "val": val_size, "test": test_size}
 
     def load_split(self, split: str) -> tuple[Tensor, Tensor]:
@@ -56,13 +48,3 @@ class MyDataModule(ImageDataModule):
         seed only, so every rank holds the same split.
         """
         return draw_shapes(self.sizes[split], seed=self.seed * len(SPLITS) + SPLITS.index(split))
-
-    def setup(self, stage: str) -> None:
-        super().setup(stage)  # prints the global batch
-        if stage == "fit":
-            self.train_set = TensorImageDataset(*self.load_split("train"))
-            self.val_set = TensorImageDataset(*self.load_split("val"))
-        elif stage == "validate":
-            self.val_set = TensorImageDataset(*self.load_split("val"))
-        else:  # test, predict
-            self.test_set = TensorImageDataset(*self.load_split("test"))

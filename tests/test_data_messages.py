@@ -1,0 +1,90 @@
+"""Data inputs that gave a traceback or a misleading line (issue 32): each is now one line naming the
+problem and the fix."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lit_ddp.cli import main
+from lit_ddp.data import CIFAR10DataModule, ImageNetDataModule, ShapesDataModule
+from lit_ddp.data.cifar10 import FOLDER
+from lit_ddp.errors import UserError
+from lit_ddp.models.weights import read_state_dict
+
+QUICK = ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false", "--trainer.logger=false"]
+
+
+def one_error_line(capsys, args: list[str]) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if line.startswith("lit_ddp: error:")]
+    assert exit_info.value.code != 0 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def image_tree(root: Path, classes: dict[str, int]) -> Path:
+    """``root/{train,val}/<class>/`` with ``n`` small PNGs per class (n = 0: an empty folder)."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name, n in classes.items():
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.mark.parametrize("content", ["nothing", "a text file"])
+def test_a_class_folder_without_images_is_refused_in_one_line(tmp_path: Path, content: str) -> None:
+    root = image_tree(tmp_path / "tree", {"cat": 3, "dog": 3, "empty": 0})
+    if content == "a text file":
+        (root / "train" / "empty" / "notes.txt").write_text("not an image")
+    dm = ImageNetDataModule(data_dir=str(root), image_size=8, val_resize=8, index_cache=str(tmp_path / "c"))
+    with pytest.raises(UserError) as err:
+        dm.setup("fit")
+    assert "has class folders with no image file ('empty'): add images" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_cifar_folder_missing_batches_names_them(tmp_path: Path) -> None:
+    folder = tmp_path / FOLDER
+    folder.mkdir()
+    for name in ("data_batch_1", "data_batch_2", "data_batch_4", "data_batch_5"):
+        (folder / name).write_bytes(b"")
+    with pytest.raises(UserError) as err:
+        CIFAR10DataModule(data_dir=str(tmp_path))
+    assert f"CIFAR-10 in {folder} is incomplete: data_batch_3, test_batch missing" in str(err.value)
+    with pytest.raises(UserError, match="CIFAR-10 not found in"):
+        CIFAR10DataModule(data_dir=str(tmp_path / "elsewhere"))
+
+
+def test_an_empty_split_is_refused_and_not_with_an_impossible_batch_size(capsys) -> None:
+    with pytest.raises(UserError, match=r"--data.train_size=0 must be 1 or more"):
+        ShapesDataModule(train_size=0)
+    line = one_error_line(capsys, ["fit", "--data.train_size=0", *QUICK])
+    assert "train_size=0 must be 1 or more" in line and "batch_size=0" not in line
+
+
+def test_batch_size_one_with_batch_norm_is_one_line_before_training(capsys, tmp_path: Path) -> None:
+    args = ["fit", "--data.train_size=16", "--data.val_size=8", "--data.batch_size=1"]
+    args += ["--model.batch_norm=true", f"--trainer.default_root_dir={tmp_path}", *QUICK]
+    line = one_error_line(capsys, args)
+    assert "batch_size=1 with a BatchNorm model" in line and "--data.batch_size=2 or more" in line
+
+
+def test_a_weights_file_that_names_code_is_reported_as_refused_not_corrupt(tmp_path: Path) -> None:
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo never",))
+
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "payload": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(UserError) as err:
+        read_state_dict(tmp_path / "evil.pt")
+    assert "names code that a weights-only load refuses to import" in str(err.value)
+    assert "system; nothing was run" in str(err.value) and "corrupt" not in str(err.value)

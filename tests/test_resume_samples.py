@@ -1,0 +1,169 @@
+"""Resume by global samples seen: a run stopped mid-epoch continues at the right sample on another device
+count when the samples per step over all devices are unchanged (2 → 1 process with the per-device batch
+doubled, 1 → 2 with it halved); anything else mid-epoch is refused in one line before training.
+
+Real processes (the CLI, 2 ranks on gloo), stopped by SIGTERM with tests/fault_probe.py, which records the
+labels of every training batch on every rank: the labels of one global step, over all ranks, are the
+labels of the same step of one process with the whole batch (rank r takes every W-th sample of the same
+(seed, epoch) permutation)."""
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.errors import UserError
+
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+# 256 training images, 32 per step over all devices: 8 steps in the one epoch.
+FIT = [
+    "fit",
+    "--data.train_size=256",
+    "--data.val_size=32",
+    "--data.test_size=32",
+    "--trainer.max_epochs=1",
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--trainer.num_sanity_val_steps=0",
+    "--preemption.check_every_n_batches=1",  # stop at the batch after the signal: mid-epoch
+]
+ONE = ["--trainer.devices=1", "--data.batch_size=32"]
+TWO = ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=16"]
+STEPS = 8
+
+
+def probe(out: Path, at_step: int = -1) -> list[str]:
+    return [
+        "--trainer.callbacks+=fault_probe.Fault",
+        "--trainer.callbacks.action=sigterm",
+        f"--trainer.callbacks.at_step={at_step}",
+        f"--trainer.callbacks.out_dir={out}",
+    ]
+
+
+def fit(cwd: Path, *args: str, ok: bool = True):
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = run_cli([*FIT, *args], cwd=cwd, env=ENV, timeout=240)
+    if ok:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def steps(out: Path) -> dict[int, list[int]]:
+    """{global step: the sorted labels it trained on, over all ranks}."""
+    found: dict[int, list[int]] = {}
+    for path in out.glob("batches_rank*.txt"):
+        for line in path.read_text().splitlines():
+            _, step, labels = line.split(" ", 2)
+            found.setdefault(int(step), []).extend(ast.literal_eval(labels))
+    return {step: sorted(labels) for step, labels in found.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[int]]:
+    """One process, batch 32, uninterrupted."""
+    cwd = tmp_path_factory.mktemp("reference")
+    fit(cwd, *ONE, *probe(cwd / "probe"))
+    found = steps(cwd / "probe")
+    assert sorted(found) == list(range(STEPS)) and all(len(v) == 32 for v in found.values())
+    return found
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("before, after", [(TWO, ONE), (ONE, TWO)], ids=["2to1", "1to2"])
+def test_a_mid_epoch_resume_on_another_device_count_trains_the_samples_left(
+    tmp_path: Path, reference: dict[int, list[int]], before: list[str], after: list[str]
+) -> None:
+    fit(tmp_path, *before, *probe(tmp_path / "probe", at_step=3))
+    stopped = steps(tmp_path / "probe")
+    fit(tmp_path, *after, "--ckpt_path=last", *probe(tmp_path / "probe2"))
+    resumed = steps(tmp_path / "probe2")
+    first = min(resumed)
+    assert 0 < first < STEPS and sorted(resumed) == list(range(first, STEPS)), sorted(resumed)
+    # The steps before the checkpoint, then the resumed ones: the uninterrupted run's samples, step by step
+    # (none skipped, none twice).
+    merged = {step: labels for step, labels in stopped.items() if step < first} | resumed
+    assert merged == reference
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_mid_epoch_resume_with_other_samples_per_step_is_refused_in_one_line(tmp_path: Path) -> None:
+    fit(tmp_path, *TWO, *probe(tmp_path / "probe", at_step=3))
+    result = fit(tmp_path, "--trainer.devices=1", "--data.batch_size=16", "--ckpt_path=last", ok=False)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "cannot resume mid-epoch exactly: the checkpoint took 32 training samples per step" in lines[0]
+    assert "this run takes 16 (16 per device × 1): resume with --data.batch_size=32" in lines[0]
+
+
+class _Trainer:
+    """What load_state_dict reads of a trainer: the device count and whether it is fitting."""
+
+    def __init__(self, world_size: int, fn: str = "fit") -> None:
+        from lightning.pytorch.trainer.states import TrainerFn, TrainerState
+
+        self.world_size = world_size
+        self.state = TrainerState(fn=TrainerFn(fn))
+        self.num_training_batches = STEPS
+
+
+def resumed_module(state: dict, world_size: int, batch_size: int, fn: str = "fit") -> ShapesDataModule:
+    dm = ShapesDataModule(train_size=256, batch_size=batch_size)
+    dm.trainer = _Trainer(world_size, fn)
+    dm.load_state_dict(state)
+    return dm
+
+
+def test_the_state_counts_samples_over_all_ranks_and_old_checkpoints_still_load() -> None:
+    dm = ShapesDataModule(train_size=256, batch_size=16)
+    dm.trainer = _Trainer(world_size=2)
+    for _ in range(3):
+        dm._count_training_batch(epoch=0, world_size=2)
+    state = dm.state_dict()
+    assert state["samples"] == 96 and state["samples_per_step"] == 32 and not state["epoch_complete"]
+    assert state["class_names"] == list(ShapesDataModule.class_names)
+    # 1 process with the whole batch: rank 0 starts at sample 96 of the permutation.
+    one = resumed_module(state, world_size=1, batch_size=32)
+    assert one.resume_point == (0, 96)
+    sampler = one.train_sampler(range(256), num_replicas=1, rank=0)
+    full = list(ShapesDataModule(train_size=256).train_sampler(range(256), num_replicas=1, rank=0))
+    assert list(sampler) == full[96:]
+    # A checkpoint of the lit_ddp before samples were counted ({"epoch", "batches"}): its batches, taken
+    # as this run's, as that lit_ddp resumed them.
+    old = resumed_module({"epoch": 0, "batches": 3}, world_size=1, batch_size=32)
+    assert old.resume_point == (0, 96)
+
+
+def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
+    state = {"epoch": 1, "samples": 96, "samples_per_step": 32, "epoch_complete": False, "batches": 3}
+    with pytest.raises(UserError, match=r"took 32 training samples per step .* this run takes 64"):
+        resumed_module(state, world_size=2, batch_size=32)
+    with pytest.raises(UserError, match="resume on a device count that divides it"):
+        resumed_module(state, world_size=3, batch_size=8)
+    assert resumed_module(state, world_size=4, batch_size=8).resume_point == (1, 96)
+    # At an epoch's end, or outside fit (validate, test, predict), nothing is resumed mid-epoch.
+    resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32)
+    assert resumed_module(state, world_size=2, batch_size=32, fn="validate").resume_point is None
+
+
+def test_a_checkpoints_classes_are_checked_against_the_datas(tmp_path: Path) -> None:
+    state = ShapesDataModule().state_dict()
+    state["class_names"] = ["cat", "dog", *ShapesDataModule.class_names[2:]]
+    with pytest.raises(UserError) as err:
+        resumed_module(state, world_size=1, batch_size=32, fn="predict")
+    message = str(err.value)
+    assert "learnt the classes ['cat', 'dog', 'square'" in message
+    assert "the data has ['disc', 'ring'" in message
+    assert "\n" not in message
+    torch.save({"datamodule": state}, tmp_path / "x.pt")  # plain data: a weights-only load reads it
+    assert torch.load(tmp_path / "x.pt", weights_only=True)["datamodule"] == state
