@@ -14,6 +14,7 @@ import torch
 from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
+from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 # 256 training images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
@@ -263,6 +264,7 @@ def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
 
 CRASH_MID_WRITE = """
 import resource, signal, sys, torch
+from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 plugin = AtomicCheckpointIO()
@@ -426,6 +428,32 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
     )
     AtomicCheckpointIO().load_checkpoint(good_ckpt)
     assert calls == [True]
+
+
+def test_e_atomic_writes_are_for_local_paths_remote_ones_keep_lightnings_writer() -> None:
+    from lit_ddp.runtime.checkpoint_io import is_local_path
+
+    assert is_local_path("/tmp/run/last.ckpt") and is_local_path(Path("rel/last.ckpt"))
+    assert not is_local_path("s3://bucket/last.ckpt")
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path: Path, mmap: bool) -> None:
+    """Read from the file (zip or legacy, the globals its pickle names) and the exception's type, never
+    torch's message text: a legacy file loads with mmap asked, an unsafe one names the class it holds."""
+    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}}, legacy, _use_new_zipfile_serialization=False)
+    assert load_checkpoint_file(legacy, mmap=mmap)["state_dict"]["w"].sum() == 2
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save({"state_dict": {}, "extra": subprocess.CompletedProcess(args=["true"], returncode=0)}, unsafe)
+    with pytest.raises(UserError, match=r"not safe to load \(\S*CompletedProcess\)"):
+        load_checkpoint_file(unsafe, mmap=mmap)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(legacy.read_bytes()[:40])
+    with pytest.raises(UserError, match="is corrupt or truncated"):
+        load_checkpoint_file(truncated, mmap=mmap)
 
 
 # ---- f: impossible launch arguments ----------------------------------------------------------------

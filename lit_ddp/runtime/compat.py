@@ -8,21 +8,15 @@ also fails when a module outside lit_ddp/runtime/ uses a private Lightning or to
 """
 
 import threading
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
-import torch
-from lightning import Callback, Trainer
+from lightning import Trainer
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
 from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-from lightning.pytorch.trainer import call as trainer_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
 CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1"), "tensorboard": ("2.21.0",)}
@@ -71,29 +65,10 @@ PRIVATE_NAMES = (
         "`--ckpt_path=last` continues the earlier run's directory: the version is set before it is read",
     ),
     PrivateName(
-        "lightning.fabric.utilities.cloud_io._is_local_file_protocol",
-        "checkpoint_io.py",
-        "atomic writes apply to local paths; remote (fsspec) paths keep Lightning's own writer",
-    ),
-    PrivateName(
         "tensorboard.summary.writer.event_file_writer.EventFileWriter._async_writer._writer",
         "write_errors.py",
         "the RecordWriter that TensorBoard's background thread writes events with: an OSError there (full"
         " disk) killed the thread with a printed traceback; wrapped to hand the error to the main thread",
-    ),
-    PrivateName(
-        "lightning.pytorch.trainer.call._call_callback_hooks and LightningModule._current_fx_name",
-        "hook_dispatch.py",
-        "the function through which every loop calls a callback hook: it calls the hook on every callback,"
-        " Callback's empty default included, each inside a profiler context named with the callback's"
-        " state_key; replaced by the same dispatch over the callbacks that define the hook (the module's"
-        " current hook name set around the calls, as Lightning does)",
-    ),
-    PrivateName(
-        "torch._foreach_norm",
-        "nan_guard.py",
-        "the norm of every gradient in one fused call, every step: torch.nn.utils.get_total_norm makes the"
-        " same call behind Python that costs more than the call itself on a small model",
     ),
     PrivateName(
         "torch.nn.modules.batchnorm._BatchNorm",
@@ -103,11 +78,6 @@ PRIVATE_NAMES = (
 )
 
 BatchNormBase = _BatchNorm
-
-
-def tensor_norms(tensors: list[torch.Tensor], norm_type: float) -> Sequence[torch.Tensor]:
-    """The ``norm_type``-norm of each tensor, in one fused call (a loop in C++ on devices without one)."""
-    return torch._foreach_norm(tensors, norm_type)
 
 
 # ---- preemption ------------------------------------------------------------------------------------
@@ -170,58 +140,6 @@ def wrap_child_observer_kill(children: list, before_kill) -> bool:
     return False
 
 
-# ---- callback hooks --------------------------------------------------------------------------------
-
-_lightning_call_callback_hooks = trainer_call._call_callback_hooks
-
-CallbackSelector = Callable[[Trainer, str, bool | None], Sequence[Callback] | None]
-
-
-def route_callback_hooks(select: CallbackSelector) -> None:
-    """Make Lightning's loops call a callback hook only on the callbacks ``select(trainer, hook_name,
-    monitoring_callbacks)`` returns, in that order; where it returns None, Lightning dispatches as its own
-    function does. The rest is Lightning's: the module's current hook name is set around the calls (what
-    ``self.log`` in a callback checks), and a profiler other than the pass-through one times each call
-    under Lightning's name for it."""
-    if not hasattr(trainer_call, "_call_callback_hooks"):
-        raise RuntimeError(_changed("trainer.call._call_callback_hooks"))
-
-    def call_callback_hooks(
-        trainer: Trainer, hook_name: str, *args, monitoring_callbacks: bool | None = None, **kwargs
-    ) -> None:
-        callbacks = select(trainer, hook_name, monitoring_callbacks)
-        if callbacks is None:
-            _lightning_call_callback_hooks(
-                trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs
-            )
-            return
-        if not callbacks:  # nothing would run: the module's hook name would be set and set back
-            return
-        pl_module = trainer.lightning_module
-        if pl_module:
-            previous_fx_name, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
-        profiler = trainer.profiler
-        timed = type(profiler) is not PassThroughProfiler  # its context does nothing; naming it costs
-        for callback in callbacks:
-            fn = getattr(callback, hook_name)
-            if not callable(fn):
-                continue
-            if not timed:
-                fn(trainer, trainer.lightning_module, *args, **kwargs)
-            else:
-                with profiler.profile(f"[Callback]{callback.state_key}.{hook_name}"):
-                    fn(trainer, trainer.lightning_module, *args, **kwargs)
-        if pl_module:
-            pl_module._current_fx_name = previous_fx_name
-
-    trainer_call._call_callback_hooks = call_callback_hooks
-
-
-def restore_callback_hooks() -> None:
-    """Give every trainer Lightning's own callback dispatch back."""
-    trainer_call._call_callback_hooks = _lightning_call_callback_hooks
-
-
 # ---- loggers and files -----------------------------------------------------------------------------
 
 
@@ -258,10 +176,6 @@ def hand_event_write_errors_to(summary_writer, on_error) -> bool:
 
     record_writer.write, record_writer.flush = guard(record_writer.write), guard(record_writer.flush)
     return True
-
-
-def is_local_path(path: str | Path) -> bool:
-    return _is_local_file_protocol(path)
 
 
 def _changed(name: str) -> str:

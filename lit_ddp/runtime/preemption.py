@@ -50,12 +50,9 @@ from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.compat import request_stop, restore_stop_flag_broadcast, skip_stop_flag_broadcast
 from lit_ddp.runtime.position import run_position
+from lit_ddp.runtime.quiet import quiet_exact_resume
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
-# Lightning warns on a mid-epoch resume when the training DataLoader has no state_dict(); ours resumes
-# exactly through its sampler (data/base.py, samplers.py), which Lightning cannot see. Its text is all
-# there is to match (tests/test_compat.py pins it).
-NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your"
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
@@ -96,9 +93,7 @@ class PreemptionCheckpoint(Callback):
         if isinstance(sampler, ResumableShuffleSampler) and sampler.start > 0 and self._quiet is None:
             # Resumed mid-epoch, exactly: Lightning's warning that it is not, emitted as the epoch starts,
             # would be false. Only that one, and only until the epoch has started.
-            self._quiet = warnings.catch_warnings()
-            self._quiet.__enter__()
-            warnings.filterwarnings("ignore", message=NOT_RESUMABLE_WARNING)
+            self._quiet = quiet_exact_resume()
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
         # Lightning's signal connector restores the original handlers at teardown.
         self._is_global_zero = trainer.is_global_zero
