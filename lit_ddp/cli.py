@@ -48,13 +48,7 @@ from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
-from lit_ddp.runtime.faults import (
-    DEFAULT_DIST_TIMEOUT_S,
-    FaultMonitor,
-    lost_rank_message,
-    report_lost_rank,
-    set_dist_timeout,
-)
+from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, FaultMonitor, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
@@ -161,7 +155,9 @@ class LitDDPCLI(LightningCLI):
     """lit_ddp's LightningCLI: the declared callbacks, the hardening layer and one-line errors.
 
     ``model`` and ``data`` are what runs when the command line names no --model / --data: a class, its
-    import path, or ``{"class_path": ..., "init_args": {...}}``; ``prog`` is the command's name in messages.
+    import path, or ``{"class_path": ..., "init_args": {...}}``; ``prog`` is the command's name in messages;
+    ``lost_rank`` is where the FaultMonitor of the run writes what it found out about a lost rank (main()
+    reads it when the run fails).
     """
 
     def __init__(
@@ -170,9 +166,12 @@ class LitDDPCLI(LightningCLI):
         model: str | type | dict = DEFAULT_MODEL,
         data: str | type | dict = DEFAULT_DATA,
         prog: str = PROG,
+        lost_rank: LostRankReport | None = None,
         **kwargs,
     ) -> None:
         self.default_model, self.default_data, self.prog = _as_default(model), _as_default(data), prog
+        self.lost_rank = lost_rank if lost_rank is not None else LostRankReport()
+        self.rendezvous = None  # rank 0's store on 127.0.0.1, held for the run (runtime/launch.py)
         super().__init__(*args, **kwargs)
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
@@ -262,6 +261,9 @@ class LitDDPCLI(LightningCLI):
             if trainer_config.get(flag) is False:
                 ours = [c for c in ours if not isinstance(c, kind)]
         kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
+        for callback in kwargs["callbacks"]:
+            if isinstance(callback, FaultMonitor):
+                callback.report = self.lost_rank
         if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
@@ -305,7 +307,9 @@ class LitDDPCLI(LightningCLI):
         config["ckpt_path"] = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
         )
-        bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        if self.rendezvous is None:
+            timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
+            self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
 
     before_fit = before_validate = before_test = before_predict = _before_run
 
@@ -351,6 +355,7 @@ def main(
     ``main(model={"class_path": "lit_ddp.models.ImageClassifier", "init_args": {"net": ...}}, data=MyData,
     prog="python -m my_project")``; its classes, once imported, are found by short name too."""
     quiet_console()
+    lost_rank = LostRankReport()  # the run context a FaultMonitor writes and this function reads
     skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["new"]:  # not a Lightning subcommand: lit_ddp's project generator
@@ -362,11 +367,11 @@ def main(
             from lit_ddp.testing.doctor import main as doctor
 
             sys.exit(doctor(argv[1:], lambda a: build_cli(a, run=False, model=model, data=data, prog=prog)))
-        build_cli(args, model=model, data=data, prog=prog)
+        build_cli(args, model=model, data=data, prog=prog, lost_rank=lost_rank)
     except Exception as err:
         user_error = _user_error(err)
-        if user_error is None and lost_rank_message():
-            report_lost_rank()
+        if user_error is None and lost_rank.message:
+            lost_rank.print_once()
             sys.exit(1)
         if user_error is None:
             raise

@@ -555,16 +555,95 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
     killed = []
     observer._terminate_all = lambda: killed.append(True)  # the real one SIGKILLs this process
     monkeypatch.setattr(threading, "enumerate", lambda: [observer])
-    monkeypatch.setattr(faults, "_lost_rank_message", None)
-    monkeypatch.setattr(faults, "_reported", False)
     monitor = faults.FaultMonitor()
     assert wrap_child_observer_kill(launcher.procs, lambda: monitor._name_lost_children(launcher.procs))
     observer._run()  # what the thread does every 5 s
     assert killed == [True]
     err = capsys.readouterr().err
     assert err == f"lit_ddp: error: lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops\n"
-    faults.report_lost_rank()  # the main thread's own report does not repeat it
+    monitor.report.print_once()  # the main thread's own report (cli.main) does not repeat it
     assert capsys.readouterr().err == ""
+    assert monitor.report.message == f"lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops"
+
+
+# What a 2-process gloo group raises on the surviving rank (torch 2.14.1): a plain RuntimeError, text only.
+_GLOO_FAILURE = """
+import datetime, os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, mode, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        os._exit(9) if mode == "peer_lost" else time.sleep(6)
+        os._exit(0)
+    try:
+        dist.all_reduce(torch.ones(1000))
+    except BaseException as e:
+        print(type(e).__name__ + "|" + str(e).splitlines()[0], flush=True)
+    os._exit(0)
+ctx = mp.start_processes(run, args=(sys.argv[1], int(sys.argv[2])), nprocs=2, join=False, start_method="fork")
+for p in ctx.processes:
+    p.join(20)
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["peer_lost", "timed_out"])
+def test_gloos_own_failure_messages_are_classified(tmp_path: Path, mode: str) -> None:
+    """gloo gives only text: each message lit_ddp reads (faults.GLOO_PEER_CLOSED, GLOO_TIMED_OUT) is produced
+    here by the installed torch's gloo, so a reworded one fails this test."""
+    import socket
+
+    from lit_ddp.runtime import faults
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run(
+        [sys.executable, "-c", _GLOO_FAILURE, mode, str(port)], capture_output=True, text=True, timeout=90
+    )
+    kind, _, text = out.stdout.strip().partition("|")
+    assert kind == "RuntimeError", out.stdout + out.stderr[-2000:]
+    error = RuntimeError(text)
+    assert faults.is_peer_failure(error) == (mode == "peer_lost"), text
+    assert faults.is_timeout(error) == (mode == "timed_out"), text
+
+
+def test_failures_are_classified_by_type_and_errno_before_any_text() -> None:
+    import errno
+
+    from torch.distributed import DistNetworkError, DistStoreError
+
+    from lit_ddp.runtime import faults
+
+    for peer in (
+        ConnectionResetError(errno.ECONNRESET, "reset"),
+        BrokenPipeError(),
+        OSError(errno.ECONNREFUSED, "refused"),
+        DistNetworkError("x"),
+    ):
+        assert faults.is_peer_failure(peer) and not faults.is_timeout(peer), peer
+    for timeout in (TimeoutError(), DistStoreError("x")):
+        assert faults.is_timeout(timeout) and not faults.is_peer_failure(timeout), timeout
+    wrapped = RuntimeError("Lightning's own words")
+    wrapped.__cause__ = ConnectionResetError(errno.ECONNRESET, "reset")
+    assert faults.is_peer_failure(wrapped)
+    # Text is read from gloo's plain RuntimeError only: another library's words decide nothing.
+    assert not faults.is_timeout(ValueError("timed out")) and not faults.is_peer_failure(OSError("peer"))
+    assert not faults.is_timeout(RuntimeError("the batch timed out waiting for a timeout"))
+
+
+def test_the_lost_rank_report_travels_with_a_pickled_monitor() -> None:
+    """ddp_spawn pickles the callbacks into its ranks: the report (and its lock) survive the trip."""
+    import pickle
+
+    from lit_ddp.runtime import faults
+
+    monitor = faults.FaultMonitor()
+    monitor.report.message = "lost rank 1"
+    copy = pickle.loads(pickle.dumps(monitor))
+    assert copy.report.message == "lost rank 1" and copy.report is not monitor.report
 
 
 class _Stub:
