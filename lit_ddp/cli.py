@@ -60,7 +60,7 @@ from lit_ddp.runtime.launch import (
 )
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
-from lit_ddp.runtime.preemption import PreemptionCheckpoint
+from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console, quiet_evaluation
 from lit_ddp.runtime.resume import (
     checkpoint_model_overrides,
@@ -301,6 +301,7 @@ class LitDDPCLI(LightningCLI):
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
         check_launcher_world(self.trainer)
+        stop_spawned_ranks_cleanly(self.trainer)  # ddp_spawn: stop signals as under ddp (preemption.py)
         config = self.config_init[self.subcommand]
         ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long

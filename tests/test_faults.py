@@ -106,6 +106,37 @@ def test_a_killed_rank_stops_the_whole_job_and_is_named(tmp_path: Path, killed: 
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", ["main_process", "rank_1"])
+def test_b_sigterm_under_ddp_spawn_stops_every_rank_with_last_ckpt(tmp_path: Path, target: str) -> None:
+    """ddp_spawn: SIGTERM to the main process (as a scheduler sends it) or to one rank stops every rank at
+    the agreed step with last.ckpt there, exit 0, naming the signal and the rank that got it (it was
+    "Ctrl-C" and exit 143 or a last.ckpt of the epoch before; a rank's SIGTERM hung the job)."""
+    action, rank = ("sigterm_parent", 0) if target == "main_process" else ("sigterm", 1)
+    result = ddp_fit(
+        tmp_path,
+        "--trainer.strategy=ddp_spawn",
+        "--preemption.check_every_n_batches=1",
+        *fault(tmp_path / "probe", action, rank=rank, at_step=5),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    err = result.stderr
+    assert "Ctrl-C" not in err and "Traceback" not in err
+    received = [line for line in err.splitlines() if "received SIGTERM" in line]
+    if target == "rank_1":
+        assert received == [
+            "lit_ddp: rank 1 received SIGTERM: every rank stops at the next check, with last.ckpt"
+        ]
+    else:  # the main process hands it to both ranks
+        assert sorted(received)[0].startswith("lit_ddp: rank 0 received SIGTERM") and len(received) == 2
+    assert "stopped by SIGTERM at epoch 2, step 7 (mid-epoch, after 3 of 4 batches)" in result.stdout + err
+    (last,) = tmp_path.glob("logs/lightning_logs/version_*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == 7
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
 @pytest.mark.timeout(200)
 def test_a_a_stuck_rank_fails_the_job_after_dist_timeout(tmp_path: Path) -> None:
     """Rank 1 stays alive but never reaches the next all-reduce: rank 0 gives up after --dist_timeout."""

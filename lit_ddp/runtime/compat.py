@@ -16,8 +16,7 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.strategies import DDPStrategy, Strategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-from torch.nn.modules.batchnorm import _BatchNorm
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
 
 CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1"), "tensorboard": ("2.21.0",)}
 
@@ -71,13 +70,14 @@ PRIVATE_NAMES = (
         " disk) killed the thread with a printed traceback; wrapped to hand the error to the main thread",
     ),
     PrivateName(
-        "torch.nn.modules.batchnorm._BatchNorm",
-        "sync_batchnorm.py",
-        "the common base of BatchNorm1d/2d/3d (as torch's own convert_sync_batchnorm uses)",
+        "lightning.pytorch.strategies.launchers._MultiProcessingLauncher (its .launch and .procs)",
+        "preemption.py",
+        "ddp_spawn's launcher: its ranks run the fit without Lightning's exception handling, so a stop"
+        " agreed on every rank would end them without last.ckpt, and a SIGTERM to the main process"
+        " would kill it alone; its launch is wrapped on the instance to stop the ranks cleanly and to"
+        " hand the main process's stop signals to them",
     ),
 )
-
-BatchNormBase = _BatchNorm
 
 
 # ---- preemption ------------------------------------------------------------------------------------
@@ -123,6 +123,33 @@ def launched_children(strategy: Strategy) -> list | None:
 
 def is_subprocess_launch(strategy: Strategy) -> bool:
     return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
+
+
+class SpawnLaunch:
+    """ddp_spawn's launch, wrapped on the launcher instance (picklable: the trainer, launcher included, is
+    pickled into every rank)."""
+
+    def __init__(self, launcher, wrap_function, on_launched) -> None:
+        self.launcher, self.wrap_function, self.on_launched = launcher, wrap_function, on_launched
+
+    def procs(self) -> list:
+        return list(getattr(self.launcher, "procs", []))
+
+    def __call__(self, function, *args, **kwargs):
+        with self.on_launched(self.procs):
+            return type(self.launcher).launch(self.launcher, self.wrap_function(function), *args, **kwargs)
+
+
+def wrap_spawn_launch(strategy: Strategy, wrap_function, on_launched) -> bool:
+    """Under ddp_spawn: the function each rank runs becomes ``wrap_function(function)`` (picklable), and
+    ``on_launched(procs)``, a context manager, is entered in the main process while its ranks run
+    (``procs()``: their multiprocessing.Process objects, once started); True if the strategy spawns them."""
+    launcher = getattr(strategy, "launcher", None)
+    if not isinstance(launcher, _MultiProcessingLauncher):
+        return False
+    if not isinstance(vars(launcher).get("launch"), SpawnLaunch):
+        launcher.launch = SpawnLaunch(launcher, wrap_function, on_launched)
+    return True
 
 
 def wrap_child_observer_kill(children: list, before_kill) -> bool:

@@ -29,12 +29,15 @@ module's batch count, lit_ddp/data/base.py) and the epoch's training metric stat
 the same augmentation, and ends with the uninterrupted run's weights and metrics.
 """
 
+import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,7 +51,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import request_stop, restore_stop_flag_broadcast, skip_stop_flag_broadcast
+from lit_ddp.runtime.compat import (
+    request_stop,
+    restore_stop_flag_broadcast,
+    skip_stop_flag_broadcast,
+    wrap_spawn_launch,
+)
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
 
@@ -96,7 +104,7 @@ class PreemptionCheckpoint(Callback):
             self._quiet = quiet_exact_resume()
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
         # Lightning's signal connector restores the original handlers at teardown.
-        self._is_global_zero = trainer.is_global_zero
+        self._is_global_zero, self._rank = trainer.is_global_zero, trainer.global_rank
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.getsignal(signal.SIGINT)
             for signum in self._codes:
@@ -123,6 +131,14 @@ class PreemptionCheckpoint(Callback):
                     file=sys.stderr,
                     flush=True,
                 )
+        elif self._received == 0:  # the rank that got it, once (one rank alone, or each that ddp_spawn's
+            # main process handed it to)
+            line = (
+                f"lit_ddp: rank {self._rank} received {signal.Signals(signum).name}: every rank stops at the"
+                " next check, with last.ckpt\n"
+            )
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line.encode())  # one write: ranks sharing stderr do not interleave
         self._received = max(self._received, self._codes.get(signal.Signals(signum), 1))
 
     @staticmethod
@@ -221,6 +237,53 @@ class PreemptionCheckpoint(Callback):
         )
         if stopped_by == self.requeue_signal.name and trainer.is_global_zero:
             _requeue_slurm_job()
+
+
+def _run_rank(function: Callable, *args, **kwargs):
+    """What a ddp_spawn rank runs: ``trainer.fit``'s work, where a stop agreed by the ranks (Lightning's
+    SIGTERMException) reaches the callbacks' on_exception, as in the main process of any other strategy
+    (PreemptionCheckpoint saves last.ckpt there), and then ends the rank normally: its results go back to
+    the main process, which exits 0."""
+    try:
+        return function(*args, **kwargs)
+    except SIGTERMException as stop:
+        trainer: Trainer = function.__self__
+        for callback in trainer.callbacks:
+            callback.on_exception(trainer, trainer.lightning_module, stop)
+        for logger in trainer.loggers:
+            logger.finalize("interrupted")
+        return None
+
+
+@contextlib.contextmanager
+def _hand_stop_signals_to(procs: Callable[[], list]):
+    """In ddp_spawn's main process: SIGTERM and SIGUSR1 go to every rank (which agree where to stop)
+    instead of killing this process alone, whose ranks torch would then interrupt at a random point."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hand_on(signum: int, frame) -> None:
+        for proc in procs():
+            if proc.is_alive():
+                os.kill(proc.pid, signum)
+
+    handled = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {signum: signal.signal(signum, hand_on) for signum in handled}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
+    """Under ddp_spawn (called in the main process before the run): a stop signal to the main process or
+    to one rank stops every rank at the same batch with last.ckpt, and the job exits 0."""
+    if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
+        return False
+    wrap = functools.partial(functools.partial, _run_rank)
+    return wrap_spawn_launch(trainer.strategy, wrap, _hand_stop_signals_to)
 
 
 def _requeue_slurm_job() -> None:
