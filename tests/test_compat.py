@@ -14,11 +14,9 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from torch import nn
 
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
@@ -173,11 +171,35 @@ def test_tensorboards_writer_thread_hands_a_failed_write_to_the_callback_and_liv
     writer.close()
 
 
-def test_batchnorm_base_covers_every_batchnorm() -> None:
-    for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm):
-        assert issubclass(cls, compat.BatchNormBase)
-    assert not issubclass(nn.LayerNorm, compat.BatchNormBase)
-    assert torch.nn.modules.batchnorm._BatchNorm is compat.BatchNormBase
+def test_the_spawn_launch_wrap_reaches_the_ranks_function_and_keeps_the_launcher_picklable() -> None:
+    """Lightning's spawn launcher runs ``launch(function, ...)`` and sets ``procs`` there; the wrap (on the
+    instance, switched off with ``--preemption=null``) survives the pickling of the trainer into the ranks.
+    The 2-process outcome is tests/test_faults.py's (SIGTERM under ddp_spawn)."""
+    import pickle
+
+    from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+    assert "self.procs = process_context.processes" in inspect.getsource(_MultiProcessingLauncher.launch)
+    spawn = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False)
+    assert compat.wrap_spawn_launch(spawn.strategy, len, _no_context)
+    launcher = spawn.strategy.launcher
+    assert isinstance(launcher.launch, compat.SpawnLaunch) and launcher.launch.procs() == []
+    copy = pickle.loads(pickle.dumps(launcher))
+    assert isinstance(copy.launch, compat.SpawnLaunch) and copy.launch.launcher is copy
+    ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False)
+    assert not compat.wrap_spawn_launch(ddp.strategy, len, _no_context)
+
+
+def _no_context(procs):
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_every_private_name_says_how_to_switch_it_off() -> None:
+    assert len(compat.PRIVATE_NAMES) <= 8
+    assert all(entry.switch.startswith("--") for entry in compat.PRIVATE_NAMES)
+    assert not any("_call_callback_hooks" in entry.name for entry in compat.PRIVATE_NAMES)
 
 
 def test_a_removed_private_name_fails_with_the_fix(tmp_path: Path) -> None:

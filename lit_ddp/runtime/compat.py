@@ -26,6 +26,7 @@ class PrivateName:
     name: str
     used_by: str
     why: str
+    switch: str  # the option that runs without it
 
 
 PRIVATE_NAMES = (
@@ -34,40 +35,47 @@ PRIVATE_NAMES = (
         "preemption.py",
         "a blocking broadcast of rank 0's stop flag before every batch; preemption agrees on the flag itself"
         " every N batches without blocking, and there is no switch to turn the broadcast off",
+        "--preemption=null",
     ),
     PrivateName(
         "lightning.pytorch.Trainer._signal_connector.received_sigterm",
         "preemption.py",
         "Lightning's loops stop on this flag (public read-only as Trainer.received_sigterm); set it to stop"
         " every rank at the batch the ranks agreed on",
+        "--preemption=null",
     ),
     PrivateName(
         "lightning.pytorch.strategies.DDPStrategy._timeout",
         "faults.py",
         "the collective timeout: public only as DDPStrategy(timeout=...), but strategy='auto' or a strategy"
         " name is resolved inside the Trainer, after which only this attribute sets it",
+        "--trainer.strategy=DDPStrategy with init_args.timeout (the user's own timeout is kept)",
     ),
     PrivateName(
         "lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
         "faults.py, launch.py",
         "the launcher of `--trainer.strategy=ddp`: its .procs are the ranks this process started",
+        "--fault_monitor=null (launch.py: --trainer.strategy=ddp_spawn or torchrun, where it is not used)",
     ),
     PrivateName(
         "lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver._terminate_all"
         " and ._child_processes",
         "faults.py",
         "the thread that SIGKILLs the job when a child rank dies; wrapped to name the lost rank first",
+        "--fault_monitor=null",
     ),
     PrivateName(
         "lightning.pytorch.loggers.TensorBoardLogger._version",
         "resume.py",
         "`--ckpt_path=last` continues the earlier run's directory: the version is set before it is read",
+        "--trainer.logger with a logger of your own (then --ckpt_path=last picks the file only)",
     ),
     PrivateName(
         "tensorboard.summary.writer.event_file_writer.EventFileWriter._async_writer._writer",
         "write_errors.py",
         "the RecordWriter that TensorBoard's background thread writes events with: an OSError there (full"
         " disk) killed the thread with a printed traceback; wrapped to hand the error to the main thread",
+        "--trainer.logger with a logger of your own",
     ),
     PrivateName(
         "lightning.pytorch.strategies.launchers._MultiProcessingLauncher (its .launch and .procs)",
@@ -76,6 +84,7 @@ PRIVATE_NAMES = (
         " agreed on every rank would end them without last.ckpt, and a SIGTERM to the main process"
         " would kill it alone; its launch is wrapped on the instance to stop the ranks cleanly and to"
         " hand the main process's stop signals to them",
+        "--preemption=null",
     ),
 )
 
