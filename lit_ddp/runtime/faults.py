@@ -7,7 +7,7 @@ What happens when one process of a DDP job dies (SIGKILL, out-of-memory killer, 
   1..N-1. Their next collective fails at once on gloo ("Connection reset by peer"), while NCCL may wait
   for the process-group timeout. Lightning's observer thread in rank 0 kills everything when a child dies,
   but says so only at INFO level; nothing watches the parent from the children; and a child that is stuck
-  (alive) outlives rank 0. ``FaultMonitor`` closes these gaps: children exit within ~2 s of losing rank 0,
+  (alive) outlives rank 0. ``FaultMonitor`` closes these gaps: children exit within seconds of losing rank 0,
   rank 0 kills the children left when it fails, and the failing rank names the lost one.
 * Every collective gets a finite timeout (``--dist_timeout``, default 600 s instead of torch's 30 min),
   the backstop for a rank that hangs without dying.

@@ -13,8 +13,8 @@ one during which the signal arrived), or at the epoch's end; when validation fol
 every rank has finished it (``on_validation_start`` says why). On SIGUSR1 under SLURM, rank 0 then runs
 ``scontrol requeue``; the requeued job's ``--ckpt_path=last`` continues from the saved step.
 
-Why not every batch by default: even a non-blocking all-reduce costs CPU time, ~0.25 ms a step on a
-2-core machine running 2 ranks (~2 % of a LeNet step). Every 10th batch keeps the stop within seconds for
+Why not every batch by default: even a non-blocking all-reduce costs CPU time, a visible share of a small
+model's step on a CPU (docs/benchmarks.md). Every 10th batch keeps the stop within seconds for
 any model whose batch takes a fraction of a second; set 1 for models with very slow batches.
 
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
