@@ -14,8 +14,6 @@ taking turns ``--rounds`` times:
   callbacks_redraw_each_batch
                ``callbacks`` with the progress bar redrawn after every batch, as Lightning's does
                (``console.REDRAW_S = 0``): lit_ddp's callbacks before the bar was throttled;
-  callbacks_lightning_dispatch
-               ``callbacks`` without ``hook_dispatch``: Lightning calls every hook on every callback;
   empty_callbacks
                ``bare`` with as many callbacks as lit_ddp's list holds, each doing nothing: what Lightning's
                dispatch of every hook to every callback costs by itself;
@@ -71,7 +69,6 @@ VARIANTS = [
     "callbacks",
     "lit_ddp",
     "callbacks_redraw_each_batch",
-    "callbacks_lightning_dispatch",
     "empty_callbacks",
 ]
 OPTIM = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4)
@@ -237,9 +234,7 @@ def run_lightning(
         console.REDRAW_S = 0.0  # ddp_spawn's ranks import this module afresh: set again in each (Redraw)
         variant = "callbacks"
     leave_out = ()
-    if variant == "callbacks_lightning_dispatch":
-        leave_out, variant = ("hook_dispatch",), "callbacks"
-    elif variant.startswith("callbacks_without_"):  # --without KEY: every default callback but KEY
+    if variant.startswith("callbacks_without_"):  # --without KEY: every default callback but KEY
         leave_out, variant = (variant.removeprefix("callbacks_without_"),), "callbacks"
     out_file = os.path.join(root, "seconds")
     n = (steps + warmup) * world

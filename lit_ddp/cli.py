@@ -16,10 +16,8 @@
 ``--model`` and ``--data`` take any ImageClassifier / ImageDataModule subclass by short name.
 """
 
-import logging
 import os
 import sys
-import warnings
 
 from jsonargparse import ArgumentError
 from lightning import Callback, Trainer
@@ -43,62 +41,35 @@ from lit_ddp.callbacks import (
     Throughput,
     TrainBatchImages,
 )
-from lit_ddp.cli_errors import explain
+from lit_ddp.cli_errors import config_file_problem, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
-from lit_ddp.runtime.faults import (
-    DEFAULT_DIST_TIMEOUT_S,
-    FaultMonitor,
-    lost_rank_message,
-    report_lost_rank,
-    set_dist_timeout,
-)
+from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, FaultMonitor, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
-from lit_ddp.runtime.hook_dispatch import OverriddenHooksOnly
 from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
     check_devices_exist,
     check_launcher_world,
+    check_precision,
     check_strategy_fits,
     check_writable,
 )
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
-from lit_ddp.runtime.preemption import PreemptionCheckpoint
-from lit_ddp.runtime.resume import checkpoint_model_overrides, load_ckpt_file, prepare_ckpt_path
-from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
-
-# Console messages a user cannot act on, each silenced by its own text (never a whole category):
-# - in-memory uint8 datasets are fastest with num_workers=0 (no IPC), and loaders that decode files count
-#   the cores themselves (data/base.py): Lightning's hint to add workers is noise;
-# - the dashboard callbacks reduce their epoch values over the ranks themselves (callbacks/throughput.py
-#   says why): Lightning's advice to log them with sync_dist=True does not apply to these keys;
-# - Lightning 2.6 calls a torch API that torch 2.9+ deprecates, on every fit, validate and test.
-QUIET_WARNINGS = (
-    r".*does not have many workers.*",
-    r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)",
-    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
+from lit_ddp.runtime.quiet import quiet_console, quiet_evaluation
+from lit_ddp.runtime.resume import (
+    checkpoint_model_overrides,
+    experiment_name,
+    load_ckpt_file,
+    prepare_ckpt_path,
 )
-# An advertisement for a hosted logger, on every run, and that our model summary replaces Lightning's.
-QUIET_INFO = ("💡 Tip: For seamless cloud logging", "Trainer already configured with model summary callbacks")
-
-
-def _not_quiet_info(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(QUIET_INFO)
-
-
-def quiet_console() -> None:
-    """Process-wide filters for the messages above: set by ``main()``, never by importing this module."""
-    for message in QUIET_WARNINGS:
-        warnings.filterwarnings("ignore", message=message)
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _not_quiet_info not in logger.filters:
-        logger.addFilter(_not_quiet_info)
-
+from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
+from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
 # the two, and LeNetCIFAR's defaults, in agreement). A project built on lit_ddp passes its own to main().
@@ -111,12 +82,11 @@ DESCRIPTION = (
     " `new DEST` generates a new project on lit_ddp (new --help)."
 )
 
-# Every callback a run gets, in the order Lightning calls them (it moves checkpoint callbacks last).
+# The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each shows
+# or protects something a user sees (docs/architecture.md gives the reason for each; a test compares).
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
 # leaves the callback out. The values are each callback's defaults for lit_ddp.
 CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
-    # Lightning calls each callback hook only on the callbacks that define it: host time per step
-    "hook_dispatch": (OverriddenHooksOnly, {}),
     # runtime: a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named
     "preemption": (PreemptionCheckpoint, {}),
     "nan_guard": (NanGuard, {}),
@@ -137,8 +107,6 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     "epoch_summary": (EpochSummary, {}),
     "progress_bar": (ProgressBar, {}),
     "model_summary": (ModelSummary, {}),
-    # no full garbage collection stalls the ranks during training
-    "gc_freeze": (FreezeGC, {}),
     # predict: predictions.csv in the run directory, one row per image, the same on any device count
     "predictions": (PredictionWriter, {}),
     # the best epoch by val/acc, and last.ckpt: always the newest state, which --ckpt_path=last resumes
@@ -152,6 +120,14 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
         },
     ),
     "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),
+}
+
+
+# Off unless named (`--KEY=CLASS_PATH`, or `KEY: {class_path: ...}` in YAML): each changes how a run goes,
+# not what a user sees or keeps. docs/architecture.md lists both tables with the reason for each entry.
+OPT_IN_CALLBACKS: dict[str, type[Callback]] = {
+    # one collection at train start, then gc.freeze(): no full collection stalls the ranks mid-epoch
+    "gc_freeze": FreezeGC,
 }
 
 
@@ -179,7 +155,9 @@ class LitDDPCLI(LightningCLI):
     """lit_ddp's LightningCLI: the declared callbacks, the hardening layer and one-line errors.
 
     ``model`` and ``data`` are what runs when the command line names no --model / --data: a class, its
-    import path, or ``{"class_path": ..., "init_args": {...}}``; ``prog`` is the command's name in messages.
+    import path, or ``{"class_path": ..., "init_args": {...}}``; ``prog`` is the command's name in messages;
+    ``lost_rank`` is where the FaultMonitor of the run writes what it found out about a lost rank (main()
+    reads it when the run fails).
     """
 
     def __init__(
@@ -188,9 +166,12 @@ class LitDDPCLI(LightningCLI):
         model: str | type | dict = DEFAULT_MODEL,
         data: str | type | dict = DEFAULT_DATA,
         prog: str = PROG,
+        lost_rank: LostRankReport | None = None,
         **kwargs,
     ) -> None:
         self.default_model, self.default_data, self.prog = _as_default(model), _as_default(data), prog
+        self.lost_rank = lost_rank if lost_rank is not None else LostRankReport()
+        self.rendezvous = None  # rank 0's store on 127.0.0.1, held for the run (runtime/launch.py)
         super().__init__(*args, **kwargs)
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
@@ -211,6 +192,9 @@ class LitDDPCLI(LightningCLI):
         for key, (callback_class, init_args) in CALLBACKS.items():
             parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
             parser.set_defaults({key: {"class_path": _class_path(callback_class), "init_args": init_args}})
+        for key, callback_class in OPT_IN_CALLBACKS.items():
+            parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
+            parser.set_defaults({key: None})
         parser.add_argument(
             "--dist_timeout",
             type=float,
@@ -222,8 +206,6 @@ class LitDDPCLI(LightningCLI):
         return config[self.subcommand] if self.subcommand else config
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        from lit_ddp.cli_errors import config_file_problem
-
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
         problem = config_file_problem(
             [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
@@ -263,8 +245,6 @@ class LitDDPCLI(LightningCLI):
         trainer_config = config.get("trainer", {})
         check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
         check_strategy_fits(trainer_config.get("strategy"))
-        from lit_ddp.runtime.launch import check_precision
-
         check_precision(trainer_config.get("precision"))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
@@ -274,13 +254,16 @@ class LitDDPCLI(LightningCLI):
         kwargs["plugins"] = with_atomic_checkpoint_io(plugins)  # atomic writes, safe loads
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        ours = [config.get(key) for key in CALLBACKS]
+        ours = [config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)]
         # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
         # a progress bar callback with enable_progress_bar=false).
         for flag, kind in OFF_SWITCHES.items():
             if trainer_config.get(flag) is False:
                 ours = [c for c in ours if not isinstance(c, kind)]
         kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
+        for callback in kwargs["callbacks"]:
+            if isinstance(callback, FaultMonitor):
+                callback.report = self.lost_rank
         if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
@@ -290,9 +273,6 @@ class LitDDPCLI(LightningCLI):
             # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
             # recipe (logs/lenet_cifar/version_N), so `--ckpt_path=last` never finds another experiment's run.
             # A full disk while writing events is one line too (runtime/write_errors.py).
-            from lit_ddp.runtime.resume import experiment_name
-            from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
-
             logger: TensorBoardLogger = WriteSafeTensorBoardLogger(
                 save_dir=trainer_config.get("default_root_dir") or os.getcwd(),
                 name=experiment_name(self._subcommand_config(self.config).get("config")),
@@ -317,22 +297,20 @@ class LitDDPCLI(LightningCLI):
 
     def _before_run(self) -> None:
         if self.subcommand != "fit":
-            # Evaluating a checkpoint in a new run directory is what validate/test/predict do: the best-k
-            # bookkeeping that ModelCheckpoint then does not restore is only used when training.
-            warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
-            # Callback states in a checkpoint matter to fit only (an EMA checkpoint's state_dict already
-            # holds the averaged weights): Lightning's advice to pass those callbacks again does not apply.
-            warnings.filterwarnings("ignore", message=r"Be aware that when using `ckpt_path`, callbacks used")
+            quiet_evaluation()  # Lightning's advice on resuming callbacks (runtime/quiet.py says why)
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
         check_launcher_world(self.trainer)
+        stop_spawned_ranks_cleanly(self.trainer)  # ddp_spawn: stop signals as under ddp (preemption.py)
         config = self.config_init[self.subcommand]
         ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
         config["ckpt_path"] = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
         )
-        bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        if self.rendezvous is None:
+            timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
+            self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
 
     before_fit = before_validate = before_test = before_predict = _before_run
 
@@ -378,6 +356,7 @@ def main(
     ``main(model={"class_path": "lit_ddp.models.ImageClassifier", "init_args": {"net": ...}}, data=MyData,
     prog="python -m my_project")``; its classes, once imported, are found by short name too."""
     quiet_console()
+    lost_rank = LostRankReport()  # the run context a FaultMonitor writes and this function reads
     skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
     argv = sys.argv[1:] if args is None else args
     if argv[:1] == ["new"]:  # not a Lightning subcommand: lit_ddp's project generator
@@ -389,11 +368,11 @@ def main(
             from lit_ddp.testing.doctor import main as doctor
 
             sys.exit(doctor(argv[1:], lambda a: build_cli(a, run=False, model=model, data=data, prog=prog)))
-        build_cli(args, model=model, data=data, prog=prog)
+        build_cli(args, model=model, data=data, prog=prog, lost_rank=lost_rank)
     except Exception as err:
         user_error = _user_error(err)
-        if user_error is None and lost_rank_message():
-            report_lost_rank()
+        if user_error is None and lost_rank.message:
+            lost_rank.print_once()
             sys.exit(1)
         if user_error is None:
             raise

@@ -3,6 +3,11 @@
 jsonargparse reports a mistyped option with 70 lines of usage, a wrong type with the union's internals and
 invalid YAML as ``"<unicode string>", line 2``. A user needs the option (or the file and line), what it
 expects, and the closest valid name: ``explain`` turns jsonargparse's message into that line.
+
+jsonargparse raises one type (``ArgumentError``) whose only structure is its message, so the rules read the
+phrases in ``JSONARGPARSE_PHRASES``; tests/test_cli_errors.py makes the installed jsonargparse (4.53) emit
+each one, so a reworded phrase fails there. Invalid YAML is told by yaml's own exception types, re-reading
+the file; a duplicate key or an empty file by our own loader, before jsonargparse reads the file.
 """
 
 import difflib
@@ -34,18 +39,28 @@ TYPE_NAMES = {
 }
 
 
+# The phrases of jsonargparse's messages that the rules below read (text is all an ArgumentError carries).
+JSONARGPARSE_PHRASES = {
+    "config": r"Problems parsing config",
+    "missing_file": r'Parser key "([\w.]+)":\s*File does not exist: (.+)',
+    "command": r"invalid choice: '([^']*)'",
+    "parser_key": r'Parser key "([\w.]+)"',
+    "class_path": r"Problem with given class_path '([\w.]+)'",
+    "class_option": r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)",
+    "unrecognized": r"unrecognized arguments: (\S+)",
+    "not_accepted": r"does not accept option '([\w.]+)'",
+    "value": r"(?:Given value|Got value): (.*)",
+    "import_path": r"dot import path",
+    "literal": r"Literal\[(.*?)\]",
+    "type": r"Expected a <class '(\w+)'>",
+}
+_PHRASE = {name: re.compile(pattern) for name, pattern in JSONARGPARSE_PHRASES.items()}
+
+
 def explain(message: str, argv: list[str], option_keys: Iterable[str], prog: str) -> str:
     """``message`` (jsonargparse's) as one line naming the option or file and line, and the fix."""
     message = message.strip()
-    rules = (
-        _invalid_yaml,
-        _missing_file,
-        _unknown_command,
-        _unknown_class_option,
-        _unknown_option,
-        _wrong_value,
-    )
-    for rule in rules:
+    for rule in RULES:
         line = rule(message, argv, set(option_keys), prog)
         if line:
             return line
@@ -153,7 +168,7 @@ def _unknown(key: str, candidates: Iterable[str], argv: list[str], prog: str) ->
 
 
 def _invalid_yaml(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    if not message.startswith("Problems parsing config"):
+    if not _PHRASE["config"].match(message):
         return None
     for path in _config_files(argv):
         try:
@@ -169,14 +184,14 @@ def _invalid_yaml(message: str, argv: list[str], keys: set[str], prog: str) -> s
 
 
 def _missing_file(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = re.search(r'Parser key "([\w.]+)":\s*File does not exist: (.+)', message)
+    found = _PHRASE["missing_file"].search(message)
     if not found:
         return None
     return f"--{found.group(1)}: no such file {found.group(2).strip()}: check the path"
 
 
 def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = re.search(r"invalid choice: '([^']*)'", message)
+    found = _PHRASE["command"].search(message)
     if not found:
         return None
     match = _closest(found.group(1), COMMANDS)
@@ -186,9 +201,9 @@ def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -
 
 def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
     # `--model.lrr=3` or a YAML `model: init_args: lrr:` fails inside the model class's own parser.
-    owner = re.search(r'Parser key "([\w.]+)"', message)
-    class_path = re.search(r"Problem with given class_path '([\w.]+)'", message)
-    inner = re.search(r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)", message)
+    owner = _PHRASE["parser_key"].search(message)
+    class_path = _PHRASE["class_path"].search(message)
+    inner = _PHRASE["class_option"].search(message)
     if not (owner and class_path and inner):
         return None
     prefix = owner.group(1)
@@ -197,31 +212,31 @@ def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: s
 
 
 def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = re.search(r"unrecognized arguments: (\S+)", message)
+    found = _PHRASE["unrecognized"].search(message)
     if found:
         return _unknown(found.group(1).partition("=")[0].lstrip("-"), keys, argv, prog)
-    found = re.search(r"does not accept option '([\w.]+)'", message)
+    found = _PHRASE["not_accepted"].search(message)
     if found:
         return _unknown(found.group(1), keys, argv, prog)
     return None
 
 
 def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    keys = re.findall(r'Parser key "([\w.]+)"', message)
-    value = re.search(r"(?:Given value|Got value): (.*)", message)
+    keys = _PHRASE["parser_key"].findall(message)
+    value = _PHRASE["value"].search(message)
     if not (keys and value):
         return None
     # `--model.optim.lr=x` fails inside the model's parser: its key is the model's key plus its own, and
     # only the inner part of the message is about it (the outer union adds its own `Expected NoneType`).
-    nested = len(keys) > 1 and "Problem with given class_path" in message
+    nested = len(keys) > 1 and _PHRASE["class_path"].search(message) is not None
     key, value = (f"{keys[0]}.{keys[-1]}" if nested else keys[0]), value.group(1).strip()
     if nested:
         message = message[message.rfind(f'Parser key "{keys[-1]}"') :]
-        message = message[: re.search(r"Given value|Got value", message).start()]
+        message = message[: _PHRASE["value"].search(message).start()]
     where = _where(key, argv)
     setting = f"{key}: {value}" if where else f"--{key}={value}"
     base = CLASS_OPTIONS.get(key)
-    if base is not None and "dot import path" in message:
+    if base is not None and _PHRASE["import_path"].search(message):
         names = _subclass_names(base)
         match = _closest(value, names) or next((n for n in names if n.lower() == value.lower()), "")
         hint = f": did you mean {match}?" if match else ""
@@ -232,9 +247,9 @@ def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> st
 def _expected(message: str, value: str) -> str:
     """What the message's `Expected a ...` lines allow: types, and the choices of Literal types."""
     choices = [
-        c.strip(" '\"") for group in re.findall(r"Literal\[(.*?)\]", message) for c in group.split(",")
+        c.strip(" '\"") for group in _PHRASE["literal"].findall(message) for c in group.split(",")
     ]
-    types = [TYPE_NAMES.get(t, t) for t in re.findall(r"Expected a <class '(\w+)'>", message)]
+    types = [TYPE_NAMES.get(t, t) for t in _PHRASE["type"].findall(message)]
     allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
     allowed += [t for t in dict.fromkeys(types) if t not in allowed]
     match = _closest(value, choices)

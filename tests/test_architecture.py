@@ -6,11 +6,13 @@ Parsed from the source (every import, also inside functions), so a violation fai
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "lit_ddp"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "lit_ddp"
 # Documented public names that start with an underscore (os._exit, namedtuple's API).
 PUBLIC_UNDERSCORED = {"_exit", "_asdict", "_replace", "_fields", "_make"}
 UPSTREAM = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "torchvision", "torchmetrics")
@@ -173,7 +175,7 @@ def test_models_and_data_know_nothing_above_them(part: str) -> None:
 
 
 def test_importing_the_cli_changes_no_process_wide_state() -> None:
-    """Warning and logger filters are set by main() (quiet_console), not by importing lit_ddp.cli."""
+    """Warning and logger filters are set by main() (runtime/quiet.py), not by importing lit_ddp.cli."""
     import subprocess
     import sys
 
@@ -181,10 +183,40 @@ def test_importing_the_cli_changes_no_process_wide_state() -> None:
         "import logging, warnings\n"
         "import lit_ddp.cli as cli\n"
         "logger = logging.getLogger('lightning.pytorch.utilities.rank_zero')\n"
-        "ours = lambda: [f for f in warnings.filters if f[1] and f[1].pattern in cli.QUIET_WARNINGS]\n"
+        "from lit_ddp.runtime import quiet\n"
+        "patterns = [q.pattern for q in quiet.EVERY_FILTER]\n"
+        "ours = lambda: [f for f in warnings.filters if f[1] and f[1].pattern in patterns]\n"
         "assert not ours() and not logger.filters, (ours(), logger.filters)\n"
-        "cli.quiet_console(); cli.quiet_console()\n"
-        "assert len(ours()) == len(cli.QUIET_WARNINGS) and len(logger.filters) == 1\n"
+        "quiet.quiet_console(); quiet.quiet_console()\n"
+        "warns = [q for q in quiet.CONSOLE if q.kind == 'warning']\n"
+        "assert len(ours()) == len(warns) and len(logger.filters) == 1\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def _table_keys(text: str, heading: str) -> list[tuple[str, str]]:
+    """(config key, reason) of each row of the first table after ``heading`` in docs/architecture.md."""
+    rows, started = [], False
+    for line in text[text.index(heading) :].splitlines():
+        if line.startswith("|"):
+            started = True
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            key = next((c.strip("`") for c in cells if re.fullmatch(r"`\w+`", c)), None)
+            if key:
+                rows.append((key, cells[cells.index(f"`{key}`") + 1]))
+        elif started:
+            break
+    return rows
+
+
+def test_the_default_and_opt_in_callbacks_are_the_ones_docs_architecture_lists_with_a_reason() -> None:
+    from lit_ddp.cli import CALLBACKS, OPT_IN_CALLBACKS
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    defaults = _table_keys(text, "## What `python -m lit_ddp fit` runs")
+    assert [key for key, _ in defaults] == list(CALLBACKS)
+    opt_in = _table_keys(text, "Opt-in callbacks")
+    assert [key for key, _ in opt_in] == list(OPT_IN_CALLBACKS)
+    assert all(len(reason) > 20 for _, reason in defaults + opt_in)
+    assert not set(CALLBACKS) & set(OPT_IN_CALLBACKS)

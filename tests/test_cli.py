@@ -216,7 +216,7 @@ def test_sparse_step_logging_does_not_change_epoch_metrics(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("enabled", [True, False])
-def test_gc_is_frozen_while_training_by_default_and_can_be_turned_off(tmp_path: Path, enabled: bool) -> None:
+def test_gc_freeze_is_opt_in_by_its_config_key(tmp_path: Path, enabled: bool) -> None:
     import gc
 
     import lightning as L
@@ -227,7 +227,7 @@ def test_gc_is_frozen_while_training_by_default_and_can_be_turned_off(tmp_path: 
         def on_train_batch_start(self, *args) -> None:
             frozen.append(gc.get_freeze_count())
 
-    switch = [] if enabled else ["--gc_freeze=null"]
+    switch = ["--gc_freeze=lit_ddp.runtime.gc_freeze.FreezeGC"] if enabled else []
     cli = build_cli([*QUICK, *switch, f"--trainer.default_root_dir={tmp_path}"], run=False)
     cli.trainer.callbacks.append(Probe())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -253,7 +253,7 @@ def test_the_default_run_is_the_recipe_yaml_and_the_class_defaults(tmp_path: Pat
 
 
 def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(tmp_path: Path) -> None:
-    from lit_ddp.cli import CALLBACKS
+    from lit_ddp.cli import CALLBACKS, OPT_IN_CALLBACKS
 
     root = f"--trainer.default_root_dir={tmp_path}"
     args = [*TINY_SHAPES, root]  # with the progress bar (QUICK turns it off)
@@ -261,6 +261,7 @@ def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(
     ours = [type(c) for c in default if type(c) in {cls for cls, _ in CALLBACKS.values()}]
     # Lightning moves checkpoint callbacks last; the rest keep the list's order.
     assert ours == [cls for cls, _ in CALLBACKS.values()]
+    assert not any(type(c) in OPT_IN_CALLBACKS.values() for c in default)
     for key, (cls, _) in CALLBACKS.items():
         callbacks = build_cli([*args, f"--{key}=null"], run=False).trainer.callbacks
         assert sum(type(c) is cls for c in callbacks) == ours.count(cls) - 1, key

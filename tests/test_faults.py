@@ -15,6 +15,7 @@ import torch
 from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
+from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 # 256 training images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
@@ -102,6 +103,37 @@ def test_a_killed_rank_stops_the_whole_job_and_is_named(tmp_path: Path, killed: 
     else:  # rank 0 itself died (the shell sees SIGKILL); the orphaned rank 1 says so and exits
         assert result.returncode == -9
         assert "lit_ddp: error: lost rank 0 (pid" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("target", ["main_process", "rank_1"])
+def test_b_sigterm_under_ddp_spawn_stops_every_rank_with_last_ckpt(tmp_path: Path, target: str) -> None:
+    """ddp_spawn: SIGTERM to the main process (as a scheduler sends it) or to one rank stops every rank at
+    the agreed step with last.ckpt there, exit 0, naming the signal and the rank that got it (it was
+    "Ctrl-C" and exit 143 or a last.ckpt of the epoch before; a rank's SIGTERM hung the job)."""
+    action, rank = ("sigterm_parent", 0) if target == "main_process" else ("sigterm", 1)
+    result = ddp_fit(
+        tmp_path,
+        "--trainer.strategy=ddp_spawn",
+        "--preemption.check_every_n_batches=1",
+        *fault(tmp_path / "probe", action, rank=rank, at_step=5),
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    err = result.stderr
+    assert "Ctrl-C" not in err and "Traceback" not in err
+    received = [line for line in err.splitlines() if "received SIGTERM" in line]
+    if target == "rank_1":
+        assert received == [
+            "lit_ddp: rank 1 received SIGTERM: every rank stops at the next check, with last.ckpt"
+        ]
+    else:  # the main process hands it to both ranks
+        assert sorted(received)[0].startswith("lit_ddp: rank 0 received SIGTERM") and len(received) == 2
+    assert "stopped by SIGTERM at epoch 2, step 7 (mid-epoch, after 3 of 4 batches)" in result.stdout + err
+    (last,) = tmp_path.glob("logs/lightning_logs/version_*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == 7
 
 
 @pytest.mark.slow
@@ -264,6 +296,7 @@ def test_b_preemption_at_an_epoch_boundary_resumes_to_the_uninterrupted_model(
 
 CRASH_MID_WRITE = """
 import resource, signal, sys, torch
+from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 
 plugin = AtomicCheckpointIO()
@@ -429,6 +462,32 @@ def test_e_checkpoints_load_with_weights_only(good_ckpt: Path, monkeypatch: pyte
     assert calls == [True]
 
 
+def test_e_atomic_writes_are_for_local_paths_remote_ones_keep_lightnings_writer() -> None:
+    from lit_ddp.runtime.checkpoint_io import is_local_path
+
+    assert is_local_path("/tmp/run/last.ckpt") and is_local_path(Path("rel/last.ckpt"))
+    assert not is_local_path("s3://bucket/last.ckpt")
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path: Path, mmap: bool) -> None:
+    """Read from the file (zip or legacy, the globals its pickle names) and the exception's type, never
+    torch's message text: a legacy file loads with mmap asked, an unsafe one names the class it holds."""
+    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+
+    legacy = tmp_path / "legacy.ckpt"
+    torch.save({"state_dict": {"w": torch.ones(2)}}, legacy, _use_new_zipfile_serialization=False)
+    assert load_checkpoint_file(legacy, mmap=mmap)["state_dict"]["w"].sum() == 2
+    unsafe = tmp_path / "unsafe.ckpt"
+    torch.save({"state_dict": {}, "extra": subprocess.CompletedProcess(args=["true"], returncode=0)}, unsafe)
+    with pytest.raises(UserError, match=r"not safe to load \(\S*CompletedProcess\)"):
+        load_checkpoint_file(unsafe, mmap=mmap)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(legacy.read_bytes()[:40])
+    with pytest.raises(UserError, match="is corrupt or truncated"):
+        load_checkpoint_file(truncated, mmap=mmap)
+
+
 # ---- f: impossible launch arguments ----------------------------------------------------------------
 
 
@@ -528,16 +587,95 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
     killed = []
     observer._terminate_all = lambda: killed.append(True)  # the real one SIGKILLs this process
     monkeypatch.setattr(threading, "enumerate", lambda: [observer])
-    monkeypatch.setattr(faults, "_lost_rank_message", None)
-    monkeypatch.setattr(faults, "_reported", False)
     monitor = faults.FaultMonitor()
     assert wrap_child_observer_kill(launcher.procs, lambda: monitor._name_lost_children(launcher.procs))
     observer._run()  # what the thread does every 5 s
     assert killed == [True]
     err = capsys.readouterr().err
     assert err == f"lit_ddp: error: lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops\n"
-    faults.report_lost_rank()  # the main thread's own report does not repeat it
+    monitor.report.print_once()  # the main thread's own report (cli.main) does not repeat it
     assert capsys.readouterr().err == ""
+    assert monitor.report.message == f"lost rank 1 (pid {dead.pid}, killed by SIGKILL); the job stops"
+
+
+# What a 2-process gloo group raises on the surviving rank (torch 2.14.1): a plain RuntimeError, text only.
+_GLOO_FAILURE = """
+import datetime, os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+def run(rank, mode, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=2))
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        os._exit(9) if mode == "peer_lost" else time.sleep(6)
+        os._exit(0)
+    try:
+        dist.all_reduce(torch.ones(1000))
+    except BaseException as e:
+        print(type(e).__name__ + "|" + str(e).splitlines()[0], flush=True)
+    os._exit(0)
+ctx = mp.start_processes(run, args=(sys.argv[1], int(sys.argv[2])), nprocs=2, join=False, start_method="fork")
+for p in ctx.processes:
+    p.join(20)
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["peer_lost", "timed_out"])
+def test_gloos_own_failure_messages_are_classified(tmp_path: Path, mode: str) -> None:
+    """gloo gives only text: each message lit_ddp reads (faults.GLOO_PEER_CLOSED, GLOO_TIMED_OUT) is produced
+    here by the installed torch's gloo, so a reworded one fails this test."""
+    import socket
+
+    from lit_ddp.runtime import faults
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = subprocess.run(
+        [sys.executable, "-c", _GLOO_FAILURE, mode, str(port)], capture_output=True, text=True, timeout=90
+    )
+    kind, _, text = out.stdout.strip().partition("|")
+    assert kind == "RuntimeError", out.stdout + out.stderr[-2000:]
+    error = RuntimeError(text)
+    assert faults.is_peer_failure(error) == (mode == "peer_lost"), text
+    assert faults.is_timeout(error) == (mode == "timed_out"), text
+
+
+def test_failures_are_classified_by_type_and_errno_before_any_text() -> None:
+    import errno
+
+    from torch.distributed import DistNetworkError, DistStoreError
+
+    from lit_ddp.runtime import faults
+
+    for peer in (
+        ConnectionResetError(errno.ECONNRESET, "reset"),
+        BrokenPipeError(),
+        OSError(errno.ECONNREFUSED, "refused"),
+        DistNetworkError("x"),
+    ):
+        assert faults.is_peer_failure(peer) and not faults.is_timeout(peer), peer
+    for timeout in (TimeoutError(), DistStoreError("x")):
+        assert faults.is_timeout(timeout) and not faults.is_peer_failure(timeout), timeout
+    wrapped = RuntimeError("Lightning's own words")
+    wrapped.__cause__ = ConnectionResetError(errno.ECONNRESET, "reset")
+    assert faults.is_peer_failure(wrapped)
+    # Text is read from gloo's plain RuntimeError only: another library's words decide nothing.
+    assert not faults.is_timeout(ValueError("timed out")) and not faults.is_peer_failure(OSError("peer"))
+    assert not faults.is_timeout(RuntimeError("the batch timed out waiting for a timeout"))
+
+
+def test_the_lost_rank_report_travels_with_a_pickled_monitor() -> None:
+    """ddp_spawn pickles the callbacks into its ranks: the report (and its lock) survive the trip."""
+    import pickle
+
+    from lit_ddp.runtime import faults
+
+    monitor = faults.FaultMonitor()
+    monitor.report.message = "lost rank 1"
+    copy = pickle.loads(pickle.dumps(monitor))
+    assert copy.report.message == "lost rank 1" and copy.report is not monitor.report
 
 
 class _Stub:

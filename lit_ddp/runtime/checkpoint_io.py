@@ -15,21 +15,35 @@
 import os
 import pathlib
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.runtime.compat import is_local_path
 from lit_ddp.runtime.write_errors import checkpoint_write_error, os_error_in
 
 # Types that may appear in saved hyperparameters (a frozen OptimConfig passed from Python, a Path passed as
 # a data directory). Everything else in a Lightning checkpoint is tensors and plain containers.
 SAFE_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
 torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def is_local_path(path) -> bool:
+    """Atomic writes apply to local paths; remote (fsspec) ones keep Lightning's own writer."""
+    return fsspec.utils.get_protocol(str(path)) == "file"
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The classes and functions the file's pickle names that weights_only loading refuses."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError, OSError, zipfile.BadZipFile):  # not a readable torch.save zip
+        return []
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -79,30 +93,28 @@ def load_checkpoint_file(
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
+    # torch.save's zip format: a legacy (pre-1.6) file cannot be memory-mapped, and the names a refused
+    # pickle holds can be read from the zip without running it.
+    is_zip = zipfile.is_zipfile(path)
     try:
-        try:
-            checkpoint = torch.load(path, map_location=map_location, weights_only=weights_only, mmap=mmap)
-        except RuntimeError as err:
-            if not (mmap and "mmap can only be used" in str(err)):
-                raise
-            checkpoint = torch.load(
-                path, map_location=map_location, weights_only=weights_only
-            )  # legacy format
+        checkpoint = torch.load(
+            path, map_location=map_location, weights_only=weights_only, mmap=mmap and is_zip
+        )
     except pickle.UnpicklingError as err:
-        detail = next((ln for ln in str(err).splitlines() if "Unsupported global" in ln), None)
-        if detail is not None:
+        unsafe = _unsafe_globals(path) if is_zip and weights_only else []
+        if unsafe:
             raise UserError(
-                f"checkpoint {path} holds objects that are not safe to load ({detail.strip()}): if you trust"
-                " the file, allow-list them with torch.serialization.add_safe_globals([...]) before loading"
+                f"checkpoint {path} holds objects that are not safe to load ({', '.join(sorted(unsafe))}):"
+                " if you trust the file, allow-list them with torch.serialization.add_safe_globals([...])"
+                " before loading"
             ) from err
         raise UserError(
             f"checkpoint {path} is corrupt or truncated (not a torch checkpoint): use an earlier checkpoint"
         ) from err
     except Exception as err:  # torch raises RuntimeError, EOFError, KeyError, ... on damaged files
-        text = str(err).strip()
-        first = f"{type(err).__name__}: {text.splitlines()[0].split('. ')[0] if text else ''}"
         raise UserError(
-            f"checkpoint {path} is corrupt or truncated ({first}): use an earlier checkpoint of the run"
+            f"checkpoint {path} is corrupt or truncated ({type(err).__name__}): use an earlier checkpoint"
+            " of the run"
         ) from err
     if not isinstance(checkpoint, dict) or (require_state_dict and "state_dict" not in checkpoint):
         raise UserError(

@@ -8,22 +8,15 @@ also fails when a module outside lit_ddp/runtime/ uses a private Lightning or to
 """
 
 import threading
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
-import torch
-from lightning import Callback, Trainer
+from lightning import Trainer
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import DDPStrategy, Strategy
-from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
-from lightning.pytorch.trainer import call as trainer_call
-from torch.nn.modules.batchnorm import _BatchNorm
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
 
 CHECKED_ON = {"lightning": ("2.6.6",), "torch": ("2.11", "2.14.1"), "tensorboard": ("2.21.0",)}
 
@@ -33,6 +26,7 @@ class PrivateName:
     name: str
     used_by: str
     why: str
+    switch: str  # the option that runs without it
 
 
 PRIVATE_NAMES = (
@@ -41,73 +35,58 @@ PRIVATE_NAMES = (
         "preemption.py",
         "a blocking broadcast of rank 0's stop flag before every batch; preemption agrees on the flag itself"
         " every N batches without blocking, and there is no switch to turn the broadcast off",
+        "--preemption=null",
     ),
     PrivateName(
         "lightning.pytorch.Trainer._signal_connector.received_sigterm",
         "preemption.py",
         "Lightning's loops stop on this flag (public read-only as Trainer.received_sigterm); set it to stop"
         " every rank at the batch the ranks agreed on",
+        "--preemption=null",
     ),
     PrivateName(
         "lightning.pytorch.strategies.DDPStrategy._timeout",
         "faults.py",
         "the collective timeout: public only as DDPStrategy(timeout=...), but strategy='auto' or a strategy"
         " name is resolved inside the Trainer, after which only this attribute sets it",
+        "--trainer.strategy=DDPStrategy with init_args.timeout (the user's own timeout is kept)",
     ),
     PrivateName(
         "lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
         "faults.py, launch.py",
         "the launcher of `--trainer.strategy=ddp`: its .procs are the ranks this process started",
+        "--fault_monitor=null (launch.py: --trainer.strategy=ddp_spawn or torchrun, where it is not used)",
     ),
     PrivateName(
         "lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver._terminate_all"
         " and ._child_processes",
         "faults.py",
         "the thread that SIGKILLs the job when a child rank dies; wrapped to name the lost rank first",
+        "--fault_monitor=null",
     ),
     PrivateName(
         "lightning.pytorch.loggers.TensorBoardLogger._version",
         "resume.py",
         "`--ckpt_path=last` continues the earlier run's directory: the version is set before it is read",
-    ),
-    PrivateName(
-        "lightning.fabric.utilities.cloud_io._is_local_file_protocol",
-        "checkpoint_io.py",
-        "atomic writes apply to local paths; remote (fsspec) paths keep Lightning's own writer",
+        "--trainer.logger with a logger of your own (then --ckpt_path=last picks the file only)",
     ),
     PrivateName(
         "tensorboard.summary.writer.event_file_writer.EventFileWriter._async_writer._writer",
         "write_errors.py",
         "the RecordWriter that TensorBoard's background thread writes events with: an OSError there (full"
         " disk) killed the thread with a printed traceback; wrapped to hand the error to the main thread",
+        "--trainer.logger with a logger of your own",
     ),
     PrivateName(
-        "lightning.pytorch.trainer.call._call_callback_hooks and LightningModule._current_fx_name",
-        "hook_dispatch.py",
-        "the function through which every loop calls a callback hook: it calls the hook on every callback,"
-        " Callback's empty default included, each inside a profiler context named with the callback's"
-        " state_key; replaced by the same dispatch over the callbacks that define the hook (the module's"
-        " current hook name set around the calls, as Lightning does)",
-    ),
-    PrivateName(
-        "torch._foreach_norm",
-        "nan_guard.py",
-        "the norm of every gradient in one fused call, every step: torch.nn.utils.get_total_norm makes the"
-        " same call behind Python that costs more than the call itself on a small model",
-    ),
-    PrivateName(
-        "torch.nn.modules.batchnorm._BatchNorm",
-        "sync_batchnorm.py",
-        "the common base of BatchNorm1d/2d/3d (as torch's own convert_sync_batchnorm uses)",
+        "lightning.pytorch.strategies.launchers._MultiProcessingLauncher (its .launch and .procs)",
+        "preemption.py",
+        "ddp_spawn's launcher: its ranks run the fit without Lightning's exception handling, so a stop"
+        " agreed on every rank would end them without last.ckpt, and a SIGTERM to the main process"
+        " would kill it alone; its launch is wrapped on the instance to stop the ranks cleanly and to"
+        " hand the main process's stop signals to them",
+        "--preemption=null",
     ),
 )
-
-BatchNormBase = _BatchNorm
-
-
-def tensor_norms(tensors: list[torch.Tensor], norm_type: float) -> Sequence[torch.Tensor]:
-    """The ``norm_type``-norm of each tensor, in one fused call (a loop in C++ on devices without one)."""
-    return torch._foreach_norm(tensors, norm_type)
 
 
 # ---- preemption ------------------------------------------------------------------------------------
@@ -155,6 +134,33 @@ def is_subprocess_launch(strategy: Strategy) -> bool:
     return isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher)
 
 
+class SpawnLaunch:
+    """ddp_spawn's launch, wrapped on the launcher instance (picklable: the trainer, launcher included, is
+    pickled into every rank)."""
+
+    def __init__(self, launcher, wrap_function, on_launched) -> None:
+        self.launcher, self.wrap_function, self.on_launched = launcher, wrap_function, on_launched
+
+    def procs(self) -> list:
+        return list(getattr(self.launcher, "procs", []))
+
+    def __call__(self, function, *args, **kwargs):
+        with self.on_launched(self.procs):
+            return type(self.launcher).launch(self.launcher, self.wrap_function(function), *args, **kwargs)
+
+
+def wrap_spawn_launch(strategy: Strategy, wrap_function, on_launched) -> bool:
+    """Under ddp_spawn: the function each rank runs becomes ``wrap_function(function)`` (picklable), and
+    ``on_launched(procs)``, a context manager, is entered in the main process while its ranks run
+    (``procs()``: their multiprocessing.Process objects, once started); True if the strategy spawns them."""
+    launcher = getattr(strategy, "launcher", None)
+    if not isinstance(launcher, _MultiProcessingLauncher):
+        return False
+    if not isinstance(vars(launcher).get("launch"), SpawnLaunch):
+        launcher.launch = SpawnLaunch(launcher, wrap_function, on_launched)
+    return True
+
+
 def wrap_child_observer_kill(children: list, before_kill) -> bool:
     """Call ``before_kill()`` before Lightning's child-process observer SIGKILLs the job; True if found."""
     for thread in threading.enumerate():
@@ -168,58 +174,6 @@ def wrap_child_observer_kill(children: list, before_kill) -> bool:
             thread._terminate_all = name_then_kill_all
             return True
     return False
-
-
-# ---- callback hooks --------------------------------------------------------------------------------
-
-_lightning_call_callback_hooks = trainer_call._call_callback_hooks
-
-CallbackSelector = Callable[[Trainer, str, bool | None], Sequence[Callback] | None]
-
-
-def route_callback_hooks(select: CallbackSelector) -> None:
-    """Make Lightning's loops call a callback hook only on the callbacks ``select(trainer, hook_name,
-    monitoring_callbacks)`` returns, in that order; where it returns None, Lightning dispatches as its own
-    function does. The rest is Lightning's: the module's current hook name is set around the calls (what
-    ``self.log`` in a callback checks), and a profiler other than the pass-through one times each call
-    under Lightning's name for it."""
-    if not hasattr(trainer_call, "_call_callback_hooks"):
-        raise RuntimeError(_changed("trainer.call._call_callback_hooks"))
-
-    def call_callback_hooks(
-        trainer: Trainer, hook_name: str, *args, monitoring_callbacks: bool | None = None, **kwargs
-    ) -> None:
-        callbacks = select(trainer, hook_name, monitoring_callbacks)
-        if callbacks is None:
-            _lightning_call_callback_hooks(
-                trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs
-            )
-            return
-        if not callbacks:  # nothing would run: the module's hook name would be set and set back
-            return
-        pl_module = trainer.lightning_module
-        if pl_module:
-            previous_fx_name, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
-        profiler = trainer.profiler
-        timed = type(profiler) is not PassThroughProfiler  # its context does nothing; naming it costs
-        for callback in callbacks:
-            fn = getattr(callback, hook_name)
-            if not callable(fn):
-                continue
-            if not timed:
-                fn(trainer, trainer.lightning_module, *args, **kwargs)
-            else:
-                with profiler.profile(f"[Callback]{callback.state_key}.{hook_name}"):
-                    fn(trainer, trainer.lightning_module, *args, **kwargs)
-        if pl_module:
-            pl_module._current_fx_name = previous_fx_name
-
-    trainer_call._call_callback_hooks = call_callback_hooks
-
-
-def restore_callback_hooks() -> None:
-    """Give every trainer Lightning's own callback dispatch back."""
-    trainer_call._call_callback_hooks = _lightning_call_callback_hooks
 
 
 # ---- loggers and files -----------------------------------------------------------------------------
@@ -258,10 +212,6 @@ def hand_event_write_errors_to(summary_writer, on_error) -> bool:
 
     record_writer.write, record_writer.flush = guard(record_writer.write), guard(record_writer.flush)
     return True
-
-
-def is_local_path(path: str | Path) -> bool:
-    return _is_local_file_protocol(path)
 
 
 def _changed(name: str) -> str:

@@ -1,7 +1,7 @@
 """Python's garbage collector, frozen for the objects that exist when training starts.
 
-A full (generation 2) collection walks every object the process holds: ~450,000 after set-up (torch,
-Lightning, the data module), ~300 ms on a 2-core CPU. One lands in the first training steps of every run,
+A full (generation 2) collection walks every object the process holds: hundreds of thousands after set-up
+(torch, Lightning, the data module). One lands in the first training steps of every run,
 and under DDP each rank's collection stalls the others at the next all-reduce (at different moments on
 different ranks, so the stalls add up). ``gc.freeze()`` after one collection at the start of training moves
 those objects to a permanent generation that later collections skip; what a training step allocates is

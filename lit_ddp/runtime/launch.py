@@ -31,7 +31,6 @@ from lit_ddp.errors import UserError
 from lit_ddp.runtime.compat import is_subprocess_launch
 
 LOOPBACK = ("127.0.0.1", "localhost")
-_rendezvous: tuple[socket.socket, TCPStore] | None = None  # kept alive for the life of the process
 
 
 # What each launcher sets in every process it starts: (name, world size, processes on this node, the
@@ -114,21 +113,21 @@ def check_launcher_world(trainer: Trainer, environ=None) -> None:
             raise UserError(f"{name} and the trainer disagree: {err}") from err
 
 
-def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
-    """On a single node launched by Lightning, host rank 0's rendezvous store on 127.0.0.1 only."""
-    global _rendezvous
+def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> tuple[socket.socket, TCPStore] | None:
+    """On a single node launched by Lightning, host rank 0's rendezvous store on 127.0.0.1 only. Returns
+    the socket and store, which the caller keeps alive for the run (torch's process group joins the store
+    on that port), or None where nothing was bound."""
     strategy = trainer.strategy
     env = getattr(strategy, "cluster_environment", None)
     if (
-        _rendezvous is not None
-        or not is_subprocess_launch(strategy)
+        not is_subprocess_launch(strategy)
         or type(env) is not LightningEnvironment
         or env.creates_processes_externally  # torchrun, or a rank > 0 that Lightning started
         or trainer.num_nodes != 1
         or trainer.num_devices < 2
         or env.main_address not in LOOPBACK
     ):
-        return False
+        return None
     port = env.main_port  # chosen now, and the same that the launcher will hand to the other ranks
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -147,9 +146,8 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> bool:
     except (OSError, RuntimeError, TypeError) as err:  # a port taken meanwhile, or an older torch
         sock.close()
         rank_zero_warn(f"lit_ddp: rendezvous not bound to 127.0.0.1 ({err}); torch's default binding is used")
-        return False
-    _rendezvous = (sock, store)
-    return True
+        return None
+    return sock, store
 
 
 def check_devices_exist(accelerator, devices) -> None:

@@ -9,12 +9,12 @@ loss.
 Under ``16-mixed`` precision an overflow is the GradScaler's business: it skips that step and lowers its
 scale, by design and again whenever the scale has grown too far. The guard then stops only when every step
 of ``max_skipped_steps`` in a row was skipped, which a diverged loss causes and the scaler cannot cure.
-The check is one fused norm per gradient and the largest of them, read as one number: a NaN or inf
-anywhere makes it non-finite. The norm is the 2-norm, whose CPU kernel is vectorised (the inf-norm's is
-not: several times slower on LeNet and ResNet). fp16 gradients get the inf-norm, the largest absolute value,
-which overflows only if a gradient is already infinite: a sum of finite fp16 squares overflows at 65504
-(``16-true``). In fp32 and bf16 the 2-norm overflows only beyond ~1e19, where the optimizer's own squares
-have overflowed too.
+The check is the total norm of the gradients (torch.nn.utils.get_total_norm: fused per device where
+torch has a fused kernel), read as one number: a NaN or inf anywhere makes it non-finite. The norm is the
+2-norm, whose CPU kernel is vectorised (the inf-norm's is not). fp16 gradients get the inf-norm, the
+largest absolute value, which overflows only if a gradient is already infinite: a sum of finite fp16
+squares overflows at 65504 (``16-true``). In fp32 and bf16 the 2-norm overflows only beyond ~1e19, where
+the optimizer's own squares have overflowed too.
 
 Reading the verdict on the host waits for the GPU to finish every kernel queued so far, which stalls the
 next step's launch on every step. On CUDA the guard therefore copies the verdict to pinned host memory
@@ -33,7 +33,6 @@ from lightning import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import tensor_norms
 from lit_ddp.runtime.preemption import last_checkpoint_path
 
 
@@ -81,7 +80,7 @@ class NanGuard(Callback):
             return
         self._read_pending(trainer)  # the previous step's verdict (next_step): arrived long ago
         norm_type = math.inf if any(g.dtype == torch.float16 for g in grads) else 2.0
-        largest = torch.stack(tensor_norms(grads, norm_type)).amax()  # NaN and inf propagate
+        largest = torch.nn.utils.get_total_norm(grads, norm_type)  # NaN and ±inf propagate
         on_cuda = largest.device.type == "cuda"
         if self.read == "now" or (self.read == "auto" and not on_cuda):
             # No position passed: _judge reads this step's only if it fails.

@@ -10,8 +10,8 @@ def skip_futile_nvml_checks() -> None:
 
     Importing Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (a fork-safe CUDA check). Without the
     driver, NVML cannot load, so every check tries ``dlopen`` in vain and falls back to the plain check
-    anyway. Adam's and AdamW's ``step()`` run that check each time: ~0.3 ms per step, ~3 % of a LeNet step on
-    CPU with a CUDA build of torch. Where NVML loads (a GPU machine), nothing changes.
+    anyway. Adam's and AdamW's ``step()`` run that check each time, a visible share of a small model's step
+    on CPU with a CUDA build of torch (docs/benchmarks.md). Where NVML loads (a GPU machine), nothing changes.
     """
     if sys.platform != "linux" or os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") != "1":
         return

@@ -13,8 +13,8 @@ one during which the signal arrived), or at the epoch's end; when validation fol
 every rank has finished it (``on_validation_start`` says why). On SIGUSR1 under SLURM, rank 0 then runs
 ``scontrol requeue``; the requeued job's ``--ckpt_path=last`` continues from the saved step.
 
-Why not every batch by default: even a non-blocking all-reduce costs CPU time, ~0.25 ms a step on a
-2-core machine running 2 ranks (~2 % of a LeNet step). Every 10th batch keeps the stop within seconds for
+Why not every batch by default: even a non-blocking all-reduce costs CPU time, a visible share of a small
+model's step on a CPU (docs/benchmarks.md). Every 10th batch keeps the stop within seconds for
 any model whose batch takes a fraction of a second; set 1 for models with very slow batches.
 
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
@@ -29,12 +29,15 @@ module's batch count, lit_ddp/data/base.py) and the epoch's training metric stat
 the same augmentation, and ends with the uninterrupted run's weights and metrics.
 """
 
+import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -48,14 +51,16 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import request_stop, restore_stop_flag_broadcast, skip_stop_flag_broadcast
+from lit_ddp.runtime.compat import (
+    request_stop,
+    restore_stop_flag_broadcast,
+    skip_stop_flag_broadcast,
+    wrap_spawn_launch,
+)
 from lit_ddp.runtime.position import run_position
+from lit_ddp.runtime.quiet import quiet_exact_resume
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
-# Lightning warns on a mid-epoch resume when the training DataLoader has no state_dict(); ours resumes
-# exactly through its sampler (data/base.py, samplers.py), which Lightning cannot see. Its text is all
-# there is to match (tests/test_compat.py pins it).
-NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended and your"
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
@@ -96,12 +101,10 @@ class PreemptionCheckpoint(Callback):
         if isinstance(sampler, ResumableShuffleSampler) and sampler.start > 0 and self._quiet is None:
             # Resumed mid-epoch, exactly: Lightning's warning that it is not, emitted as the epoch starts,
             # would be false. Only that one, and only until the epoch has started.
-            self._quiet = warnings.catch_warnings()
-            self._quiet.__enter__()
-            warnings.filterwarnings("ignore", message=NOT_RESUMABLE_WARNING)
+            self._quiet = quiet_exact_resume()
         # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
         # Lightning's signal connector restores the original handlers at teardown.
-        self._is_global_zero = trainer.is_global_zero
+        self._is_global_zero, self._rank = trainer.is_global_zero, trainer.global_rank
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.getsignal(signal.SIGINT)
             for signum in self._codes:
@@ -128,6 +131,14 @@ class PreemptionCheckpoint(Callback):
                     file=sys.stderr,
                     flush=True,
                 )
+        elif self._received == 0:  # the rank that got it, once (one rank alone, or each that ddp_spawn's
+            # main process handed it to)
+            line = (
+                f"lit_ddp: rank {self._rank} received {signal.Signals(signum).name}: every rank stops at the"
+                " next check, with last.ckpt\n"
+            )
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line.encode())  # one write: ranks sharing stderr do not interleave
         self._received = max(self._received, self._codes.get(signal.Signals(signum), 1))
 
     @staticmethod
@@ -226,6 +237,53 @@ class PreemptionCheckpoint(Callback):
         )
         if stopped_by == self.requeue_signal.name and trainer.is_global_zero:
             _requeue_slurm_job()
+
+
+def _run_rank(function: Callable, *args, **kwargs):
+    """What a ddp_spawn rank runs: ``trainer.fit``'s work, where a stop agreed by the ranks (Lightning's
+    SIGTERMException) reaches the callbacks' on_exception, as in the main process of any other strategy
+    (PreemptionCheckpoint saves last.ckpt there), and then ends the rank normally: its results go back to
+    the main process, which exits 0."""
+    try:
+        return function(*args, **kwargs)
+    except SIGTERMException as stop:
+        trainer: Trainer = function.__self__
+        for callback in trainer.callbacks:
+            callback.on_exception(trainer, trainer.lightning_module, stop)
+        for logger in trainer.loggers:
+            logger.finalize("interrupted")
+        return None
+
+
+@contextlib.contextmanager
+def _hand_stop_signals_to(procs: Callable[[], list]):
+    """In ddp_spawn's main process: SIGTERM and SIGUSR1 go to every rank (which agree where to stop)
+    instead of killing this process alone, whose ranks torch would then interrupt at a random point."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hand_on(signum: int, frame) -> None:
+        for proc in procs():
+            if proc.is_alive():
+                os.kill(proc.pid, signum)
+
+    handled = (signal.SIGTERM, signal.SIGUSR1)
+    previous = {signum: signal.signal(signum, hand_on) for signum in handled}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
+    """Under ddp_spawn (called in the main process before the run): a stop signal to the main process or
+    to one rank stops every rank at the same batch with last.ckpt, and the job exits 0."""
+    if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
+        return False
+    wrap = functools.partial(functools.partial, _run_rank)
+    return wrap_spawn_launch(trainer.strategy, wrap, _hand_stop_signals_to)
 
 
 def _requeue_slurm_job() -> None:

@@ -19,7 +19,9 @@ import torch.distributed as dist
 from lightning.pytorch.plugins.layer_sync import LayerSync, TorchSyncBatchNorm
 from torch import Tensor, nn
 
-from lit_ddp.runtime.compat import BatchNormBase
+# Every BatchNorm torch has (the Lazy ones subclass these): public classes, no private common base.
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+BatchNormLike = nn.BatchNorm2d | nn.BatchNorm1d | nn.BatchNorm3d | nn.SyncBatchNorm
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -68,7 +70,7 @@ def _sync_stats(x: Tensor, group, world_size: int, rank: int) -> tuple[Tensor, T
     return global_mean, global_m2 / total, int(total.item())
 
 
-class AllReduceSyncBatchNorm(BatchNormBase):
+class AllReduceSyncBatchNorm(nn.BatchNorm2d):  # any (N, C, *) input: _check_input_dim below
     """BatchNorm over the whole distributed batch, for any backend with all_reduce (gloo, nccl, ...).
 
     In training with more than one rank: normalise with the mean and variance of all ranks' batches and
@@ -129,7 +131,7 @@ class AllReduceSyncBatchNorm(BatchNormBase):
         self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
 
 
-class _BatchNormXd(BatchNormBase):
+class _BatchNormXd(nn.BatchNorm2d):
     """Plain BatchNorm for any input rank: the revert target when the original class is unknown."""
 
     def _check_input_dim(self, input: Tensor) -> None:
@@ -139,11 +141,11 @@ class _BatchNormXd(BatchNormBase):
 SYNC_CLASSES = (nn.SyncBatchNorm, AllReduceSyncBatchNorm)
 
 
-def _bn_args(m: BatchNormBase) -> tuple:
+def _bn_args(m: BatchNormLike) -> tuple:
     return m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats
 
 
-def _copy_state(src: BatchNormBase, dst: BatchNormBase) -> BatchNormBase:
+def _copy_state(src: BatchNormLike, dst: BatchNormLike) -> BatchNormLike:
     """Share parameters and buffers (as torch's convert_sync_batchnorm does), keep train/eval mode."""
     if src.affine:
         with torch.no_grad():
@@ -157,11 +159,11 @@ def _copy_state(src: BatchNormBase, dst: BatchNormBase) -> BatchNormBase:
 
 
 def convert_sync_batchnorm(
-    module: nn.Module, sync_class: type[BatchNormBase] = AllReduceSyncBatchNorm, process_group=None
+    module: nn.Module, sync_class: type[BatchNormLike] = AllReduceSyncBatchNorm, process_group=None
 ) -> nn.Module:
     """Replace every BatchNorm*d in ``module`` by ``sync_class``; remember the original class for revert."""
     out = module
-    if isinstance(module, BatchNormBase) and not isinstance(module, SYNC_CLASSES):
+    if isinstance(module, BATCH_NORMS) and not isinstance(module, SYNC_CLASSES):
         out = _copy_state(module, sync_class(*_bn_args(module), process_group))
         out._lit_ddp_bn_class = type(module)
     for name, child in module.named_children():

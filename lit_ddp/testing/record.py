@@ -14,7 +14,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
-from lit_ddp.runtime.compat import BatchNormBase
+from lit_ddp.runtime.sync_batchnorm import BATCH_NORMS
 
 STEP_STATES = 8  # the weights after each of the first optimizer steps are kept
 
@@ -74,7 +74,7 @@ class Recorder(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.record["bn_classes"] = sorted(
-            {type(m).__name__ for m in pl_module.modules() if isinstance(m, BatchNormBase)}
+            {type(m).__name__ for m in pl_module.modules() if isinstance(m, BATCH_NORMS)}
         )
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -20,7 +20,18 @@ from pathlib import Path
 import torch
 from lightning import Callback, LightningModule, Trainer
 
-ACTIONS = ("sigkill", "sigterm", "sigusr1", "sigint", "sigint_twice", "nan", "raise", "hang", "should_stop")
+ACTIONS = (
+    "sigkill",
+    "sigterm",
+    "sigterm_parent",  # SIGTERM to this rank's parent: ddp_spawn's main process, as a scheduler sends it
+    "sigusr1",
+    "sigint",
+    "sigint_twice",
+    "nan",
+    "raise",
+    "hang",
+    "should_stop",
+)
 
 
 class Fault(Callback):
@@ -56,6 +67,8 @@ class Fault(Callback):
             os.kill(os.getpid(), signal.SIGINT)
         elif self.action == "should_stop":  # a stop decided as EarlyStopping or max_time decide theirs
             trainer.should_stop = True
+        elif self.action == "sigterm_parent":
+            os.kill(os.getppid(), signal.SIGTERM)
         elif self.action == "raise":
             raise RuntimeError("fault_probe: injected error")
         else:

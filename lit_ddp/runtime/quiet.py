@@ -1,0 +1,146 @@
+"""Every console message lit_ddp silences, in one list: a warning or log line of another library that a user
+cannot act on, matched by its text because its text is all there is (no category or logger of its own).
+
+Each entry names the module that emits it, a fragment of that module's source, an example of the message
+as emitted and why it is silenced. tests/test_quiet.py checks, per entry, that the installed library still
+holds the fragment and that the pattern matches the example: an upstream rewording fails there, by name,
+instead of leaving a filter that silences nothing. Nothing is silenced on import: ``main()`` calls
+``quiet_console()``, the CLI ``quiet_evaluation()`` before validate/test/predict, and PreemptionCheckpoint
+``quiet_exact_resume()`` while a resumed epoch starts.
+"""
+
+import logging
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Quiet:
+    pattern: str  # a regular expression matched at the start of the message
+    kind: Literal["warning", "info"]  # a Python warning, or a record of Lightning's rank-zero logger
+    module: str  # the module whose source emits it
+    literal: str  # a fragment of that message as the module's source writes it
+    example: str  # the message as the installed version emits it
+    why: str
+
+
+# Process-wide, for every command (quiet_console).
+CONSOLE = (
+    Quiet(
+        r".*does not have many workers",
+        "warning",
+        "lightning.pytorch.trainer.connectors.data_connector",
+        "does not have many workers which may be a bottleneck",
+        "The 'train_dataloader' does not have many workers which may be a bottleneck.",
+        "in-memory uint8 datasets are fastest with num_workers=0 (no IPC), and loaders that decode files"
+        " count the cores themselves (data/base.py)",
+    ),
+    Quiet(
+        r"It is recommended to use `self.log\('(perf/|\w+/skipped_images)",
+        "warning",
+        "lightning.pytorch.trainer.connectors.logger_connector.result",
+        "It is recommended to use `self.log(",
+        "It is recommended to use `self.log('perf/img_per_s', ..., sync_dist=True)` when logging on epoch"
+        " level in distributed setting to accumulate the metric across devices.",
+        "the dashboard callbacks reduce their epoch values over the ranks themselves"
+        " (callbacks/throughput.py): the advice to log them with sync_dist=True does not apply to these keys",
+    ),
+    Quiet(
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "warning",
+        "torch.utils._pytree",
+        "`isinstance(treespec, LeafSpec)` is deprecated",
+        "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec) and"
+        " treespec.is_leaf()` instead.",
+        "Lightning 2.6 calls a torch API that torch 2.9+ deprecates, on every fit, validate and test",
+    ),
+    Quiet(
+        r"💡 Tip: For seamless cloud logging",
+        "info",
+        "lightning.pytorch.trainer.connectors.logger_connector.logger_connector",
+        "💡 Tip: For seamless cloud logging",
+        "💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]",
+        "an advertisement for a hosted logger, on every run",
+    ),
+    Quiet(
+        r"Trainer already configured with model summary callbacks",
+        "info",
+        "lightning.pytorch.trainer.connectors.callback_connector",
+        "Trainer already configured with model summary callbacks",
+        "Trainer already configured with model summary callbacks: [<class 'ModelSummary'>]. Skipping setting"
+        " a default `ModelSummary` callback.",
+        "lit_ddp's model summary (callbacks/console.py) replaces Lightning's on purpose",
+    ),
+)
+
+# validate / test / predict only (quiet_evaluation).
+EVALUATION = (
+    Quiet(
+        r"The dirpath has changed from",
+        "warning",
+        "lightning.pytorch.callbacks.model_checkpoint",
+        "The dirpath has changed from",
+        "The dirpath has changed from '/old/checkpoints' to '/new/checkpoints', therefore `best_model_score`,"
+        " `kth_best_model_path`, `kth_value`, `last_model_path` and `best_k_models` won't be reloaded.",
+        "evaluating a checkpoint in a new run directory is what these commands do: the best-k bookkeeping"
+        " that is not restored is only used when training",
+    ),
+    Quiet(
+        r"Be aware that when using `ckpt_path`, callbacks used",
+        "warning",
+        "lightning.pytorch.trainer.call",
+        "Be aware that when using `ckpt_path`, callbacks used",
+        "Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided"
+        " during `Trainer` instantiation.",
+        "callback states matter to fit only (an EMA checkpoint's state_dict already holds the averaged"
+        " weights): the advice to pass those callbacks again does not apply",
+    ),
+)
+
+# While an exactly resumed epoch starts (quiet_exact_resume).
+EXACT_RESUME = Quiet(
+    r"You're resuming from a checkpoint that ended before the epoch ended and your",
+    "warning",
+    "lightning.pytorch.loops.training_epoch_loop",
+    "You're resuming from a checkpoint that ended before the epoch ended and your",
+    "You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not"
+    " resumable. This can cause unreliable results if further training is done.",
+    "lit_ddp's sampler resumes mid-epoch exactly (data/base.py, samplers.py); Lightning decides from the"
+    " loader's state_dict(), which it cannot see, so the warning would be false",
+)
+
+EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME)
+
+
+def _ignore(quiet: Quiet) -> None:
+    warnings.filterwarnings("ignore", message=quiet.pattern)
+
+
+def _info_allowed(record: logging.LogRecord) -> bool:
+    return not any(q.kind == "info" and re.match(q.pattern, str(record.msg)) for q in CONSOLE)
+
+
+def quiet_console() -> None:
+    """The process-wide filters (CONSOLE): set by ``main()``, never by importing a module."""
+    for quiet in CONSOLE:
+        if quiet.kind == "warning":
+            _ignore(quiet)
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _info_allowed not in logger.filters:
+        logger.addFilter(_info_allowed)
+
+
+def quiet_evaluation() -> None:
+    """The filters of validate, test and predict (EVALUATION)."""
+    for quiet in EVALUATION:
+        _ignore(quiet)
+
+
+def quiet_exact_resume() -> warnings.catch_warnings:
+    """Silence EXACT_RESUME until the returned context is exited."""
+    context = warnings.catch_warnings()
+    context.__enter__()
+    _ignore(EXACT_RESUME)
+    return context
