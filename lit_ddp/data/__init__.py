@@ -6,11 +6,13 @@ from lit_ddp.data.base import ImageDataModule, TensorImageDataset
 from lit_ddp.data.cifar10 import CIFAR10DataModule
 from lit_ddp.data.imagenet import ImageNetDataModule
 from lit_ddp.data.shapes import ShapesDataModule
+from lit_ddp.data.streaming import StreamingDataModule
 
 __all__ = [
     "CIFAR10DataModule",
     "ImageDataModule",
     "ImageNetDataModule",
     "ShapesDataModule",
+    "StreamingDataModule",
     "TensorImageDataset",
 ]

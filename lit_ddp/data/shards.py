@@ -256,6 +256,7 @@ class Sample:
     image: memoryview
     label: int
     index: int
+    path: str = ""  # ImageFolder shards: the file it was read from, relative to SRC
 
 
 class ShardedSamples:
@@ -283,6 +284,10 @@ class ShardedSamples:
         bad = [s for s in index["shards"] if s.get("compression") or s["column_names"][:3] != list(COLUMNS)]
         if bad:
             raise ShardError(f"{self.store.name(split + '/' + INDEX)} holds shards lit_ddp did not write")
+        # Variable-size columns (image, and path in ImageFolder shards) lead each sample with their sizes.
+        self.header = (
+            4 * sum(size is None for size in index["shards"][0]["column_sizes"]) if self.shards else 4
+        )
         self.starts = np.cumsum([0] + [n for *_, n in self.shards]).tolist()
         self.cache = (
             ChunkCache(cache_dir or default_cache_dir(), url, cache_limit_bytes) if is_remote(url) else None
@@ -324,11 +329,16 @@ class ShardedSamples:
         j = index - self.starts[s]
         begin, end = np.frombuffer(data, np.uint32, 2, 4 + 4 * j)
         size = int(np.frombuffer(data, np.uint32, 1, begin)[0])
-        image = data[begin + 4 : begin + 4 + size]
-        sample_index, label = np.frombuffer(data, np.int64, 2, begin + 4 + size)
-        if begin + 4 + size + 16 > end:
+        first = begin + self.header
+        image = data[first : first + size]
+        if first + size + 16 > end:
             raise ShardError(f"shard {self.store.name(self.split + '/' + self.shards[s][0])} is corrupt")
-        return Sample(image, int(label), int(sample_index))
+        sample_index, label = np.frombuffer(data, np.int64, 2, first + size)
+        path = ""
+        if self.header == 8:  # ImageFolder shards: the file's relative path after the fixed columns
+            length = int(np.frombuffer(data, np.uint32, 1, begin + 4)[0])
+            path = bytes(data[first + size + 16 : first + size + 16 + length]).decode()
+        return Sample(image, int(label), int(sample_index), path)
 
 
 def read_image_bytes(image: memoryview) -> np.ndarray:
