@@ -112,7 +112,7 @@ def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], 
 
 
 def _write_split(
-    out: Path, split: str, rows: Iterable[dict], total: int, columns: dict, shard_mb: int
+    out: Path, split: str, rows: Iterable[dict], total: int, columns: dict, shard_mb: float
 ) -> dict:
     from streaming import MDSWriter  # Mosaic's writer: the format stays theirs
 
@@ -121,7 +121,7 @@ def _write_split(
     with MDSWriter(
         out=str(out / split),
         columns=columns,
-        size_limit=shard_mb << 20,
+        size_limit=int(shard_mb * (1 << 20)),
         compression=None,
         hashes=[],
         progress_bar=False,
@@ -177,7 +177,7 @@ def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
     os.replace(work / MANIFEST, Path(dest) / MANIFEST)
 
 
-def convert(src: str, dest: str, shard_mb: int = 64, workers: int | None = None) -> dict:
+def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = None) -> dict:
     """Shard ``src`` into ``dest``; returns the manifest."""
     root = Path(src)
     if not root.is_dir():
@@ -221,7 +221,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m lit_ddp shard", description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="a CIFAR-10 folder (cifar-10-batches-py) or an ImageFolder tree")
     parser.add_argument("dest", help="an empty folder, or s3://bucket/prefix")
-    parser.add_argument("--shard-mb", type=int, default=64, help="shard size limit in MiB (default 64)")
+    parser.add_argument("--shard-mb", type=float, default=64, help="shard size limit in MiB (default 64)")
     parser.add_argument("--workers", type=int, default=None, help="file-reading threads (default: 4 per CPU)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
