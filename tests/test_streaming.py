@@ -314,30 +314,35 @@ def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_
         if p.is_file():
             client.upload_file(str(p), s3_server.bucket, f"cifar/{p.relative_to(cifar_shards)}")
     args = [*ONE, "--data.batch_size=64", "--data.retries=2"]
-    first = fit(
-        tmp_path,
-        url,
-        *args,
-        "--trainer.max_epochs=1",
-        f"--data.cache_dir={tmp_path / 'c1'}",
-        env=s3_server.env,
-    )
+    cache = f"--data.cache_dir={tmp_path / 'c1'}"
+    first = fit(tmp_path, url, *args, cache, *stop_mid_epoch(3, tmp_path / "p"), env=s3_server.env)
     assert first.returncode == 0, first.stderr[-3000:]
     before = last_ckpt(tmp_path).read_bytes()
-    body = client.get_object(Bucket=s3_server.bucket, Key="cifar/train/shard.00003.mds")["Body"].read()
-    client.delete_object(Bucket=s3_server.bucket, Key="cifar/train/shard.00003.mds")
-    failed = fit(
-        tmp_path, url, *args, "--ckpt_path=last", f"--data.cache_dir={tmp_path / 'c2'}", env=s3_server.env
-    )
+    # Every training shard gone, and a new node (an empty cache): the resumed run cannot read on.
+    keys = [f"cifar/train/{p.name}" for p in sorted((cifar_shards / "train").glob("*.mds"))]
+    bodies = {k: client.get_object(Bucket=s3_server.bucket, Key=k)["Body"].read() for k in keys}
+    for key in keys:
+        client.delete_object(Bucket=s3_server.bucket, Key=key)
+    cache = f"--data.cache_dir={tmp_path / 'c2'}"
+    failed = fit(tmp_path, url, *args, "--ckpt_path=last", cache, env=s3_server.env)
     err = [line for line in failed.stderr.splitlines() if line.startswith("lit_ddp: error:")]
     assert failed.returncode != 0 and len(err) == 1, failed.stderr[-3000:]
-    assert "cifar/train/shard.00003.mds after 2 attempts" in err[0]
-    assert last_ckpt(tmp_path).read_bytes() == before
-    client.put_object(Bucket=s3_server.bucket, Key="cifar/train/shard.00003.mds", Body=body)
-    resumed = fit(
-        tmp_path, url, *args, "--ckpt_path=last", f"--data.cache_dir={tmp_path / 'c2'}", env=s3_server.env
-    )
+    assert f"s3://{s3_server.bucket}/cifar/train/shard.000" in err[0] and "after 2 attempts" in err[0]
+    assert "Traceback" not in failed.stderr and last_ckpt(tmp_path).read_bytes() == before
+    for key, body in bodies.items():
+        client.put_object(Bucket=s3_server.bucket, Key=key, Body=body)
+    resumed = fit(tmp_path, url, *args, "--ckpt_path=last", cache, env=s3_server.env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     reference = fit(tmp_path / "ref", cifar_shards, *args)
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert_same_weights(weights(tmp_path), weights(tmp_path / "ref"), atol=0)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_holds_on_the_streaming_cifar_recipe(tmp_path: Path, cifar_shards: Path) -> None:
+    from test_doctor import assert_every_check_holds, doctor
+
+    args = ["--config", str(REPO / "configs" / "lenet_cifar_streaming.yaml"), f"--data.url={cifar_shards}"]
+    assert_every_check_holds(*doctor([*args, "--data.val_size=30"], tmp_path))

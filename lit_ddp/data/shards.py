@@ -97,15 +97,16 @@ class S3Store:
         if not bucket:
             raise UserError(f"{url} names no bucket: pass s3://bucket/prefix")
         self.url, self.bucket, self.prefix = url.rstrip("/"), bucket, prefix.strip("/")
-        self._client = None
+        self._client, self._pid = None, os.getpid()
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_client": None}
 
     @property
     def client(self):
-        if self._client is None:
-            self._client = _s3_client()
+        # A forked DataLoader worker inherits the parent's client (no pickling): it makes its own.
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid = _s3_client(), os.getpid()
         return self._client
 
     def key(self, key: str) -> str:
