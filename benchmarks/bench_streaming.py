@@ -87,11 +87,11 @@ def main() -> None:
     import torch
     from streaming import StreamingDataset
 
+    from lit_ddp.data.convert import convert
     from lit_ddp.data.image_folder import ImageFileDataset, list_images, seeded_global_rng
     from lit_ddp.data.jpeg import load_train_crop
     from lit_ddp.data.shards import ShardedSamples
     from lit_ddp.data.streaming import ShardImageDataset, ShardOrderSampler
-    from lit_ddp.shard import convert
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_streaming-"))
     make_tree(tmp / "tree", args.images)
