@@ -241,7 +241,10 @@ class StreamingDataModule(ImageDataModule):
             test = self._samples(self.test_split)
             self.test_set = self._dataset(test, np.arange(len(test)), train=False)
 
-    def _train_sampler(self, dataset: Dataset) -> ShardOrderSampler:
+    def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
+        if not isinstance(dataset, ShardImageDataset):
+            # A split someone wrapped (the trust kit's subsample): the base's (seed, epoch) shuffle over it.
+            return super()._train_sampler(dataset)
         kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
         sampler = ShardOrderSampler(
             dataset,
@@ -287,4 +290,4 @@ class StreamingDataModule(ImageDataModule):
             )
         per_step = self.batch_size * self._world()
         self._batches = state_dict["samples"] // per_step
-        self._resume = (self._epoch, self._batches)
+        self._resume = (state_dict["epoch"], self._batches)
