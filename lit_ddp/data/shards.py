@@ -1,6 +1,6 @@
 """Sharded image data: Mosaic MDS shards (``index.json`` + ``shard.NNNNN.mds`` per split) read by index.
 
-Layout written by ``python -m lit_ddp shard`` (lit_ddp/shard.py)::
+Layout written by ``python -m lit_ddp shard`` (lit_ddp/data/convert.py)::
 
     DEST/lit_ddp.json            what the shards hold (classes, encoding, samples per split); written last
     DEST/<split>/index.json      Mosaic's MDS index: each shard's sample count and byte size
