@@ -364,6 +364,10 @@ def main(
 
         return new_project(argv[1:])
     try:
+        if argv[:1] == ["shard"]:  # not a Lightning subcommand: data → shards (lit_ddp/data/convert.py)
+            from lit_ddp.data.convert import main as shard
+
+            return shard(argv[1:])
         if argv[:1] == ["doctor"]:  # not a Lightning subcommand: the trust kit (lit_ddp/testing)
             from lit_ddp.testing.doctor import main as doctor
 

@@ -7,6 +7,7 @@ from lit_ddp.data.base import ImageDataModule, TensorImageDataset
 from lit_ddp.data.cifar10 import CIFAR10DataModule
 from lit_ddp.data.imagenet import ImageNetDataModule
 from lit_ddp.data.shapes import ShapesDataModule
+from lit_ddp.data.streaming import StreamingDataModule
 
 __all__ = [
     "Augmentation",
@@ -16,5 +17,6 @@ __all__ = [
     "ImageNetDataModule",
     "RandomResizedCropFlip",
     "ShapesDataModule",
+    "StreamingDataModule",
     "TensorImageDataset",
 ]

@@ -138,7 +138,8 @@ def decode(
     DCT domain as far as keeps that box at least ``draft_size`` pixels on its short side (None: never).
     Returns (3, h, w) uint8 pixels (channels-last memory for JPEGs), the reduction
     (stored pixels per decoded pixel: 1, 2, 4 or 8), the upright stored (width, height), and the region."""
-    data = np.fromfile(path, dtype=np.uint8)  # one read; writable, so torch takes it without a copy
+    # One read; writable, so torch takes it without a copy. An array: the file's bytes, read from a shard.
+    data = path if isinstance(path, np.ndarray) else np.fromfile(path, dtype=np.uint8)
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:

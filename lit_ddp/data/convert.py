@@ -1,0 +1,231 @@
+"""``python -m lit_ddp shard SRC DEST``: a CIFAR-10 folder or an ImageFolder tree → MDS shards.
+
+    python -m lit_ddp shard data/cifar-10-batches-py shards/cifar10
+    python -m lit_ddp shard data/imagenet s3://bucket/imagenet      # AWS_ENDPOINT_URL etc. from the env
+
+CIFAR-10's pickles hold raw pixels: each image is stored as its 3,072 raw uint8 bytes (3×32×32), no
+encoding (nothing to decode when training). An ImageFolder tree's files are stored as they are on disk
+(no re-encode), with their relative path. Every sample keeps its label and its index in the sorted split.
+
+The same input gives byte-identical shards: samples in sorted order, a shard closed at a fixed size, one
+writer (Mosaic's ``MDSWriter``) fed in order while a pool of processes reads the files. The shards are
+written under ``DEST/.lit_ddp-partial`` (or a local temporary folder for s3://) and moved into place when
+complete, ``lit_ddp.json`` last: an interrupted run leaves no manifest, and a re-run starts over. A DEST
+that holds anything else is refused.
+"""
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from lit_ddp.data.base import available_cpus
+from lit_ddp.data.cifar10 import CLASS_NAMES, TEST_BATCH, TRAIN_BATCHES, find_folder, read_split
+from lit_ddp.data.folder_index import class_key, find_classes
+from lit_ddp.data.image_folder import list_images
+from lit_ddp.data.shards import COLUMNS, FOLDER_COLUMNS, INDEX, MANIFEST, SPLITS, S3Store, is_remote
+from lit_ddp.errors import UserError
+
+PARTIAL = ".lit_ddp-partial"
+FORMAT_VERSION = 1
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _read_in_order(paths: list[str], pool: ThreadPoolExecutor, ahead: int) -> Iterator[bytes]:
+    """Each file's bytes, in order, read by ``pool`` at most ``ahead`` files ahead of the writer (reading
+    is I/O: threads overlap it; the window bounds the memory held)."""
+    pending: collections.deque = collections.deque()
+    for path in paths:
+        pending.append(pool.submit(_read_file, path))
+        if len(pending) >= ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def _progress(split: str, done: int, total: int, started: float) -> None:
+    rate = done / max(time.perf_counter() - started, 1e-9)
+    print(f"shard: {split} {done:,}/{total:,} samples ({rate:,.0f}/s)", file=sys.stderr, flush=True)
+
+
+def _samples_cifar(folder: Path) -> tuple[dict, dict[str, Iterator[dict]], dict[str, int]]:
+    splits = {"train": TRAIN_BATCHES, "test": (TEST_BATCH,)}
+    data = {name: read_split(folder, batches) for name, batches in splits.items()}
+
+    def rows(images, labels) -> Iterator[dict]:
+        for i, (x, y) in enumerate(zip(images.numpy(), labels.tolist(), strict=True)):
+            yield {"image": x.tobytes(), "index": i, "label": y}
+
+    meta = {
+        "kind": "cifar10",
+        "encoding": "raw",
+        "image_shape": [3, 32, 32],
+        "class_names": list(CLASS_NAMES),
+    }
+    return meta, {n: rows(*d) for n, d in data.items()}, {n: len(d[1]) for n, d in data.items()}
+
+
+def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], dict[str, int]]:
+    folders = find_classes(root / "train")
+    if len(folders) < 2:
+        raise UserError(
+            f"{root} is neither a CIFAR-10 folder (cifar-10-batches-py) nor an ImageFolder tree with at least"
+            " two class folders under train/: pass one of those as SRC"
+        )
+    names = [class_key(f) for f in folders]
+    class_to_idx = {f: i for i, f in enumerate(folders)}
+    listings = {}
+    for split in SPLITS:
+        if (root / split).is_dir():
+            found = find_classes(root / split)
+            unknown = [f for f in found if f not in class_to_idx]
+            if unknown:
+                raise UserError(
+                    f"{root / split} has class folders that train/ lacks ({unknown[:5]}): fix the layout"
+                )
+            listings[split] = list_images(root / split, class_to_idx)
+
+    def rows(listing) -> Iterator[dict]:
+        paths = [listing.path(i) for i in range(len(listing))]
+        contents = _read_in_order(paths, pool, ahead=256)
+        for i, (path, data) in enumerate(zip(paths, contents, strict=True)):
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            yield {"image": data, "index": i, "label": int(listing.labels[i]), "path": rel}
+
+    meta = {"kind": "imagefolder", "encoding": "file", "image_shape": None, "class_names": names}
+    return (
+        meta,
+        {s: rows(listing) for s, listing in listings.items()},
+        {s: len(v) for s, v in listings.items()},
+    )
+
+
+def _write_split(
+    out: Path, split: str, rows: Iterable[dict], total: int, columns: dict, shard_mb: float
+) -> dict:
+    from streaming import MDSWriter  # Mosaic's writer: the format stays theirs
+
+    started = shown = time.perf_counter()
+    done = 0
+    with MDSWriter(
+        out=str(out / split),
+        columns=columns,
+        size_limit=int(shard_mb * (1 << 20)),
+        compression=None,
+        hashes=[],
+        progress_bar=False,
+    ) as writer:
+        for row in rows:
+            writer.write(row)
+            done += 1
+            if done == total or time.perf_counter() - shown > 5:
+                _progress(split, done, total, started)
+                shown = time.perf_counter()
+    size = sum(p.stat().st_size for p in (out / split).iterdir())
+    return {"samples": done, "bytes": size, "shards": len(list((out / split).glob("*.mds")))}
+
+
+def _check_dest(dest: str) -> None:
+    """Refuse a DEST holding finished shards or anything not written by an earlier, interrupted run."""
+    ours = {PARTIAL, *SPLITS}
+    if is_remote(dest):
+        keys = S3Store(dest).keys()
+        if MANIFEST in keys:
+            raise UserError(
+                f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
+            )
+        others = [k for k in keys if k.split("/")[0] not in ours]
+    else:
+        if (Path(dest) / MANIFEST).exists():
+            raise UserError(
+                f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
+            )
+        others = sorted(os.listdir(dest)) if os.path.isdir(dest) else []
+        others = [k for k in others if k not in ours]
+        if os.path.exists(dest) and not os.path.isdir(dest):
+            raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
+    if others:
+        raise UserError(f"{dest} holds other files ({', '.join(others[:3])}): pass an empty DEST")
+
+
+def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
+    if is_remote(dest):
+        store = S3Store(dest)
+        for split in splits:  # shards first, each split's index after its shards, the manifest last
+            for shard in sorted((work / split).glob("*.mds")):
+                store.upload(f"{split}/{shard.name}", str(shard))
+            store.upload(f"{split}/{INDEX}", str(work / split / INDEX))
+        store.write(MANIFEST, manifest)
+        return
+    for split in splits:
+        target = Path(dest) / split
+        if target.exists():
+            shutil.rmtree(target)  # left by an interrupted run (no manifest, or _check_dest refused)
+        os.replace(work / split, target)
+    (work / MANIFEST).write_bytes(manifest)
+    os.replace(work / MANIFEST, Path(dest) / MANIFEST)
+
+
+def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = None) -> dict:
+    """Shard ``src`` into ``dest``; returns the manifest."""
+    root = Path(src)
+    if not root.is_dir():
+        raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
+    _check_dest(dest)
+    if is_remote(dest):
+        tmp = tempfile.TemporaryDirectory(prefix="lit_ddp-shard-")
+        work = Path(tmp.name)
+    else:
+        tmp = None
+        work = Path(dest) / PARTIAL
+        shutil.rmtree(work, ignore_errors=True)  # an interrupted run's: started over
+        work.mkdir(parents=True)
+    cifar = find_folder(root)
+    # CIFAR's pickles are read whole in this process; an ImageFolder tree's files by a pool of readers.
+    pool = None if cifar is not None else ThreadPoolExecutor(workers or 4 * available_cpus())
+    try:
+        if cifar is not None:
+            meta, rows, totals = _samples_cifar(cifar)
+            columns = COLUMNS
+        else:
+            meta, rows, totals = _samples_folder(root, pool)
+            columns = FOLDER_COLUMNS
+        splits = {
+            name: _write_split(work, name, rows[name], totals[name], columns, shard_mb) for name in rows
+        }
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    manifest = {"lit_ddp_shards": FORMAT_VERSION, "format": "mds", **meta, "splits": splits}
+    encoded = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+    _publish(work, dest, list(splits), encoded)
+    if tmp is not None:
+        tmp.cleanup()
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m lit_ddp shard", description=__doc__.split("\n\n")[0])
+    parser.add_argument("src", help="a CIFAR-10 folder (cifar-10-batches-py) or an ImageFolder tree")
+    parser.add_argument("dest", help="an empty folder, or s3://bucket/prefix")
+    parser.add_argument("--shard-mb", type=float, default=64, help="shard size limit in MiB (default 64)")
+    parser.add_argument("--workers", type=int, default=None, help="file-reading threads (default: 4 per CPU)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    manifest = convert(args.src, args.dest, args.shard_mb, args.workers)
+    seconds = time.perf_counter() - started
+    samples = sum(s["samples"] for s in manifest["splits"].values())
+    print(f"shard: {samples:,} samples in {seconds:.1f} s ({samples / seconds:,.0f}/s) → {args.dest}")

@@ -1,0 +1,293 @@
+"""``StreamingDataModule``: training from shards written by ``python -m lit_ddp shard`` (shards.py), in a
+local or shared folder or under ``s3://bucket/prefix``, with the promises of the local data modules.
+
+- The training order is a function of (seed, epoch) only (``shards.chunk_window_order``: shards permuted,
+  samples shuffled inside windows of ``window`` shards), dealt to the ranks as ``ResumableShuffleSampler``
+  deals (rank r takes every N-th sample of it): global step k holds the same samples on 1, 2 or 4
+  processes, so N × b trains the model 1 × N·b trains.
+- Evaluation reads every sample once, unpadded (base.py's evaluation sampler).
+- Augmentation is drawn from (seed, epoch, index) as in the other data modules: on the device for raw
+  pixels (CIFAR-10 shards), in the workers for encoded files (ImageFolder shards, ImageNet's recipe).
+- A run stopped mid-epoch resumes at the next sample, also on another process count: the checkpoint holds
+  the global samples seen in the epoch, converted back to batches for the resumed run's device count; a
+  global batch that changed is refused in one line before training starts.
+
+The base module's hook points used here (``setup`` creating the splits, ``_train_sampler``, the resume
+state) are the only coupling to it: they map onto ``load_split`` / ``train_sampler`` of the slim base.
+"""
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from lit_ddp.data.base import ImageDataModule, _stable_seed, split_indices
+from lit_ddp.data.image_folder import FileBatch, seeded_global_rng
+from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop
+from lit_ddp.data.samplers import ResumableShuffleSampler
+from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
+from lit_ddp.errors import UserError
+from lit_ddp.utils import global_batch_size
+
+# Normalisation by what the shards were made from; ImageNet's statistics for any photo folder.
+STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+
+
+class ShardImageDataset(Dataset):
+    """The samples at ``positions`` (global indices, ascending) of one split's shards, batched.
+
+    Raw shards (``shape`` given) give (B, C, H, W) uint8 and labels; encoded ones are decoded by
+    ``load(bytes) -> (size, size, 3) uint8`` and give image_folder.py's ``FileBatch`` (an unreadable image
+    becomes a black slot named in the third element). Indices may be (index, seed) pairs: that sample's
+    random draws then come from torch's RNG seeded with ``seed`` (base.py ``SeededSampleSampler``).
+    """
+
+    def __init__(
+        self,
+        samples: ShardedSamples,
+        positions: np.ndarray,
+        shape: tuple[int, ...] | None = None,
+        load: Callable[[np.ndarray], np.ndarray] | None = None,
+        size: int = 0,
+    ) -> None:
+        self.samples, self.positions, self.shape, self.load, self.size = samples, positions, shape, load, size
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, tuple[str, str] | None]:
+        sample = self.samples[int(self.positions[position])]
+        try:
+            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
+                return self.load(read_image_bytes(sample.image)), sample.label, None
+        except DECODE_ERRORS as err:
+            name = sample.path or f"{self.samples.split}[{sample.index}]"
+            return (
+                np.zeros((self.size, self.size, 3), np.uint8),
+                sample.label,
+                (name, f"{type(err).__name__}"),
+            )
+
+    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
+        pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
+        if self.shape is not None:
+            got = [self.samples[int(self.positions[i])] for i, _ in pairs]
+            x = torch.stack([torch.frombuffer(bytearray(s.image), dtype=torch.uint8) for s in got])
+            return x.reshape(len(got), *self.shape), torch.tensor([s.label for s in got], dtype=torch.long)
+        images, labels, errors = zip(*(self._decode(i, seed) for i, seed in pairs), strict=True)
+        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # channels-last strides, as jpeg.py's
+        return x, torch.tensor(labels, dtype=torch.long), {i: e for i, e in enumerate(errors) if e}
+
+    def __getitem__(self, index: int):
+        batch = self.__getitems__([index])
+        return tuple(t[0] for t in batch[:2])
+
+
+class ShardOrderSampler(ResumableShuffleSampler):
+    """Rank ``rank``'s share of ``chunk_window_order`` (padded as DistributedSampler pads), resumable
+    mid-epoch; with ``seeded``, (index, seed) pairs whose seed is a function of (seed, epoch, index)."""
+
+    def __init__(
+        self,
+        dataset: ShardImageDataset,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+        window: int,
+        seeded: bool,
+    ) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, seed=seed)
+        self.shard_sizes = dataset.samples.shard_sizes()
+        self.positions, self.window, self.seeded = dataset.positions, window, seeded
+
+    def global_order(self, epoch: int) -> list[int]:
+        order = chunk_window_order(self.shard_sizes, self.positions, self.seed, epoch, self.window)
+        while len(order) < self.total_size:  # padding, as torch's DistributedSampler pads
+            order += order[: self.total_size - len(order)]
+        return order
+
+    def __iter__(self) -> Iterator:
+        epoch = self.epoch
+        mine = self.global_order(epoch)[self.rank : self.total_size : self.num_replicas][self.start :]
+        if self.seeded:
+            return ((i, _stable_seed(self.seed, epoch, i)) for i in mine)
+        return iter(mine)
+
+
+class StreamingDataModule(ImageDataModule):
+    """Shards from ``python -m lit_ddp shard`` (CIFAR-10 or ImageFolder), local or on s3://.
+
+    Args:
+        url: the shards' folder (local or shared file system) or ``s3://bucket/prefix``; S3's endpoint and
+            credentials come from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ...).
+        batch_size: per device.
+        num_workers: loader processes per device; None: one per spare CPU core, at most 8.
+        val_size: for shards without a val split (CIFAR-10): training samples held out by a seeded split;
+            ignored where the shards have one (ImageFolder's val/).
+        window: shards whose samples are shuffled together; larger mixes more, reads more shards at once.
+        cache_dir: node-local folder for shards read from s3:// (shared by the node's ranks); None:
+            ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
+        retries: attempts per shard read before the run stops naming the shard.
+        crop_padding: raw (CIFAR) shards: random-crop padding per side, as CIFAR10DataModule.
+        image_size / val_resize / crop_scale / crop_ratio / draft / exif_transpose: encoded (ImageFolder)
+            shards: as ImageNetDataModule.
+    """
+
+    def __init__(
+        self,
+        url: str = "shards",
+        batch_size: int = 128,
+        num_workers: int | None = None,
+        seed: int = 0,
+        augment: bool = True,
+        val_size: int = 0,
+        window: int = 8,
+        cache_dir: str | None = None,
+        cache_limit_gb: float = 50.0,
+        retries: int = 4,
+        crop_padding: int = 4,
+        image_size: int = 224,
+        val_resize: int = 256,
+        crop_scale: tuple[float, float] = (0.08, 1.0),
+        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        draft: bool = True,
+        exif_transpose: bool = True,
+        strict: bool = False,
+        predict_dir: str | None = None,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+    ) -> None:
+        super().__init__(
+            batch_size=batch_size,
+            num_workers=num_workers,
+            seed=seed,
+            augment=augment,
+            crop_padding=crop_padding,
+            predict_dir=predict_dir,
+            mixup_alpha=mixup_alpha,
+            cutmix_alpha=cutmix_alpha,
+        )
+        self.save_hyperparameters()
+        if window < 1 or retries < 1 or cache_limit_gb <= 0:
+            raise UserError(f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb > 0")
+        self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self.cache_limit_bytes = int(cache_limit_gb * (1 << 30))
+        # Read here, in the launching process: the CLI links num_classes to the model, and a wrong url
+        # fails before any rank is spawned.
+        manifest = read_manifest(self.url, retries)
+        self.splits = manifest["splits"]
+        self.class_names = tuple(manifest["class_names"])
+        self.num_classes = len(self.class_names)
+        self.mean, self.std = STATS.get(manifest["kind"], STATS["imagefolder"])
+        self.shape = tuple(manifest["image_shape"]) if manifest["encoding"] == "raw" else None
+        self.per_sample_seeds = self.shape is None  # encoded images are decoded and augmented in workers
+        self.reads_image_files = self.shape is None
+        self.strict = strict
+        if self.shape is not None:
+            self.image_size = self.val_resize = self.shape[-1]
+        else:
+            self.image_size, self.val_resize = image_size, val_resize
+        self.crop_scale, self.crop_ratio, self.draft, self.exif_transpose = (
+            crop_scale,
+            crop_ratio,
+            draft,
+            exif_transpose,
+        )
+        if "val" not in self.splits and val_size < 1:
+            raise UserError(
+                f"the shards at {url} have no val split: pass --data.val_size=N (held out of train)"
+            )
+        self.test_split = "test" if "test" in self.splits else "val"
+        self._resume_samples: int | None = None
+
+    def _samples(self, split: str) -> ShardedSamples:
+        return ShardedSamples(self.url, split, self.cache_dir, self.cache_limit_bytes, self.retries)
+
+    def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
+        if self.shape is not None:
+            return ShardImageDataset(samples, positions, shape=self.shape)
+        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
+        if train:
+            flip = dict(flip_p=0.5) if self.augment else {}
+            load = functools.partial(
+                load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **flip, **decode
+            )
+        else:
+            load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
+        return ShardImageDataset(samples, positions, load=load, size=self.image_size)
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage in ("fit", "validate"):
+            train = self._samples("train")
+            if "val" in self.splits:
+                train_pos, val = np.arange(len(train)), self._samples("val")
+                val_pos = np.arange(len(val))
+            else:
+                train_idx, val_idx = split_indices(len(train), self.val_size, self.seed)
+                train_pos, val, val_pos = train_idx.numpy(), train, val_idx.numpy()
+            self.train_set = self._dataset(train, train_pos, train=True)
+            self.val_set = self._dataset(val, val_pos, train=False)
+        if stage in ("test", "predict"):
+            test = self._samples(self.test_split)
+            self.test_set = self._dataset(test, np.arange(len(test)), train=False)
+
+    def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
+        if not isinstance(dataset, ShardImageDataset):
+            # A split someone wrapped (the trust kit's subsample): the base's (seed, epoch) shuffle over it.
+            return super()._train_sampler(dataset)
+        kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
+        sampler = ShardOrderSampler(
+            dataset,
+            num_replicas=kwargs.get("num_replicas", 1),
+            rank=kwargs.get("rank", 0),
+            seed=self.seed,
+            window=self.window,
+            seeded=self.per_sample_seeds,
+        )
+        if self._resume is not None:
+            epoch, batches = self._resume
+            sampler.resume(epoch, batches * self.batch_size)
+        return sampler
+
+    def augment_batch(self, x: Tensor, rand) -> Tensor:
+        if self.per_sample_seeds:
+            return x  # the workers cropped and flipped each image, seeded per sample
+        return super().augment_batch(x, rand)
+
+    # ---- resume in global samples: another device count continues at the same sample ----------------
+
+    def _world(self) -> int:
+        return self.trainer.world_size if self.trainer is not None else 1
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["samples"] = self._batches * self.batch_size * self._world()
+        state["global_batch"] = (
+            global_batch_size(self.trainer) if self.trainer is not None else self.batch_size
+        )
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        if "samples" not in state_dict or self.trainer is None:
+            return
+        now = global_batch_size(self.trainer)
+        if state_dict["global_batch"] != now:
+            raise UserError(
+                f"the checkpoint was trained with a global batch of {state_dict['global_batch']}, this run's"
+                f" is {now} (batch_size × devices × accumulation): set --data.batch_size so that they match,"
+                " or the resumed run would not continue the same sample order"
+            )
+        per_step = self.batch_size * self._world()
+        self._batches = state_dict["samples"] // per_step
+        self._resume = (state_dict["epoch"], self._batches)

@@ -1,0 +1,352 @@
+"""Sharded data (issue 29): `python -m lit_ddp shard` and StreamingDataModule, with real processes and a
+real S3-compatible server on 127.0.0.1 (tests/helpers/s3.py)."""
+
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+from helpers import s3
+from imagenet_tree import make_tree
+from test_cifar10 import write_cifar10
+
+from lit_ddp.data.shards import ShardedSamples, ShardError, chunk_window_order
+from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
+
+s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
+
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+CPU = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+DDP2 = ["--trainer.devices=2", "--trainer.strategy=ddp"]
+ONE = ["--trainer.devices=1"]
+# 200 CIFAR training images, 40 held out: 160 train = 3 steps of a global batch of 64 (64, 64, 32).
+FIT = [
+    "fit",
+    f"--config={REPO / 'configs' / 'lenet_cifar_streaming.yaml'}",
+    "--data.val_size=40",
+    "--model.optim.name=sgd",
+    "--model.optim.lr=0.05",
+    "--model.optim.warmup_epochs=0",
+    "--trainer.max_epochs=2",
+    "--trainer.default_root_dir=logs",
+    *CPU,
+]
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def shard(src: Path, dest: str, *args: str, env: dict | None = None):
+    return run_cli(["shard", str(src), dest, *args], cwd=src.parent, env={**ENV, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def cifar_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small CIFAR-10 folder as shards of ~16 samples (so an epoch spans many shards and windows)."""
+    root = tmp_path_factory.mktemp("cifar")
+    write_cifar10(root / "src", per_batch=40, test_size=30)
+    proc = shard(root / "src", str(root / "shards"), "--shard-mb=0.05")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "shards"
+
+
+def fit(cwd: Path, url: Path | str, *args: str, env: dict | None = None):
+    cwd.mkdir(parents=True, exist_ok=True)
+    proc = run_cli([*FIT, f"--data.url={url}", *args], cwd=cwd, env={**ENV, **(env or {})}, timeout=400)
+    return proc
+
+
+def last_ckpt(cwd: Path) -> Path:
+    (path,) = cwd.glob("logs/**/last.ckpt")
+    return path
+
+
+def weights(cwd: Path) -> dict[str, torch.Tensor]:
+    return torch.load(last_ckpt(cwd), weights_only=True)["state_dict"]
+
+
+def assert_same_weights(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=key)
+
+
+# ---- shard: byte-identical, refusals ---------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_shard_converts_cifar_and_imagefolder_byte_identically_and_refuses_a_used_dest(
+    tmp_path: Path,
+) -> None:
+    from lit_ddp.data.convert import convert
+
+    write_cifar10(tmp_path / "cifar")
+    make_tree(tmp_path / "tree")
+    written = {}
+    for src in ("tree", "cifar"):
+        proc = shard(tmp_path / src, str(tmp_path / f"{src}_a"), "--shard-mb=0.05")  # the command
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        convert(str(tmp_path / src), str(tmp_path / f"{src}_b"), shard_mb=0.05)  # its code, once more
+        written[src], second = files(tmp_path / f"{src}_a"), files(tmp_path / f"{src}_b")
+        assert written[src] == second and len([k for k in second if k.endswith(".mds")]) > 2
+    again = shard(tmp_path / "cifar", str(tmp_path / "cifar_a"))
+    assert again.returncode == 2 and again.stderr.strip().count("\n") == 0, again.stderr
+    assert again.stderr.startswith("lit_ddp: error:") and "already holds shards" in again.stderr
+    assert files(tmp_path / "cifar_a") == written["cifar"]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    refused = shard(tmp_path / "cifar", str(tmp_path / "other"))
+    assert refused.returncode == 2 and "holds other files (notes.txt)" in refused.stderr
+
+
+def test_an_interrupted_conversion_leaves_no_manifest_and_a_rerun_completes(tmp_path: Path) -> None:
+    from lit_ddp.data.convert import PARTIAL, convert
+
+    write_cifar10(tmp_path / "cifar")
+    convert(str(tmp_path / "cifar"), str(tmp_path / "ref"), shard_mb=0.05)
+    dest = tmp_path / "dest"
+    (dest / PARTIAL / "train").mkdir(parents=True)  # what a killed run leaves: a partial folder, no manifest
+    (dest / PARTIAL / "train" / "shard.00000.mds").write_bytes(b"half")
+    convert(str(tmp_path / "cifar"), str(dest), shard_mb=0.05)
+    assert files(dest) == files(tmp_path / "ref")
+
+
+def test_imagefolder_shards_read_back_the_original_file_bytes_labels_and_paths(tmp_path: Path) -> None:
+    from lit_ddp.data.convert import convert
+
+    make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    samples = ShardedSamples(str(tmp_path / "s"), "val")
+    for i in range(len(samples)):
+        s = samples[i]
+        assert s.index == i and bytes(s.image) == (tmp_path / "tree" / s.path).read_bytes()
+        assert s.path.split("/")[1] == sorted(os.listdir(tmp_path / "tree" / "val"))[s.label]
+
+
+# ---- the order: a function of (seed, epoch) only ---------------------------------------------------
+
+
+def test_global_step_k_holds_the_same_samples_on_1_2_and_4_processes(cifar_shards: Path) -> None:
+    dm = StreamingDataModule(url=str(cifar_shards), val_size=40, batch_size=8)
+    dm.setup("fit")
+    global_batch = 64
+
+    def steps(world: int) -> list[set[int]]:
+        ranks = [
+            ShardOrderSampler(dm.train_set, world, r, seed=0, window=2, seeded=False) for r in range(world)
+        ]
+        for s in ranks:
+            s.set_epoch(1)
+        per_rank = [list(s) for s in ranks]
+        b = global_batch // world
+        return [
+            set().union(*(p[k * b : (k + 1) * b] for p in per_rank)) for k in range(len(per_rank[0]) // b)
+        ]
+
+    assert steps(1) == steps(2) == steps(4)
+    order = chunk_window_order(dm.train_set.samples.shard_sizes(), dm.train_set.positions, 0, 1, 2)
+    assert sorted(order) == list(range(160))
+    assert order != chunk_window_order(dm.train_set.samples.shard_sizes(), dm.train_set.positions, 0, 2, 2)
+
+
+# ---- real processes: N × b = 1 × N·b, resume across process counts ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(cifar_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Uninterrupted 2-epoch runs: 1 process × 64 and 2 processes × 32."""
+    root = tmp_path_factory.mktemp("reference")
+    runs = {"one": root / "one", "two": root / "two"}
+    for proc in (
+        fit(runs["one"], cifar_shards, *ONE, "--data.batch_size=64"),
+        fit(runs["two"], cifar_shards, *DDP2, "--data.batch_size=32"),
+    ):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_two_processes_of_32_train_the_model_one_of_64_trains(reference: dict[str, Path]) -> None:
+    assert_same_weights(weights(reference["one"]), weights(reference["two"]), atol=1e-5)
+
+
+def stop_mid_epoch(at_step: int, out: Path) -> list[str]:
+    return [
+        "--preemption.check_every_n_batches=1",
+        "--trainer.callbacks+=fault_probe.Fault",
+        "--trainer.callbacks.action=sigterm",
+        f"--trainer.callbacks.at_step={at_step}",
+        f"--trainer.callbacks.out_dir={out}",
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "before, after, ref",
+    [
+        ([*DDP2, "--data.batch_size=32"], [*ONE, "--data.batch_size=64"], "two"),
+        ([*ONE, "--data.batch_size=64"], [*DDP2, "--data.batch_size=32"], "one"),
+    ],
+    ids=["2to1", "1to2"],
+)
+def test_stopped_mid_epoch_resumes_on_another_process_count_to_the_uninterrupted_weights(
+    tmp_path: Path, cifar_shards: Path, reference: dict[str, Path], before: list, after: list, ref: str
+) -> None:
+    stopped = fit(tmp_path, cifar_shards, *before, *stop_mid_epoch(3, tmp_path / "probe"))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    step = torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"]
+    assert step in (4, 5)  # mid-epoch 2 (steps 3, 4, 5)
+    resumed = fit(tmp_path, cifar_shards, *after, "--ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 6
+    assert_same_weights(weights(tmp_path), weights(reference[ref]), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_global_batch_is_refused_in_one_line(
+    tmp_path: Path, cifar_shards: Path
+) -> None:
+    stopped = fit(tmp_path, cifar_shards, *ONE, "--data.batch_size=64", *stop_mid_epoch(3, tmp_path / "p"))
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    before = last_ckpt(tmp_path).read_bytes()
+    refused = fit(tmp_path, cifar_shards, *ONE, "--data.batch_size=32", "--ckpt_path=last")
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and err[-1].startswith("lit_ddp: error: the checkpoint was trained with")
+    assert "Traceback" not in refused.stderr and last_ckpt(tmp_path).read_bytes() == before
+
+
+# ---- S3: the same run as from the folder; faults -----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cache(
+    tmp_path: Path, s3_server, cifar_shards: Path
+) -> None:
+    src = cifar_shards.parent / "src"
+    url = f"s3://{s3_server.bucket}/cifar"
+    proc = shard(src, url, "--shard-mb=0.05", env=s3_server.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = shard(src, url, env=s3_server.env)
+    assert again.returncode == 2 and "already holds shards" in again.stderr
+    one_epoch = [*ONE, "--data.batch_size=64", "--trainer.max_epochs=1"]
+    cache = tmp_path / "cache"
+    remote = fit(tmp_path / "s3", url, *one_epoch, f"--data.cache_dir={cache}", env=s3_server.env)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    local = fit(tmp_path / "local", cifar_shards, *one_epoch)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert_same_weights(weights(tmp_path / "s3"), weights(tmp_path / "local"), atol=0)
+    cached = {p.name: p.read_bytes() for p in cache.rglob("*.mds") if "train" in p.parts}
+    assert cached == {p.name: p.read_bytes() for p in (cifar_shards / "train").glob("*.mds")}
+
+
+def s3_samples(s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2) -> ShardedSamples:
+    client = s3_server.client()
+    for p in (cifar_shards / "train").iterdir():
+        client.upload_file(str(p), s3_server.bucket, f"c/train/{p.name}")
+    return ShardedSamples(f"s3://{s3_server.bucket}/c", "train", tmp_path / "cache", retries=retries)
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "server_stopped"])
+def test_an_unreadable_shard_is_retried_then_named_in_one_line(
+    tmp_path: Path, s3_server, cifar_shards: Path, fault: str
+) -> None:
+    samples = s3_samples(s3_server, tmp_path, cifar_shards)
+    key = "c/train/shard.00000.mds"
+    if fault == "missing":
+        s3_server.client().delete_object(Bucket=s3_server.bucket, Key=key)
+    elif fault == "truncated":
+        data = (cifar_shards / "train" / "shard.00000.mds").read_bytes()
+        s3_server.client().put_object(Bucket=s3_server.bucket, Key=key, Body=data[:-100])
+    else:
+        s3_server.server.stop()
+    with pytest.raises(ShardError) as err:
+        samples[0]
+    message = str(err.value)
+    assert f"s3://{s3_server.bucket}/{key}" in message and "after 2 attempts" in message
+    assert "\n" not in message
+    assert not list((tmp_path / "cache").rglob("*.mds"))  # nothing partial left in the cache
+    if fault == "server_stopped":
+        s3_server.server.start()  # the fixture stops it
+
+
+class _Answers500(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_error(500)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_a_server_answering_500_is_retried_then_named(
+    tmp_path: Path, s3_server, cifar_shards: Path, monkeypatch
+) -> None:
+    samples = s3_samples(s3_server, tmp_path, cifar_shards)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", s3.free_port()), _Answers500)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+        samples.store._client = None  # a new client, for the endpoint that fails
+        with pytest.raises(
+            ShardError, match=r"shard\.00000\.mds after 2 attempts \(ClientError .*HTTP 500\)"
+        ):
+            samples[0]
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_is_exact(
+    tmp_path: Path, s3_server, cifar_shards: Path
+) -> None:
+    url = f"s3://{s3_server.bucket}/cifar"
+    client = s3_server.client()
+    for p in sorted(cifar_shards.rglob("*")):
+        if p.is_file():
+            client.upload_file(str(p), s3_server.bucket, f"cifar/{p.relative_to(cifar_shards)}")
+    args = [*ONE, "--data.batch_size=64", "--data.retries=2"]
+    cache = f"--data.cache_dir={tmp_path / 'c1'}"
+    first = fit(tmp_path, url, *args, cache, *stop_mid_epoch(3, tmp_path / "p"), env=s3_server.env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = last_ckpt(tmp_path).read_bytes()
+    # Every training shard gone, and a new node (an empty cache): the resumed run cannot read on.
+    keys = [f"cifar/train/{p.name}" for p in sorted((cifar_shards / "train").glob("*.mds"))]
+    bodies = {k: client.get_object(Bucket=s3_server.bucket, Key=k)["Body"].read() for k in keys}
+    for key in keys:
+        client.delete_object(Bucket=s3_server.bucket, Key=key)
+    cache = f"--data.cache_dir={tmp_path / 'c2'}"
+    failed = fit(tmp_path, url, *args, "--ckpt_path=last", cache, env=s3_server.env)
+    err = [line for line in failed.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert failed.returncode != 0 and len(err) == 1, failed.stderr[-3000:]
+    assert f"s3://{s3_server.bucket}/cifar/train/shard.000" in err[0] and "after 2 attempts" in err[0]
+    assert "Traceback" not in failed.stderr and last_ckpt(tmp_path).read_bytes() == before
+    for key, body in bodies.items():
+        client.put_object(Bucket=s3_server.bucket, Key=key, Body=body)
+    resumed = fit(tmp_path, url, *args, "--ckpt_path=last", cache, env=s3_server.env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference = fit(tmp_path / "ref", cifar_shards, *args)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    assert_same_weights(weights(tmp_path), weights(tmp_path / "ref"), atol=0)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_holds_on_the_streaming_cifar_recipe(tmp_path: Path, cifar_shards: Path) -> None:
+    from test_doctor import assert_every_check_holds, doctor
+
+    args = ["--config", str(REPO / "configs" / "lenet_cifar_streaming.yaml"), f"--data.url={cifar_shards}"]
+    assert_every_check_holds(*doctor([*args, "--data.val_size=30"], tmp_path))
