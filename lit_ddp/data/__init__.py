@@ -5,7 +5,7 @@ name (``--data=CIFAR10DataModule``).
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset
 from lit_ddp.data.cifar10 import CIFAR10DataModule
 from lit_ddp.data.imagenet import ImageNetDataModule
-from lit_ddp.data.shapes import ShapesDataModule
+from lit_ddp.data.shapes import ShapesDataModule, draw_shapes
 
 __all__ = [
     "CIFAR10DataModule",
@@ -13,4 +13,5 @@ __all__ = [
     "ImageNetDataModule",
     "ShapesDataModule",
     "TensorImageDataset",
+    "draw_shapes",
 ]

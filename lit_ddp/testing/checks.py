@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from lightning import LightningModule
-from lightning.pytorch.cli import instantiate_class
+from lightning import LightningDataModule, LightningModule
 
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
+from lit_ddp.testing.config import instantiate
 from lit_ddp.testing.launch import launch
 from lit_ddp.testing.record import load
 from lit_ddp.testing.worker import Job
@@ -91,7 +91,7 @@ def _model(model) -> LightningModule:
     if isinstance(model, type) and issubclass(model, LightningModule):
         return model()
     if isinstance(model, dict) and "class_path" in model:
-        return instantiate_class((), model)
+        return instantiate(model, LightningModule)
     raise UserError(
         f"model={model!r} is not a LightningModule: pass an instance, a class, or a"
         ' {"class_path": ..., "init_args": {...}} dict'
@@ -101,6 +101,8 @@ def _model(model) -> LightningModule:
 def _datamodule(datamodule) -> ImageDataModule:
     if isinstance(datamodule, type) and issubclass(datamodule, ImageDataModule):
         datamodule = datamodule()
+    elif isinstance(datamodule, dict) and "class_path" in datamodule:
+        datamodule = instantiate(datamodule, LightningDataModule)
     if not isinstance(datamodule, ImageDataModule):
         raise UserError(
             f"datamodule={datamodule!r} is not a lit_ddp ImageDataModule: the checks read its samplers and"
