@@ -2,9 +2,12 @@
 user's own code on lit_ddp (a network, a data module, configs, tests), which installs, passes its own CI,
 names nothing private, and takes later template changes through cruft."""
 
+import ast
+import inspect
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -215,6 +218,55 @@ def test_bad_answers_are_one_clear_error_and_write_nothing(tmp_path: Path, args,
     with pytest.raises(UserError, match=message):
         new([str(dest), *args])
     assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ['project_name=My """ Net', "project_name=Ends in \\", 'author=A """ B', 'description=x """ \\'],
+)
+def test_quotes_in_any_answer_give_a_package_that_imports(tmp_path: Path, answer: str) -> None:
+    new([str(tmp_path / "proj"), "--no-input", answer])
+    init = tmp_path / "proj" / "proj" / "__init__.py"
+    key, _, value = answer.partition("=")
+    docstring = ast.get_docstring(ast.parse(init.read_text()))  # parses: the package imports
+    if key == "project_name":
+        assert docstring.startswith(f"{value}.\n")
+    assert template.generated_problems(tmp_path / "proj") == []
+
+
+def test_a_line_break_in_an_answer_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"project_name=.* contains a line break .*: write it on one line"):
+        new([str(tmp_path / "proj"), "--no-input", "project_name=Two\nLines"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generated_problems_names_a_file_that_does_not_parse(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text('"""My """ Net."""\n')
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    (problem,) = template.generated_problems(tmp_path)
+    assert problem.startswith("the answers make pkg/__init__.py invalid (SyntaxError")
+
+
+def test_the_next_step_hint_is_quoted_for_the_shell(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "my projects" / "it's here" / "proj"
+    new([str(dest), "--no-input"])
+    hint = capsys.readouterr().out.splitlines()[1]
+    words = shlex.split(hint)
+    assert words[:3] == ["cd", str(dest), "&&"], hint
+
+
+def test_a_composed_network_gets_the_defaults_of_the_built_in_recipe() -> None:
+    """The generated project composes its Net into ImageClassifier; lit_ddp's default composes LeNet into
+    LeNetCIFAR: the system's defaults (channels_last, compile, optimizer...) must not depend on which."""
+    from lit_ddp.models import ImageClassifier, LeNetCIFAR
+
+    composed = inspect.signature(ImageClassifier).parameters
+    built_in = inspect.signature(LeNetCIFAR).parameters
+    shared = (composed.keys() & built_in.keys()) - {"num_classes"}
+    assert {"channels_last", "compile", "optim", "label_smoothing"} <= shared
+    for name in shared:
+        assert composed[name].default == built_in[name].default, name
 
 
 def test_non_empty_destination_is_refused_unless_overwrite_which_deletes_nothing(tmp_path: Path) -> None:
@@ -478,3 +530,77 @@ def test_new_from_an_installed_wheel(tmp_path: Path) -> None:
         PYTHONPATH=f"{project}{os.pathsep}{site}",
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
+
+
+# The user's own network and data, with constructor arguments the template's never had.
+OTHER_NET = '''"""A small all-conv network: other arguments than the template's LeNet."""
+
+from torch import Tensor, nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes: int = 10, channels: int = 8, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+            nn.Dropout(dropout), nn.Linear(16 * channels, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+'''
+OTHER_DATA = '''"""Four classes of 24-pixel images: other arguments than the template's data module."""
+
+import torch
+from lit_ddp.data import ImageDataModule, TensorImageDataset
+
+SPLITS = ("train", "val", "test")
+
+
+class MyDataModule(ImageDataModule):
+    num_classes = 4
+    class_names = ("north", "east", "south", "west")
+    mean = (0.5, 0.5, 0.5)
+    std = (0.25, 0.25, 0.25)
+
+    def __init__(self, per_class: int = 30, batch_size: int = 16, seed: int = 0) -> None:
+        super().__init__(batch_size=batch_size, seed=seed)
+        self.save_hyperparameters()
+        self.per_class = per_class
+
+    def load_split(self, split: str):
+        g = torch.Generator().manual_seed(100 * self.seed + SPLITS.index(split))
+        labels = torch.arange(4).repeat(self.per_class)
+        images = torch.randint(0, 128, (len(labels), 3, 24, 24), generator=g, dtype=torch.uint8)
+        for k, rows in enumerate((slice(0, 6), slice(6, 12), slice(12, 18), slice(18, 24))):
+            images[labels == k, :, rows, :] = 255  # a bright band where the class says
+        return images, labels
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            self.train_set = TensorImageDataset(*self.load_split("train"))
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        elif stage == "validate":
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        else:
+            self.test_set = TensorImageDataset(*self.load_split("test"))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_projects_suite_stays_green_with_the_users_own_network_and_data(tmp_path: Path) -> None:
+    """What the generated README says to edit, edited with other constructor arguments: the project's own
+    tests and configs, untouched, still pass (they read the user's classes through the config)."""
+    project = bake(tmp_path, project_name="My Own", model_families="lenet_cifar")
+    (project / "my_own" / "models" / "net.py").write_text(OTHER_NET)
+    (project / "my_own" / "data" / "datamodule.py").write_text(OTHER_DATA)
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        timeout=800,
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
+    )
+    assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
+    assert re.search(r"\b\d+ passed", tests.stdout) and "failed" not in tests.stdout, tests.stdout[-500:]

@@ -51,7 +51,9 @@ def instantiate(section: dict, base: type = object):
     paths (a network in ``net:``) built too, as the CLI builds them."""
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--it", type=base)
-    return parser.instantiate_classes(parser.parse_object({"it": section})).it
+    # jsonargparse 4.49 renamed instantiate_classes to instantiate (the old name warns)
+    instantiate_ = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    return instantiate_(parser.parse_object({"it": section})).it
 
 
 def _takes_num_classes(class_path: str) -> bool:
