@@ -604,3 +604,17 @@ def test_the_projects_suite_stays_green_with_the_users_own_network_and_data(tmp_
     )
     assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
     assert re.search(r"\b\d+ passed", tests.stdout) and "failed" not in tests.stdout, tests.stdout[-500:]
+
+
+def test_the_projects_help_lists_doctor_not_new_and_doctor_names_the_projects_configs(tmp_path: Path) -> None:
+    project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
+    env = {"PYTHONPATH": f"{project}{os.pathsep}{REPO}"}
+    main_help = run([sys.executable, "-m", "cat_dog", "--help"], cwd=project, **env)
+    assert main_help.returncode == 0, main_help.stderr
+    assert "usage: python -m cat_dog" in main_help.stdout and "doctor --config" in main_help.stdout
+    assert "new DEST" not in main_help.stdout  # lit_ddp's project generator is not the project's
+    doctor_help = run([sys.executable, "-m", "cat_dog", "doctor", "--help"], cwd=project, **env)
+    assert doctor_help.returncode == 0, doctor_help.stderr
+    text = doctor_help.stdout
+    assert "usage: python -m cat_dog doctor" in text and "python -m lit_ddp" not in text
+    assert "python -m cat_dog doctor --config configs/default.yaml" in text and "lenet_shapes" not in text
