@@ -618,3 +618,24 @@ def test_the_projects_help_lists_doctor_not_new_and_doctor_names_the_projects_co
     text = doctor_help.stdout
     assert "usage: python -m cat_dog doctor" in text and "python -m lit_ddp" not in text
     assert "python -m cat_dog doctor --config configs/default.yaml" in text and "lenet_shapes" not in text
+
+
+@pytest.mark.parametrize(
+    ("stale", "hint"),
+    [("batch_nrm", ": did you mean model.init_args.net.init_args.batch_norm?"), ("zzz_gone", ": see ")],
+)
+def test_a_stale_network_argument_names_its_full_key(tmp_path: Path, stale: str, hint: str) -> None:
+    """After the user replaces the network, an argument of the old one left in a config names the network's
+    key (not model.<arg>) and suggests only the network's own arguments."""
+    from lit_ddp.cli import build_cli
+
+    config = tmp_path / "default.yaml"
+    config.write_text(
+        "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args:\n    net:\n"
+        f"      class_path: lit_ddp.models.lenet.LeNet\n      init_args:\n        {stale}: true\n"
+    )
+    with pytest.raises(UserError) as err:
+        build_cli(["fit", "--config", str(config), "--print_config"], prog="python -m proj")
+    assert str(err.value).startswith(
+        f"{config}, line 7: unknown key model.init_args.net.init_args.{stale}{hint}"
+    ), err.value
