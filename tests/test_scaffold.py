@@ -639,3 +639,26 @@ def test_a_stale_network_argument_names_its_full_key(tmp_path: Path, stale: str,
     assert str(err.value).startswith(
         f"{config}, line 7: unknown key model.init_args.net.init_args.{stale}{hint}"
     ), err.value
+
+
+def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -> None:
+    """`cruft update` leaves git's markers where it could not merge, exits 0 and `cruft check` passes: the
+    project's tests (and its .ci/run, through lit_ddp.testing.conflicts) stop on them, naming the file."""
+    from lit_ddp.testing import conflict_markers
+
+    project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
+    assert conflict_markers(project) == []
+    net = project / "cat_dog" / "models" / "net.py"
+    lines = net.read_text().splitlines()
+    lines[2:2] = ["<<<<<<< ours", "x = 1", "=======", "x = 2", ">>>>>>> theirs"]
+    net.write_text("\n".join(lines) + "\n")
+    assert conflict_markers(project) == [f"cat_dog/models/net.py:{n}" for n in (3, 5, 7)]
+    assert "python -m lit_ddp.testing.conflicts ." in (project / ".ci" / "run").read_text()
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
+    )
+    assert tests.returncode != 0
+    said = "merge conflict markers left by `cruft update` in cat_dog/models/net.py:3"
+    assert said in tests.stdout + tests.stderr
