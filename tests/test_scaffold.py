@@ -90,12 +90,12 @@ def test_each_family_choice_is_a_thin_project_of_the_users_code(tmp_path: Path, 
         text = path.read_text()
         assert "{{" not in text and "{%" not in text, f"{path}: left unrendered"
         assert "# family:" not in text and "scaffold-only" not in text, path
-    # Every module of the new package imports, against lit_ddp as installed.
+    # Every module of the new package imports, against this checkout's lit_ddp.
     modules = [".".join(p.relative_to(project).with_suffix("").parts) for p in package.rglob("*.py")]
     result = run(
         [sys.executable, "-c", f"import importlib; [importlib.import_module(m) for m in {modules!r}]"],
         cwd=project,
-        PYTHONPATH=str(project),
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -128,6 +128,23 @@ def test_lit_ddps_own_code_carries_no_generator_markers() -> None:
     for path in [*REPO.glob("lit_ddp/**/*.py"), *REPO.glob("scripts/*"), *REPO.glob("configs/**/*.yaml")]:
         text = path.read_text()
         assert "# family:" not in text and "scaffold-only" not in text, path
+
+
+@pytest.mark.parametrize("families", ["lenet_cifar", "resnet_imagenet"])
+def test_presets_and_cluster_scripts_come_from_lit_ddps_own(tmp_path: Path, families: str) -> None:
+    """One source: the template holds no copy; the project's are lit_ddp's with the project's command."""
+    assert not (REPO / "{{cookiecutter.project_slug}}" / "configs" / "presets").exists()
+    assert not (REPO / "{{cookiecutter.project_slug}}" / "scripts").exists()
+    project = bake(tmp_path, project_name="Cat Dog", model_families=families)
+    for rel in template.SHARED:
+        if rel == "configs/resnet_imagenet.yaml" and families != "resnet_imagenet":
+            assert not (project / rel).exists()
+            continue
+        ours, theirs = (REPO / rel).read_text(), (project / rel).read_text()
+        assert theirs == template.shared_text(ours, "cat_dog") and "python -m lit_ddp " not in theirs, rel
+        settings = lambda text: [line for line in text.splitlines() if not line.lstrip().startswith("#")]  # noqa: E731
+        assert settings(theirs) == settings(ours) or rel.startswith("scripts/"), rel
+        assert os.access(project / rel, os.X_OK) == os.access(REPO / rel, os.X_OK), rel
 
 
 def test_readme_and_pyproject_are_rendered_for_the_project(tmp_path: Path) -> None:
@@ -432,7 +449,7 @@ def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Pat
     template_repo = tmp_path / "template"
     template_repo.mkdir()
     shutil.copy2(REPO / "cookiecutter.json", template_repo)
-    for folder in ("hooks", "{{cookiecutter.project_slug}}"):
+    for folder in ("hooks", "{{cookiecutter.project_slug}}", "configs", "scripts"):
         shutil.copytree(REPO / folder, template_repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     git("init", "-q", "-b", "main", cwd=template_repo)
     git("add", ".", cwd=template_repo)

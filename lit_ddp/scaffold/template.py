@@ -30,6 +30,16 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "resnet_imagenet": ("configs/resnet_imagenet.yaml", "tests/test_resnet_imagenet.py"),
 }
 FAMILY_CHOICES = {"both": tuple(FAMILIES), **{name: (name,) for name in FAMILIES}}
+# Files a project shares with lit_ddp: generated from lit_ddp's own copy (one source, next to the template),
+# with the project's command and default config in place of lit_ddp's.
+SHARED = (
+    "configs/presets/cpu_ddp.yaml",
+    "configs/presets/ddp.yaml",
+    "configs/presets/debug.yaml",
+    "configs/resnet_imagenet.yaml",
+    "scripts/sbatch_single_node.sh",
+    "scripts/sbatch_multi_node.sh",
+)
 # cookiecutter renders every answer as a Jinja template: "{{ 7 * 7 }}" would become "49".
 JINJA_SYNTAX = re.compile(r"\{\{|\{%|\{#")
 
@@ -108,6 +118,27 @@ def generated_problems(project: Path) -> list[str]:
         except Exception as err:  # noqa: BLE001 - each parser's own error type
             problems.append(f"the answers make {rel} invalid ({type(err).__name__}: {err})")
     return problems
+
+
+def shared_text(text: str, package: str) -> str:
+    """lit_ddp's preset or cluster script, for the project: its command, its job name, its default run."""
+    for old, new in (
+        ("python -m lit_ddp ", f"python -m {package} "),
+        ("--job-name=lit_ddp\n", f"--job-name={package}\n"),
+        ("# lit_ddp on ", f"# {package} on "),
+        ("configs/lenet_cifar.yaml", "configs/default.yaml"),
+    ):
+        text = text.replace(old, new)
+    return text
+
+
+def write_shared(source: Path, project: Path, package: str) -> None:
+    """The SHARED files, from lit_ddp's (``source``: the template's root, a checkout or the wheel's copy)."""
+    for rel in SHARED:
+        target = project / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(shared_text((source / rel).read_text(encoding="utf-8"), package), encoding="utf-8")
+        shutil.copymode(source / rel, target)  # the scripts stay executable
 
 
 def prune_families(project: Path, families: str) -> None:
