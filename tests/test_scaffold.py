@@ -670,6 +670,8 @@ def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -
     lines[2:2] = ["<<<<<<< ours", "x = 1", "=======", "x = 2", ">>>>>>> theirs"]
     net.write_text("\n".join(lines) + "\n")
     assert conflict_markers(project) == [f"cat_dog/models/net.py:{n}" for n in (3, 5, 7)]
+    (project / "README.md.rej").write_text("@@ -1 +1 @@\n")  # what cruft writes outside git
+    assert conflict_markers(project)[0] == "README.md.rej (changes cruft could not apply)"
     assert "python -m lit_ddp.testing.conflicts ." in (project / ".ci" / "run").read_text()
     tests = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],

@@ -1,4 +1,5 @@
-"""Merge conflict markers left in a project's files (``cruft update`` writes git's and exits 0).
+"""Merge conflict markers left in a project's files (``cruft update`` writes git's and exits 0), and the
+``.rej`` files it writes instead outside git or when git's 3-way apply fails.
 
 python -m lit_ddp.testing.conflicts [ROOT]     # exit 1, naming each file and line, when any is found
 """
@@ -15,12 +16,15 @@ TEXT = {".py", ".yaml", ".yml", ".toml", ".md", ".txt", ".cfg", ".sh", ".json", 
 
 
 def conflict_markers(root: str | Path) -> list[str]:
-    """``path:line`` of every conflict marker in the text files under ``root`` (empty when none)."""
+    """``path:line`` of every conflict marker in the text files under ``root``, and each ``path.rej`` of
+    rejected changes (empty when none)."""
     root = Path(root)
     found = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
         skipped = SKIPPED & set(rel.parts) or rel.parts[0] in OUTPUTS
+        if not skipped and path.suffix == ".rej" and path.is_file():
+            found.append(f"{rel} (changes cruft could not apply)")
         if skipped or not path.is_file() or path.suffix not in TEXT:
             continue
         try:
