@@ -679,5 +679,6 @@ def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -
         PYTHONPATH=f"{project}{os.pathsep}{REPO}",
     )
     assert tests.returncode != 0
-    said = "merge conflict markers left by `cruft update` in cat_dog/models/net.py:3"
-    assert said in tests.stdout + tests.stderr
+    said = tests.stdout + tests.stderr
+    assert "merge conflict markers left by `cruft update` in README.md.rej" in said, said[-2000:]
+    assert "cat_dog/models/net.py:3, cat_dog/models/net.py:5" in said
