@@ -13,6 +13,8 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 TEMPLATE_ITEMS = ("cookiecutter.json", "hooks", "{{cookiecutter.project_slug}}")
+# lit_ddp's presets and cluster scripts: the template's hook writes the project's from them (one source).
+SHARED_ITEMS = ("configs/presets", "configs/resnet_imagenet.yaml", "scripts")
 
 
 class BuildPyWithTemplate(build_py):
@@ -21,13 +23,13 @@ class BuildPyWithTemplate(build_py):
         if getattr(self, "editable_mode", False):
             return
         dest = Path(self.build_lib) / "lit_ddp" / "_template"
-        for item in TEMPLATE_ITEMS:
+        for item in (*TEMPLATE_ITEMS, *SHARED_ITEMS):
             src = ROOT / item
             if src.is_dir():
                 ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
                 shutil.copytree(src, dest / item, ignore=ignore, dirs_exist_ok=True)
             elif src.is_file():
-                dest.mkdir(parents=True, exist_ok=True)
+                (dest / item).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest / item)
 
 

@@ -79,8 +79,16 @@ TRAINER_DEFAULTS = {"default_root_dir": "logs", "max_epochs": 12}
 PROG = f"python -m {__package__}"
 DESCRIPTION = (
     "DDP image classification: fit, validate, test and predict (each with --help)."
-    " `new DEST` generates a new project on lit_ddp (new --help)."
+    " `doctor --config X.yaml` checks that a config trains the same model on any device count"
+    " (doctor --help)."
 )
+
+
+def description(prog: str) -> str:
+    """What --help says: lit_ddp's own command also offers `new`; a project's does not advertise it."""
+    if prog == PROG:
+        return DESCRIPTION + " `new DEST` generates a new project on lit_ddp (new --help)."
+    return DESCRIPTION
 
 # The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each shows
 # or protects something a user sees (docs/architecture.md gives the reason for each; a test compares).
@@ -175,7 +183,7 @@ class LitDDPCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
-        main_kwargs = {"prog": self.prog, "description": DESCRIPTION, **main_kwargs}
+        main_kwargs = {"prog": self.prog, "description": description(self.prog), **main_kwargs}
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
@@ -371,7 +379,8 @@ def main(
         if argv[:1] == ["doctor"]:  # not a Lightning subcommand: the trust kit (lit_ddp/testing)
             from lit_ddp.testing.doctor import main as doctor
 
-            sys.exit(doctor(argv[1:], lambda a: build_cli(a, run=False, model=model, data=data, prog=prog)))
+            parse = lambda a: build_cli(a, run=False, model=model, data=data, prog=prog)  # noqa: E731
+            sys.exit(doctor(argv[1:], parse, prog=f"{prog} doctor"))
         build_cli(args, model=model, data=data, prog=prog, lost_rank=lost_rank)
     except Exception as err:
         user_error = _user_error(err)

@@ -206,9 +206,24 @@ def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: s
     inner = _PHRASE["class_option"].search(message)
     if not (owner and class_path and inner):
         return None
-    prefix = owner.group(1)
-    key = f"{prefix}.{inner.group(1) or inner.group(2)}"
-    return _unknown(key, (f"{prefix}.{k}" for k in _class_keys(class_path.group(1))), argv, prog)
+    prefix, option = owner.group(1), inner.group(1) or inner.group(2)
+    if nested := _nested_class(message):  # refused by a class inside the model's own arguments
+        prefix, refused_by = nested
+        # Compared by name: the long common prefix would make any argument look close.
+        close = difflib.get_close_matches(option, _class_keys(refused_by), n=1, cutoff=0.6)
+        return _unknown(f"{prefix}.{option}", (f"{prefix}.{k}" for k in close), argv, prog)
+    keys = _class_keys(class_path.group(1))
+    return _unknown(f"{prefix}.{option}", (f"{prefix}.{k}" for k in keys), argv, prog)
+
+
+def _nested_class(message: str) -> tuple[str, str] | None:
+    """For an option refused by a class given as another class's argument (the network in
+    ``model.init_args.net``): the full key of that class's arguments and its class_path, else None."""
+    keys = re.findall(r'Parser key "([\w.]+)"', message)
+    refused_by = re.search(r"Got value: Namespace\(class_path='([\w.]+)'", message)
+    if len(keys) < 2 or not refused_by:
+        return None
+    return ".init_args.".join(keys) + ".init_args", refused_by.group(1)
 
 
 def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:

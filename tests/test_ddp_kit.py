@@ -15,9 +15,10 @@ from torchmetrics.classification import MulticlassAccuracy
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.batch_transforms import random_crop_flip
 from lit_ddp.errors import UserError
-from lit_ddp.models import LeNetCIFAR
+from lit_ddp.models import ImageClassifier, LeNetCIFAR
 from lit_ddp.testing import Report, check_ddp_invariants
-from lit_ddp.testing.checks import Case, run_cases
+from lit_ddp.testing.checks import Case, _warnings, run_cases
+from lit_ddp.testing.launch import LaunchError, launch
 
 # Small sets: 2 × 8 per step, 2 steps; 17 validation images (uneven shards of 9 and 8).
 SHAPES = {"train_size": 96, "val_size": 40, "test_size": 8, "batch_size": 8}
@@ -62,6 +63,21 @@ class ShardAccuracy(LeNetCIFAR):
         return logits
 
 
+class DropoutNet(torch.nn.Module):
+    """A user's network with dropout before its classifier (issue 32: it failed the gradient and resume
+    checks, which blamed the data module)."""
+
+    def __init__(self, num_classes: int = 10, p: float = 0.3) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 5), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten()
+        )
+        self.classifier = torch.nn.Sequential(torch.nn.Dropout(p), torch.nn.Linear(128, num_classes))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
 def case(model=None, data=ShapesDataModule, checks=None, **kwargs) -> Case:
     options = {**SHAPES, **kwargs.pop("data_args", {})}
     extra = {"checks": checks} if checks else {}
@@ -79,6 +95,7 @@ CASES = {
         LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}, sync_batchnorm=True
     ),
     "shard_metric": case(ShardAccuracy(), checks=("metrics",)),
+    "dropout": case(ImageClassifier(net=DropoutNet)),
 }
 
 
@@ -97,7 +114,7 @@ def test_a_sound_model_and_data_module_pass_every_check_without_a_warning(report
     assert report.ok and not report.warnings, report.table()
     assert [r.key for r in report.rows] == [
         *("grads", "metrics", "shards", "augmentation", "resume", "reproducible"),
-        *("batchnorm", "padding", "global_rng"),
+        *("batchnorm", "dropout", "padding", "global_rng"),
     ]
     assert "0 of 16 samples augmented differently" in report["augmentation"].measured
     assert "17 samples read 17 times over 9+8" in report["shards"].measured
@@ -134,9 +151,45 @@ def test_a_metric_of_rank_zeros_shard_fails_the_metric_check(reports) -> None:
     assert not row.holds and "val/shard_acc" in row.measured and "sync_dist=True" in row.fix, row
 
 
-def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
-    from lit_ddp.testing.checks import _warnings
+def test_a_dropout_network_holds_with_dropout_named_as_the_cause(reports) -> None:
+    """1 and 2 processes: the checks run the network with its dropout off and hold; a warning row names the
+    layer and what dropout changes, so a user who sees runs differ knows why."""
+    report = reports["dropout"]
+    assert report.ok, report.table()
+    row = report["dropout"]
+    assert not row.holds and row.warning, row
+    assert row.measured == "net.classifier.0: Dropout(p=0.3): the checks ran with p=0"
+    assert "draw other masks" in row.fix and "global RNG" in row.fix
+    assert CASES["dropout"].model.net.classifier[0].p == 0.3  # the caller's model keeps its dropout
+    assert reports["sound"]["dropout"].holds and reports["sound"]["dropout"].measured == "no dropout layer"
 
+
+def test_the_batchnorm_row_judges_the_batch_the_checks_ran_with() -> None:
+    # The config's batch is 32 (fine), the check runs' 8: the gradient gap measured at 8 is what it shows.
+    ref = {"bn_classes": ["BatchNorm2d"], "full_sizes": {"train_set": 64}}
+    rows = {r.key: r for r in _warnings(8, ref, False, 0.79, None, (2,), configured_batch=32)}
+    assert not rows["batchnorm"].holds, rows["batchnorm"]
+    assert "per-device batch 8 in these checks (the run's own: 32)" in rows["batchnorm"].measured
+    assert "differ by 7.9e-01" in rows["batchnorm"].measured
+
+
+@pytest.mark.parametrize(
+    ("code", "timeout", "says"),
+    [("import sys; sys.exit(3)", 60, r"2-process run failed \(rank 0 exited with 3, rank 1 exited with 3\)"),
+     ("import time; time.sleep(60)", 1, r"2-process run timed out \(1 s limit\)")],
+)  # fmt: skip
+def test_a_launch_says_failed_or_timed_out_as_it_happened(tmp_path: Path, code, timeout, says) -> None:
+    with pytest.raises(LaunchError, match=says):
+        launch(2, ["-c", code], tmp_path, timeout)
+
+
+def test_a_split_too_small_for_the_checks_is_one_line(tmp_path: Path) -> None:
+    data = ShapesDataModule(**{**SHAPES, "train_size": 20})  # 2 × 8 × 2 steps need 32
+    with pytest.raises(UserError, match=r"^ShapesDataModule.train_set holds 20 samples; the checks need 32:"):
+        check_ddp_invariants(LeNetCIFAR(), data, workdir=tmp_path, checks=("grads",), timeout=300)
+
+
+def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
     rows = _warnings(128, {"bn_classes": [], "full_sizes": {"train_set": 1001}}, False, 0.0, None, (2, 4, 8))
     padding = next(r for r in rows if r.key == "padding")
     assert not padding.holds and padding.measured.startswith("1001 training samples: 1 repeated on 2 devices")
@@ -156,3 +209,6 @@ def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
 
     with pytest.raises(UserError, match="define their classes at module level"):
         check_ddp_invariants(LeNetCIFAR(), Local(**SHAPES), workdir=tmp_path)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(UserError, match="cannot create the workdir .*a_file/runs"):
+        check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), workdir=tmp_path / "a_file" / "runs")

@@ -2,9 +2,12 @@
 user's own code on lit_ddp (a network, a data module, configs, tests), which installs, passes its own CI,
 names nothing private, and takes later template changes through cruft."""
 
+import ast
+import inspect
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -88,12 +91,12 @@ def test_each_family_choice_is_a_thin_project_of_the_users_code(tmp_path: Path, 
         text = path.read_text()
         assert "{{" not in text and "{%" not in text, f"{path}: left unrendered"
         assert "# family:" not in text and "scaffold-only" not in text, path
-    # Every module of the new package imports, against lit_ddp as installed.
+    # Every module of the new package imports, against this checkout's lit_ddp.
     modules = [".".join(p.relative_to(project).with_suffix("").parts) for p in package.rglob("*.py")]
     result = run(
         [sys.executable, "-c", f"import importlib; [importlib.import_module(m) for m in {modules!r}]"],
         cwd=project,
-        PYTHONPATH=str(project),
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
     )
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -126,6 +129,23 @@ def test_lit_ddps_own_code_carries_no_generator_markers() -> None:
     for path in [*REPO.glob("lit_ddp/**/*.py"), *REPO.glob("scripts/*"), *REPO.glob("configs/**/*.yaml")]:
         text = path.read_text()
         assert "# family:" not in text and "scaffold-only" not in text, path
+
+
+@pytest.mark.parametrize("families", ["lenet_cifar", "resnet_imagenet"])
+def test_presets_and_cluster_scripts_come_from_lit_ddps_own(tmp_path: Path, families: str) -> None:
+    """One source: the template holds no copy; the project's are lit_ddp's with the project's command."""
+    assert not (REPO / "{{cookiecutter.project_slug}}" / "configs" / "presets").exists()
+    assert not (REPO / "{{cookiecutter.project_slug}}" / "scripts").exists()
+    project = bake(tmp_path, project_name="Cat Dog", model_families=families)
+    for rel in template.SHARED:
+        if rel == "configs/resnet_imagenet.yaml" and families != "resnet_imagenet":
+            assert not (project / rel).exists()
+            continue
+        ours, theirs = (REPO / rel).read_text(), (project / rel).read_text()
+        assert theirs == template.shared_text(ours, "cat_dog") and "python -m lit_ddp " not in theirs, rel
+        settings = lambda text: [line for line in text.splitlines() if not line.lstrip().startswith("#")]  # noqa: E731
+        assert settings(theirs) == settings(ours) or rel.startswith("scripts/"), rel
+        assert os.access(project / rel, os.X_OK) == os.access(REPO / rel, os.X_OK), rel
 
 
 def test_readme_and_pyproject_are_rendered_for_the_project(tmp_path: Path) -> None:
@@ -216,6 +236,55 @@ def test_bad_answers_are_one_clear_error_and_write_nothing(tmp_path: Path, args,
     with pytest.raises(UserError, match=message):
         new([str(dest), *args])
     assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    ['project_name=My """ Net', "project_name=Ends in \\", 'author=A """ B', 'description=x """ \\'],
+)
+def test_quotes_in_any_answer_give_a_package_that_imports(tmp_path: Path, answer: str) -> None:
+    new([str(tmp_path / "proj"), "--no-input", answer])
+    init = tmp_path / "proj" / "proj" / "__init__.py"
+    key, _, value = answer.partition("=")
+    docstring = ast.get_docstring(ast.parse(init.read_text()))  # parses: the package imports
+    if key == "project_name":
+        assert docstring.startswith(f"{value}.\n")
+    assert template.generated_problems(tmp_path / "proj") == []
+
+
+def test_a_line_break_in_an_answer_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"project_name=.* contains a line break .*: write it on one line"):
+        new([str(tmp_path / "proj"), "--no-input", "project_name=Two\nLines"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_generated_problems_names_a_file_that_does_not_parse(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text('"""My """ Net."""\n')
+    (tmp_path / "ok.py").write_text("x = 1\n")
+    (problem,) = template.generated_problems(tmp_path)
+    assert problem.startswith("the answers make pkg/__init__.py invalid (SyntaxError")
+
+
+def test_the_next_step_hint_is_quoted_for_the_shell(tmp_path: Path, capsys) -> None:
+    dest = tmp_path / "my projects" / "it's here" / "proj"
+    new([str(dest), "--no-input"])
+    hint = capsys.readouterr().out.splitlines()[1]
+    words = shlex.split(hint)
+    assert words[:3] == ["cd", str(dest), "&&"], hint
+
+
+def test_a_composed_network_gets_the_defaults_of_the_built_in_recipe() -> None:
+    """The generated project composes its Net into ImageClassifier; lit_ddp's default composes LeNet into
+    LeNetCIFAR: the system's defaults (channels_last, compile, optimizer...) must not depend on which."""
+    from lit_ddp.models import ImageClassifier, LeNetCIFAR
+
+    composed = inspect.signature(ImageClassifier).parameters
+    built_in = inspect.signature(LeNetCIFAR).parameters
+    shared = (composed.keys() & built_in.keys()) - {"num_classes"}
+    assert {"channels_last", "compile", "optim", "label_smoothing"} <= shared
+    for name in shared:
+        assert composed[name].default == built_in[name].default, name
 
 
 def test_non_empty_destination_is_refused_unless_overwrite_which_deletes_nothing(tmp_path: Path) -> None:
@@ -381,7 +450,7 @@ def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Pat
     template_repo = tmp_path / "template"
     template_repo.mkdir()
     shutil.copy2(REPO / "cookiecutter.json", template_repo)
-    for folder in ("hooks", "{{cookiecutter.project_slug}}"):
+    for folder in ("hooks", "{{cookiecutter.project_slug}}", "configs", "scripts"):
         shutil.copytree(REPO / folder, template_repo / folder, ignore=shutil.ignore_patterns("__pycache__"))
     git("init", "-q", "-b", "main", cwd=template_repo)
     git("add", ".", cwd=template_repo)
@@ -479,3 +548,138 @@ def test_new_from_an_installed_wheel(tmp_path: Path) -> None:
         PYTHONPATH=f"{project}{os.pathsep}{site}",
     )
     assert fit.returncode == 0, fit.stderr[-3000:]
+
+
+# The user's own network and data, with constructor arguments the template's never had.
+OTHER_NET = '''"""A small all-conv network: other arguments than the template's LeNet."""
+
+from torch import Tensor, nn
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes: int = 10, channels: int = 8, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+            nn.Dropout(dropout), nn.Linear(16 * channels, num_classes),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x)
+'''
+OTHER_DATA = '''"""Four classes of 24-pixel images: other arguments than the template's data module."""
+
+import torch
+from lit_ddp.data import ImageDataModule, TensorImageDataset
+
+SPLITS = ("train", "val", "test")
+
+
+class MyDataModule(ImageDataModule):
+    num_classes = 4
+    class_names = ("north", "east", "south", "west")
+    mean = (0.5, 0.5, 0.5)
+    std = (0.25, 0.25, 0.25)
+
+    def __init__(self, per_class: int = 30, batch_size: int = 16, seed: int = 0) -> None:
+        super().__init__(batch_size=batch_size, seed=seed)
+        self.save_hyperparameters()
+        self.per_class = per_class
+
+    def load_split(self, split: str):
+        g = torch.Generator().manual_seed(100 * self.seed + SPLITS.index(split))
+        labels = torch.arange(4).repeat(self.per_class)
+        images = torch.randint(0, 128, (len(labels), 3, 24, 24), generator=g, dtype=torch.uint8)
+        for k, rows in enumerate((slice(0, 6), slice(6, 12), slice(12, 18), slice(18, 24))):
+            images[labels == k, :, rows, :] = 255  # a bright band where the class says
+        return images, labels
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            self.train_set = TensorImageDataset(*self.load_split("train"))
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        elif stage == "validate":
+            self.val_set = TensorImageDataset(*self.load_split("val"))
+        else:
+            self.test_set = TensorImageDataset(*self.load_split("test"))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_projects_suite_stays_green_with_the_users_own_network_and_data(tmp_path: Path) -> None:
+    """What the generated README says to edit, edited with other constructor arguments: the project's own
+    tests and configs, untouched, still pass (they read the user's classes through the config)."""
+    project = bake(tmp_path, project_name="My Own", model_families="lenet_cifar")
+    (project / "my_own" / "models" / "net.py").write_text(OTHER_NET)
+    (project / "my_own" / "data" / "datamodule.py").write_text(OTHER_DATA)
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        timeout=800,
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
+    )
+    assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
+    assert re.search(r"\b\d+ passed", tests.stdout) and "failed" not in tests.stdout, tests.stdout[-500:]
+
+
+def test_the_projects_help_lists_doctor_not_new_and_doctor_names_the_projects_configs(tmp_path: Path) -> None:
+    project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
+    env = {"PYTHONPATH": f"{project}{os.pathsep}{REPO}"}
+    main_help = run([sys.executable, "-m", "cat_dog", "--help"], cwd=project, **env)
+    assert main_help.returncode == 0, main_help.stderr
+    assert "usage: python -m cat_dog" in main_help.stdout and "doctor --config" in main_help.stdout
+    assert "new DEST" not in main_help.stdout  # lit_ddp's project generator is not the project's
+    doctor_help = run([sys.executable, "-m", "cat_dog", "doctor", "--help"], cwd=project, **env)
+    assert doctor_help.returncode == 0, doctor_help.stderr
+    text = doctor_help.stdout
+    assert "usage: python -m cat_dog doctor" in text and "python -m lit_ddp" not in text
+    assert "python -m cat_dog doctor --config configs/default.yaml" in text and "lenet_shapes" not in text
+
+
+@pytest.mark.parametrize(
+    ("stale", "hint"),
+    [("batch_nrm", ": did you mean model.init_args.net.init_args.batch_norm?"), ("zzz_gone", ": see ")],
+)
+def test_a_stale_network_argument_names_its_full_key(tmp_path: Path, stale: str, hint: str) -> None:
+    """After the user replaces the network, an argument of the old one left in a config names the network's
+    key (not model.<arg>) and suggests only the network's own arguments."""
+    from lit_ddp.cli import build_cli
+
+    config = tmp_path / "default.yaml"
+    config.write_text(
+        "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args:\n    net:\n"
+        f"      class_path: lit_ddp.models.lenet.LeNet\n      init_args:\n        {stale}: true\n"
+    )
+    with pytest.raises(UserError) as err:
+        build_cli(["fit", "--config", str(config), "--print_config"], prog="python -m proj")
+    assert str(err.value).startswith(
+        f"{config}, line 7: unknown key model.init_args.net.init_args.{stale}{hint}"
+    ), err.value
+
+
+def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -> None:
+    """`cruft update` leaves git's markers where it could not merge, exits 0 and `cruft check` passes: the
+    project's tests (and its .ci/run, through lit_ddp.testing.conflicts) stop on them, naming the file."""
+    from lit_ddp.testing import conflict_markers
+
+    project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
+    assert conflict_markers(project) == []
+    net = project / "cat_dog" / "models" / "net.py"
+    lines = net.read_text().splitlines()
+    lines[2:2] = ["<<<<<<< ours", "x = 1", "=======", "x = 2", ">>>>>>> theirs"]
+    net.write_text("\n".join(lines) + "\n")
+    assert conflict_markers(project) == [f"cat_dog/models/net.py:{n}" for n in (3, 5, 7)]
+    (project / "README.md.rej").write_text("@@ -1 +1 @@\n")  # what cruft writes outside git
+    assert conflict_markers(project)[0] == "README.md.rej (changes cruft could not apply)"
+    assert "python -m lit_ddp.testing.conflicts ." in (project / ".ci" / "run").read_text()
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
+    )
+    assert tests.returncode != 0
+    said = tests.stdout + tests.stderr
+    assert "merge conflict markers left by `cruft update` in README.md.rej" in said, said[-2000:]
+    assert "cat_dog/models/net.py:3, cat_dog/models/net.py:5" in said

@@ -6,7 +6,7 @@ from lit_ddp.data.augmentation import Augmentation, CropFlip, RandomResizedCropF
 from lit_ddp.data.base import ImageDataModule, TensorImageDataset
 from lit_ddp.data.cifar10 import CIFAR10DataModule
 from lit_ddp.data.imagenet import ImageNetDataModule
-from lit_ddp.data.shapes import ShapesDataModule
+from lit_ddp.data.shapes import ShapesDataModule, draw_shapes
 from lit_ddp.data.streaming import StreamingDataModule
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "ShapesDataModule",
     "StreamingDataModule",
     "TensorImageDataset",
+    "draw_shapes",
 ]

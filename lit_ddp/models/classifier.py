@@ -91,10 +91,11 @@ class ImageClassifier(LightningModule):
     ``--model.net.width=64``); a subclass may pass a module it built itself instead, and then saves its own
     hyperparameters, which are what a checkpoint rebuilds it from.
 
-    ``channels_last`` stores the weights NHWC and hands the network NHWC inputs: what tensor cores want
-    under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on
-    (docs/benchmarks.md). ``compile`` runs ``torch.compile`` on the network, in place, so checkpoints
-    keep their parameter names.
+    ``channels_last`` (on by default, as in ``LeNetCIFAR``: a network composed in here gets the same default
+    as the built-in recipe) stores the 4-D weights NHWC and hands the network NHWC image batches: what tensor
+    cores want under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on
+    (docs/benchmarks.md). Inputs that are not (B, C, H, W) pass unchanged. ``compile`` runs
+    ``torch.compile`` on the network, in place, so checkpoints keep their parameter names.
     """
 
     def __init__(
@@ -104,7 +105,7 @@ class ImageClassifier(LightningModule):
         optim: OptimConfig = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4),
         label_smoothing: float = 0.0,
         top_k: tuple[int, ...] = (1,),
-        channels_last: bool = False,
+        channels_last: bool = True,
         compile: bool = False,
     ) -> None:
         super().__init__()
@@ -127,7 +128,9 @@ class ImageClassifier(LightningModule):
 
     def forward(self, x: Tensor) -> Tensor:
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
-        return self.net(x.contiguous(memory_format=self.memory_format))
+        if x.ndim == 4:
+            x = x.contiguous(memory_format=self.memory_format)
+        return self.net(x)
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.

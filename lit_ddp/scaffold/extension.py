@@ -16,8 +16,15 @@ def toml_string(value: object) -> str:
     return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
+def docstring_text(value: object) -> str:
+    """``value`` to go inside a Python docstring: backslashes and quotes escaped, so that a name holding
+    ``\"\"\"`` or ending in ``\\`` neither ends the docstring nor escapes its closing quotes."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"')
+
+
 class ProjectExtension(Extension):
     def __init__(self, environment) -> None:
         super().__init__(environment)
         environment.filters["toml"] = toml_string
+        environment.filters["docstring"] = docstring_text
         environment.globals["lit_ddp_requirement"] = lit_ddp_requirement

@@ -10,6 +10,7 @@ else: it never deletes a file.
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -160,7 +161,8 @@ def new(argv: list[str]) -> Path:
         (generated / ".cruft.json").write_text(json.dumps(state, indent=2) + "\n")
         package = next((p.parent.name for p in generated.glob("*/__main__.py")), "<package>")
         _copy_over(generated, dest)
-    print(f"created {dest}\n  cd {dest} && pip install -e . && python -m {package} fit")
+    # Quoted for the shell: the line is meant to be pasted, and a folder name may hold spaces or quotes.
+    print(f"created {dest}\n  cd {shlex.quote(str(dest))} && pip install -e . && python -m {package} fit")
     if commit is None:
         print(
             f"note: {source} is not a git checkout, so .cruft.json records no commit: `cruft update` needs"

@@ -12,7 +12,17 @@ import re
 import shutil
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
+
+try:  # the parsers generated_problems uses, where this Python has them (the hooks run stdlib-only)
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = None
+try:
+    import yaml
+except ImportError:
+    yaml = None
 
 # Files of each optional model family, relative to the generated project ({pkg}: its package).
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -20,6 +30,16 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "resnet_imagenet": ("configs/resnet_imagenet.yaml", "tests/test_resnet_imagenet.py"),
 }
 FAMILY_CHOICES = {"both": tuple(FAMILIES), **{name: (name,) for name in FAMILIES}}
+# Files a project shares with lit_ddp: generated from lit_ddp's own copy (one source, next to the template),
+# with the project's command and default config in place of lit_ddp's.
+SHARED = (
+    "configs/presets/cpu_ddp.yaml",
+    "configs/presets/ddp.yaml",
+    "configs/presets/debug.yaml",
+    "configs/resnet_imagenet.yaml",
+    "scripts/sbatch_single_node.sh",
+    "scripts/sbatch_multi_node.sh",
+)
 # cookiecutter renders every answer as a Jinja template: "{{ 7 * 7 }}" would become "49".
 JINJA_SYNTAX = re.compile(r"\{\{|\{%|\{#")
 
@@ -69,9 +89,56 @@ def validate(context: dict) -> list[str]:
     if context.get("model_families") not in FAMILY_CHOICES:
         problems.append(f"model_families must be one of {', '.join(FAMILY_CHOICES)}")
     for key, value in context.items():
-        if not key.startswith("_") and (problem := jinja_in(key, value)):
+        if not key.startswith("_") and (problem := jinja_in(key, value) or control_character_in(key, value)):
             problems.append(problem)
     return problems
+
+
+def control_character_in(key: str, value: object) -> str | None:
+    """A one-line refusal for an answer holding a line break or another control character (it would end a
+    Markdown heading, a Python docstring line or a TOML string), else None."""
+    if isinstance(value, str) and any(unicodedata.category(c) == "Cc" for c in value):
+        return f"{key}={value!r} contains a line break or another control character: write it on one line"
+    return None
+
+
+def generated_problems(project: Path) -> list[str]:
+    """Generated files that do not parse (Python, TOML, YAML where a parser is at hand): checked after
+    generation, so that no answer yields a project that installs and does not import."""
+    parsers = {".py": lambda text, rel: compile(text, rel, "exec")}
+    if tomllib is not None:
+        parsers[".toml"] = lambda text, rel: tomllib.loads(text)
+    if yaml is not None:
+        parsers[".yaml"] = lambda text, rel: yaml.safe_load(text)
+    problems = []
+    for path in sorted(p for p in project.rglob("*") if p.suffix in parsers and p.is_file()):
+        rel = str(path.relative_to(project))
+        try:
+            parsers[path.suffix](path.read_text(encoding="utf-8"), rel)
+        except Exception as err:  # noqa: BLE001 - each parser's own error type
+            problems.append(f"the answers make {rel} invalid ({type(err).__name__}: {err})")
+    return problems
+
+
+def shared_text(text: str, package: str) -> str:
+    """lit_ddp's preset or cluster script, for the project: its command, its job name, its default run."""
+    for old, new in (
+        ("python -m lit_ddp ", f"python -m {package} "),
+        ("--job-name=lit_ddp\n", f"--job-name={package}\n"),
+        ("# lit_ddp on ", f"# {package} on "),
+        ("configs/lenet_cifar.yaml", "configs/default.yaml"),
+    ):
+        text = text.replace(old, new)
+    return text
+
+
+def write_shared(source: Path, project: Path, package: str) -> None:
+    """The SHARED files, from lit_ddp's (``source``: the template's root, a checkout or the wheel's copy)."""
+    for rel in SHARED:
+        target = project / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(shared_text((source / rel).read_text(encoding="utf-8"), package), encoding="utf-8")
+        shutil.copymode(source / rel, target)  # the scripts stay executable
 
 
 def prune_families(project: Path, families: str) -> None:

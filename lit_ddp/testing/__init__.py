@@ -33,5 +33,16 @@ The model and data module travel to the ranks pickled: define their classes at m
 """
 
 from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants
+from lit_ddp.testing.config import build, instantiate, resolved_config
+from lit_ddp.testing.conflicts import conflict_markers
 
-__all__ = ["DDPInvariantWarning", "Report", "Row", "check_ddp_invariants"]
+__all__ = [
+    "DDPInvariantWarning",
+    "Report",
+    "Row",
+    "build",
+    "check_ddp_invariants",
+    "conflict_markers",
+    "instantiate",
+    "resolved_config",
+]

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from lightning import LightningModule
-from lightning.pytorch.cli import instantiate_class
+from lightning import LightningDataModule, LightningModule
+from torch import nn
 
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
-from lit_ddp.testing.launch import launch
+from lit_ddp.testing.config import instantiate
+from lit_ddp.testing.launch import LaunchError, launch
 from lit_ddp.testing.record import load
-from lit_ddp.testing.worker import Job
+from lit_ddp.testing.worker import Job, user_error_file
 
 # ‖Δg‖/‖g‖ of 2 × b vs 1 × 2b first-step gradients: float rounding stays well below (deeper networks and
 # SyncBatchNorm round more: README, docs/benchmarks.md); a broken invariant (per-device BatchNorm, other
@@ -91,7 +92,7 @@ def _model(model) -> LightningModule:
     if isinstance(model, type) and issubclass(model, LightningModule):
         return model()
     if isinstance(model, dict) and "class_path" in model:
-        return instantiate_class((), model)
+        return instantiate(model, LightningModule)
     raise UserError(
         f"model={model!r} is not a LightningModule: pass an instance, a class, or a"
         ' {"class_path": ..., "init_args": {...}} dict'
@@ -101,12 +102,31 @@ def _model(model) -> LightningModule:
 def _datamodule(datamodule) -> ImageDataModule:
     if isinstance(datamodule, type) and issubclass(datamodule, ImageDataModule):
         datamodule = datamodule()
+    elif isinstance(datamodule, dict) and "class_path" in datamodule:
+        datamodule = instantiate(datamodule, LightningDataModule)
     if not isinstance(datamodule, ImageDataModule):
         raise UserError(
             f"datamodule={datamodule!r} is not a lit_ddp ImageDataModule: the checks read its samplers and"
             " augmentation; subclass lit_ddp.data.ImageDataModule"
         )
     return datamodule
+
+
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def without_dropout(model: nn.Module) -> list[str]:
+    """Sets every dropout layer's p to 0 (in place) and returns them as ``name: Dropout(p=...)``.
+
+    Dropout draws its masks from torch's global RNG per device batch: 2 × b and 1 × 2b draw other masks,
+    and a resumed run other masks than the uninterrupted one, so the exact comparisons would fail on the
+    masks alone. The checks run the rest of the model exactly; a warning row names the layers."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, DROPOUT) and module.p > 0:
+            found.append(f"{name}: {type(module).__name__}(p={module.p:g})")
+            module.p = 0.0
+    return found
 
 
 def _payload(model: LightningModule, dm: ImageDataModule) -> bytes:
@@ -254,21 +274,44 @@ def _reproducible(first: list[dict], second: list[dict]) -> Row:
 
 
 def _warnings(
-    batch_size: int, ref: dict, sync: bool, grad_error: float, rng: tuple, world_sizes
+    batch_size: int,
+    ref: dict,
+    sync: bool,
+    grad_error: float,
+    rng: tuple,
+    world_sizes,
+    configured_batch: int | None = None,
+    dropout: list[str] = (),
 ) -> list[Row]:
+    """The warning rows. ``batch_size``: the per-device batch the check runs used, which the BatchNorm row
+    judges (its gradient figure is theirs); ``configured_batch``: the run's own, named beside it."""
     rows = []
     bn = ref.get("bn_classes", [])  # as trained: lit_ddp's or torch's SyncBatchNorm when synced
     small = bn and not sync and batch_size < SMALL_BN_BATCH
+    own = f" (the run's own: {configured_batch})" if configured_batch not in (None, batch_size) else ""
     rows.append(
         Row(
             "batchnorm",
             "BatchNorm at small per-device batch",
             not small,
-            f"BatchNorm ({', '.join(bn)}), per-device batch {batch_size}, SyncBatchNorm "
+            f"BatchNorm ({', '.join(bn)}), per-device batch {batch_size} in these checks{own}, SyncBatchNorm "
             f"{'on' if sync else 'off'}; first-step gradients 2×b vs 1×2b differ by {grad_error:.1e}"
             if bn
             else "no BatchNorm",
             "set trainer.sync_batchnorm=true, or a per-device batch of 32 or more" if small else "",
+            warning=True,
+        )
+    )
+    rows.append(
+        Row(
+            "dropout",
+            "dropout (random masks per device batch)",
+            not dropout,
+            f"{', '.join(dropout)}: the checks ran with p=0" if dropout else "no dropout layer",
+            "nothing to fix: with dropout on, 2 × b and 1 × 2b (and a resumed run) draw other masks from"
+            " torch's global RNG, so they agree in distribution, not bit for bit; the rest of the model holds"
+            if dropout
+            else "",
             warning=True,
         )
     )
@@ -339,7 +382,8 @@ class Case:
 
 def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]:
     """The case's jobs for the 2- and the 1-process launch, and what evaluating them needs."""
-    model, dm = _model(case.model), copy.deepcopy(_datamodule(case.datamodule))
+    model, dm = copy.deepcopy(_model(case.model)), copy.deepcopy(_datamodule(case.datamodule))
+    dropout = without_dropout(model)  # the caller's model keeps its own
     unknown = set(case.checks) - set(CHECKS)
     if unknown:
         raise UserError(f"unknown check(s) {sorted(unknown)}: choose from {list(CHECKS)}")
@@ -393,7 +437,9 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
             jobs[j.world_size].append(j)
     facts = {
         "dm": dm,
-        "batch": configured_batch,
+        "batch": b,
+        "configured_batch": configured_batch,
+        "dropout": dropout,
         "train": train_samples,
         "val": val_samples,
         "mixing": mixing,
@@ -423,7 +469,16 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
     }
     devices = case.devices
     world_sizes = tuple(sorted({*WORLD_SIZES, *([devices] if devices and devices > 1 else [])}))
-    warned = _warnings(facts["batch"], full[0], case.sync_batchnorm, grad_error, rng, world_sizes)
+    warned = _warnings(
+        facts["batch"],
+        full[0],
+        case.sync_batchnorm,
+        grad_error,
+        rng,
+        world_sizes,
+        configured_batch=facts["configured_batch"],
+        dropout=facts["dropout"],
+    )
     return Report([rows[c]() for c in CHECKS if c in case.checks] + warned)
 
 
@@ -432,15 +487,25 @@ def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | Non
     seconds of start-up): for a test suite with many models or data modules. Warnings are not raised here,
     only reported."""
     with tempfile.TemporaryDirectory(prefix="lit_ddp_checks_") as tmp:
-        root = Path(workdir) if workdir is not None else Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
+        root = Path(workdir).resolve() if workdir is not None else Path(tmp)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(f"cannot create the workdir {root} ({err.strerror}): pass another one") from None
         plans = [_jobs(case, f"case{i}", root) for i, case in enumerate(cases)]
         for world_size in (2, 1):
             jobs = [j for jobs, _ in plans for j in jobs[world_size]]
             jobs_file = root / f"jobs_{world_size}.pkl"
             jobs_file.write_bytes(pickle.dumps(jobs))
             command = ["-m", "lit_ddp.testing.worker", str(jobs_file)]
-            launch(world_size, command, root, timeout, f"log{world_size}_rank")
+            try:
+                # In this process's folder, as fit would run: relative paths in the config mean the same.
+                launch(world_size, command, Path.cwd(), timeout, f"log{world_size}_rank", logs_dir=root)
+            except LaunchError:
+                for rank in range(world_size):  # a rank's UserError is the one line to report
+                    if (found := user_error_file(jobs_file, rank)).is_file():
+                        raise UserError(found.read_text()) from None
+                raise
         return [
             _evaluate(case, f"case{i}", root, facts)
             for i, (case, (_, facts)) in enumerate(zip(cases, plans, strict=True))

@@ -10,8 +10,10 @@ whatever the config's precision), and prints
 check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
 not failures), 1 when one does not. ``--batch-size`` is the per-device batch of the check runs (default:
 the config's, at most 8, or 4 for images over 64 px, which keeps ResNet-50 at 224 px within about two
-minutes on 2 cores: the checks need a few steps, not a full batch); the BatchNorm warning reads the
-config's own.
+minutes on 2 cores: the checks need a few steps, not a full batch); the BatchNorm warning judges that
+batch (its gradient figure is measured there) and names the config's own beside it.
+
+The ranks run in this folder, as ``fit``'s would: a relative ``data_dir`` means the same to both.
 """
 
 import argparse
@@ -19,6 +21,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
 
@@ -27,10 +30,19 @@ DEFAULT_BATCH = 8
 LARGE_IMAGE_BATCH, LARGE_IMAGE = 4, 64  # per-device batch of the check runs for images over 64 px
 
 
-def _options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+def _description(prog: str) -> str:
+    """The module docstring for lit_ddp's own command; for a project's, its usage with the configs it has."""
+    if prog == PROG:
+        return __doc__
+    configs = sorted(str(p) for p in Path("configs").glob("*.yaml")) or ["CONFIG.yaml"]
+    usage = "\n".join(f"    {prog} --config {c}" for c in configs)
+    return usage + "\n" + __doc__[__doc__.index("\nReads the config") :]
+
+
+def _options(argv: list[str], prog: str = PROG) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__,
+        prog=prog,
+        description=_description(prog),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Every other argument (--config, --model.*, --data.*, --trainer.*) is read as fit reads it.",
     )
@@ -45,10 +57,11 @@ def _options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
-def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
+def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG) -> int:
     """``parse(args)``: the CLI's parser, returning a LightningCLI built with ``run=False`` (cli.py passes
-    it, so this layer does not import the CLI). Returns the exit status."""
-    options, rest = _options(argv)
+    it, so this layer does not import the CLI); ``prog``: the command's name (a project's own). Returns the
+    exit status."""
+    options, rest = _options(argv, prog)
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
     with warnings.catch_warnings():  # args given while sys.argv holds the doctor's: expected here
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
@@ -65,7 +78,7 @@ def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
         "gradient_clip_val": trainer.gradient_clip_val,
     }
     print(
-        f"{PROG}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
+        f"{prog}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
         f" {options.steps} steps, seed {seed}; " + ", ".join(f"{k}={v}" for k, v in settings.items()),
         flush=True,
     )

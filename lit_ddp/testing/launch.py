@@ -26,10 +26,16 @@ def free_port() -> int:
 
 
 def launch(
-    world_size: int, command: Sequence[str], cwd: Path, timeout: float, log_name: str = "rank"
+    world_size: int,
+    command: Sequence[str],
+    cwd: Path,
+    timeout: float,
+    log_name: str = "rank",
+    logs_dir: Path | None = None,
 ) -> None:
     """Runs ``python COMMAND`` as ``world_size`` ranks in ``cwd``; raises LaunchError, with each rank's last
-    output, if one fails or the ranks outlive ``timeout`` seconds. Logs: ``cwd/<log_name><r>.log``."""
+    output, if one fails or the ranks outlive ``timeout`` seconds. Logs: ``<log_name><r>.log`` in
+    ``logs_dir`` (default: ``cwd``)."""
     paths = [p for p in sys.path if p and Path(p).is_dir()]  # the caller's modules, lit_ddp, the rest
     env = {
         **os.environ,
@@ -40,7 +46,7 @@ def launch(
         "WORLD_SIZE": str(world_size),
         "PYTHONUNBUFFERED": "1",
     }
-    logs = [Path(cwd) / f"{log_name}{r}.log" for r in range(world_size)]
+    logs = [Path(logs_dir or cwd) / f"{log_name}{r}.log" for r in range(world_size)]
     procs = []
     for r, log in enumerate(logs):
         with open(log, "w") as out:
@@ -54,17 +60,19 @@ def launch(
                 )
             )
     # Stop at the first failure: the other rank would otherwise wait in a collective until the timeout.
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         if any(p.poll() not in (None, 0) for p in procs):
             break
         time.sleep(0.1)
     codes = [p.poll() for p in procs]  # None: still running (timed out or left behind by a failed rank)
+    elapsed = time.monotonic() - start
     for p in procs:
         p.kill()
         p.wait()
     if codes != [0] * world_size:
+        failed = [f"rank {r} exited with {c}" for r, c in enumerate(codes) if c not in (None, 0)]
+        what = f"failed ({', '.join(failed)})" if failed else f"timed out ({timeout:.0f} s limit)"
         tails = "\n".join(f"--- rank {r} ---\n{log.read_text()[-3000:]}" for r, log in enumerate(logs))
-        raise LaunchError(
-            f"{world_size}-process run failed or timed out after {timeout:.0f} s ({codes}):\n{tails}"
-        )
+        raise LaunchError(f"{world_size}-process run {what} after {elapsed:.0f} s:\n{tails}")

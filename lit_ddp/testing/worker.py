@@ -7,6 +7,7 @@ takes the head of the data (``Subsample``) and records what it did (``Recorder``
 process pays the import of torch and Lightning once; the gloo group, once created, is reused.
 """
 
+import os
 import pickle
 import random
 import sys
@@ -135,6 +136,15 @@ def run(job: Job) -> None:
         trainer.validate(model, datamodule=dm, verbose=False)
 
 
+def user_error_file(jobs_file: str | Path, rank: int) -> Path:
+    """Where a rank leaves the one line of a UserError (a split too small, ...) for the parent to raise."""
+    return Path(jobs_file).with_name(f"{Path(jobs_file).stem}.user_error{rank}")
+
+
 if __name__ == "__main__":
-    for job in pickle.loads(Path(sys.argv[1]).read_bytes()):
-        run(job)
+    try:
+        for job in pickle.loads(Path(sys.argv[1]).read_bytes()):
+            run(job)
+    except UserError as err:
+        user_error_file(sys.argv[1], int(os.environ.get("LOCAL_RANK", 0))).write_text(str(err))
+        raise

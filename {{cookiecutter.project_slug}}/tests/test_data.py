@@ -1,28 +1,40 @@
-"""The data module on its own: what each split holds, and that every rank would hold the same."""
+"""Your data module on its own, as configs/default.yaml builds it: what each split holds, and that every
+rank (each builds the data itself) would hold the same."""
 
 import torch
+from lit_ddp.testing import build
 
-from {{ cookiecutter.package_name }}.data import MyDataModule
+SPLITS = ("train", "val", "test")
+LOOK_AT = 16  # samples per split, spread over it
 
 
-def splits(**kwargs) -> dict:
-    data = MyDataModule(train_size=64, val_size=16, test_size=8, **kwargs)
+def splits(config: dict) -> tuple[object, dict]:
+    _, data = build(config)
     data.setup("fit")
     data.setup("test")
-    return {"train": data.train_set, "val": data.val_set, "test": data.test_set}
+    return data, {split: getattr(data, f"{split}_set") for split in SPLITS}
 
 
-def test_splits_are_uint8_images_with_labels_in_range() -> None:
-    for name, size in {"train": 64, "val": 16, "test": 8}.items():
-        images, labels = splits()[name][:]
-        assert images.shape == (size, 3, 32, 32) and images.dtype == torch.uint8, name
-        assert labels.dtype == torch.int64 and 0 <= labels.min() and labels.max() < MyDataModule.num_classes
-    assert len(MyDataModule.class_names) == MyDataModule.num_classes
+def some(dataset) -> list[int]:
+    return sorted({i * len(dataset) // LOOK_AT for i in range(LOOK_AT)})
 
 
-def test_each_split_is_a_function_of_the_seed() -> None:
+def test_splits_hold_uint8_images_with_labels_in_range(default_config: dict) -> None:
+    data, held = splits(default_config)
+    assert len(data.class_names) == data.num_classes
+    for split, dataset in held.items():
+        assert len(dataset) > 0, f"the {split} split is empty"
+        for i in some(dataset):
+            image, label = dataset[i]
+            assert image.dtype == torch.uint8 and image.ndim == 3, (split, i, image.dtype, image.shape)
+            assert 0 <= int(label) < data.num_classes, (split, i, int(label))
+
+
+def test_every_rank_would_hold_the_same_splits(default_config: dict) -> None:
     # DDP starts one process per device, each building the data itself: they must agree.
-    first, again, other = splits(seed=1), splits(seed=1), splits(seed=2)
-    assert torch.equal(first["train"][:][0], again["train"][:][0])
-    assert not torch.equal(first["train"][:][0], other["train"][:][0])
-    assert not torch.equal(first["train"][:16][0], first["val"][:][0])  # splits are not copies
+    (_, first), (_, again) = splits(default_config), splits(default_config)
+    for split in SPLITS:
+        for i in some(first[split]):
+            assert torch.equal(first[split][i][0], again[split][i][0]), (split, i)
+    # The validation split is not a copy of the training split.
+    assert not all(torch.equal(first["train"][i][0], first["val"][i][0]) for i in some(first["val"]))

@@ -4,23 +4,23 @@ lit_ddp's trust kit checks the promises a DDP run must keep with your code: firs
 equal those of 1 × 2b, validation reports the same metrics on 1 and 2 processes, training shards are
 disjoint and cover the data and evaluation has no padded duplicates, augmentation is the same on any
 device count, a stop mid-epoch and a resume equal the uninterrupted run, and a seed reproduces a run.
-`python -m lit_ddp doctor --config configs/default.yaml` prints the same table for a config.
+The project's `doctor` command (`python -m` the package, then `doctor --config configs/default.yaml`) prints
+the same table for any config.
 """
 
 import pytest
-from lit_ddp.models import ImageClassifier
-from lit_ddp.testing import check_ddp_invariants
-
-from {{ cookiecutter.package_name }}.data import MyDataModule
-from {{ cookiecutter.package_name }}.models import Net
+from lit_ddp.testing import build, check_ddp_invariants
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
-def test_the_network_and_data_keep_the_ddp_invariants(in_tmp) -> None:
-    # Small splits; the validation set is odd-sized, so the 2 ranks' evaluation shards are uneven.
+def test_the_network_and_data_keep_the_ddp_invariants(default_config: dict, in_tmp) -> None:
+    # The kit runs on the head of each split, with configs/default.yaml's model, data and seed.
+    model, data = build(default_config)
     report = check_ddp_invariants(
-        model=ImageClassifier(net=Net),
-        datamodule=MyDataModule(train_size=512, val_size=101, test_size=8),
+        model,
+        data,
+        seed=default_config["seed_everything"],
+        sync_batchnorm=bool(default_config["trainer"].get("sync_batchnorm")),
     )
     assert report.ok, "\n" + report.table()

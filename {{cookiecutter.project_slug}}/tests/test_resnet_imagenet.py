@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import numpy as np
-from lit_ddp.cli import build_cli
+from lightning import Trainer
+from lit_ddp.testing import build, resolved_config
 from PIL import Image
 
-from {{ cookiecutter.package_name }}.__main__ import MODEL
-from {{ cookiecutter.package_name }}.data import MyDataModule
+from {{ cookiecutter.package_name }}.__main__ import main
 
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,15 @@ def image_tree(root: Path, classes: int = 2, per_class: int = 4) -> Path:
 
 def test_the_recipe_trains_and_validates_on_an_image_folder(in_tmp: Path) -> None:
     tree = image_tree(in_tmp / "tree")
-    args = [
-        "fit",
+    config = resolved_config(
+        main,
         "--config", str(PROJECT / "configs" / "resnet_imagenet.yaml"),
         "--model.arch=resnet18",  # the recipe's ResNet-50, smaller
         f"--data.data_dir={tree}", "--data.image_size=32", "--data.val_resize=36", "--data.batch_size=4",
-        "--data.num_workers=0", "--trainer.precision=32", "--trainer.sync_batchnorm=false",
-        "--trainer.fast_dev_run=true", "--trainer.enable_progress_bar=false",
-    ]  # fmt: skip
-    trainer = build_cli(args, model=MODEL, data=MyDataModule, prog="test").trainer
-    assert trainer.model.num_classes == 2  # from the tree's folders
+        "--data.num_workers=0",
+    )  # fmt: skip
+    model, data = build(config)
+    assert model.num_classes == 2  # from the tree's folders
+    trainer = Trainer(fast_dev_run=True, accelerator="cpu", logger=False, enable_progress_bar=False)
+    trainer.fit(model, datamodule=data)
     assert {"train/loss_epoch", "val/acc"} <= set(trainer.callback_metrics)

@@ -1,4 +1,4 @@
-"""{{ cookiecutter.project_name }}.
+"""{{ cookiecutter.project_name | docstring }}.
 
 Your network and data, trained by lit_ddp: ``python -m`` this package (README: Usage).
 """

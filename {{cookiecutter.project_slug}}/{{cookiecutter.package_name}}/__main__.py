@@ -23,8 +23,9 @@ MODEL = {
 }
 
 
-def main() -> None:
-    lit_ddp_main(model=MODEL, data=MyDataModule, prog=f"python -m {__package__}")
+def main(args: list[str] | None = None) -> None:
+    """The command line; ``args`` in place of sys.argv (the tests' ``lit_ddp.testing.resolved_config``)."""
+    lit_ddp_main(args, model=MODEL, data=MyDataModule, prog=f"python -m {__package__}")
 
 
 if __name__ == "__main__":

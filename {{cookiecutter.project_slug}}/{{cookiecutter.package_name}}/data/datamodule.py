@@ -6,11 +6,17 @@ flip on the device, normalisation, and exact mid-epoch resume. To start, it draw
 Shapes images, so everything runs with no file.
 """
 
-from lit_ddp.data import ImageDataModule
-from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+from functools import cache
+
+from lit_ddp.data import ImageDataModule, ShapesDataModule, draw_shapes
 from torch import Tensor
 
 SPLITS = ("train", "val", "test")
+
+
+@cache  # drawn once per process: a test or a check that builds the data module again pays nothing
+def _shapes(n: int, seed: int) -> tuple[Tensor, Tensor]:
+    return draw_shapes(n, seed=seed)
 
 
 class MyDataModule(ImageDataModule):
@@ -23,8 +29,8 @@ class MyDataModule(ImageDataModule):
             seed (the images and the shuffle; the same on every rank), augmentation, predict_dir, ...
     """
 
-    num_classes = len(CLASS_NAMES)
-    class_names = CLASS_NAMES
+    class_names = ShapesDataModule.class_names
+    num_classes = len(class_names)
     # Per-channel statistics of the training images, in [0, 1] units: normalisation runs on the device.
     mean = (0.5, 0.5, 0.5)
     std = (0.29, 0.29, 0.29)
@@ -47,4 +53,5 @@ class MyDataModule(ImageDataModule):
         Replace with your loading code (numpy arrays: ``torch.from_numpy``); keep it a function of the
         seed only, so every rank holds the same split.
         """
-        return draw_shapes(self.sizes[split], seed=self.seed * len(SPLITS) + SPLITS.index(split))
+        return _shapes(self.sizes[split], self.seed * len(SPLITS) + SPLITS.index(split))
+

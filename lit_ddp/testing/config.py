@@ -1,0 +1,73 @@
+"""A project's configs from its tests: the config ``fit`` would run, and the model and data it builds.
+
+    from lit_ddp.testing import build, resolved_config
+    from my_project.__main__ import main
+
+    config = resolved_config(main, "--config", "configs/default.yaml")
+    model, data = build(config)
+
+Tests written this way read the user's classes through the config, never the template's argument names: a
+new network or data module with other constructor arguments keeps them green.
+"""
+
+import contextlib
+import importlib
+import inspect
+import io
+import warnings
+from collections.abc import Callable
+
+import yaml
+from jsonargparse import ArgumentParser
+from lightning import LightningDataModule, LightningModule
+
+from lit_ddp.errors import UserError
+
+
+def resolved_config(main: Callable[[list[str]], object], *args: str) -> dict:
+    """The config ``main(["fit", *args])`` would run (defaults filled in), as a dict.
+
+    ``main``: the project's command line (``lit_ddp.cli.main`` with the project's defaults). A config that
+    ``fit`` refuses raises ``UserError`` with the line ``fit`` prints."""
+    out, err = io.StringIO(), io.StringIO()
+    with warnings.catch_warnings():
+        # main() is given its arguments while sys.argv holds pytest's: expected here.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(["fit", *args, "--print_config"])
+                code = 0
+            except SystemExit as exit_:  # --print_config exits once it has printed
+                code = exit_.code
+    if code not in (0, None):
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        line = lines[-1] if lines else f"fit {' '.join(args)} exited with status {code}"
+        raise UserError(line.removeprefix("lit_ddp: error: "))
+    return yaml.safe_load(out.getvalue())
+
+
+def instantiate(section: dict, base: type = object):
+    """The object a config section (``{"class_path": ..., "init_args": {...}}``) describes, nested class
+    paths (a network in ``net:``) built too, as the CLI builds them."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--it", type=base)
+    # jsonargparse 4.49 renamed instantiate_classes to instantiate (the old name warns)
+    instantiate_ = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    return instantiate_(parser.parse_object({"it": section})).it
+
+
+def _takes_num_classes(class_path: str) -> bool:
+    module, _, name = class_path.rpartition(".")
+    params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    return "num_classes" in params
+
+
+def build(config: dict, num_classes: int | None = None) -> tuple[LightningModule, LightningDataModule]:
+    """The model and data module of a resolved config, built as ``fit`` builds them: the data first, whose
+    ``num_classes`` the model gets (when its constructor takes one); ``num_classes`` given: that many."""
+    data = instantiate(config["data"], LightningDataModule)
+    model_config = {**config["model"], "init_args": dict(config["model"].get("init_args") or {})}
+    num_classes = num_classes if num_classes is not None else getattr(data, "num_classes", None)
+    if num_classes is not None and _takes_num_classes(model_config["class_path"]):
+        model_config["init_args"]["num_classes"] = num_classes
+    return instantiate(model_config, LightningModule), data
