@@ -90,6 +90,7 @@ def description(prog: str) -> str:
         return DESCRIPTION + " `new DEST` generates a new project on lit_ddp (new --help)."
     return DESCRIPTION
 
+
 # The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each shows
 # or protects something a user sees (docs/architecture.md gives the reason for each; a test compares).
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)

@@ -261,9 +261,7 @@ def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> st
 
 def _expected(message: str, value: str) -> str:
     """What the message's `Expected a ...` lines allow: types, and the choices of Literal types."""
-    choices = [
-        c.strip(" '\"") for group in _PHRASE["literal"].findall(message) for c in group.split(",")
-    ]
+    choices = [c.strip(" '\"") for group in _PHRASE["literal"].findall(message) for c in group.split(",")]
     types = [TYPE_NAMES.get(t, t) for t in _PHRASE["type"].findall(message)]
     allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
     allowed += [t for t in dict.fromkeys(types) if t not in allowed]
