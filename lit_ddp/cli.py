@@ -47,6 +47,7 @@ from lit_ddp.cli_errors import explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
+from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
@@ -244,6 +245,10 @@ class LitDDPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
+        # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.
+        named = named_by(self.config[subcommand]) if subcommand else set()
+        packages = packages_of(self.default_model, self.default_data)
+        check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
         if self._checkpoint is not None:
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
