@@ -74,3 +74,23 @@ def test_a_checkpoint_of_lit_ddps_classes_or_a_class_the_command_names_loads(
     check_checkpoint_names(
         project, "x.ckpt", named=set(), packages=packages_of({"class_path": "proj.models.X"})
     )
+
+
+def test_validating_another_models_checkpoint_with_the_default_model_named_is_refused(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """`validate --ckpt_path=<a ResNet checkpoint> --model=LeNetCIFAR` scored the ResNet with no word: the
+    model named was the default one, which the check took for no --model at all."""
+    resnet = _edited(ckpt, tmp_path / "resnet.ckpt", _class_path="lit_ddp.models.ResNetImageNet")
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(
+        capsys, ["validate", *TINY_RUN, f"--ckpt_path={resnet}", "--model=LeNetCIFAR", root]
+    )
+    assert line == (
+        f"--model=LeNetCIFAR, but {resnet} holds a ResNetImageNet: leave --model out (the checkpoint decides"
+        " the model) or pass a LeNetCIFAR checkpoint"
+    )
+    # Its own class named, by short name or in full, is the checkpoint's: it is scored.
+    for named in ("LeNetCIFAR", "lit_ddp.models.LeNetCIFAR"):
+        cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={ckpt}", f"--model={named}", root])
+        assert "val/acc" in cli.trainer.callback_metrics
