@@ -72,6 +72,7 @@ from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint
 from lit_ddp.runtime.resume import checkpoint_model_overrides, load_ckpt_file, prepare_ckpt_path
+from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 
 # Console messages a user cannot act on, each silenced by its own text (never a whole category):
@@ -339,8 +340,14 @@ class LitDDPCLI(LightningCLI):
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
         )
         bind_rendezvous_to_loopback(self.trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        self._run_lock = hold_run_dir(self.trainer)  # a second run on this directory refuses (run_lock.py)
+
+    def _after_run(self) -> None:
+        if getattr(self, "_run_lock", None) is not None:
+            self._run_lock.release()
 
     before_fit = before_validate = before_test = before_predict = _before_run
+    after_fit = after_validate = after_test = after_predict = _after_run
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:
