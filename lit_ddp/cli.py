@@ -49,7 +49,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
-from lit_ddp.runtime.config_guard import check_config_files, model_given
+from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
 from lit_ddp.runtime.faults import (
@@ -229,7 +229,7 @@ class LitDDPCLI(LightningCLI):
 
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
         argv = [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
-        check_config_files(argv)  # an alias bomb, or a setting a later --config would silently replace
+        check_arguments(argv)  # an alias bomb, a setting replaced by a later --config or unused
         problem = config_file_problem(argv)
         if problem:
             raise UserError(problem)

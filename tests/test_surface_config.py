@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import pytest
 from conftest import REPO, TINY_RUN, run_cli
 from test_mistakes import one_error_line
 
@@ -48,3 +49,15 @@ def test_a_recipe_after_a_preset_is_refused_and_a_preset_after_a_recipe_adjusts_
     assert f"give --config {DEBUG} after --config {RECIPE}" in line
     cli = build_cli(["--config", RECIPE, "--config", DEBUG, "--data.train_size=64"], run=False)
     assert cli.trainer.max_epochs == 1 and cli.trainer.limit_train_batches == 10
+
+
+@pytest.mark.parametrize("command", ["fit", "doctor"])
+def test_a_num_classes_the_data_would_replace_is_refused(tmp_path: Path, capsys, command: str) -> None:
+    """`--model.num_classes=5` was accepted and ignored: the data's 10 classes won, in fit and in doctor."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, [command, *TINY_RUN, "--model.num_classes=5", root])
+    assert line.startswith("--model.num_classes=5 would not be used: the data decides the number of classes")
+    (tmp_path / "c.yaml").write_text("model:\n  init_args:\n    num_classes: 5\n")
+    line = one_error_line(capsys, [command, "--config", str(tmp_path / "c.yaml"), *TINY_RUN, root])
+    assert line.startswith(f"{tmp_path / 'c.yaml'}: model.num_classes would not be used")
+    assert not (tmp_path / "lightning_logs").exists()

@@ -21,6 +21,12 @@ from lit_ddp.errors import UserError
 MAX_NODES = 100_000
 # Options that are not settings a config file could replace.
 NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
+# Settings jsonargparse accepts that the run then replaces without a word.
+UNUSED = {
+    # cli.py links the data's num_classes to the model's, at instantiation, over any value given
+    "model.num_classes": "the data decides the number of classes (its dataset or class folders), and the"
+    " model gets the data's: leave it out",
+}
 
 
 def config_files(argv: list[str]) -> list[tuple[int, Path]]:
@@ -85,9 +91,18 @@ def _flag_key(argv: list[str], i: int) -> str | None:
     return arg[2:].partition("=")[0].replace(".init_args.", ".")
 
 
-def check_config_files(argv: list[str]) -> None:
-    """UserError for a ``--config`` file that expands past ``MAX_NODES``, or that replaces a setting given
-    before it (by an option or an earlier file)."""
+def check_arguments(argv: list[str]) -> None:
+    """UserError for a ``--config`` file that expands past ``MAX_NODES``, a setting that a later file
+    replaces (see the module's docstring), or a setting that would be accepted and not used."""
+    _check_sizes(argv)
+    given = _check_order(argv)
+    for key, why in UNUSED.items():
+        if key in given:
+            setting = given[key] if given[key].startswith("--") else f"{given[key]}: {key}"
+            raise UserError(f"{setting} would not be used: {why}")
+
+
+def _check_sizes(argv: list[str]) -> None:
     files = config_files(argv)
     for _, path in files:
         size = expanded_size(path)
@@ -96,8 +111,13 @@ def check_config_files(argv: list[str]) -> None:
                 f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside"
                 " each other): it is not read; write the settings out plainly"
             )
-    given: dict[str, str] = {}  # setting -> the option or file that gave it, in command-line order
-    at = dict(files)
+
+
+def _check_order(argv: list[str]) -> dict[str, str]:
+    """Each setting given -> the option or file that gives it last; UserError where a later file replaces
+    an option, or a recipe a preset."""
+    given: dict[str, str] = {}  # in command-line order
+    at = dict(config_files(argv))
     for i, arg in enumerate(argv):
         if i in at:
             path = at[i]
@@ -123,6 +143,7 @@ def check_config_files(argv: list[str]) -> None:
             given.update({key: str(path) for key in _settings(content)})
         elif (key := _flag_key(argv, i)) is not None:
             given[key] = arg if "=" in arg or i + 1 >= len(argv) else f"{arg} {argv[i + 1]}"
+    return given
 
 
 def model_given(argv: list[str]) -> bool:
