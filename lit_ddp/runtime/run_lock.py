@@ -14,7 +14,7 @@ import os
 import socket
 from pathlib import Path
 
-from lightning import Trainer
+from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lit_ddp.errors import UserError
@@ -41,15 +41,19 @@ def _holder(path: Path) -> dict | None:
         return None  # being written this instant, or removed: judged on the next try
 
 
-class RunLock:
-    """Holds ``run_dir`` for this process until ``release()`` (or the process exits)."""
+class RunLock(Callback):
+    """Holds ``run_dir`` for this process until ``release()``, the run fails, or the process exits. A
+    callback so that a run that fails gives it back (and the folder it made for it, if left empty); the
+    copies that ranks receive hold nothing (the pid is the launcher's)."""
 
     def __init__(self, run_dir: Path | str) -> None:
         self.run_dir = Path(run_dir)
         self.path = lock_path(self.run_dir)
         self.held = False
+        self.made_parent = False
 
     def acquire(self) -> "RunLock":
+        self.made_parent = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for _ in range(3):
@@ -84,7 +88,12 @@ class RunLock:
         holder = _holder(self.path)
         if holder is not None and holder.get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
+            if self.made_parent and not any(self.path.parent.iterdir()):  # a failed start leaves nothing
+                self.path.parent.rmdir()
         atexit.unregister(self.release)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.release()  # after RemoveFailedRunDir (callbacks run in order, this one last)
 
 
 def launcher_rank_zero() -> bool:
@@ -102,4 +111,6 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
     logger = trainer.logger
     if not isinstance(logger, TensorBoardLogger | CSVLogger) or not launcher_rank_zero():
         return None
-    return RunLock(logger.log_dir).acquire()
+    lock = RunLock(logger.log_dir).acquire()
+    trainer.callbacks.append(lock)
+    return lock

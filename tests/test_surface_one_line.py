@@ -1,0 +1,50 @@
+"""Mistakes that were tracebacks (and left a half-made run folder): one line each, and nothing left behind."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+from test_mistakes import one_error_line
+
+sys.path.insert(0, str(Path(__file__).parent))
+from imagenet_tree import make_tree  # noqa: E402
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-0.1", "1.5"])
+def test_a_label_smoothing_outside_0_to_1_is_one_line(tmp_path: Path, capsys, value: str) -> None:
+    """`--model.label_smoothing=.inf` was a traceback from torch at the first step."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, ["fit", *TINY_RUN, f"--model.label_smoothing={value}", root])
+    assert line.startswith("--model.label_smoothing=") and line.endswith(
+        "must be between 0 and 1 (0.1 is usual)"
+    )
+    assert not list(tmp_path.iterdir())  # no run folder, no lock, nothing
+
+
+def test_images_of_a_size_the_network_cannot_take_are_one_line(tmp_path: Path, capsys) -> None:
+    """64-pixel images into LeNet (built for 32): `mat1 and mat2 shapes cannot be multiplied`, 60 lines."""
+    make_tree(tmp_path / "data", train_per_class=4, val_per_class=2)
+    root = tmp_path / "runs"
+    data = [
+        "--data=ImageNetDataModule",
+        f"--data.data_dir={tmp_path / 'data'}",
+        "--data.image_size=64",
+        "--data.val_resize=64",
+        "--data.batch_size=4",
+        "--data.num_workers=0",
+    ]
+    argv = [
+        "fit",
+        "--model=LeNetCIFAR",
+        *data,
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+    ]
+    line = one_error_line(capsys, [*argv, f"--trainer.default_root_dir={root}"])
+    assert line.startswith("LeNet cannot take the data's 3×64×64 images (")
+    assert line.endswith(
+        "give the data the image size the network is built for (--data.image_size), or choose"
+        " a network for this size"
+    )
+    assert not [p for p in root.rglob("*") if p.is_file()]  # the failed start left no run folder behind
