@@ -94,3 +94,24 @@ def test_validating_another_models_checkpoint_with_the_default_model_named_is_re
     for named in ("LeNetCIFAR", "lit_ddp.models.LeNetCIFAR"):
         cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={ckpt}", f"--model={named}", root])
         assert "val/acc" in cli.trainer.callback_metrics
+
+
+def test_a_checkpoint_that_does_not_fit_points_to_its_runs_config(ckpt: Path, tmp_path: Path, capsys) -> None:
+    """The advice was "pass the same --model and --model.* options", which cannot fix a 5-class head (the
+    data decides num_classes); the run's config.yaml can."""
+    checkpoint = torch.load(ckpt, weights_only=True)
+    for key, value in list(checkpoint["state_dict"].items()):
+        if value.shape[:1] == (10,):
+            checkpoint["state_dict"][key] = value[:5]
+    mismatched = ckpt.parent / "five_classes.ckpt"
+    torch.save(checkpoint, mismatched)
+    try:
+        root = f"--trainer.default_root_dir={tmp_path}"
+        line = one_error_line(capsys, ["validate", *TINY_RUN, f"--ckpt_path={mismatched}", root])
+    finally:
+        mismatched.unlink()
+    assert line.startswith(f"checkpoint {mismatched} does not fit LeNetCIFAR: 2 tensors of another shape")
+    config = ckpt.parent.parent / "config.yaml"
+    assert line.endswith(
+        f": run with --config {config}, the settings it was trained with (your own options after it)"
+    )
