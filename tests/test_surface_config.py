@@ -42,12 +42,15 @@ def test_an_option_before_a_config_that_replaces_it_is_refused(tmp_path: Path, c
     assert cli.trainer.max_epochs == 1 and cli.config["data"]["init_args"]["train_size"] == 64
 
 
-def test_a_recipe_after_a_preset_is_refused_and_a_preset_after_a_recipe_adjusts_it(capsys) -> None:
+def test_a_recipe_after_a_preset_is_refused_and_a_preset_after_a_recipe_adjusts_it(
+    tmp_path: Path, capsys
+) -> None:
     """`--config presets/debug.yaml --config configs/lenet_cifar.yaml` ran the full 30-epoch recipe."""
     line = one_error_line(capsys, ["fit", "--config", DEBUG, "--config", RECIPE])
     assert line.startswith(f"--config {RECIPE} sets trainer.max_epochs after {DEBUG} did, and the later one")
     assert f"give --config {DEBUG} after --config {RECIPE}" in line
-    cli = build_cli(["--config", RECIPE, "--config", DEBUG, "--data.train_size=64"], run=False)
+    root = f"--trainer.default_root_dir={tmp_path}"
+    cli = build_cli(["--config", RECIPE, "--config", DEBUG, "--data.train_size=64", root], run=False)
     assert cli.trainer.max_epochs == 1 and cli.trainer.limit_train_batches == 10
 
 

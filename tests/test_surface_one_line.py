@@ -48,3 +48,19 @@ def test_images_of_a_size_the_network_cannot_take_are_one_line(tmp_path: Path, c
         " a network for this size"
     )
     assert not [p for p in root.rglob("*") if p.is_file()]  # the failed start left no run folder behind
+
+
+@pytest.mark.parametrize(
+    ("arg", "option", "base"),
+    [
+        ("--model=os.system", "--model", "ImageClassifier"),
+        ("--model.class_path=os.system", "--model", "ImageClassifier"),
+        ("--data=os.system", "--data", "ImageDataModule"),
+    ],
+)
+def test_a_class_path_naming_something_else_says_why_it_is_refused(
+    tmp_path: Path, capsys, arg: str, option: str, base: str
+) -> None:
+    """`--model=os.system` was refused (nothing ran) with "expected null", which says nothing of why."""
+    line = one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(f"{option}=os.system: not an {base} subclass, so it is not used (nothing was run)")
