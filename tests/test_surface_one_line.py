@@ -64,3 +64,11 @@ def test_a_class_path_naming_something_else_says_why_it_is_refused(
     """`--model=os.system` was refused (nothing ran) with "expected null", which says nothing of why."""
     line = one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"])
     assert line.startswith(f"{option}=os.system: not an {base} subclass, so it is not used (nothing was run)")
+
+
+def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, capsys) -> None:
+    """`doctor --workdir PATH` on a path it could not create was a traceback from inside the check runs."""
+    (tmp_path / "a_file").write_text("")
+    workdir = tmp_path / "a_file" / "runs"
+    line = one_error_line(capsys, ["doctor", "--workdir", str(workdir), *TINY_RUN])
+    assert line == f"--workdir {workdir}: cannot create it (Not a directory): give a folder you can write to"

@@ -19,7 +19,9 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
+from lit_ddp.errors import UserError
 from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
 
 PROG = "python -m lit_ddp doctor"
@@ -49,6 +51,14 @@ def main(argv: list[str], parse: Callable[[list[str]], object]) -> int:
     """``parse(args)``: the CLI's parser, returning a LightningCLI built with ``run=False`` (cli.py passes
     it, so this layer does not import the CLI). Returns the exit status."""
     options, rest = _options(argv)
+    if options.workdir is not None:  # before the runs, not as a traceback from inside one
+        try:
+            Path(options.workdir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UserError(
+                f"--workdir {options.workdir}: cannot create it ({err.strerror or err}): give a folder you"
+                " can write to"
+            ) from None
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
     with warnings.catch_warnings():  # args given while sys.argv holds the doctor's: expected here
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
