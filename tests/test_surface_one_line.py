@@ -72,3 +72,38 @@ def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, caps
     workdir = tmp_path / "a_file" / "runs"
     line = one_error_line(capsys, ["doctor", "--workdir", str(workdir), *TINY_RUN])
     assert line == f"--workdir {workdir}: cannot create it (Not a directory): give a folder you can write to"
+
+
+def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, monkeypatch) -> None:
+    """After a mid-epoch resume Lightning's rich bar made its task at a batch end, reading "Epoch 0/0"."""
+    from conftest import REPO
+    from lightning import Callback
+
+    from lit_ddp.callbacks.console import RichBar
+    from lit_ddp.cli import build_cli, main
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    args = [
+        *TINY_RUN,
+        "--data.train_size=128",
+        "--trainer.max_epochs=2",
+        "--preemption.check_every_n_batches=1",
+    ]
+    args = [a for a in args if a != "--trainer.enable_progress_bar=false"]
+    root = f"--trainer.default_root_dir={tmp_path}"
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    with pytest.raises(SystemExit):
+        main(["fit", *args, *probe, "--trainer.callbacks.at_step=5", root])  # epoch 2, after 2 of 4 batches
+    seen: list[str] = []
+
+    class Read(Callback):
+        def on_validation_start(self, trainer, pl_module) -> None:
+            bar = trainer.progress_bar_callback
+            task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+            seen.append(str(task.description))
+
+    cli = build_cli([*args, root], run=False)
+    assert isinstance(cli.trainer.progress_bar_callback, RichBar)
+    cli.trainer.callbacks.append(Read())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(next(tmp_path.rglob("last.ckpt"))))
+    assert cli.trainer.global_step == 8 and [s.strip() for s in seen] == ["Epoch 2/2"]
