@@ -45,7 +45,9 @@ from lit_ddp.cli_errors import config_file_problem, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
+from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, FaultMonitor, LostRankReport, set_dist_timeout
@@ -68,6 +70,7 @@ from lit_ddp.runtime.resume import (
     load_ckpt_file,
     prepare_ckpt_path,
 )
+from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 
@@ -216,9 +219,9 @@ class LitDDPCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
-        problem = config_file_problem(
-            [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
-        )
+        argv = [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
+        check_arguments(argv)  # an alias bomb, a setting replaced by a later --config or unused
+        problem = config_file_problem(argv)
         if problem:
             raise UserError(problem)
         try:
@@ -235,6 +238,10 @@ class LitDDPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
+        # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.
+        named = named_by(self.config[subcommand]) if subcommand else set()
+        packages = packages_of(self.default_model, self.default_data)
+        check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
         if self._checkpoint is not None:
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
@@ -242,7 +249,7 @@ class LitDDPCLI(LightningCLI):
             overridden = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),
-                self.default_model["class_path"],
+                None if model_given(argv) else self.default_model["class_path"],  # --model chosen: checked
                 ckpt_path,
                 self._checkpoint,
             )
@@ -320,8 +327,14 @@ class LitDDPCLI(LightningCLI):
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
+        self._run_lock = hold_run_dir(self.trainer)  # a second run on this directory refuses (run_lock.py)
+
+    def _after_run(self) -> None:
+        if getattr(self, "_run_lock", None) is not None:
+            self._run_lock.release()
 
     before_fit = before_validate = before_test = before_predict = _before_run
+    after_fit = after_validate = after_test = after_predict = _after_run
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:

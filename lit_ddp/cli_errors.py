@@ -256,6 +256,13 @@ def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> st
         match = _closest(value, names) or next((n for n in names if n.lower() == value.lower()), "")
         hint = f": did you mean {match}?" if match else ""
         return f"{where}{setting}: no such {key} class{hint} (the choices are {', '.join(names)})"
+    if base is not None:  # importable, but not a model / data class (`os.system`): say that, not "null"
+        value = re.sub(r"NestedArg\(key='class_path', val='(.*)'\)", r"\1", value)
+        setting = f"{key}: {value}" if where else f"--{key}={value}"
+        return (
+            f"{where}{setting}: not an {base.__name__} subclass, so it is not used (nothing was run): choose"
+            f" one of {', '.join(_subclass_names(base))}, or a subclass of your own"
+        )
     return f"{where}{setting}: expected {_expected(message, value)}"
 
 

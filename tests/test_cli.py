@@ -191,11 +191,16 @@ def test_two_process_run_with_the_progress_bar_and_no_epoch_summary_finishes(tmp
     assert "sync_dist=True" not in result.stderr  # the dashboard's reduced values are not Lightning's to sync
 
 
+# Hang guards only, about 60 times the run's minute on a quiet 2-core CPU: the test asserts what the default
+# run reaches, never how fast (a loaded machine ran it past a 360 s limit); its speed is a benchmark's.
+DEFAULT_RUN_HANG_S = 3600
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(DEFAULT_RUN_HANG_S + 120)
 def test_embedded_default_reaches_90_percent(tmp_path: Path) -> None:
     """The README's main job: `python -m lit_ddp fit` with no argument at all."""
-    result = run_cli(["fit", "--trainer.enable_progress_bar=false"], cwd=tmp_path, timeout=360)
+    result = run_cli(["fit", "--trainer.enable_progress_bar=false"], cwd=tmp_path, timeout=DEFAULT_RUN_HANG_S)
     assert result.returncode == 0, result.stderr[-3000:]
     run = assert_single_run(tmp_path / "logs")
     assert read_scalars(run)["val/acc"][-1] >= 0.90

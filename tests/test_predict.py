@@ -146,3 +146,33 @@ def test_the_top_k_column_is_named_by_the_k_asked_for(tmp_path: Path) -> None:
         assert list(written[0]) == ["index", "prediction", "probability", column, "label"]
         assert written[0][column].split("; ")[:2] == ["fox 0.7000", "cat 0.2000"][:k]
         assert [r["label"] for r in written] == ["fox", ""]
+
+
+def test_predictions_stay_in_the_run_directory_and_never_replace_a_file(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """`--predictions.filename=../../../../escape.csv` was written outside the run directory, and
+    `predictions: {filename: /path/important.txt}` replaced that file's content with the CSV."""
+    root = tmp_path / "runs"
+    args = ["predict", *DATA, *QUIET, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={root}"]
+    escape = "../../../../escape.csv"
+    with pytest.raises(SystemExit):
+        main([*args, f"--predictions.filename={escape}"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lit_ddp: error: --predictions.filename={escape} leads out of the run directory")
+    assert len(err.splitlines()) == 1 and not list(tmp_path.rglob("escape.csv"))
+    important = tmp_path / "important.txt"
+    important.write_text("mine\n")
+    with pytest.raises(SystemExit):
+        main([*args, f"--predictions.filename={important}"])
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"lit_ddp: error: --predictions.filename={important}: {important} exists and this run did not write"
+        " it: choose another name, or move that file away first"
+    )
+    assert important.read_text() == "mine\n"
+    # An absolute path to a new file is written where it says, on purpose; a subfolder of the run is fine.
+    build_cli([*args, f"--predictions.filename={tmp_path / 'out.csv'}"])
+    assert len((tmp_path / "out.csv").read_text().splitlines()) == 64
+    build_cli([*args, "--predictions.filename=sub/p.csv"])
+    assert len(list(root.rglob("sub/p.csv"))) == 1

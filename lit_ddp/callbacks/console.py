@@ -68,13 +68,29 @@ class _Throttled:
 
 
 class RichBar(_Throttled, RichProgressBar):
+    _described: tuple | None = None  # (task, epoch) whose description is ours
+
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         return _bar_metrics(trainer, super().get_metrics(trainer, pl_module))
 
+    def _describe(self, trainer: Trainer) -> None:
+        task = self.train_progress_bar_id
+        described = (task, trainer.current_epoch)
+        if self.progress is not None and task is not None and described != self._described:
+            self.progress.update(task, description=epoch_description(trainer))
+            self._described = described
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_train_epoch_start(trainer, pl_module)
-        if self.progress is not None and self.train_progress_bar_id is not None:
-            self.progress.update(self.train_progress_bar_id, description=epoch_description(trainer))
+        self._describe(trainer)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # A mid-epoch resume calls no on_train_epoch_start: Lightning's bar makes its task at a batch end,
+        # described its own way ("Epoch 0/0" for the first of one epoch).
+        self._describe(trainer)
 
 
 class TQDMBar(_Throttled, TQDMProgressBar):

@@ -21,6 +21,7 @@ from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lit_ddp.data.image_folder import ImageFileDataset
+from lit_ddp.errors import UserError
 
 KEYS = ("index", "probs", "classes", "target")
 
@@ -37,12 +38,38 @@ class PredictionWriter(Callback):
 
     Reads ``index``, ``probs`` and ``target`` from each ``predict_step`` output, and from the data module
     ``class_names``, ``predict_set`` (for the file paths) and ``predict_source`` (for the report line).
+
+    A relative ``filename`` stays inside the run directory (``../x.csv`` is refused); an absolute one is
+    written where it says. Either way a file that this callback did not write is never replaced.
     """
 
     def __init__(self, filename: str = "predictions.csv", top_k: int = 5) -> None:
         self.filename = filename
         self.top_k = top_k
         self._batches: list[dict[str, Tensor]] = []
+        self._written: set[Path] = set()
+
+    def target(self, log_dir: str | None) -> Path:
+        """Where the file goes, or UserError: out of the run directory, or over a file not ours."""
+        path = Path(self.filename).expanduser()
+        if not path.is_absolute():
+            run_dir = Path(log_dir or ".").resolve()
+            path = (run_dir / path).resolve()
+            if not path.is_relative_to(run_dir):
+                raise UserError(
+                    f"--predictions.filename={self.filename} leads out of the run directory {run_dir}: give a"
+                    " name inside it, or an absolute path to write elsewhere on purpose"
+                )
+        if path.exists() and path.resolve() not in self._written:
+            raise UserError(
+                f"--predictions.filename={self.filename}: {path} exists and this run did not write it: choose"
+                " another name, or move that file away first"
+            )
+        return path
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "predict":  # refused before any image is scored, on every rank alike
+            self.target(trainer.log_dir)
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batches = []
@@ -71,8 +98,9 @@ class PredictionWriter(Callback):
         order = rows["index"].argsort(stable=True)
         rows = {key: value[order] for key, value in rows.items()}
         dm = trainer.datamodule
-        path = Path(log_dir or ".") / self.filename
+        path = self.target(log_dir)
         count = self._write(path, rows, dm)
+        self._written.add(path.resolve())
         report = f"predictions: {count} row{'' if count == 1 else 's'}"
         if source := getattr(dm, "predict_source", None):
             report += f" ({source})"

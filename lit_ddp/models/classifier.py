@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
+from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.utils import global_batch_size
 
@@ -109,6 +110,10 @@ class ImageClassifier(LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if not 0.0 <= label_smoothing <= 1.0:  # NaN too; torch would raise at the first training step
+            raise UserError(
+                f"--model.label_smoothing={label_smoothing} must be between 0 and 1 (0.1 is usual)"
+            )
         if not isinstance(net, nn.Module):
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
             self.save_hyperparameters()
@@ -118,6 +123,7 @@ class ImageClassifier(LightningModule):
         self.compile_net = compile
         self._net_compiled = False
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
+        self._input_fits = False  # a batch went through the network (forward's first-batch check)
         self.num_classes = num_classes
         self.optim = optim
         self.label_smoothing = label_smoothing
@@ -130,7 +136,23 @@ class ImageClassifier(LightningModule):
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
         if x.ndim == 4:
             x = x.contiguous(memory_format=self.memory_format)
-        return self.net(x)
+        if self._input_fits:
+            return self.net(x)
+        # The first batch: images of a size the network was not built for (64 px into LeNet's 32) fail in
+        # torch's matmul with "mat1 and mat2 shapes cannot be multiplied" and a 60-line traceback.
+        try:
+            logits = self.net(x)
+        except RuntimeError as err:
+            if isinstance(err, torch.OutOfMemoryError):
+                raise
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(
+                f"{type(self.net).__name__} cannot take the data's {'×'.join(map(str, x.shape[1:]))} images"
+                f" ({first}): give the data the image size the network is built for (--data.image_size),"
+                " or choose a network for this size"
+            ) from err
+        self._input_fits = True
+        return logits
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.

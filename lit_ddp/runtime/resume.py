@@ -160,9 +160,17 @@ def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> No
     saved_as = checkpoint.get("hyper_parameters", {}).get("_class_path") or checkpoint.get(
         "hparams_name", "?"
     )
+    # The run's own config.yaml (beside checkpoints/) builds the model that fits; --model.* options alone
+    # often cannot (the data decides num_classes).
+    config = path.parent.parent / "config.yaml"
+    fix = (
+        f"run with --config {config}, the settings it was trained with (your own options after it)"
+        if config.is_file()
+        else "run with the config it was trained with (its run's config.yaml)"
+    )
     raise UserError(
         f"checkpoint {path} does not fit {type(model).__name__}: {'; '.join(problems)}. It was saved by"
-        f" {saved_as} with {_hparams_summary(checkpoint)}: pass the same --model and --model.* options"
+        f" {saved_as} with {_hparams_summary(checkpoint)}: {fix}"
     )
 
 

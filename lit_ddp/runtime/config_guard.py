@@ -1,0 +1,163 @@
+"""Config files checked before jsonargparse reads them: their size, and an order that would drop a setting.
+
+- A YAML alias bomb (``a1: [*a0, *a0, ...]`` nine levels deep) is a few hundred bytes that expand to
+  billions of nodes: jsonargparse walks the expansion and hangs with no output. The size a file expands to
+  is counted on the composed node graph (each alias is counted as often as it is used, in linear time,
+  without expanding anything) and refused past ``MAX_NODES``.
+- jsonargparse applies arguments left to right, the later winning: ``--trainer.max_epochs=1 --config
+  recipe.yaml`` runs the recipe's 12 epochs, and ``--config presets/debug.yaml --config recipe.yaml`` the
+  recipe's 30. An option replaced by a later ``--config``, and a preset's setting replaced by a recipe
+  given after it, are refused in one line that says which order does what was asked. A preset given after
+  the recipe adjusts it, as designed.
+"""
+
+from pathlib import Path
+
+import yaml
+
+from lit_ddp.errors import UserError
+
+# Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
+MAX_NODES = 100_000
+# Options that are not settings a config file could replace.
+NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
+# Settings jsonargparse accepts that the run then replaces without a word.
+UNUSED = {
+    # cli.py links the data's num_classes to the model's, at instantiation, over any value given
+    "model.num_classes": "the data decides the number of classes (its dataset or class folders), and the"
+    " model gets the data's: leave it out",
+}
+
+
+def config_files(argv: list[str]) -> list[tuple[int, Path]]:
+    """``(position in argv, path)`` of each ``--config`` / ``-c`` file given, in order."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "--config") and i + 1 < len(argv):
+            files.append((i, Path(argv[i + 1])))
+        elif arg.startswith("--config="):
+            files.append((i, Path(arg.partition("=")[2])))
+    return [(i, path) for i, path in files if path.is_file()]
+
+
+def expanded_size(path: Path, limit: int = MAX_NODES) -> int | None:
+    """The number of nodes ``path`` expands to (aliases counted once per use), stopping past ``limit``; None
+    where the file is not valid YAML (jsonargparse reports that itself)."""
+    try:
+        root = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return None
+    sizes: dict[int, int] = {}
+
+    def size(node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = limit + 1  # a cycle (an alias inside its own anchor) expands without end
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for child in children:
+            for part in child if isinstance(child, tuple) else (child,):  # mapping entries: (key, value)
+                total += size(part)
+                if total > limit:
+                    break
+            if total > limit:
+                break
+        sizes[id(node)] = min(total, limit + 1)
+        return sizes[id(node)]
+
+    return 0 if root is None else size(root)
+
+
+def _settings(tree, prefix: str = "") -> set[str]:
+    """The option keys a config tree sets, as the command line spells them: ``init_args`` left out, and a
+    ``class_path`` is its option's own key (``model.class_path`` is ``--model``)."""
+    if not isinstance(tree, dict):
+        return {prefix} if prefix else set()
+    keys = set()
+    for key, value in tree.items():
+        if key == "init_args":
+            keys |= _settings(value, prefix)
+        elif key == "class_path":
+            keys.add(prefix)
+        else:
+            keys |= _settings(value, f"{prefix}.{key}" if prefix else str(key))
+    return keys
+
+
+def _flag_key(argv: list[str], i: int) -> str | None:
+    arg = argv[i]
+    if not arg.startswith("--") or arg.split("=", 1)[0] in NOT_SETTINGS:
+        return None
+    return arg[2:].partition("=")[0].replace(".init_args.", ".")
+
+
+def check_arguments(argv: list[str]) -> None:
+    """UserError for a ``--config`` file that expands past ``MAX_NODES``, a setting that a later file
+    replaces (see the module's docstring), or a setting that would be accepted and not used."""
+    _check_sizes(argv)
+    given = _check_order(argv)
+    for key, why in UNUSED.items():
+        if key in given:
+            setting = given[key] if given[key].startswith("--") else f"{given[key]}: {key}"
+            raise UserError(f"{setting} would not be used: {why}")
+
+
+def _check_sizes(argv: list[str]) -> None:
+    files = config_files(argv)
+    for _, path in files:
+        size = expanded_size(path)
+        if size is not None and size > MAX_NODES:
+            raise UserError(
+                f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside"
+                " each other): it is not read; write the settings out plainly"
+            )
+
+
+def _check_order(argv: list[str]) -> dict[str, str]:
+    """Each setting given -> the option or file that gives it last; UserError where a later file replaces
+    an option, or a recipe a preset."""
+    given: dict[str, str] = {}  # in command-line order
+    at = dict(config_files(argv))
+    for i, arg in enumerate(argv):
+        if i in at:
+            path = at[i]
+            try:
+                content = yaml.safe_load(path.read_text())
+            except yaml.YAMLError:
+                continue  # jsonargparse reports invalid YAML itself
+            # A preset after the recipe adjusts it (stacked presets are the design); a recipe, which chooses
+            # the model or data, after a preset replaces the preset's settings instead.
+            recipe = isinstance(content, dict) and bool({"model", "data"} & set(content))
+            for key in sorted(_settings(content) & set(given)):
+                earlier = given[key]
+                if not (recipe or earlier.startswith("--")):
+                    continue
+                if earlier.startswith("--"):
+                    fix = f"put {earlier} after --config {path}"
+                else:
+                    fix = f"give --config {earlier} after --config {path}"
+                raise UserError(
+                    f"--config {path} sets {key} after {earlier} did, and the later one wins: {fix}"
+                    " (later arguments override earlier ones)"
+                )
+            given.update({key: str(path) for key in _settings(content)})
+        elif (key := _flag_key(argv, i)) is not None:
+            given[key] = arg if "=" in arg or i + 1 >= len(argv) else f"{arg} {argv[i + 1]}"
+    return given
+
+
+def model_given(argv: list[str]) -> bool:
+    """Whether the command line or a config file chooses the model class (``--model=...``, ``model:``)."""
+    if any(
+        arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path="))
+        for arg in argv
+    ):
+        return True
+    for _, path in config_files(argv):
+        try:
+            content = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            continue
+        if isinstance(content, dict) and "model" in _settings(content):
+            return True
+    return False

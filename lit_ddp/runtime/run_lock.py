@@ -1,0 +1,116 @@
+"""One run at a time in a run directory: a lock file beside it, naming the process that holds it.
+
+Two ``fit --ckpt_path=last`` on one root both resumed ``version_0`` and wrote into it: one run's final state
+was lost and the folder held two event files. The run directory is held by ``.version_0.lock`` beside it
+(beside, not inside: a run that fails to start leaves no folder behind), created atomically and holding the
+holder's pid and host. A second run refuses in one line. A lock whose process is gone (killed, the node
+rebooted) does not block: on the same host a dead pid is taken over; on another host it cannot be checked,
+and the line names the file to delete.
+"""
+
+import atexit
+import json
+import os
+import socket
+from pathlib import Path
+
+from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from lit_ddp.errors import UserError
+
+
+def lock_path(run_dir: Path) -> Path:
+    return run_dir.parent / f".{run_dir.name}.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def _holder(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # being written this instant, or removed: judged on the next try
+
+
+class RunLock(Callback):
+    """Holds ``run_dir`` for this process until ``release()``, the run fails, or the process exits. A
+    callback so that a run that fails gives it back (and the folder it made for it, if left empty); the
+    copies that ranks receive hold nothing (the pid is the launcher's)."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = lock_path(self.run_dir)
+        self.held = False
+        self.made_parent = False
+
+    def acquire(self) -> "RunLock":
+        self.made_parent = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname()}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = _holder(self.path)
+                if holder is None:
+                    continue
+                same_host = holder.get("host") == me["host"]
+                pid = int(holder.get("pid", -1))
+                if same_host and (pid == me["pid"] or not _alive(pid)):
+                    self.path.unlink(missing_ok=True)  # our own leftover, or a dead process's: stale
+                    continue
+                where = f"pid {pid}" + ("" if same_host else f" on {holder.get('host')}")
+                stale = "" if same_host else f" (if no run is going on there, delete {self.path})"
+                raise UserError(
+                    f"{self.run_dir} is in use by another run ({where}){stale}: wait for it to finish, or"
+                    " give this run another --trainer.default_root_dir"
+                ) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            atexit.register(self.release)
+            return self
+        raise UserError(f"{self.run_dir}: could not take its lock {self.path}: try again")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        holder = _holder(self.path)
+        if holder is not None and holder.get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+            if self.made_parent and not any(self.path.parent.iterdir()):  # a failed start leaves nothing
+                self.path.parent.rmdir()
+        atexit.unregister(self.release)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self.release()  # after RemoveFailedRunDir (callbacks run in order, this one last)
+
+
+def launcher_rank_zero() -> bool:
+    """Whether this process starts the run (rank 0 of a launcher's world, or the process Lightning spawns
+    its ranks from): the ranks that a launcher or Lightning starts alongside it hold no lock of their own."""
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK"):
+        if os.environ.get(name, "0") not in ("", "0"):
+            return False
+    return True
+
+
+def hold_run_dir(trainer: Trainer) -> RunLock | None:
+    """The lock on the trainer's run directory (a versioned logger's ``log_dir``), taken by the process that
+    starts the run; None where there is no such directory or this is not that process."""
+    logger = trainer.logger
+    if not isinstance(logger, TensorBoardLogger | CSVLogger) or not launcher_rank_zero():
+        return None
+    lock = RunLock(logger.log_dir).acquire()
+    trainer.callbacks.append(lock)
+    return lock

@@ -1,0 +1,117 @@
+"""What a checkpoint says is data: it names no code to import, and it is not scored as another model."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_RUN
+from test_mistakes import one_error_line
+
+from lit_ddp.cli import build_cli
+from lit_ddp.errors import UserError
+from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, packages_of
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fit")
+    build_cli(["fit", *TINY_RUN, "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={root}"])
+    return next(root.rglob("last.ckpt"))
+
+
+def _edited(ckpt: Path, dest: Path, **hparams) -> Path:
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint["hyper_parameters"].update(hparams)
+    torch.save(checkpoint, dest)
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("hparams", "named"),
+    [
+        ({"_class_path": "helpers.LeNetCIFAR"}, "helpers.LeNetCIFAR"),
+        ({"_class_path": "this.Nope"}, "this.Nope"),
+        # a dotted string given to the composed classifier's Callable `net` imports (and calls) it too
+        ({"_class_path": "lit_ddp.models.ImageClassifier", "net": "helpers.make_net"}, "helpers.make_net"),
+    ],
+)
+def test_a_checkpoint_naming_code_imports_nothing(
+    ckpt: Path, tmp_path: Path, monkeypatch, capsys, hparams: dict, named: str
+) -> None:
+    """`_class_path: helpers.LeNetCIFAR` with a helpers.py in the working directory ran helpers.py, then a
+    traceback; `this.Nope` printed the Zen of Python and 5 tracebacks."""
+    (tmp_path / "helpers.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` puts the working directory first
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    bad = _edited(ckpt, tmp_path / "model.ckpt", **hparams)
+    line = one_error_line(
+        capsys, ["predict", *TINY_RUN, f"--ckpt_path={bad}", f"--trainer.default_root_dir={tmp_path}"]
+    )
+    assert line.startswith(f"{bad} names {named} (hyper_parameters.")
+    assert "not imported" in line and f"--model={named}" in line
+    assert not (tmp_path / "ran").exists() and "helpers" not in sys.modules and "this" not in sys.modules
+    assert not list(tmp_path.rglob("predictions.csv"))
+
+
+def test_a_checkpoint_of_lit_ddps_classes_or_a_class_the_command_names_loads(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"])
+    assert 0.0 <= float(cli.trainer.callback_metrics["val/acc"]) <= 1.0
+    # A name the command gives is trusted on purpose; a dotted string that names no module is data.
+    theirs = {"hyper_parameters": {"_class_path": "helpers.Net", "weights": "ResNet50_Weights.IMAGENET1K_V2"}}
+    check_checkpoint_names(theirs, "x.ckpt", named={"helpers.Net"}, packages={"lit_ddp"})
+    with pytest.raises(UserError, match="names helpers.Net"):
+        check_checkpoint_names(theirs, "x.ckpt", named=set(), packages={"lit_ddp"})
+    project = {
+        "hyper_parameters": {
+            "_class_path": "lit_ddp.models.ImageClassifier",
+            "net": {"class_path": "proj.Net"},
+        }
+    }
+    check_checkpoint_names(
+        project, "x.ckpt", named=set(), packages=packages_of({"class_path": "proj.models.X"})
+    )
+
+
+def test_validating_another_models_checkpoint_with_the_default_model_named_is_refused(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """`validate --ckpt_path=<a ResNet checkpoint> --model=LeNetCIFAR` scored the ResNet with no word: the
+    model named was the default one, which the check took for no --model at all."""
+    resnet = _edited(ckpt, tmp_path / "resnet.ckpt", _class_path="lit_ddp.models.ResNetImageNet")
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(
+        capsys, ["validate", *TINY_RUN, f"--ckpt_path={resnet}", "--model=LeNetCIFAR", root]
+    )
+    assert line == (
+        f"--model=LeNetCIFAR, but {resnet} holds a ResNetImageNet: leave --model out (the checkpoint decides"
+        " the model) or pass a LeNetCIFAR checkpoint"
+    )
+    # Its own class named, by short name or in full, is the checkpoint's: it is scored.
+    for named in ("LeNetCIFAR", "lit_ddp.models.LeNetCIFAR"):
+        cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={ckpt}", f"--model={named}", root])
+        assert "val/acc" in cli.trainer.callback_metrics
+
+
+def test_a_checkpoint_that_does_not_fit_points_to_its_runs_config(ckpt: Path, tmp_path: Path, capsys) -> None:
+    """The advice was "pass the same --model and --model.* options", which cannot fix a 5-class head (the
+    data decides num_classes); the run's config.yaml can."""
+    checkpoint = torch.load(ckpt, weights_only=True)
+    for key, value in list(checkpoint["state_dict"].items()):
+        if value.shape[:1] == (10,):
+            checkpoint["state_dict"][key] = value[:5]
+    mismatched = ckpt.parent / "five_classes.ckpt"
+    torch.save(checkpoint, mismatched)
+    try:
+        root = f"--trainer.default_root_dir={tmp_path}"
+        line = one_error_line(capsys, ["validate", *TINY_RUN, f"--ckpt_path={mismatched}", root])
+    finally:
+        mismatched.unlink()
+    assert line.startswith(f"checkpoint {mismatched} does not fit LeNetCIFAR: 2 tensors of another shape")
+    config = ckpt.parent.parent / "config.yaml"
+    assert line.endswith(
+        f": run with --config {config}, the settings it was trained with (your own options after it)"
+    )

@@ -1,0 +1,109 @@
+"""Mistakes that were tracebacks (and left a half-made run folder): one line each, and nothing left behind."""
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+from test_mistakes import one_error_line
+
+sys.path.insert(0, str(Path(__file__).parent))
+from imagenet_tree import make_tree  # noqa: E402
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan", "-0.1", "1.5"])
+def test_a_label_smoothing_outside_0_to_1_is_one_line(tmp_path: Path, capsys, value: str) -> None:
+    """`--model.label_smoothing=.inf` was a traceback from torch at the first step."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, ["fit", *TINY_RUN, f"--model.label_smoothing={value}", root])
+    assert line.startswith("--model.label_smoothing=") and line.endswith(
+        "must be between 0 and 1 (0.1 is usual)"
+    )
+    assert not list(tmp_path.iterdir())  # no run folder, no lock, nothing
+
+
+def test_images_of_a_size_the_network_cannot_take_are_one_line(tmp_path: Path, capsys) -> None:
+    """64-pixel images into LeNet (built for 32): `mat1 and mat2 shapes cannot be multiplied`, 60 lines."""
+    make_tree(tmp_path / "data", train_per_class=4, val_per_class=2)
+    root = tmp_path / "runs"
+    data = [
+        "--data=ImageNetDataModule",
+        f"--data.data_dir={tmp_path / 'data'}",
+        "--data.image_size=64",
+        "--data.val_resize=64",
+        "--data.batch_size=4",
+        "--data.num_workers=0",
+    ]
+    argv = [
+        "fit",
+        "--model=LeNetCIFAR",
+        *data,
+        "--trainer.max_epochs=1",
+        "--trainer.enable_progress_bar=false",
+    ]
+    line = one_error_line(capsys, [*argv, f"--trainer.default_root_dir={root}"])
+    assert line.startswith("LeNet cannot take the data's 3×64×64 images (")
+    assert line.endswith(
+        "give the data the image size the network is built for (--data.image_size), or choose"
+        " a network for this size"
+    )
+    assert not [p for p in root.rglob("*") if p.is_file()]  # the failed start left no run folder behind
+
+
+@pytest.mark.parametrize(
+    ("arg", "option", "base"),
+    [
+        ("--model=os.system", "--model", "ImageClassifier"),
+        ("--model.class_path=os.system", "--model", "ImageClassifier"),
+        ("--data=os.system", "--data", "ImageDataModule"),
+    ],
+)
+def test_a_class_path_naming_something_else_says_why_it_is_refused(
+    tmp_path: Path, capsys, arg: str, option: str, base: str
+) -> None:
+    """`--model=os.system` was refused (nothing ran) with "expected null", which says nothing of why."""
+    line = one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(f"{option}=os.system: not an {base} subclass, so it is not used (nothing was run)")
+
+
+def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, capsys) -> None:
+    """`doctor --workdir PATH` on a path it could not create was a traceback from inside the check runs."""
+    (tmp_path / "a_file").write_text("")
+    workdir = tmp_path / "a_file" / "runs"
+    line = one_error_line(capsys, ["doctor", "--workdir", str(workdir), *TINY_RUN])
+    assert line == f"--workdir {workdir}: cannot create it (Not a directory): give a folder you can write to"
+
+
+def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, monkeypatch) -> None:
+    """After a mid-epoch resume Lightning's rich bar made its task at a batch end, reading "Epoch 0/0"."""
+    from conftest import REPO
+    from lightning import Callback
+
+    from lit_ddp.callbacks.console import RichBar
+    from lit_ddp.cli import build_cli, main
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))  # fault_probe, for --trainer.callbacks
+    args = [
+        *TINY_RUN,
+        "--data.train_size=128",
+        "--trainer.max_epochs=2",
+        "--preemption.check_every_n_batches=1",
+    ]
+    args = [a for a in args if a != "--trainer.enable_progress_bar=false"]
+    root = f"--trainer.default_root_dir={tmp_path}"
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    with pytest.raises(SystemExit):
+        main(["fit", *args, *probe, "--trainer.callbacks.at_step=5", root])  # epoch 2, after 2 of 4 batches
+    seen: list[str] = []
+
+    class Read(Callback):
+        def on_validation_start(self, trainer, pl_module) -> None:
+            bar = trainer.progress_bar_callback
+            task = next(t for t in bar.progress.tasks if t.id == bar.train_progress_bar_id)
+            seen.append(str(task.description))
+
+    cli = build_cli([*args, root], run=False)
+    assert isinstance(cli.trainer.progress_bar_callback, RichBar)
+    cli.trainer.callbacks.append(Read())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(next(tmp_path.rglob("last.ckpt"))))
+    assert cli.trainer.global_step == 8 and [s.strip() for s in seen] == ["Epoch 2/2"]
