@@ -18,7 +18,7 @@ CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_pro
 def test_subprocesses_keep_the_callers_pythonpath_after_this_checkout(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/opt/site", str(REPO)]))
     env = cli_env(WITH_PROBES)
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), str(REPO / "tests"), "/opt/site"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(REPO), str(REPO / "tests" / "helpers"), "/opt/site"]
     monkeypatch.delenv("PYTHONPATH")
     assert cli_env()["PYTHONPATH"] == str(REPO)
     seen = subprocess.run(

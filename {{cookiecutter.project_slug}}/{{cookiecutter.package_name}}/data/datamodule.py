@@ -54,4 +54,3 @@ class MyDataModule(ImageDataModule):
         seed only, so every rank holds the same split.
         """
         return _shapes(self.sizes[split], self.seed * len(SPLITS) + SPLITS.index(split))
-
