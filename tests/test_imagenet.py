@@ -17,7 +17,7 @@ from lit_ddp.data import ImageNetDataModule
 from lit_ddp.data.image_folder import drop_unreadable
 from lit_ddp.data.jpeg import _draft, center_crop_box, load_eval_crop, load_train_crop
 from lit_ddp.errors import UserError
-from lit_ddp.models import ResNetImageNet
+from lit_ddp.models import ArchClassifier, ResNetImageNet
 
 CONFIG = str(REPO / "configs" / "resnet_imagenet.yaml")
 TRAIN_FILES, VAL_FILES = 3 * 8 + 3, 3 * 4 + 2  # per-class files + the special ones of each split
@@ -217,7 +217,7 @@ def test_fit_validate_test_in_process(tree, tmp_path: Path) -> None:
     assert str(special["truncated"]) in " ".join(skipped) and str(special["corrupt"]) in " ".join(skipped)
 
     model, dm, trainer = cli.model, cli.datamodule, cli.trainer
-    assert isinstance(model, ResNetImageNet) and model.hparams.num_classes == len(CLASSES) == dm.num_classes
+    assert isinstance(model, ArchClassifier) and model.hparams.num_classes == len(CLASSES) == dm.num_classes
     named = {split: list(dm.unreadable.reported(split)) for split in ("train", "val", "test")}
     assert named == {"train": [str(special["truncated"])], "val": [str(special["corrupt"])], "test": []}
     metrics = trainer.callback_metrics

@@ -20,8 +20,9 @@ need not: the listing holds names, not contents. A cached listing is used only w
 values is unchanged; otherwise the tree is listed again.
 
 A folder changed within ``SETTLE_NS`` of the listing may have changed again within the same timestamp tick
-(a second or two on some file systems) without its timestamps moving: it is recorded as unknown, so later runs list
-again, while the ranks of the run that listed it share that listing (``trusted_since``), so they agree.
+(one or two seconds on some file systems) without its timestamps moving: it is recorded as unknown, so
+later runs list again, while the ranks of the run that listed it share that listing (``trusted_since``), so
+they agree.
 """
 
 import hashlib

@@ -9,8 +9,8 @@ What happens when one process of a DDP job dies (SIGKILL, out-of-memory killer, 
   but says so only at INFO level; nothing watches the parent from the children; and a child that is stuck
   (alive) outlives rank 0. ``FaultMonitor`` closes these gaps: children exit within seconds of losing rank 0,
   rank 0 kills the children left when it fails, and the failing rank names the lost one.
-* Every collective gets a finite timeout (``--dist_timeout``, default 600 s instead of torch's 30 min),
-  the backstop for a rank that hangs without dying.
+* Every collective gets a finite timeout (``--dist_timeout``, default ``DEFAULT_DIST_TIMEOUT_S``, ten
+  minutes, instead of torch's 30 min), the backstop for a rank that hangs without dying.
 * A finished run must also exit cleanly: the process group is destroyed at exit (``atexit``), not left
   to the interpreter's finalisation, where a gloo group can abort a process that trained fine.
 """
@@ -140,8 +140,8 @@ class FaultMonitor(Callback):
             threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
         if children:
             # Lightning's child-process observer (a thread of rank 0) SIGKILLs the whole job, itself
-            # included, up to 5 s after a child dies, possibly before on_exception runs: name the lost rank
-            # before that kill, unless the main thread already did.
+            # included, within one poll of its loop (``sleep_period``) after a child dies, possibly before
+            # on_exception runs: name the lost rank before that kill, unless the main thread already did.
             wrap_child_observer_kill(children, lambda: self._name_lost_children(children))
 
     def _lost_message(self, lost: list[tuple[int, int, int]]) -> str:
