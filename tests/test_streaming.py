@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import HELPERS, REPO, run_cli
 from helpers import s3
 from imagenet_tree import make_tree
 from test_cifar10 import write_cifar10
@@ -20,7 +20,7 @@ from lit_ddp.errors import UserError
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
 
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
 CPU = [
     "--trainer.accelerator=cpu",
     "--trainer.enable_progress_bar=false",
