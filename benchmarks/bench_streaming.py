@@ -16,7 +16,6 @@ epoch, for lit_ddp's order (every rank draws from every window) and for a node-l
 shards (what a library that gives each node its own shards reads), over 1, 2 and 4 nodes.
 """
 
-import argparse
 import sys
 import tempfile
 import time
@@ -26,39 +25,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-try:
-    from harness import interleaved, summarize, write_results
-except ImportError:  # until benchmarks/harness.py lands on this branch: the same API, minimal
-    import json
-    import platform
-    import statistics
-    import subprocess
-
-    def interleaved(variants, rounds):
-        samples = {name: [] for name in variants}
-        for r in range(rounds):
-            for name in list(variants) if r % 2 == 0 else reversed(list(variants)):
-                samples[name].append(float(variants[name]()))
-        return samples
-
-    def summarize(samples):
-        first = statistics.median(next(iter(samples.values())))
-        return {
-            k: {
-                "median": statistics.median(v),
-                "min": min(v),
-                "max": max(v),
-                "ratio": statistics.median(v) / first,
-            }
-            for k, v in samples.items()
-        }
-
-    def write_results(path, payload):
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record = {"command": " ".join(sys.argv), "commit": commit, "machine": platform.platform(), **payload}
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(record, indent=1) + "\n")
-        return record
+from harness import interleaved, parser, report  # noqa: E402
 
 
 def make_tree(root: Path, images: int, classes: int = 10, seed: int = 0) -> None:
@@ -75,12 +42,10 @@ def make_tree(root: Path, images: int, classes: int = 10, seed: int = 0) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--shard-mb", type=float, default=4.0)
-    parser.add_argument("--out", default="results/streaming.json")
-    args = parser.parse_args()
+    cli = parser(__doc__, rounds=5)
+    cli.add_argument("--images", type=int, default=600, help="JPEGs in the synthetic tree")
+    cli.add_argument("--shard-mb", type=float, default=4.0, help="shard size, as `shard --shard-mb`")
+    args = cli.parse_args()
 
     import functools
 
@@ -145,9 +110,9 @@ def main() -> None:
         "shards": first_batch(
             lambda: ShardImageDataset(
                 ShardedSamples(str(tmp / "shards"), "train"), np.arange(n), load=load, size=224
-            ).__getitems__(list(range(batch)))
+            ).__getitems__(list(range(min(batch, n))))
         ),
-        "folder": first_batch(lambda: folder_set.__getitems__(list(range(batch)))),
+        "folder": first_batch(lambda: folder_set.__getitems__(list(range(min(batch, n))))),
     }
 
     sizes = [size for _, size, _ in samples.shards]
@@ -161,26 +126,16 @@ def main() -> None:
         local = sum(sizes[s] for s in range(len(sizes)) if s % nodes == 0)
         bytes_per_node[nodes] = {"lit_ddp_order": ours, "node_local_partition": local, "dataset": sum(sizes)}
 
-    summary = summarize(throughput)
-    record = write_results(
-        args.out,
-        {
-            "images": n,
-            "shards": len(sizes),
-            "img_per_s_per_process": summary,
-            "samples": throughput,
-            "time_to_first_batch_s": ttfb,
-            "bytes_read_node0_per_epoch": bytes_per_node,
-            "shard_conversion_img_per_s": conversion,
-        },
-    )
-    print(
-        {
-            k: record[k]
-            for k in ("img_per_s_per_process", "time_to_first_batch_s", "shard_conversion_img_per_s")
-        }
-    )
-    print(record["bytes_read_node0_per_epoch"])
+    extra = {
+        "images": n,
+        "shards": len(sizes),
+        "time_to_first_batch_s": ttfb,
+        "bytes_read_node0_per_epoch": bytes_per_node,
+        "shard_conversion_img_per_s": conversion,
+    }
+    report(throughput, args.out, unit=" img/s per process", **extra)
+    print({k: extra[k] for k in ("time_to_first_batch_s", "shard_conversion_img_per_s")})
+    print(bytes_per_node)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@
 
 import os
 import sys
+from pathlib import Path
 
+import yaml
 from jsonargparse import ArgumentError
 from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
@@ -163,6 +165,49 @@ def _as_default(choice: str | type | dict) -> dict:
     return {"class_path": choice if isinstance(choice, str) else f"{choice.__module__}.{choice.__qualname__}"}
 
 
+def _picks_a_class(value: object) -> bool:
+    """Whether a ``--model`` / ``--data`` value, or a config file's ``model:`` / ``data:``, picks the class: a
+    class name, ``{class_path: ...}``, null, or a file holding one; init_args alone keep the default class."""
+    if isinstance(value, str):
+        try:
+            path = Path(value)
+            value = yaml.safe_load(path.read_text() if path.suffix in (".yaml", ".yml", ".json") else value)
+        except (OSError, yaml.YAMLError):
+            return True  # a class name (or a bad value, which jsonargparse then reports)
+        if isinstance(value, str):
+            return True
+    return value is None or (isinstance(value, dict) and "class_path" in value)
+
+
+def classes_named(args: list[str] | dict) -> set[str]:
+    """Which of "model" and "data" the command line (or its config files) picks a class for.
+
+    The default class is set only for the others: given as a default, jsonargparse would keep its init_args
+    that the picked class also takes (ShapesDataModule's augmentation in ImageNetDataModule) in place of the
+    picked class's own defaults (jsonargparse issue 460)."""
+    configs: list[object] = [args] if isinstance(args, dict) else []
+    named = set()
+    for i, arg in enumerate([] if isinstance(args, dict) else args):
+        option, eq, value = arg.partition("=")
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        if option in ("-c", "--config"):
+            try:
+                path = Path(value)
+                configs.append(yaml.safe_load(path.read_text() if path.is_file() else value))
+            except (OSError, yaml.YAMLError):
+                pass  # jsonargparse reports it
+        for key in ("model", "data"):
+            if option == f"--{key}.class_path" or (option == f"--{key}" and _picks_a_class(value)):
+                named.add(key)
+    for config in configs:
+        if not isinstance(config, dict):
+            continue
+        # a config for the root parser holds each subcommand's settings under its name
+        for section in (config, *(v for v in config.values() if isinstance(v, dict))):
+            named |= {key for key in ("model", "data") if key in section and _picks_a_class(section[key])}
+    return named
+
+
 class LitDDPCLI(LightningCLI):
     """lit_ddp's LightningCLI: the declared callbacks, the hardening layer and one-line errors.
 
@@ -198,7 +243,8 @@ class LitDDPCLI(LightningCLI):
         return parser
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"model": self.default_model, "data": self.default_data})
+        # The default model and data are set in parse_arguments, for the keys the command line leaves out.
+        self._choice_parsers = [*getattr(self, "_choice_parsers", []), parser]
         # The data decides the number of classes: a 3-class folder needs no --model.num_classes.
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         for key, (callback_class, init_args) in CALLBACKS.items():
@@ -224,14 +270,13 @@ class LitDDPCLI(LightningCLI):
         problem = config_file_problem(argv)
         if problem:
             raise UserError(problem)
+        picked = classes_named(args if isinstance(args, dict) else argv)
+        defaults = {"model": self.default_model, "data": self.default_data}
+        for choice_parser in self._choice_parsers:
+            choice_parser.set_defaults({k: v for k, v in defaults.items() if k not in picked})
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:
-            argv = (
-                [str(a) for a in (sys.argv[1:] if args is None else args)]
-                if not isinstance(args, dict)
-                else []
-            )
             keys = {key for p in self._parsers for key in p.get_defaults().keys()}
             raise UserError(explain(str(err), argv, keys, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
@@ -245,7 +290,9 @@ class LitDDPCLI(LightningCLI):
         if self._checkpoint is not None:
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
-            defaults = parser.parse_args([subcommand, f"--model={chosen['class_path']}"])[subcommand]["model"]
+            data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
+            picks = [f"--model={chosen['class_path']}", *([f"--data={data['class_path']}"] if data else [])]
+            defaults = parser.parse_args([subcommand, *picks])[subcommand]["model"]
             overridden = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),

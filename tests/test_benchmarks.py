@@ -81,3 +81,21 @@ def test_the_step_overhead_benchmark_runs_every_mode_on_a_few_steps() -> None:
     rows = {line.split("|")[1].strip(): line.split("|")[2:5] for line in run("--device-ops").splitlines()}
     after, before = (int(rows[label][1]) for label in ("after the copy", "before the copy"))
     assert before < after  # fewer device kernels when the draws are hashed on the host
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_streaming_benchmark_records_every_variant_through_the_harness(tmp_path: Path) -> None:
+    """benchmarks/bench_streaming.py on 30 images, one round: its JSON record is the harness's."""
+    out = tmp_path / "streaming.json"
+    script = [sys.executable, str(REPO / "benchmarks" / "bench_streaming.py")]
+    args = ["--images", "30", "--rounds", "1", "--shard-mb", "0.05", "--out", str(out)]
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=280, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["command"] and record["machine"] and "commit" in record
+    assert set(record["summary"]) == {"folder", "shards_1proc", "shards_2proc", "mosaic"}
+    assert all(row["median"] > 0 and row["n"] == 1 for row in record["summary"].values())
+    bytes_read = record["bytes_read_node0_per_epoch"]
+    assert bytes_read["1"]["lit_ddp_order"] == bytes_read["1"]["dataset"]  # one node reads every shard

@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import HELPERS, REPO, run_cli
 from helpers import s3
 from imagenet_tree import make_tree
 from test_cifar10 import write_cifar10
 
+from lit_ddp.data.augmentation import RandomResizedCropFlip
 from lit_ddp.data.shards import ShardedSamples, ShardError, chunk_window_order
 from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
+from lit_ddp.errors import UserError
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
 
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
 CPU = [
     "--trainer.accelerator=cpu",
     "--trainer.enable_progress_bar=false",
@@ -157,6 +159,39 @@ def test_global_step_k_holds_the_same_samples_on_1_2_and_4_processes(cifar_shard
     assert order != chunk_window_order(dm.train_set.samples.shard_sizes(), dm.train_set.positions, 0, 2, 2)
 
 
+def test_the_splits_sampler_and_resume_are_the_base_modules_hooks(cifar_shards: Path) -> None:
+    dm = StreamingDataModule(url=str(cifar_shards), val_size=40, batch_size=8)
+    dm.setup("fit")
+    train, val = set(dm.train_set.positions.tolist()), set(dm.val_set.positions.tolist())
+    assert len(train) == 160 and len(val) == 40 and train | val == set(range(200))
+    # the base's resume, in samples over all ranks: rank 1 of 2 continues at its share of them
+    dm.load_state_dict({"epoch": 1, "samples": 32, "samples_per_step": 16, "class_names": dm.class_names})
+    resumed = dm.train_sampler(dm.train_set, num_replicas=2, rank=1)
+    fresh = ShardOrderSampler(dm.train_set, 2, 1, seed=0, window=dm.window, seeded=False)
+    fresh.set_epoch(1)
+    assert list(resumed) == list(fresh)[16:]
+    with pytest.raises(UserError, match="hold decoded pixels"):
+        StreamingDataModule(url=str(cifar_shards), val_size=40, augmentation=RandomResizedCropFlip())
+
+
+def test_encoded_shards_crop_in_the_workers_and_refuse_a_val_size(tmp_path: Path) -> None:
+    from lit_ddp.data.convert import convert
+
+    make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    with pytest.raises(UserError, match="have a val split of their own"):
+        StreamingDataModule(url=str(tmp_path / "s"), val_size=5)
+    args = dict(augmentation=RandomResizedCropFlip(), image_size=32, val_resize=36, strict=True)
+    dm = StreamingDataModule(url=str(tmp_path / "s"), **args)
+    assert dm.unreadable is not None and dm.unreadable.strict
+    dm.setup("fit")
+    sampler = dm.train_sampler(dm.train_set, num_replicas=1, rank=0)
+    index, seed = next(iter(sampler))  # (index, seed) pairs: each image's crop drawn from its own seed
+    x, y, bad = dm.train_set.__getitems__([(index, seed)])
+    assert x.shape == (1, 3, 32, 32) and x.dtype == torch.uint8
+    assert torch.equal(x, dm.train_set.__getitems__([(index, seed)])[0])
+
+
 # ---- real processes: N × b = 1 × N·b, resume across process counts ---------------------------------
 
 
@@ -223,7 +258,7 @@ def test_a_resume_with_another_global_batch_is_refused_in_one_line(
     before = last_ckpt(tmp_path).read_bytes()
     refused = fit(tmp_path, cifar_shards, *ONE, "--data.batch_size=32", "--ckpt_path=last")
     err = refused.stderr.strip().splitlines()
-    assert refused.returncode == 2 and err[-1].startswith("lit_ddp: error: the checkpoint was trained with")
+    assert refused.returncode == 2 and err[-1].startswith("lit_ddp: error: cannot resume mid-epoch exactly")
     assert "Traceback" not in refused.stderr and last_ckpt(tmp_path).read_bytes() == before
 
 

@@ -8,12 +8,11 @@ local or shared folder or under ``s3://bucket/prefix``, with the promises of the
 - Evaluation reads every sample once, unpadded (base.py's evaluation sampler).
 - Augmentation is drawn from (seed, epoch, index) as in the other data modules: on the device for raw
   pixels (CIFAR-10 shards), in the workers for encoded files (ImageFolder shards, ImageNet's recipe).
-- A run stopped mid-epoch resumes at the next sample, also on another process count: the checkpoint holds
-  the global samples seen in the epoch, converted back to batches for the resumed run's device count; a
-  global batch that changed is refused in one line before training starts.
+- A run stopped mid-epoch resumes at the next sample, also on another process count: the base's resume
+  in global samples (``resume_point``), which refuses in one line a changed samples-per-step.
 
-The base module's hook points used here (``setup`` creating the splits, ``_train_sampler``, the resume
-state) are the only coupling to it: they map onto ``load_split`` / ``train_sampler`` of the slim base.
+It is an ``ImageDataModule`` like the others: its splits come from ``load_split``, its shard order from
+``train_sampler``; loaders, augmentation, resume and checkpoints are the base's.
 """
 
 import contextlib
@@ -24,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
+from lit_ddp.data.augmentation import RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule, _stable_seed, split_indices
-from lit_ddp.data.image_folder import FileBatch, seeded_global_rng
-from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop
+from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, seeded_global_rng
+from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
 from lit_ddp.errors import UserError
-from lit_ddp.utils import global_batch_size
 
 # Normalisation by what the shards were made from; ImageNet's statistics for any photo folder.
 STATS = {
@@ -128,54 +127,37 @@ class StreamingDataModule(ImageDataModule):
     Args:
         url: the shards' folder (local or shared file system) or ``s3://bucket/prefix``; S3's endpoint and
             credentials come from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ...).
-        batch_size: per device.
-        num_workers: loader processes per device; None: one per spare CPU core, at most 8.
         val_size: for shards without a val split (CIFAR-10): training samples held out by a seeded split;
-            ignored where the shards have one (ImageFolder's val/).
+            shards with one (ImageFolder's val/) take 0.
         window: shards whose samples are shuffled together; larger mixes more, reads more shards at once.
         cache_dir: node-local folder for shards read from s3:// (shared by the node's ranks); None:
             ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
         retries: attempts per shard read before the run stops naming the shard.
-        crop_padding: raw (CIFAR) shards: random-crop padding per side, as CIFAR10DataModule.
-        image_size / val_resize / crop_scale / crop_ratio / draft / exif_transpose: encoded (ImageFolder)
-            shards: as ImageNetDataModule.
+        image_size / val_resize / draft / exif_transpose: encoded (ImageFolder) shards: as
+            ImageNetDataModule; raw (CIFAR) shards keep their images' size.
+        strict: encoded shards: stop at the first unreadable image, naming it, instead of skipping it.
+        **kwargs: ``ImageDataModule``'s (batch_size, num_workers, seed, augmentation, predict_dir,
+            mixup_alpha, cutmix_alpha). ``augmentation``: raw shards take an on-device one (``CropFlip``,
+            the default); encoded shards ``RandomResizedCropFlip`` in the workers (the ImageNet recipe), or
+            an on-device one on their centre crops.
     """
 
     def __init__(
         self,
         url: str = "shards",
-        batch_size: int = 128,
-        num_workers: int | None = None,
-        seed: int = 0,
-        augment: bool = True,
         val_size: int = 0,
         window: int = 8,
         cache_dir: str | None = None,
         cache_limit_gb: float = 50.0,
         retries: int = 4,
-        crop_padding: int = 4,
         image_size: int = 224,
         val_resize: int = 256,
-        crop_scale: tuple[float, float] = (0.08, 1.0),
-        crop_ratio: tuple[float, float] = (3 / 4, 4 / 3),
         draft: bool = True,
         exif_transpose: bool = True,
         strict: bool = False,
-        predict_dir: str | None = None,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            augment=augment,
-            crop_padding=crop_padding,
-            predict_dir=predict_dir,
-            mixup_alpha=mixup_alpha,
-            cutmix_alpha=cutmix_alpha,
-        )
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         if window < 1 or retries < 1 or cache_limit_gb <= 0:
             raise UserError(f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb > 0")
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
@@ -189,105 +171,74 @@ class StreamingDataModule(ImageDataModule):
         self.num_classes = len(self.class_names)
         self.mean, self.std = STATS.get(manifest["kind"], STATS["imagefolder"])
         self.shape = tuple(manifest["image_shape"]) if manifest["encoding"] == "raw" else None
-        self.per_sample_seeds = self.shape is None  # encoded images are decoded and augmented in workers
-        self.reads_image_files = self.shape is None
-        self.strict = strict
+        self.draft, self.exif_transpose = draft, exif_transpose
+        self.sample_augment = None
         if self.shape is not None:
             self.image_size = self.val_resize = self.shape[-1]
+            if self.augmentation is not None and not self.augmentation.on_device:
+                raise UserError(
+                    f"the shards at {url} hold decoded pixels, which {type(self.augmentation).__name__}"
+                    " cannot crop in the workers: pass --data.augmentation=CropFlip (on the device) or null"
+                )
         else:
             self.image_size, self.val_resize = image_size, val_resize
-        self.crop_scale, self.crop_ratio, self.draft, self.exif_transpose = (
-            crop_scale,
-            crop_ratio,
-            draft,
-            exif_transpose,
-        )
+            self.unreadable = UnreadableFiles(strict=strict)
+            if isinstance(self.augmentation, RandomResizedCropFlip):
+                fill = tuple(
+                    round(255 * m) for m in self.mean
+                )  # erasing fills with the mean colour (jpeg.py)
+                aug = self.augmentation
+                self.sample_augment = sample_augmentation(aug.auto_augment, aug.random_erasing, fill)
+        if "val" in self.splits and val_size != 0:
+            raise UserError(
+                f"val_size={val_size}: the shards at {url} have a val split of their own: leave out"
+                " --data.val_size (it holds out training samples only for shards without one)"
+            )
         if "val" not in self.splits and val_size < 1:
             raise UserError(
                 f"the shards at {url} have no val split: pass --data.val_size=N (held out of train)"
             )
         self.test_split = "test" if "test" in self.splits else "val"
-        self._resume_samples: int | None = None
 
-    def _samples(self, split: str) -> ShardedSamples:
+    def _split_samples(self, split: str) -> ShardedSamples:
         return ShardedSamples(self.url, split, self.cache_dir, self.cache_limit_bytes, self.retries)
 
     def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
         if self.shape is not None:
             return ShardImageDataset(samples, positions, shape=self.shape)
         decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
-        if train:
-            flip = dict(flip_p=0.5) if self.augment else {}
-            load = functools.partial(
-                load_train_crop, scale=self.crop_scale, ratio=self.crop_ratio, **flip, **decode
-            )
-        else:
+        aug = self.augmentation
+        if train and isinstance(aug, RandomResizedCropFlip):
+            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
+            load = functools.partial(load_train_crop, **crop, **decode)
+        else:  # evaluation, or training without (or with an on-device) augmentation: the centre crop
             load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
         return ShardImageDataset(samples, positions, load=load, size=self.image_size)
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage in ("fit", "validate"):
-            train = self._samples("train")
-            if "val" in self.splits:
-                train_pos, val = np.arange(len(train)), self._samples("val")
-                val_pos = np.arange(len(val))
-            else:
-                train_idx, val_idx = split_indices(len(train), self.val_size, self.seed)
-                train_pos, val, val_pos = train_idx.numpy(), train, val_idx.numpy()
-            self.train_set = self._dataset(train, train_pos, train=True)
-            self.val_set = self._dataset(val, val_pos, train=False)
-        if stage in ("test", "predict"):
-            test = self._samples(self.test_split)
-            self.test_set = self._dataset(test, np.arange(len(test)), train=False)
+    def load_split(self, split: str) -> ShardImageDataset:
+        if split == "test":
+            test = self._split_samples(self.test_split)
+            return self._dataset(test, np.arange(len(test)), train=False)
+        if "val" in self.splits:
+            samples = self._split_samples(split)
+            return self._dataset(samples, np.arange(len(samples)), train=split == "train")
+        # no val split: a seeded hold-out of train, the same on every rank
+        train = self._split_samples("train")
+        train_idx, val_idx = split_indices(len(train), self.val_size, self.seed)
+        return self._dataset(
+            train, (train_idx if split == "train" else val_idx).numpy(), train=split == "train"
+        )
 
-    def _train_sampler(self, dataset: Dataset) -> ResumableShuffleSampler:
+    def train_sampler(self, dataset: Dataset, num_replicas: int, rank: int) -> Sampler:
+        """The shards' windowed (seed, epoch) order (``ShardOrderSampler``), started at ``resume_point``."""
         if not isinstance(dataset, ShardImageDataset):
             # A split someone wrapped (the trust kit's subsample): the base's (seed, epoch) shuffle over it.
-            return super()._train_sampler(dataset)
-        kwargs = (self.trainer.distributed_sampler_kwargs if self.trainer is not None else None) or {}
-        sampler = ShardOrderSampler(
-            dataset,
-            num_replicas=kwargs.get("num_replicas", 1),
-            rank=kwargs.get("rank", 0),
-            seed=self.seed,
-            window=self.window,
-            seeded=self.per_sample_seeds,
-        )
-        if self._resume is not None:
-            epoch, batches = self._resume
-            sampler.resume(epoch, batches * self.batch_size)
+            return super().train_sampler(dataset, num_replicas, rank)
+        in_workers = self.augmentation is not None and not self.augmentation.on_device
+        sampler = ShardOrderSampler(dataset, num_replicas, rank, self.seed, self.window, seeded=in_workers)
+        if self.resume_point is not None:
+            epoch, samples = self.resume_point
+            # rank r takes positions r, r + W, ... of the order: the first `samples` are samples / W of each
+            # rank's share (the base's load_state_dict made sure W divides it)
+            sampler.resume(epoch, samples // num_replicas)
         return sampler
-
-    def augment_batch(self, x: Tensor, rand) -> Tensor:
-        if self.per_sample_seeds:
-            return x  # the workers cropped and flipped each image, seeded per sample
-        return super().augment_batch(x, rand)
-
-    # ---- resume in global samples: another device count continues at the same sample ----------------
-
-    def _world(self) -> int:
-        return self.trainer.world_size if self.trainer is not None else 1
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["samples"] = self._batches * self.batch_size * self._world()
-        state["global_batch"] = (
-            global_batch_size(self.trainer) if self.trainer is not None else self.batch_size
-        )
-        return state
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        if "samples" not in state_dict or self.trainer is None:
-            return
-        now = global_batch_size(self.trainer)
-        if state_dict["global_batch"] != now:
-            raise UserError(
-                f"the checkpoint was trained with a global batch of {state_dict['global_batch']}, this run's"
-                f" is {now} (batch_size × devices × accumulation): set --data.batch_size so that they match,"
-                " or the resumed run would not continue the same sample order"
-            )
-        per_step = self.batch_size * self._world()
-        self._batches = state_dict["samples"] // per_step
-        self._resume = (state_dict["epoch"], self._batches)
