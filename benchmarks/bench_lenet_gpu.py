@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from lit_ddp.data import CIFAR10DataModule, ImageDataModule, TensorImageDataset
+from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule, TensorImageDataset
 from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
@@ -91,7 +91,7 @@ class InMemoryCIFAR(ImageDataModule):
     mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
 
     def __init__(self, images: Tensor, labels: Tensor, batch_size: int, num_workers: int | None) -> None:
-        super().__init__(batch_size=batch_size, num_workers=num_workers, crop_padding=4)
+        super().__init__(batch_size=batch_size, num_workers=num_workers, augmentation=CropFlip(padding=4))
         self.images, self.labels = images, labels
 
     def setup(self, stage: str) -> None:

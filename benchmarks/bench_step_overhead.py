@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.callbacks import console
 from lit_ddp.cli import CALLBACKS
-from lit_ddp.data.base import ImageDataModule, TensorImageDataset
+from lit_ddp.data import CropFlip, ImageDataModule, TensorImageDataset
 from lit_ddp.models import ImageClassifier
 from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
@@ -131,7 +131,7 @@ class TinyImages(ImageDataModule):
     num_classes = CLASSES
 
     def __init__(self, n: int) -> None:
-        super().__init__(batch_size=BATCH, num_workers=0, crop_padding=1)
+        super().__init__(batch_size=BATCH, num_workers=0, augmentation=CropFlip(padding=1))
         self.n = n
 
     def setup(self, stage: str) -> None:
@@ -365,9 +365,9 @@ def print_device_ops() -> None:
     from types import SimpleNamespace
 
     views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
-    dm = ImageDataModule(batch_size=128, crop_padding=4)
+    dm = ImageDataModule(batch_size=128, augmentation=CropFlip(padding=4))
     dm.mean, dm.std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
-    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
+    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0, world_size=1)
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8, generator=g), torch.zeros(128).long())
     index = torch.arange(128)
