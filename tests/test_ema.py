@@ -110,7 +110,9 @@ def test_print_config_with_the_preset_round_trips(tmp_path: Path, capsys: pytest
 # between ranks. 256 images, 32 per device on 2 ranks: 4 steps per epoch, 8 in all.
 DDP = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=2"]
 DDP_FIT = ["fit", "--config", PRESET, *TINY_SHAPES, *QUIET, *DDP, "--model.batch_norm=true"]
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
+# On the ranks' path: tests/ for this module's ValidatedWeights, tests/helpers/ for fault_probe (both named
+# by --trainer.callbacks)
+ENV = {"PYTHONPATH": os.pathsep.join(map(str, (REPO, REPO / "tests", REPO / "tests" / "helpers")))}
 
 
 class ValidatedWeights(Callback):
