@@ -25,7 +25,7 @@ def test_last_never_resumes_another_experiments_run_and_names_what_differs(tmp_p
     shapes_run = tmp_path / "lightning_logs" / "version_0"
     before = {p: p.read_bytes() for p in shapes_run.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit) as stop:
-        main(["fit", *TINY, OTHER, "--ckpt_path=last", "--trainer.max_epochs=2", root])
+        main(["fit", OTHER, *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", root])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert err.startswith("lit_ddp: error: --ckpt_path=last: the runs under")
@@ -38,7 +38,7 @@ def test_last_never_resumes_another_experiments_run_and_names_what_differs(tmp_p
 def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_path: Path, caplog) -> None:
     root = f"--trainer.default_root_dir={tmp_path}"
     build_cli(["fit", *TINY, root])  # version_0: Shapes
-    build_cli(["fit", *TINY, OTHER, root])  # version_1: the newer run, another experiment
+    build_cli(["fit", OTHER, *TINY, root])  # version_1: the newer run, another experiment
     other_ckpt = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last.ckpt"
     other_bytes = other_ckpt.read_bytes()
     with caplog.at_level("INFO"):
