@@ -18,7 +18,7 @@ from conftest import REPO, run_cli
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.errors import UserError
 
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # fault_probe
 # 256 training images, 32 per step over all devices: 8 steps in the one epoch.
 FIT = [
     "fit",
