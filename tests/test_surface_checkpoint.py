@@ -45,6 +45,9 @@ def test_a_checkpoint_naming_code_imports_nothing(
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` puts the working directory first
     monkeypatch.delitem(sys.modules, "this", raising=False)
+    # tests/helpers/ is a package the other test files import as `helpers`: forget it, so that only an
+    # import of the user's helpers.py could put the name back
+    monkeypatch.delitem(sys.modules, "helpers", raising=False)
     bad = _edited(ckpt, tmp_path / "model.ckpt", **hparams)
     line = one_error_line(
         capsys, ["predict", *TINY_RUN, f"--ckpt_path={bad}", f"--trainer.default_root_dir={tmp_path}"]

@@ -71,7 +71,7 @@ def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, caps
     (tmp_path / "a_file").write_text("")
     workdir = tmp_path / "a_file" / "runs"
     line = one_error_line(capsys, ["doctor", "--workdir", str(workdir), *TINY_RUN])
-    assert line == f"--workdir {workdir}: cannot create it (Not a directory): give a folder you can write to"
+    assert line == f"cannot create the workdir {workdir} (Not a directory): pass another one"
 
 
 def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, monkeypatch) -> None:
