@@ -14,7 +14,7 @@ def _fmt(metrics: dict, stage: str) -> str:
 class EpochSummary(Callback):
     """After each training epoch (and its validation), prints
 
-    ``epoch 3/12 | train loss 0.41 acc 0.86 | val loss 0.37 acc 0.88 | <images/s> (<per device>) | <epoch time>``
+    ``epoch 3/12 | train loss 0.41 acc 0.86 | val loss 0.37 acc 0.88 | <img/s> (<per device>) | <time>``
 
     The line is printed at the next hook after the epoch's end: the LightningModule logs its epoch metrics
     in its own ``on_train_epoch_end``, which Lightning calls after this callback's.
