@@ -10,6 +10,15 @@ HELPERS = REPO / "tests" / "helpers"
 sys.path.insert(0, str(HELPERS))  # the tests import the helper scripts (imagenet_tree, the probes) by name
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
+# A quiet CPU run, on 2 DDP processes or on one plain process (no DDP: the training sampler shuffles by
+# (seed, epoch) on every device count); the real-process tests compare the two.
+CPU = [
+    "--trainer.accelerator=cpu",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+DDP2 = ["--trainer.devices=2", "--trainer.strategy=ddp"]
+ONE = ["--trainer.devices=1"]
 TINY_SHAPES = ["--data.train_size=256", "--data.val_size=101", "--data.test_size=64", "--data.batch_size=32"]
 # In-process runs of one epoch of two batches, quiet: a mistake's line, or a run folder, in a second.
 TINY_RUN = [

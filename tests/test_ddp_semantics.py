@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import CPU, DDP2, ONE, run_cli
 from ddp_semantics_probe import load
 from torch.utils.data import SequentialSampler
 
@@ -27,14 +27,6 @@ from lit_ddp.testing.checks import augmented_by_sample, relative_error
 from lit_ddp.testing.launch import launch as launch_ranks
 
 HERE = Path(__file__).resolve().parent
-CPU = [
-    "--trainer.accelerator=cpu",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-]
-DDP2 = ["--trainer.devices=2", "--trainer.strategy=ddp"]
-# One plain process (no DDP): the training sampler shuffles by (seed, epoch) on every device count.
-ONE = ["--trainer.devices=1"]
 
 # (a, b): 256 images, augmented (crop + flip); 2 × 32 vs 1 × 64 per step → 4 optimizer steps either way.
 # Plain SGD, and the recipes' AdamW (lenet_shapes.yaml's lr and weight decay).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, REPO, run_cli
+from conftest import CPU, DDP2, HELPERS, ONE, REPO, run_cli
 from helpers import s3
 from imagenet_tree import make_tree
 from test_cifar10 import write_cifar10
@@ -21,13 +21,6 @@ from lit_ddp.errors import UserError
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
 
 ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
-CPU = [
-    "--trainer.accelerator=cpu",
-    "--trainer.enable_progress_bar=false",
-    "--trainer.enable_model_summary=false",
-]
-DDP2 = ["--trainer.devices=2", "--trainer.strategy=ddp"]
-ONE = ["--trainer.devices=1"]
 # 200 CIFAR training images, 40 held out: 160 train = 3 steps of a global batch of 64 (64, 64, 32).
 FIT = [
     "fit",
