@@ -50,7 +50,7 @@ from bench_input_pipeline import make_images  # benchmarks/ is on sys.path when 
 
 from lit_ddp.callbacks.throughput import batch_length
 from lit_ddp.data import ImageNetDataModule
-from lit_ddp.data.base import available_cpus
+from lit_ddp.data.workers import available_cpus
 from lit_ddp.models import OptimConfig, ResNetImageNet
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "resnet_imagenet.yaml"

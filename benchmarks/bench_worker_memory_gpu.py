@@ -1,5 +1,5 @@
 """Memory per DataLoader worker of the ImageNet recipe's JPEG loader: what each automatic worker costs, the
-figure behind lit_ddp.data.base.WORKER_BYTES (docs/gpu.md). Linux only (it reads /proc).
+figure behind lit_ddp.data.workers.WORKER_BYTES (docs/gpu.md). Linux only (it reads /proc).
 
     python benchmarks/bench_worker_memory_gpu.py                       # 2 workers, batch 256, 224 px
     python benchmarks/bench_worker_memory_gpu.py --workers 4 --json mem.json

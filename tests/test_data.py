@@ -9,9 +9,10 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from lit_ddp.data import ShapesDataModule, TensorImageDataset
-from lit_ddp.data.base import available_cpus, collate_batch, split_indices
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip, random_hflip
+from lit_ddp.data.datasets import collate_batch, split_indices
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
 
 
@@ -126,7 +127,7 @@ def test_negative_crop_padding_is_one_clear_error() -> None:
 
 def test_num_workers_none_is_resolved_for_the_trainers_devices_and_a_number_is_kept(monkeypatch) -> None:
     monkeypatch.setattr("lit_ddp.data.base.available_cpus", lambda: 12)
-    monkeypatch.setattr("lit_ddp.data.base.available_memory", lambda: None)  # no memory bound here
+    monkeypatch.setattr("lit_ddp.data.workers.available_memory", lambda: None)  # no memory bound here
     auto, fixed = ShapesDataModule(num_workers=None), ShapesDataModule(num_workers=5)
     auto.trainer = fixed.trainer = SimpleNamespace(num_devices=2)  # what fit() attaches; devices per node
     assert (auto.workers_per_device(), fixed.workers_per_device()) == (5, 5)  # 12 // 2 - 1 and as given

@@ -1,4 +1,4 @@
-"""The automatic DataLoader worker count (data/base.py): the CPUs each device's process has, less one, as
+"""The automatic DataLoader worker count (data/workers.py): the CPUs each device's process has, less one, as
 many as memory holds; no fixed cap."""
 
 import os
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lit_ddp.data import base
-from lit_ddp.data.base import WORKER_BYTES, auto_num_workers, available_cpus, available_memory
+from lit_ddp.data import workers
+from lit_ddp.data.workers import WORKER_BYTES, auto_num_workers, available_cpus, available_memory
 
 PLENTY = 1 << 50  # bytes: memory that bounds nothing
 
@@ -43,9 +43,9 @@ def test_memory_bounds_the_workers_at_half_the_available_over_the_devices() -> N
 
 
 def test_unknown_memory_bounds_nothing_and_none_reads_it(monkeypatch) -> None:
-    monkeypatch.setattr(base, "available_memory", lambda: None)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
     assert auto_num_workers(16, 1) == 15
-    monkeypatch.setattr(base, "available_memory", lambda: 4 * WORKER_BYTES)
+    monkeypatch.setattr(workers, "available_memory", lambda: 4 * WORKER_BYTES)
     assert auto_num_workers(16, 1) == 2
 
 
@@ -72,7 +72,7 @@ def test_a_cgroup_cpu_quota_limits_the_cpus(monkeypatch, tmp_path) -> None:
         return tmp_path / "cpu.max" if name == "/sys/fs/cgroup/cpu.max" else real_path(name)
 
     (tmp_path / "cpu.max").write_text("150000 100000\n")  # docker --cpus=1.5
-    monkeypatch.setattr(base, "Path", fake_path)
+    monkeypatch.setattr(workers, "Path", fake_path)
     assert available_cpus() == 1
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert available_cpus() == (

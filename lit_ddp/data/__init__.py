@@ -3,8 +3,9 @@ name (``--data=CIFAR10DataModule``).
 """
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, RandomResizedCropFlip
-from lit_ddp.data.base import ImageDataModule, TensorImageDataset
+from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.cifar10 import CIFAR10DataModule
+from lit_ddp.data.datasets import TensorImageDataset
 from lit_ddp.data.imagenet import ImageNetDataModule
 from lit_ddp.data.shapes import ShapesDataModule, draw_shapes
 from lit_ddp.data.streaming import StreamingDataModule

@@ -22,10 +22,7 @@ they pair images inside one device's batch (the one device-count-dependent augme
 """
 
 import functools
-import hashlib
-import os
 import random
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -37,157 +34,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
+from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, collate_batch
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
-from lit_ddp.data.samplers import ResumableShuffleSampler, UnpaddedDistributedSampler
+from lit_ddp.data.samplers import (
+    ResumableShuffleSampler,
+    SeededSampleSampler,
+    UnpaddedDistributedSampler,
+    stable_seed,
+)
+from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
 from lit_ddp.utils import global_batch_size
-
-
-class TensorImageDataset(Dataset):
-    """Images held in memory as one (N, C, H, W) uint8 tensor, with int64 labels.
-
-    ``__getitems__`` lets the DataLoader fetch a whole batch with one indexing op instead of N
-    ``__getitem__`` calls and a collate (the loader passes the result through ``collate_batch``).
-    """
-
-    def __init__(self, images: Tensor, labels: Tensor) -> None:
-        if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
-            raise ValueError(
-                f"expected (N, C, H, W) uint8 images and N labels, got {images.shape} {images.dtype}"
-            )
-        self.images, self.labels = images, labels.long()
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
-        return self.images[index], self.labels[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
-        # index_select copies whole images; ``images[idx]`` indexes element by element, much slower on CPU.
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
-
-
-def collate_batch(batch):
-    """Pass through batches that ``__getitems__`` built; collate lists of samples as usual."""
-    if isinstance(batch, tuple):
-        return batch
-    return torch.utils.data.default_collate(batch)
-
-
-class IndexedDataset(Dataset):
-    """``dataset``'s batches with one more tensor: the (B,) int64 indices of their samples in ``dataset``."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, indices: Sequence[int]) -> tuple:
-        if hasattr(self.dataset, "__getitems__"):
-            batch = self.dataset.__getitems__(indices)
-        else:
-            batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
-        return (*batch, torch.as_tensor(indices, dtype=torch.long))
-
-
-def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
-    """A seeded permutation split into (train, val): the same on every rank, since it depends on seed only."""
-    if not 0 <= val_size < n:
-        raise UserError(f"val_size={val_size} must be in [0, {n - 1}] for a training set of {n} images")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return perm[val_size:].sort().values, perm[:val_size].sort().values
-
-
-def _stable_seed(*parts: int) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-class SeededSampleSampler(ResumableShuffleSampler):
-    """The same training order, as (index, seed) pairs with seed = stable_seed(data seed, epoch, index): for
-    datasets that draw each sample's augmentation in the DataLoader workers (image_folder.py seeds torch's
-    global RNG with it around that sample).
-
-    The epoch travels with every index because the workers hold their own copies of the dataset (persistent
-    workers keep theirs all run long): a ``set_epoch`` on the main process's copy would never reach them.
-    A sample's augmentation then depends on (seed, epoch, index) alone, not on the worker, rank, batch or
-    device count that handles it, so a resumed or re-sharded run augments each image as the uninterrupted
-    run would have.
-    """
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.epoch  # lazy pairs: one hash per sample as the loader asks, not an epoch's up front
-        return ((i, _stable_seed(self.seed, epoch, i)) for i in super().__iter__())
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on: a container's or a scheduler's allotment, not the whole machine's
-    (``os.cpu_count()`` counts those): its affinity mask (Linux-only, hence the fallback), within a cgroup
-    CPU quota where one is set (``docker --cpus``, a Kubernetes CPU limit), which the mask does not show."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    try:  # cgroup v2: "max 100000", or "<quota> <period>" in µs of CPU time per period
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cpus = min(cpus, max(1, int(quota) // int(period)))
-    except (OSError, ValueError):
-        pass
-    return cpus
-
-
-def available_memory() -> int | None:
-    """Bytes this process could still take: the kernel's estimate of available memory (``MemAvailable``),
-    within a cgroup v2 memory limit where one is set; free pages where there is no /proc (other Unixes);
-    None where none of these can be read."""
-    try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        available = int(meminfo["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, ValueError, OSError):
-            return None
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            available = min(available, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return max(available, 0)
-
-
-# A worker of the ImageNet recipe (batch 256 of 224 px) at its peak: its private memory and its prefetched
-# batches in shared memory (docs/gpu.md, benchmarks/bench_worker_memory_gpu.py). Workers may take half the
-# available memory: the rest stays for the training process (pinned batches, checkpoints) and the page cache,
-# which keeps the dataset's files.
-WORKER_BYTES = 256 << 20
-WORKER_MEMORY_SHARE = 0.5
-
-
-def auto_num_workers(
-    cpus: int, devices: int, memory: int | None = None, worker_bytes: int = WORKER_BYTES
-) -> int:
-    """DataLoader workers per device for ``num_workers=None``. Each device's process has its CPUs: an equal
-    share of the ``cpus`` this process may use, or all of them where the launcher gave each device's process
-    CPUs of its own (SLURM's ``--cpus-per-task``, which srun binds each task to). It keeps one core for
-    itself (the training loop, feeding the GPU); the rest decode, as many as ``WORKER_MEMORY_SHARE`` of the
-    ``memory`` (bytes; None: ``available_memory()``) shared over the devices holds at ``worker_bytes`` each.
-
-    No fixed cap: a fast GPU takes every core a node gives it (docs/gpu.md: a ResNet-50 eats more images per
-    second than a few workers decode). A share of one core or less gets 0 workers: a worker would only
-    compete with its own main process (docs/benchmarks.md measures it on 2 cores)."""
-    devices = max(devices, 1)
-    own_cpus = os.environ.get("SLURM_CPUS_PER_TASK") == str(cpus)
-    workers = (cpus if own_cpus else cpus // devices) - 1
-    memory = available_memory() if memory is None else memory
-    if memory is not None:
-        workers = min(workers, int(memory * WORKER_MEMORY_SHARE / devices) // worker_bytes)
-    return max(0, workers)
-
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -471,13 +329,13 @@ class ImageDataModule(LightningDataModule):
     def augmentation_random(self, index: Tensor, epoch: int) -> SampleRandom:
         """The per-sample random numbers of a training batch whose samples are ``index`` (B,): a function
         of (seed, epoch, index) only, so neither rank nor batch nor device count changes a sample's draws."""
-        return SampleRandom(index, _stable_seed(self.seed, epoch))
+        return SampleRandom(index, stable_seed(self.seed, epoch))
 
     def mixing_rng(self, rank: int, epoch: int, batch: int) -> random.Random:
         """MixUp/CutMix's draws for one training batch (the choice, λ, the box: a few host scalars), seeded
         by (seed, rank, epoch, batch): mixing pairs images inside this device's batch anyway (why Python's
         RNG: batch_transforms.py)."""
-        return random.Random(_stable_seed(self.seed, rank, epoch, batch))
+        return random.Random(stable_seed(self.seed, rank, epoch, batch))
 
     def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
         # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third

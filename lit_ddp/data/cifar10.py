@@ -19,7 +19,8 @@ try:
 except ImportError:  # Windows: one machine, one download
     fcntl = None
 
-from lit_ddp.data.base import ImageDataModule, TensorImageDataset, split_indices
+from lit_ddp.data.base import ImageDataModule
+from lit_ddp.data.datasets import TensorImageDataset, split_indices
 from lit_ddp.errors import UserError
 
 FOLDER = "cifar-10-batches-py"

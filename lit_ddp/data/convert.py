@@ -26,11 +26,11 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lit_ddp.data.base import available_cpus
 from lit_ddp.data.cifar10 import CLASS_NAMES, TEST_BATCH, TRAIN_BATCHES, find_folder, read_split
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
 from lit_ddp.data.shards import COLUMNS, FOLDER_COLUMNS, INDEX, MANIFEST, SPLITS, S3Store, is_remote
+from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
 
 PARTIAL = ".lit_ddp-partial"

@@ -16,7 +16,6 @@ encoded bytes: files that are not JPEG, JPEGs not stored as RGB (grayscale, CMYK
 drops before the copy.
 """
 
-import contextlib
 import io
 from collections.abc import Sequence
 
@@ -26,9 +25,8 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from lit_ddp.data.image_folder import ImageFileDataset, seeded_global_rng
+from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
-    DECODE_ERRORS,
     Box,
     _orientation,
     crop_resize,
@@ -173,21 +171,12 @@ class EncodedBatch:
 
 class EncodedFileDataset(ImageFileDataset):
     """``ImageFileDataset`` whose ``load`` is ``read_train_sample`` or ``read_eval_sample`` (bound to their
-    arguments): batches of (EncodedBatch, labels, unreadable files) for ``EncodedBatch.decode``."""
+    arguments): batches of (EncodedBatch, labels, unreadable files) for ``EncodedBatch.decode``. ``read``
+    is the base's: an unreadable file's slot holds a black crop, dropped in the main process."""
 
     def __init__(self, samples, load, size: int, resize: int | None) -> None:
         super().__init__(samples, load, size)
         self.resize = resize
-
-    def read(self, index: int, seed: int | None) -> tuple[Encoded | np.ndarray, tuple[str, str] | None]:
-        """One sample's ``load``, its draws seeded with ``seed`` (as ``ImageFileDataset`` does)."""
-        path = self.samples.path(index)
-        try:
-            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
-                return self.load(path), None
-        except DECODE_ERRORS as err:
-            # A black placeholder keeps the batch whole; the slot is dropped in the main process.
-            return np.zeros((self.size, self.size, 3), np.uint8), (path, f"{type(err).__name__}: {err}")
 
     def __getitems__(self, indices: Sequence[int | tuple[int, int]]):
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)

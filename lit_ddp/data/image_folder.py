@@ -75,9 +75,9 @@ class ImageFileDataset(Dataset):
     A whole batch is stacked (B, H, W, 3) and returned as a (B, 3, H, W) view: channels-last memory, which
     stays so through pinning, the device copy and normalisation, and is what a channels_last model wants.
 
-    Indices may come as (index, seed) pairs (a training sampler's, base.py ``SeededSampleSampler``): then the
-    random draws of that sample's ``load`` (crop, flip, augmentation) come from torch's RNG seeded with
-    ``seed``, the same in every worker, process and run. A plain index draws from the worker's RNG as is.
+    Indices may come as (index, seed) pairs (a training sampler's, samplers.py ``SeededSampleSampler``):
+    then the random draws of that sample's ``load`` (crop, flip, augmentation) come from torch's RNG seeded
+    with ``seed``, the same in every worker, process and run. A plain index draws from the worker's RNG as is.
     """
 
     def __init__(
@@ -99,7 +99,8 @@ class ImageFileDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _load(self, index: int, seed: int | None) -> tuple[np.ndarray, tuple[str, str] | None]:
+    def read(self, index: int, seed: int | None) -> tuple[np.ndarray, tuple[str, str] | None]:
+        """One sample's ``load``, its draws seeded by ``seed``; None or (path, why it is unreadable)."""
         path = self._samples.path(index)
         try:
             with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
@@ -115,7 +116,7 @@ class ImageFileDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
-        images, errors = zip(*(self._load(i, seed) for i, seed in pairs), strict=True)
+        images, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # (B, 3, H, W), channels-last strides
         y = torch.from_numpy(self._samples.labels[[i for i, _ in pairs]])
         return x, y, {i: e for i, e in enumerate(errors) if e}
@@ -123,7 +124,7 @@ class ImageFileDataset(Dataset):
 
 def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, ...], dict[int, tuple[str, str]]]:
     """Remove the slots of unreadable files: ``(x, y)``, or ``(x, y, index)`` for a predict batch, which
-    carries the sample indices after the unreadable files (base.py: ``IndexedDataset``). If every file of a
+    carries the sample indices after the unreadable files (datasets.py ``IndexedDataset``). If every file of a
     training or evaluation batch is unreadable (only plausible with tiny batches) the black placeholders are
     kept, since an empty batch has no loss; a predict batch drops them too: no row beats a wrong one."""
     x, y, bad, *index = batch

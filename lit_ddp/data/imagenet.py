@@ -84,7 +84,7 @@ class ImageNetDataModule(ImageDataModule):
         random_erasing: deprecated: ``augmentation.random_erasing``.
         **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
             num_workers None (the default), the CPU cores this process may use, shared over the node's
-            devices, less one per device, as memory allows (``base.auto_num_workers``; docs/gpu.md).
+            devices, less one per device, as memory allows (``workers.auto_num_workers``; docs/gpu.md).
     """
 
     mean = (0.485, 0.456, 0.406)

@@ -16,9 +16,11 @@ Training: ``ResumableShuffleSampler`` is torch's DistributedSampler (a permutati
 rank r taking every W-th index) on every device count, one process included, so one process with batch
 N·b draws the same global batches as N processes with batch b, and the order does not depend on any
 global RNG. It can start an epoch part-way (``start``), which is how a run stopped mid-epoch continues at
-the batch where it stopped.
+the batch where it stopped. ``SeededSampleSampler`` yields the same order as (index, seed) pairs, for
+augmentation drawn in the DataLoader workers.
 """
 
+import hashlib
 from collections.abc import Iterator, Sized
 
 from torch.utils.data import DistributedSampler
@@ -72,3 +74,27 @@ class ResumableShuffleSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(super().__iter__())[self.start :])
+
+
+def stable_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (seed, epoch, index, ...), hashed: the same in every process, and nearby
+    inputs give unrelated seeds (what each sample's augmentation draws are keyed by)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class SeededSampleSampler(ResumableShuffleSampler):
+    """The same training order, as (index, seed) pairs with seed = stable_seed(data seed, epoch, index): for
+    datasets that draw each sample's augmentation in the DataLoader workers (image_folder.py seeds torch's
+    global RNG with it around that sample).
+
+    The epoch travels with every index because the workers hold their own copies of the dataset (persistent
+    workers keep theirs all run long): a ``set_epoch`` on the main process's copy would never reach them.
+    A sample's augmentation then depends on (seed, epoch, index) alone, not on the worker, rank, batch or
+    device count that handles it, so a resumed or re-sharded run augments each image as the uninterrupted
+    run would have.
+    """
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch  # lazy pairs: one hash per sample as the loader asks, not an epoch's up front
+        return ((i, stable_seed(self.seed, epoch, i)) for i in super().__iter__())

@@ -26,10 +26,11 @@ from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
-from lit_ddp.data.base import ImageDataModule, _stable_seed, split_indices
+from lit_ddp.data.base import ImageDataModule
+from lit_ddp.data.datasets import split_indices
 from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, seeded_global_rng
 from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop, sample_augmentation
-from lit_ddp.data.samplers import ResumableShuffleSampler
+from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
 from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
 from lit_ddp.errors import UserError
 
@@ -46,7 +47,7 @@ class ShardImageDataset(Dataset):
     Raw shards (``shape`` given) give (B, C, H, W) uint8 and labels; encoded ones are decoded by
     ``load(bytes) -> (size, size, 3) uint8`` and give image_folder.py's ``FileBatch`` (an unreadable image
     becomes a black slot named in the third element). Indices may be (index, seed) pairs: that sample's
-    random draws then come from torch's RNG seeded with ``seed`` (base.py ``SeededSampleSampler``).
+    random draws then come from torch's RNG seeded with ``seed`` (samplers.py ``SeededSampleSampler``).
     """
 
     def __init__(
@@ -117,7 +118,7 @@ class ShardOrderSampler(ResumableShuffleSampler):
         epoch = self.epoch
         mine = self.global_order(epoch)[self.rank : self.total_size : self.num_replicas][self.start :]
         if self.seeded:
-            return ((i, _stable_seed(self.seed, epoch, i)) for i in mine)
+            return ((i, stable_seed(self.seed, epoch, i)) for i in mine)
         return iter(mine)
 
 

@@ -1,0 +1,73 @@
+"""In-memory images and the batch plumbing every data module's loaders share.
+
+``TensorImageDataset`` holds a split as one uint8 tensor and hands the DataLoader whole batches
+(``__getitems__``), which ``collate_batch`` passes through; ``IndexedDataset`` adds each sample's index to
+its batch (the key of its augmentation draws, and of predictions); ``split_indices`` is the seeded
+train/val split the same on every rank.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from lit_ddp.errors import UserError
+
+
+class TensorImageDataset(Dataset):
+    """Images held in memory as one (N, C, H, W) uint8 tensor, with int64 labels.
+
+    ``__getitems__`` lets the DataLoader fetch a whole batch with one indexing op instead of N
+    ``__getitem__`` calls and a collate (the loader passes the result through ``collate_batch``).
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor) -> None:
+        if images.dtype != torch.uint8 or images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(
+                f"expected (N, C, H, W) uint8 images and N labels, got {images.shape} {images.dtype}"
+            )
+        self.images, self.labels = images, labels.long()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+        # index_select copies whole images; ``images[idx]`` indexes element by element, much slower on CPU.
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.images.index_select(0, idx), self.labels.index_select(0, idx)
+
+
+def collate_batch(batch):
+    """Pass through batches that ``__getitems__`` built; collate lists of samples as usual."""
+    if isinstance(batch, tuple):
+        return batch
+    return torch.utils.data.default_collate(batch)
+
+
+class IndexedDataset(Dataset):
+    """``dataset``'s batches with one more tensor: the (B,) int64 indices of their samples in ``dataset``."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int]) -> tuple:
+        if hasattr(self.dataset, "__getitems__"):
+            batch = self.dataset.__getitems__(indices)
+        else:
+            batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        return (*batch, torch.as_tensor(indices, dtype=torch.long))
+
+
+def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """A seeded permutation split into (train, val): the same on every rank, since it depends on seed only."""
+    if not 0 <= val_size < n:
+        raise UserError(f"val_size={val_size} must be in [0, {n - 1}] for a training set of {n} images")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[val_size:].sort().values, perm[:val_size].sort().values
