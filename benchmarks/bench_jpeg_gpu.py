@@ -35,7 +35,6 @@ arguments used.
 """
 
 import argparse
-import json
 import math
 import multiprocessing
 import shutil
@@ -47,6 +46,7 @@ import lightning as L
 import torch
 import yaml
 from bench_input_pipeline import make_images  # benchmarks/ is on sys.path when this script runs
+from harness import settings, write_results
 
 from lit_ddp.callbacks.throughput import batch_length
 from lit_ddp.data import ImageNetDataModule
@@ -212,7 +212,6 @@ def main() -> None:
 
     if args.json is not None:
         figures = {
-            **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "json"},
             "device": name,
             "num_workers": workers,
             "num_workers_auto": args.num_workers is None,
@@ -223,10 +222,8 @@ def main() -> None:
             "files": files,
             "mean_kb": kb,
             "cpus": available_cpus(),
-            "torch": torch.__version__,
-            "lightning": L.__version__,
         }
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_results(args.json, {**figures, "settings": settings(args)})
 
 
 if __name__ == "__main__":

@@ -28,9 +28,7 @@ with the arguments used.
 
 import argparse
 import contextlib
-import json
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -41,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
+from harness import free_port, interleaved, settings, write_results  # benchmarks/ is on sys.path
 from PIL import Image
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -48,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
-from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule, TensorImageDataset
+from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
 from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
@@ -94,9 +93,8 @@ class InMemoryCIFAR(ImageDataModule):
         super().__init__(batch_size=batch_size, num_workers=num_workers, augmentation=CropFlip(padding=4))
         self.images, self.labels = images, labels
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        self.train_set = TensorImageDataset(self.images, self.labels)
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        return self.images, self.labels  # every split: validation is off (limit_val_batches=0)
 
 
 class EpochTimer(L.Callback):
@@ -163,12 +161,6 @@ class PILImages(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Tensor, int]:
         return self.transform(Image.fromarray(self.images[i])), self.labels[i]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tutorial_epoch(
@@ -241,10 +233,12 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     data = cifar_shaped(args.train_size)
 
-    lit, tutorial = [], []
-    for _ in range(args.rounds):
-        lit.append(lit_ddp_epoch(args, recipe, data, device))
-        tutorial.append(tutorial_epoch(args, recipe, data, device))
+    sides = {
+        "lit_ddp": lambda: lit_ddp_epoch(args, recipe, data, device),
+        "tutorial": lambda: tutorial_epoch(args, recipe, data, device),
+    }
+    epochs = interleaved(sides, args.rounds)
+    lit, tutorial = epochs["lit_ddp"], epochs["tutorial"]
     best_lit, best_tutorial = min(lit), min(tutorial)
 
     print(
@@ -263,15 +257,8 @@ def main() -> None:
     print(f"  tutorial / lit_ddp epoch time: {best_tutorial / best_lit:.2f}×")
 
     if args.json is not None:
-        figures = {
-            **{k: v for k, v in vars(args).items() if k != "json"},
-            "device": name,
-            "lenet_cifar_epoch_s": best_lit,
-            "tutorial_lenet_epoch_s": best_tutorial,
-            "torch": torch.__version__,
-            "lightning": L.__version__,
-        }
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        figures = {"lenet_cifar_epoch_s": best_lit, "tutorial_lenet_epoch_s": best_tutorial}
+        write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Every variant times the same number of optimizer steps after the same warm-up, i
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import interleaved  # noqa: E402
+from harness import free_port, interleaved, one_cpu_epoch  # noqa: E402
 
 from lit_ddp.cli import CALLBACKS, OFF_SWITCHES
 from lit_ddp.data import ShapesDataModule
@@ -56,12 +55,6 @@ from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 BATCH = 64
 MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -229,7 +222,7 @@ def _lightning_floor(world: int, steps: int, warmup: int) -> float:
         out_file = os.path.join(tmp, "rate")
         data = _PremadeBatches((steps + warmup) * world, torch.channels_last)
         trainer = L.Trainer(
-            **_trainer_kwargs(world, tmp),
+            **one_cpu_epoch(world, tmp),
             logger=False,
             callbacks=[_NoStopFlagBroadcast(), Timer(world, steps, warmup, out_file)],
         )
@@ -241,7 +234,7 @@ def _lightning_floor(world: int, steps: int, warmup: int) -> float:
 def _spawn(fn, world: int, *args) -> float:
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(fn, args=(world, _free_port(), *args, out), nprocs=world, start_method="spawn")
+    mp.start_processes(fn, args=(world, free_port(), *args, out), nprocs=world, start_method="spawn")
     return out.get()
 
 
@@ -265,29 +258,13 @@ class Timer(L.Callback):
                 f.write(str(rate))
 
 
-def _trainer_kwargs(world: int, root: str) -> dict:
-    """One training epoch on CPU; no validation, progress bar, summary or checkpoints (not timed work)."""
-    return dict(
-        accelerator="cpu",
-        devices=world,
-        strategy="ddp_spawn" if world > 1 else "auto",
-        max_epochs=1,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=root,
-    )
-
-
 def _lit_ddp(world: int, steps: int, warmup: int) -> float:
     skip_futile_nvml_checks()  # as `python -m lit_ddp` does at start-up (lit_ddp/cli.py main)
     with tempfile.TemporaryDirectory() as tmp:
         out_file = os.path.join(tmp, "rate")
         dm = ShapesDataModule(train_size=(steps + warmup) * BATCH * world, val_size=BATCH, batch_size=BATCH)
         trainer = L.Trainer(
-            **_trainer_kwargs(world, tmp),
+            **one_cpu_epoch(world, tmp),
             # What `python -m lit_ddp fit` adds: every callback of its list but the checkpoints (not timed).
             callbacks=[
                 # The CLI's list, less what the flags below switch off (checkpoints, progress bar, summary).

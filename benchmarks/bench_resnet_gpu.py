@@ -17,13 +17,13 @@ Lightning ≥ 0.97 × the raw loop, and ≥ 3,500 images/s for ResNet-50 on one 
 import argparse
 import contextlib
 import itertools
-import json
 import time
 from pathlib import Path
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from harness import interleaved, settings, write_results  # benchmarks/ is on sys.path
 
 from lit_ddp.models import ArchClassifier, OptimConfig, build_net
 from lit_ddp.models.optim import build_optimizer
@@ -153,10 +153,9 @@ def main() -> None:
         name = torch.cuda.get_device_name(device)
     else:
         name = "CPU"
-    raw = lightning = 0.0
-    for _ in range(args.rounds):
-        raw = max(raw, raw_loop(args, device))
-        lightning = max(lightning, lightning_loop(args, device))
+    sides = {"raw": lambda: raw_loop(args, device), "lightning": lambda: lightning_loop(args, device)}
+    rates = interleaved(sides, args.rounds)  # the sides take turns; each keeps its best
+    raw, lightning = max(rates["raw"]), max(rates["lightning"])
     print(
         f"{args.arch}, batch {args.batch_size}, {args.image_size}px, {args.precision}, channels_last,"
         f" compile={args.compile}, on {name}; {args.steps} timed steps after {args.warmup},"
@@ -166,8 +165,8 @@ def main() -> None:
     print(f"  Lightning (lit_ddp)  {lightning:9.1f} images/s")
     print(f"  Lightning / raw      {lightning / raw:9.3f}")
     if args.json is not None:
-        figures = {"device": name, "raw_img_s": raw, "lightning_img_s": lightning, "ratio": lightning / raw}
-        args.json.write_text(json.dumps({**figures, "args": {k: str(v) for k, v in vars(args).items()}}))
+        figures = {"raw_img_s": raw, "lightning_img_s": lightning, "ratio": lightning / raw}
+        write_results(args.json, {"device": name, **figures, "samples": rates, "settings": settings(args)})
 
 
 if __name__ == "__main__":

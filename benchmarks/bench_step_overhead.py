@@ -39,12 +39,12 @@ import io
 import json
 import os
 import pstats
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -54,17 +54,20 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
-from lit_ddp.callbacks import console
-from lit_ddp.cli import CALLBACKS
-from lit_ddp.data import CropFlip, ImageDataModule, TensorImageDataset
-from lit_ddp.models import ImageClassifier
-from lit_ddp.models.optim import OptimConfig, build_optimizer
-from lit_ddp.runtime.nvml import skip_futile_nvml_checks
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, write_results  # noqa: E402
+
+from lit_ddp.callbacks import console  # noqa: E402
+from lit_ddp.cli import CALLBACKS  # noqa: E402
+from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
+from lit_ddp.models import ImageClassifier  # noqa: E402
+from lit_ddp.models.optim import OptimConfig, build_optimizer  # noqa: E402
+from lit_ddp.runtime.nvml import skip_futile_nvml_checks  # noqa: E402
 
 BATCH, SIZE, CLASSES = 32, 8, 10
-VARIANTS = [
-    "raw",
+VARIANTS = [  # bare first: the variant the others are compared with
     "bare",
+    "raw",
     "defaults",
     "callbacks",
     "lit_ddp",
@@ -134,12 +137,10 @@ class TinyImages(ImageDataModule):
         super().__init__(batch_size=BATCH, num_workers=0, augmentation=CropFlip(padding=1))
         self.n = n
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        g = torch.Generator().manual_seed(0)
+    def load_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(0)  # every split the same images
         images = torch.randint(0, 256, (self.n, 3, SIZE, SIZE), dtype=torch.uint8, generator=g)
-        labels = torch.randint(0, CLASSES, (self.n,), generator=g)
-        self.train_set = self.val_set = self.test_set = TensorImageDataset(images, labels)
+        return images, torch.randint(0, CLASSES, (self.n,), generator=g)
 
 
 def clocks() -> tuple[float, float]:
@@ -251,20 +252,9 @@ def run_lightning(
         if hook_costs is not None:
             hook_costs.update(spent=time_step_hooks(ours, callbacks[0]))  # filled in during the fit
         callbacks = ours + callbacks + [Redraw(console.REDRAW_S)]
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=world,
-        strategy="ddp_spawn" if world > 1 else "auto",
-        max_epochs=1,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=logger,
-        callbacks=callbacks,
-        enable_progress_bar=on,
-        enable_model_summary=on,
-        enable_checkpointing=on,
-        default_root_dir=root,
-    )
+    settings = one_cpu_epoch(world, root)
+    settings.update(enable_progress_bar=on, enable_model_summary=on, enable_checkpointing=on)
+    trainer = L.Trainer(**settings, logger=logger, callbacks=callbacks)
     if variant == "lit_ddp":
         model = ImageClassifier(TinyNet(), num_classes=CLASSES, optim=OPTIM)
         trainer.fit(model, datamodule=TinyImages(n * BATCH))
@@ -272,12 +262,6 @@ def run_lightning(
         trainer.fit(BareModule(), train_dataloaders=DataLoader(Batches(n), batch_size=None))
     with open(out_file) as f:
         return json.load(f)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _raw_rank(rank: int, world: int, port: int, steps: int, warmup: int, out_file: str) -> None:
@@ -309,7 +293,7 @@ def run_raw(world: int, steps: int, warmup: int, root: str) -> list[float]:
     if world == 1:
         _raw_rank(0, 1, 0, steps, warmup, out_file)
     else:
-        args = (world, _free_port(), steps, warmup, out_file)
+        args = (world, free_port(), steps, warmup, out_file)
         torch.multiprocessing.spawn(_raw_rank, args=args, nprocs=world)
     with open(out_file) as f:
         return json.load(f)
@@ -402,21 +386,60 @@ def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> N
     print(json.dumps({"wall_us": wall / steps * 1e6, "cpu_us": cpu / steps * 1e6}))
 
 
+def measure(variant: str, world: int, steps: int, warmup: int) -> dict[str, float]:
+    """One run of ``variant`` in a fresh process: rank 0's wall and CPU µs per step."""
+    cmd = [sys.executable, __file__, "--child", variant, "--world", str(world)]
+    cmd += ["--steps", str(steps), "--warmup", str(warmup)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{variant} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rounds(args: argparse.Namespace, world: int) -> dict[str, dict[str, list[float]]]:
+    """Every variant once per round (benchmarks/harness.py), by clock: {"cpu_us" | "wall_us": samples}."""
+    wall: dict[str, list[float]] = {}
+
+    def cpu_us(variant: str) -> float:  # the harness's figure; the wall time rides along
+        measured = measure(variant, world, args.steps, args.warmup)
+        wall.setdefault(variant, []).append(measured["wall_us"])
+        return measured["cpu_us"]
+
+    def progress(r: int, figures: dict[str, float]) -> None:
+        print(f"procs {world} round {r}: CPU µs/step {json.dumps(figures)}", flush=True)
+
+    cpu = interleaved({v: partial(cpu_us, v) for v in args.variants}, args.rounds, on_round=progress)
+    return {"cpu_us": cpu, "wall_us": wall}
+
+
+def print_table(results: dict[int, dict[str, dict[str, list[float]]]], clock: str) -> None:
+    """µs per step and, per round, steps/s against the first variant (bare), as medians with ranges."""
+    print(f"\n{clock[:-3]} time of rank 0")
+    print("| procs | variant | µs/step, median (range) | steps/s vs bare, median (range) |")
+    print("|---|---|---:|---:|")
+    for world, clocks_ in results.items():
+        us = summarize(clocks_[clock])
+        per_s = summarize({v: [1 / x for x in samples] for v, samples in clocks_[clock].items()})
+        for variant, row in us.items():
+            r = per_s[variant]
+            us_cell = f"{row['median']:.0f} ({row['min']:.0f}–{row['max']:.0f})"
+            ratio = f"{r['round_ratio_median']:.2f}× ({r['round_ratio_min']:.2f}–{r['round_ratio_max']:.2f})"
+            print(f"| {world} | {variant} | {us_cell} | {ratio} |")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    parser.add_argument("--profile", choices=VARIANTS[1:], help="cProfile one 1-process run's timed steps")
-    parser.add_argument(
+    p = parser(__doc__, rounds=5)
+    p.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    lightning_variants = [v for v in VARIANTS if v != "raw"]
+    p.add_argument("--profile", choices=lightning_variants, help="cProfile one 1-process run's timed steps")
+    p.add_argument(
         "--hook-costs", action="store_true", help="each default callback's per-step hooks, one 1-process run"
     )
-    parser.add_argument("--device-ops", action="store_true", help="ops the data path runs on the device")
-    parser.add_argument(
+    p.add_argument("--device-ops", action="store_true", help="ops the data path runs on the device")
+    p.add_argument(
         "--without",
         nargs="+",
         default=[],
@@ -424,9 +447,9 @@ def main() -> None:
         metavar="KEY",
         help="also run `callbacks` without each of these default callbacks (what each one costs a step)",
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--world", type=int, default=1, help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.child:
         return child(args.child, args.world, args.steps, args.warmup, profile=False)
     if args.profile:
@@ -438,31 +461,15 @@ def main() -> None:
         torch.set_num_threads(1)
         return print_hook_costs(args.steps, args.warmup)
 
+    # bare first (the baseline of every ratio), then the others as given, then the left-out callbacks.
+    args.variants = ["bare", *(v for v in args.variants if v != "bare")]
     args.variants += [f"callbacks_without_{key}" for key in args.without]
-    results: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for world in args.procs:
-        for r in range(args.rounds):
-            order = args.variants[r % len(args.variants) :] + args.variants[: r % len(args.variants)]
-            for variant in order:
-                cmd = [sys.executable, __file__, "--child", variant, "--world", str(world)]
-                cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-                out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if out.returncode:
-                    raise RuntimeError(f"{variant} failed:\n{out.stderr[-3000:]}")
-                measured = json.loads(out.stdout.strip().splitlines()[-1])
-                for clock, us in measured.items():
-                    results.setdefault((world, variant), {}).setdefault(clock, []).append(us)
-                print(f"procs {world} round {r} {variant}: {json.dumps(measured)}", flush=True)
+    results = {world: rounds(args, world) for world in args.procs}
     for clock in ("wall_us", "cpu_us"):
-        print(f"\n{clock[:-3]} time of rank 0")
-        print("| procs | variant | µs/step, median (range) | steps/s vs bare, median (range) |")
-        print("|---|---|---:|---:|")
-        for (world, variant), measured in results.items():
-            values, bare = measured[clock], results[(world, "bare")][clock]
-            ratios = [b / v for v, b in zip(values, bare, strict=True)]  # per round: taken side by side
-            us = f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
-            ratio = f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f})"
-            print(f"| {world} | {variant} | {us} | {ratio} |")
+        print_table(results, clock)
+    if args.out is not None:
+        samples = {str(world): clocks_ for world, clocks_ in results.items()}
+        write_results(args.out, {"unit": "µs per step", "samples": samples, "steps": args.steps})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ counted apart: ``prefetch_factor × batch bytes``. The cost of a worker is USS +
 """
 
 import argparse
-import json
 import os
 import tempfile
 import threading
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench_input_pipeline import make_images  # benchmarks/ is on sys.path when this script runs
+from harness import settings, write_results
 
 from lit_ddp.data import ImageNetDataModule
 
@@ -111,14 +111,13 @@ def main() -> None:
     )
     if args.json is not None:
         figures = {
-            **{k: v for k, v in vars(args).items() if k != "json"},
             "worker_uss_mib": [w["uss"] / mb for w in workers],
             "worker_pss_mib": [w["pss"] / mb for w in workers],
             "worker_rss_mib": [w["rss"] / mb for w in workers],
             "prefetch_mib_per_worker": prefetch / mb,
             "worker_cost_mib": (uss + prefetch) / mb,
         }
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        write_results(args.json, {**figures, "settings": settings(args)})
 
 
 if __name__ == "__main__":

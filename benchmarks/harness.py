@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shlex
+import socket
 import statistics
 import subprocess
 import sys
@@ -61,8 +62,8 @@ def interleaved(
 def summarize(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     """Median, min, max and count per variant, and each median's ratio to the first variant's median.
 
-    Per-round ratios (``round_ratio_median``) are given too: with interleaved rounds they cancel a drift
-    that affects both variants of a round."""
+    Per-round ratios (``round_ratio_median``, ``_min``, ``_max``) are given too: with interleaved rounds they
+    cancel a drift that affects both variants of a round."""
     if not samples:
         raise ValueError("summarize needs at least one variant")
     first = next(iter(samples))
@@ -76,7 +77,9 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
         base_median = statistics.median(base)
         row["ratio"] = median / base_median if base_median else float("nan")
         if len(values) == len(base) and all(base):
-            row["round_ratio_median"] = statistics.median(v / b for v, b in zip(values, base, strict=True))
+            ratios = [v / b for v, b in zip(values, base, strict=True)]
+            row["round_ratio_median"] = statistics.median(ratios)
+            row["round_ratio_min"], row["round_ratio_max"] = min(ratios), max(ratios)
         out[name] = row
     return out
 
@@ -110,6 +113,8 @@ def machine() -> dict[str, object]:
         return info
     info["torch"] = torch.__version__
     info["threads"] = torch.get_num_threads()
+    if "lightning" in sys.modules:  # the benchmark imported it: its version belongs with the figures
+        info["lightning"] = sys.modules["lightning"].__version__
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
@@ -129,6 +134,13 @@ def write_results(path: str | Path, payload: dict) -> dict:
     return record
 
 
+def settings(args: argparse.Namespace) -> dict:
+    """A benchmark's arguments for its record: paths as text, the output file's own option left out."""
+    return {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in ("json", "out")
+    }
+
+
 def format_summary(summary: dict[str, dict[str, float]], unit: str = "") -> str:
     """One line per variant: median (min-max), ratio of medians to the first, median of per-round ratios."""
     lines = []
@@ -137,6 +149,7 @@ def format_summary(summary: dict[str, dict[str, float]], unit: str = "") -> str:
         line += f", ratio {row['ratio']:.3f}"
         if "round_ratio_median" in row:
             line += f", per round {row['round_ratio_median']:.3f}"
+            line += f" ({row['round_ratio_min']:.3f}-{row['round_ratio_max']:.3f})"
         lines.append(line)
     return "\n".join(lines)
 
@@ -156,3 +169,27 @@ def report(samples: dict[str, list[float]], out: Path | None, unit: str = "", **
     if out is not None:
         write_results(out, {"unit": unit, "summary": summary, "samples": samples, **extra})
     return summary
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1, for a benchmark's own process group."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_cpu_epoch(world: int, root: str) -> dict:
+    """``Trainer`` settings for one timed training epoch on ``world`` CPU processes (``ddp_spawn`` for 2+):
+    no validation, progress bar, summary or checkpoints, which would be timed work no variant asked for."""
+    return dict(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp_spawn" if world > 1 else "auto",
+        max_epochs=1,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=root,
+    )

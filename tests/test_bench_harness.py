@@ -38,12 +38,15 @@ def test_summary_gives_median_spread_and_ratio_of_medians_to_the_first_variant()
         "n": 4,
         "ratio": 1.0,
         "round_ratio_median": 1.0,
+        "round_ratio_min": 1.0,
+        "round_ratio_max": 1.0,
     }
     after = summary["after"]
     assert (after["median"], after["min"], after["max"]) == (195.0, 150.0, 210.0)
     assert after["ratio"] == pytest.approx(195.0 / 102.5)
     # per-round ratios 2.0, 1.667, 1.727, 2.0: the median is the mean of the middle two
     assert after["round_ratio_median"] == pytest.approx((190 / 110 + 2.0) / 2)
+    assert (after["round_ratio_min"], after["round_ratio_max"]) == (pytest.approx(150 / 90), 2.0)
 
 
 def test_nothing_to_summarize_is_refused() -> None:
@@ -75,13 +78,14 @@ def test_write_results_returns_what_it_wrote(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_an_ab_benchmark_records_both_checkouts_through_the_harness(tmp_path: Path) -> None:
-    """ab_input_pipeline.py on this checkout against itself, a few tiny JPEGs: the harness's record."""
+    """ab_checkouts.py's val_jpeg on this checkout against itself, a few tiny JPEGs: the harness's record."""
     out = tmp_path / "ab.json"
-    args = [str(REPO), str(REPO), "--images", "6", "--width", "64", "--height", "48", "--size", "32"]
+    args = [str(REPO), str(REPO), "--measure", "val_jpeg", "--images", "6", "--width", "64"]
+    args += ["--height", "48", "--size", "32"]
     args += ["--val-resize", "40", "--batch-size", "3", "--rounds", "2", "--dir", str(tmp_path / "jpegs")]
-    script = str(REPO / "benchmarks" / "ab_input_pipeline.py")
+    script = str(REPO / "benchmarks" / "ab_checkouts.py")
     subprocess.run([sys.executable, script, *args, "--out", str(out)], check=True, timeout=220, cwd=tmp_path)
     record = json.loads(out.read_text())
     assert set(record["samples"]) == {"before", "after"} and record["images"] == 6
     assert all(len(v) == 2 and min(v) > 0 for v in record["samples"].values())
-    assert record["summary"]["before"]["ratio"] == 1.0 and "ab_input_pipeline.py" in record["command"]
+    assert record["summary"]["before"]["ratio"] == 1.0 and "ab_checkouts.py" in record["command"]
