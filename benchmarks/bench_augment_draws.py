@@ -17,17 +17,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import interleaved, parser, report, seconds_per_call  # noqa: E402
 
-from lit_ddp.data.base import _stable_seed  # noqa: E402
+from lit_ddp.data.base import stable_seed  # noqa: E402
 from lit_ddp.data.batch_transforms import SampleRandom, random_crop_flip  # noqa: E402
 
 
 def per_batch_generator(x: torch.Tensor, generator: torch.Generator, epoch: int, batch: int) -> torch.Tensor:
-    generator.manual_seed(_stable_seed(0, 0, epoch, batch))  # (seed, rank, epoch, batch)
+    generator.manual_seed(stable_seed(0, 0, epoch, batch))  # (seed, rank, epoch, batch)
     return random_crop_flip(x, 4, generator=generator)
 
 
 def per_sample(x: torch.Tensor, index: torch.Tensor, epoch: int, batch: int) -> torch.Tensor:
-    return random_crop_flip(x, 4, rand=SampleRandom(index, _stable_seed(0, epoch)))
+    return random_crop_flip(x, 4, rand=SampleRandom(index, stable_seed(0, epoch)))
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_SHAPES, run_cli, run_dirs
 
-from lit_ddp.data.base import _stable_seed
+from lit_ddp.data.base import stable_seed
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 
 VAL_SIZE = 101  # odd: 2 ranks get 51 + 50 images, and a padded sampler would count one twice
@@ -135,7 +135,7 @@ def test_values_are_sane(runs, devices: int) -> None:
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_confusion_matrix_counts_every_validation_image_once(runs) -> None:
-    labels = draw_shapes(VAL_SIZE, _stable_seed(0, 1))[1]  # ShapesDataModule's validation split, seed 0
+    labels = draw_shapes(VAL_SIZE, stable_seed(0, 1))[1]  # ShapesDataModule's validation split, seed 0
     per_class = Counter(labels.tolist())
     expected_rows = [per_class[i] for i in range(len(CLASS_NAMES))]
     row_sums = {}

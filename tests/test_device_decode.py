@@ -13,7 +13,7 @@ from imagenet_tree import CLASSES, draw, make_tree
 from PIL import Image
 
 from lit_ddp.data import ImageNetDataModule, device_decode, jpeg
-from lit_ddp.data.base import _stable_seed
+from lit_ddp.data.base import stable_seed
 from lit_ddp.data.device_decode import EncodedBatch
 from lit_ddp.errors import UserError
 
@@ -42,7 +42,7 @@ def data_module(root: Path, gpu_decode: bool, draft: bool = False, **kwargs) -> 
 
 def seeded(indices: list[int], epoch: int = 3) -> list[tuple[int, int]]:
     """The training sampler's (index, seed) pairs: the seed a function of (seed 0, epoch, index) only."""
-    return [(i, _stable_seed(0, epoch, i)) for i in indices]
+    return [(i, stable_seed(0, epoch, i)) for i in indices]
 
 
 def both(root: Path, split: str, indices, draft: bool = False):

@@ -126,6 +126,30 @@ def test_imagefolder_shards_read_back_the_original_file_bytes_labels_and_paths(t
         assert s.path.split("/")[1] == sorted(os.listdir(tmp_path / "tree" / "val"))[s.label]
 
 
+def test_encoded_shards_decode_as_the_folder_does_and_name_an_unreadable_image_in_a_black_slot(
+    tmp_path: Path,
+) -> None:
+    """One decode-or-placeholder path (image_folder.decode_or_black) for files and shards: the same pixels,
+    and the same files unreadable for the same reason, named by their path in the tree."""
+    from lit_ddp.data import ImageNetDataModule
+    from lit_ddp.data.convert import convert
+
+    special = make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    sizes = dict(image_size=32, val_resize=36, augmentation=None)
+    shards = StreamingDataModule(url=str(tmp_path / "s"), **sizes)
+    folder = ImageNetDataModule(data_dir=str(tmp_path / "tree"), **sizes)
+    for dm in (shards, folder):
+        dm.setup("validate")
+    every = list(range(len(folder.val_set)))
+    (x, y, bad), (fx, fy, fbad) = shards.val_set.__getitems__(every), folder.val_set.__getitems__(every)
+    assert torch.equal(x, fx) and torch.equal(y, fy)
+    corrupt = str(special["corrupt"].relative_to(tmp_path / "tree"))
+    assert [name for name, _ in bad.values()] == [corrupt] and list(bad) == list(fbad)
+    assert bad[list(bad)[0]][1].split(":")[0] == fbad[list(fbad)[0]][1].split(":")[0]  # the error's type
+    assert not x[list(bad)[0]].any()  # a black placeholder, dropped from the batch in the main process
+
+
 # ---- the order: a function of (seed, epoch) only ---------------------------------------------------
 
 

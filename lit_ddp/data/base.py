@@ -102,7 +102,9 @@ def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
     return perm[val_size:].sort().values, perm[:val_size].sort().values
 
 
-def _stable_seed(*parts: int) -> int:
+def stable_seed(*parts: int) -> int:
+    """A 63-bit seed that is a function of ``parts`` alone (not of Python's per-process hash salt): the
+    same in every process, worker and run, e.g. ``stable_seed(seed, epoch, index)`` for one sample's draws."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
@@ -121,7 +123,7 @@ class SeededSampleSampler(ResumableShuffleSampler):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch = self.epoch  # lazy pairs: one hash per sample as the loader asks, not an epoch's up front
-        return ((i, _stable_seed(self.seed, epoch, i)) for i in super().__iter__())
+        return ((i, stable_seed(self.seed, epoch, i)) for i in super().__iter__())
 
 
 def available_cpus() -> int:
@@ -471,13 +473,13 @@ class ImageDataModule(LightningDataModule):
     def augmentation_random(self, index: Tensor, epoch: int) -> SampleRandom:
         """The per-sample random numbers of a training batch whose samples are ``index`` (B,): a function
         of (seed, epoch, index) only, so neither rank nor batch nor device count changes a sample's draws."""
-        return SampleRandom(index, _stable_seed(self.seed, epoch))
+        return SampleRandom(index, stable_seed(self.seed, epoch))
 
     def mixing_rng(self, rank: int, epoch: int, batch: int) -> random.Random:
         """MixUp/CutMix's draws for one training batch (the choice, λ, the box: a few host scalars), seeded
         by (seed, rank, epoch, batch): mixing pairs images inside this device's batch anyway (why Python's
         RNG: batch_transforms.py)."""
-        return random.Random(_stable_seed(self.seed, rank, epoch, batch))
+        return random.Random(stable_seed(self.seed, rank, epoch, batch))
 
     def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
         # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-from lit_ddp.data.base import ImageDataModule, TensorImageDataset, _stable_seed
+from lit_ddp.data.base import ImageDataModule, TensorImageDataset, stable_seed
 from lit_ddp.errors import UserError
 
 CLASS_NAMES = (
@@ -108,4 +108,4 @@ class ShapesDataModule(ImageDataModule):
 
     def load_split(self, split: str) -> TensorImageDataset:
         split_id = ("train", "val", "test").index(split)
-        return TensorImageDataset(*draw_shapes(self.sizes[split], _stable_seed(self.seed, split_id)))
+        return TensorImageDataset(*draw_shapes(self.sizes[split], stable_seed(self.seed, split_id)))

@@ -15,7 +15,6 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 ``train_sampler``; loaders, augmentation, resume and checkpoints are the base's.
 """
 
-import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,9 +25,9 @@ from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
-from lit_ddp.data.base import ImageDataModule, _stable_seed, split_indices
-from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, seeded_global_rng
-from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop, sample_augmentation
+from lit_ddp.data.base import ImageDataModule, split_indices, stable_seed
+from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black
+from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
 from lit_ddp.errors import UserError
@@ -64,16 +63,9 @@ class ShardImageDataset(Dataset):
 
     def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, tuple[str, str] | None]:
         sample = self.samples[int(self.positions[position])]
-        try:
-            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
-                return self.load(read_image_bytes(sample.image)), sample.label, None
-        except DECODE_ERRORS as err:
-            name = sample.path or f"{self.samples.split}[{sample.index}]"
-            return (
-                np.zeros((self.size, self.size, 3), np.uint8),
-                sample.label,
-                (name, f"{type(err).__name__}"),
-            )
+        name = sample.path or f"{self.samples.split}[{sample.index}]"
+        image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
+        return image, sample.label, bad
 
     def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
@@ -117,7 +109,7 @@ class ShardOrderSampler(ResumableShuffleSampler):
         epoch = self.epoch
         mine = self.global_order(epoch)[self.rank : self.total_size : self.num_replicas][self.start :]
         if self.seeded:
-            return ((i, _stable_seed(self.seed, epoch, i)) for i in mine)
+            return ((i, stable_seed(self.seed, epoch, i)) for i in mine)
         return iter(mine)
 
 
