@@ -19,6 +19,7 @@ from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
 from lit_ddp.errors import UserError
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
+slow_s3 = s3.slow_s3  # the fixture: that server behind a proxy that answers late
 
 ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
 # 200 CIFAR training images, 40 held out: 160 train = 3 steps of a global batch of 64 (64, 64, 32).
@@ -284,9 +285,11 @@ def test_a_resume_with_another_global_batch_is_refused_in_one_line(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cache(
-    tmp_path: Path, s3_server, cifar_shards: Path
+def test_shards_on_a_slow_s3_server_train_the_same_weights_as_the_folder_and_fill_the_node_cache(
+    tmp_path: Path, s3_server, slow_s3, cifar_shards: Path
 ) -> None:
+    """Every answer of the server held back (within --data.read_timeout, one attempt per read): the run
+    reads through it and ends with the weights of the run from the folder."""
     src = cifar_shards.parent / "src"
     url = f"s3://{s3_server.bucket}/cifar"
     proc = shard(src, url, "--shard-mb=0.05", env=s3_server.env)
@@ -295,8 +298,13 @@ def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cac
     assert again.returncode == 2 and "already holds shards" in again.stderr
     one_epoch = [*ONE, "--data.batch_size=64", "--trainer.max_epochs=1"]
     cache = tmp_path / "cache"
-    remote = fit(tmp_path / "s3", url, *one_epoch, f"--data.cache_dir={cache}", env=s3_server.env)
+    slow_s3.delay = 0.25
+    slow = [f"--data.cache_dir={cache}", "--data.read_timeout=2", "--data.retries=1"]
+    env = {**s3_server.env, "AWS_ENDPOINT_URL": slow_s3.url}
+    remote = fit(tmp_path / "s3", url, *one_epoch, *slow, env=env)
     assert remote.returncode == 0, remote.stderr[-3000:]
+    shards = len(list((cifar_shards / "train").glob("*.mds")))
+    assert slow_s3.requests > shards  # the manifest, the indexes and every training shard came late
     local = fit(tmp_path / "local", cifar_shards, *one_epoch)
     assert local.returncode == 0, local.stderr[-3000:]
     assert_same_weights(weights(tmp_path / "s3"), weights(tmp_path / "local"), atol=0)
@@ -304,11 +312,14 @@ def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cac
     assert cached == {p.name: p.read_bytes() for p in (cifar_shards / "train").glob("*.mds")}
 
 
-def s3_samples(s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2) -> ShardedSamples:
+def s3_samples(
+    s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2, read_timeout: float = 30.0
+) -> ShardedSamples:
     client = s3_server.client()
     for p in (cifar_shards / "train").iterdir():
         client.upload_file(str(p), s3_server.bucket, f"c/train/{p.name}")
-    return ShardedSamples(f"s3://{s3_server.bucket}/c", "train", tmp_path / "cache", retries=retries)
+    url = f"s3://{s3_server.bucket}/c"
+    return ShardedSamples(url, "train", tmp_path / "cache", retries=retries, read_timeout=read_timeout)
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "server_stopped"])
@@ -357,6 +368,21 @@ def test_a_server_answering_500_is_retried_then_named(
             samples[0]
     finally:
         server.shutdown()
+
+
+def test_a_server_answering_slower_than_the_read_timeout_is_retried_then_named(
+    tmp_path: Path, s3_server, slow_s3, cifar_shards: Path, monkeypatch
+) -> None:
+    samples = s3_samples(s3_server, tmp_path, cifar_shards, read_timeout=0.3)  # its index read at full speed
+    monkeypatch.setenv("AWS_ENDPOINT_URL", slow_s3.url)
+    samples.store._client = None  # a new client, for the endpoint that answers late
+    slow_s3.delay = 1.0
+    with pytest.raises(ShardError) as err:
+        samples[0]
+    message = str(err.value)
+    assert f"s3://{s3_server.bucket}/c/train/shard.00000.mds after 2 attempts (ReadTimeoutError" in message
+    assert "\n" not in message and slow_s3.requests == 2  # one request per attempt: botocore retries none
+    assert not list((tmp_path / "cache").rglob("*.mds"))
 
 
 @pytest.mark.slow

@@ -29,7 +29,13 @@ from lit_ddp.data.base import ImageDataModule, split_indices, stable_seed
 from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler
-from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
+from lit_ddp.data.shards import (
+    READ_TIMEOUT,
+    ShardedSamples,
+    chunk_window_order,
+    read_image_bytes,
+    read_manifest,
+)
 from lit_ddp.errors import UserError
 
 # Normalisation by what the shards were made from; ImageNet's statistics for any photo folder.
@@ -125,6 +131,7 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: node-local folder for shards read from s3:// (shared by the node's ranks); None:
             ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
         retries: attempts per shard read before the run stops naming the shard.
+        read_timeout: s3:// only: seconds a read waits for the server before it fails (and is retried).
         image_size / val_resize / draft / exif_transpose: encoded (ImageFolder) shards: as
             ImageNetDataModule; raw (CIFAR) shards keep their images' size.
         strict: encoded shards: stop at the first unreadable image, naming it, instead of skipping it.
@@ -142,6 +149,7 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: str | None = None,
         cache_limit_gb: float = 50.0,
         retries: int = 4,
+        read_timeout: float = READ_TIMEOUT,
         image_size: int = 224,
         val_resize: int = 256,
         draft: bool = True,
@@ -150,14 +158,18 @@ class StreamingDataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if window < 1 or retries < 1 or cache_limit_gb <= 0:
-            raise UserError(f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb > 0")
+        if window < 1 or retries < 1 or cache_limit_gb <= 0 or read_timeout <= 0:
+            raise UserError(
+                f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb={cache_limit_gb} and"
+                f" read_timeout={read_timeout} > 0"
+            )
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
+        self.read_timeout = read_timeout
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self.cache_limit_bytes = int(cache_limit_gb * (1 << 30))
         # Read here, in the launching process: the CLI links num_classes to the model, and a wrong url
         # fails before any rank is spawned.
-        manifest = read_manifest(self.url, retries)
+        manifest = read_manifest(self.url, retries, read_timeout)
         self.splits = manifest["splits"]
         self.class_names = tuple(manifest["class_names"])
         self.num_classes = len(self.class_names)
@@ -193,7 +205,14 @@ class StreamingDataModule(ImageDataModule):
         self.test_split = "test" if "test" in self.splits else "val"
 
     def _split_samples(self, split: str) -> ShardedSamples:
-        return ShardedSamples(self.url, split, self.cache_dir, self.cache_limit_bytes, self.retries)
+        return ShardedSamples(
+            self.url,
+            split,
+            self.cache_dir,
+            self.cache_limit_bytes,
+            self.retries,
+            read_timeout=self.read_timeout,
+        )
 
     def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
         if self.shape is not None:
