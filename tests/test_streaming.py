@@ -3,6 +3,7 @@ real S3-compatible server on 127.0.0.1 (tests/helpers/s3.py)."""
 
 import http.server
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -418,6 +419,25 @@ def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_
     reference = fit(tmp_path / "ref", cifar_shards, *args)
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert_same_weights(weights(tmp_path), weights(tmp_path / "ref"), atol=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_shard_unreadable_in_a_dataloader_worker_stops_the_run_in_one_line(
+    tmp_path: Path, cifar_shards: Path
+) -> None:
+    """torch re-raises a worker's exception with the worker's traceback in its message; the shard's line
+    travels in the batch instead (base.WorkerError) and is raised, as it is, by the training process."""
+    shards = tmp_path / "shards"
+    shutil.copytree(cifar_shards, shards)
+    first = shards / "train" / "shard.00000.mds"
+    first.write_bytes(first.read_bytes()[:-100])
+    workers = [*ONE, "--data.batch_size=64", "--data.num_workers=1", "--data.retries=1"]
+    failed = fit(tmp_path / "run", shards, *workers, "--trainer.max_epochs=1")
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    err = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert err[-1].startswith(f"lit_ddp: error: cannot read shard {first} after 1 attempt (_Truncated: ")
+    assert len([line for line in err if "error" in line.lower()]) == 1, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "worker process" not in failed.stderr + failed.stdout
 
 
 @pytest.mark.ddp

@@ -183,8 +183,9 @@ def read_with_retries(store, key: str, size: int | None, retries: int, backoff: 
             return data
         except errors as err:
             last = err
+    attempts = f"{max(retries, 1)} attempt{'s' if retries > 1 else ''}"
     raise ShardError(
-        f"cannot read shard {store.name(key)} after {max(retries, 1)} attempts ({_why(last)}): check that the"
+        f"cannot read shard {store.name(key)} after {attempts} ({_why(last)}): check that the"
         " store is up and the shard is whole (re-run `python -m lit_ddp shard` into an empty DEST), then"
         " resume with --ckpt_path=last"
     )

@@ -22,16 +22,17 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
-from lit_ddp.data.base import ImageDataModule, split_indices, stable_seed
+from lit_ddp.data.base import ImageDataModule, WorkerError, split_indices, stable_seed
 from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.data.shards import (
     READ_TIMEOUT,
     ShardedSamples,
+    ShardError,
     chunk_window_order,
     read_image_bytes,
     read_manifest,
@@ -73,7 +74,17 @@ class ShardImageDataset(Dataset):
         image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
         return image, sample.label, bad
 
-    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
+    def __getitems__(
+        self, indices: Sequence[int | tuple[int, int]]
+    ) -> tuple[Tensor, Tensor] | FileBatch | WorkerError:
+        try:
+            return self._batch(indices)
+        except ShardError as err:
+            if get_worker_info() is None:
+                raise
+            return WorkerError(err)  # raised by the training process as it is: one line, no traceback
+
+    def _batch(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
         if self.shape is not None:
             got = [self.samples[int(self.positions[i])] for i, _ in pairs]
@@ -84,7 +95,7 @@ class ShardImageDataset(Dataset):
         return x, torch.tensor(labels, dtype=torch.long), {i: e for i, e in enumerate(errors) if e}
 
     def __getitem__(self, index: int):
-        batch = self.__getitems__([index])
+        batch = self._batch([index])
         return tuple(t[0] for t in batch[:2])
 
 
