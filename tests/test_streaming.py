@@ -3,6 +3,7 @@ real S3-compatible server on 127.0.0.1 (tests/helpers/s3.py)."""
 
 import http.server
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
 from lit_ddp.errors import UserError
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
+slow_s3 = s3.slow_s3  # the fixture: that server behind a proxy that answers late
 
 ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
 # 200 CIFAR training images, 40 held out: 160 train = 3 steps of a global batch of 64 (64, 64, 32).
@@ -124,6 +126,30 @@ def test_imagefolder_shards_read_back_the_original_file_bytes_labels_and_paths(t
         s = samples[i]
         assert s.index == i and bytes(s.image) == (tmp_path / "tree" / s.path).read_bytes()
         assert s.path.split("/")[1] == sorted(os.listdir(tmp_path / "tree" / "val"))[s.label]
+
+
+def test_encoded_shards_decode_as_the_folder_does_and_name_an_unreadable_image_in_a_black_slot(
+    tmp_path: Path,
+) -> None:
+    """One decode-or-placeholder path (image_folder.decode_or_black) for files and shards: the same pixels,
+    and the same files unreadable for the same reason, named by their path in the tree."""
+    from lit_ddp.data import ImageNetDataModule
+    from lit_ddp.data.convert import convert
+
+    special = make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    sizes = dict(image_size=32, val_resize=36, augmentation=None)
+    shards = StreamingDataModule(url=str(tmp_path / "s"), **sizes)
+    folder = ImageNetDataModule(data_dir=str(tmp_path / "tree"), **sizes)
+    for dm in (shards, folder):
+        dm.setup("validate")
+    every = list(range(len(folder.val_set)))
+    (x, y, bad), (fx, fy, fbad) = shards.val_set.__getitems__(every), folder.val_set.__getitems__(every)
+    assert torch.equal(x, fx) and torch.equal(y, fy)
+    corrupt = str(special["corrupt"].relative_to(tmp_path / "tree"))
+    assert [name for name, _ in bad.values()] == [corrupt] and list(bad) == list(fbad)
+    assert bad[list(bad)[0]][1].split(":")[0] == fbad[list(fbad)[0]][1].split(":")[0]  # the error's type
+    assert not x[list(bad)[0]].any()  # a black placeholder, dropped from the batch in the main process
 
 
 # ---- the order: a function of (seed, epoch) only ---------------------------------------------------
@@ -260,9 +286,11 @@ def test_a_resume_with_another_global_batch_is_refused_in_one_line(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cache(
-    tmp_path: Path, s3_server, cifar_shards: Path
+def test_shards_on_a_slow_s3_server_train_the_same_weights_as_the_folder_and_fill_the_node_cache(
+    tmp_path: Path, s3_server, slow_s3, cifar_shards: Path
 ) -> None:
+    """Every answer of the server held back (within --data.read_timeout, one attempt per read): the run
+    reads through it and ends with the weights of the run from the folder."""
     src = cifar_shards.parent / "src"
     url = f"s3://{s3_server.bucket}/cifar"
     proc = shard(src, url, "--shard-mb=0.05", env=s3_server.env)
@@ -271,8 +299,13 @@ def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cac
     assert again.returncode == 2 and "already holds shards" in again.stderr
     one_epoch = [*ONE, "--data.batch_size=64", "--trainer.max_epochs=1"]
     cache = tmp_path / "cache"
-    remote = fit(tmp_path / "s3", url, *one_epoch, f"--data.cache_dir={cache}", env=s3_server.env)
+    slow_s3.delay = 0.25
+    slow = [f"--data.cache_dir={cache}", "--data.read_timeout=2", "--data.retries=1"]
+    env = {**s3_server.env, "AWS_ENDPOINT_URL": slow_s3.url}
+    remote = fit(tmp_path / "s3", url, *one_epoch, *slow, env=env)
     assert remote.returncode == 0, remote.stderr[-3000:]
+    shards = len(list((cifar_shards / "train").glob("*.mds")))
+    assert slow_s3.requests > shards  # the manifest, the indexes and every training shard came late
     local = fit(tmp_path / "local", cifar_shards, *one_epoch)
     assert local.returncode == 0, local.stderr[-3000:]
     assert_same_weights(weights(tmp_path / "s3"), weights(tmp_path / "local"), atol=0)
@@ -280,11 +313,14 @@ def test_shards_on_s3_train_the_same_weights_as_the_folder_and_fill_the_node_cac
     assert cached == {p.name: p.read_bytes() for p in (cifar_shards / "train").glob("*.mds")}
 
 
-def s3_samples(s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2) -> ShardedSamples:
+def s3_samples(
+    s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2, read_timeout: float = 30.0
+) -> ShardedSamples:
     client = s3_server.client()
     for p in (cifar_shards / "train").iterdir():
         client.upload_file(str(p), s3_server.bucket, f"c/train/{p.name}")
-    return ShardedSamples(f"s3://{s3_server.bucket}/c", "train", tmp_path / "cache", retries=retries)
+    url = f"s3://{s3_server.bucket}/c"
+    return ShardedSamples(url, "train", tmp_path / "cache", retries=retries, read_timeout=read_timeout)
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "server_stopped"])
@@ -335,6 +371,21 @@ def test_a_server_answering_500_is_retried_then_named(
         server.shutdown()
 
 
+def test_a_server_answering_slower_than_the_read_timeout_is_retried_then_named(
+    tmp_path: Path, s3_server, slow_s3, cifar_shards: Path, monkeypatch
+) -> None:
+    samples = s3_samples(s3_server, tmp_path, cifar_shards, read_timeout=0.3)  # its index read at full speed
+    monkeypatch.setenv("AWS_ENDPOINT_URL", slow_s3.url)
+    samples.store._client = None  # a new client, for the endpoint that answers late
+    slow_s3.delay = 1.0
+    with pytest.raises(ShardError) as err:
+        samples[0]
+    message = str(err.value)
+    assert f"s3://{s3_server.bucket}/c/train/shard.00000.mds after 2 attempts (ReadTimeoutError" in message
+    assert "\n" not in message and slow_s3.requests == 2  # one request per attempt: botocore retries none
+    assert not list((tmp_path / "cache").rglob("*.mds"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_is_exact(
@@ -368,6 +419,25 @@ def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_
     reference = fit(tmp_path / "ref", cifar_shards, *args)
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert_same_weights(weights(tmp_path), weights(tmp_path / "ref"), atol=0)
+
+
+@pytest.mark.timeout(300)
+def test_a_shard_unreadable_in_a_dataloader_worker_stops_the_run_in_one_line(
+    tmp_path: Path, cifar_shards: Path
+) -> None:
+    """torch re-raises a worker's exception with the worker's traceback in its message; the shard's line
+    travels in the batch instead (base.WorkerError) and is raised, as it is, by the training process."""
+    shards = tmp_path / "shards"
+    shutil.copytree(cifar_shards, shards)
+    first = shards / "train" / "shard.00000.mds"
+    first.write_bytes(first.read_bytes()[:-100])
+    workers = [*ONE, "--data.batch_size=64", "--data.num_workers=1", "--data.retries=1"]
+    failed = fit(tmp_path / "run", shards, *workers, "--trainer.max_epochs=1")
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    err = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert err[-1].startswith(f"lit_ddp: error: cannot read shard {first} after 1 attempt (_Truncated: ")
+    assert len([line for line in err if "error" in line.lower()]) == 1, failed.stderr[-3000:]
+    assert "Traceback" not in failed.stderr and "worker process" not in failed.stderr + failed.stdout
 
 
 @pytest.mark.ddp

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
-from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, collate_batch
+from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import (
@@ -337,7 +337,9 @@ class ImageDataModule(LightningDataModule):
         RNG: batch_transforms.py)."""
         return random.Random(stable_seed(self.seed, rank, epoch, batch))
 
-    def on_before_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
+    def on_before_batch_transfer(self, batch: tuple | WorkerError, dataloader_idx: int) -> tuple:
+        if isinstance(batch, WorkerError):  # a worker could not build it: its error, here, as itself
+            raise batch.error
         # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third
         # slot, {slot: (path, why)}: their slots go here, on the CPU before the copy (no device sync).
         if len(batch) > 2 and isinstance(batch[2], dict):

@@ -41,9 +41,25 @@ class TensorImageDataset(Dataset):
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
 
+class WorkerError:
+    """What a dataset returns from a DataLoader worker in place of a batch it could not build: the exception
+    itself, pickled with the batch, which the training process raises as it is (``on_before_batch_transfer``).
+
+    torch re-raises an exception from a worker as a new one of the same type whose message is "Caught X in
+    DataLoader worker process N" followed by the worker's whole traceback (torch's ``ExceptionWrapper`` sends
+    only the type and that text), so a ``UserError``'s one line would reach the user as a traceback."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __iter__(self):  # `x, y = batch` in a loop that reads the loader without the data module's hooks
+        raise self.error
+
+
 def collate_batch(batch):
-    """Pass through batches that ``__getitems__`` built; collate lists of samples as usual."""
-    if isinstance(batch, tuple):
+    """Pass through batches that ``__getitems__`` built (and a worker's ``WorkerError``); collate lists of
+    samples as usual."""
+    if isinstance(batch, (tuple, WorkerError)):
         return batch
     return torch.utils.data.default_collate(batch)
 
@@ -62,6 +78,8 @@ class IndexedDataset(Dataset):
             batch = self.dataset.__getitems__(indices)
         else:
             batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+        if isinstance(batch, WorkerError):
+            return batch
         return (*batch, torch.as_tensor(indices, dtype=torch.long))
 
 

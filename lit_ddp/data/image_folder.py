@@ -11,6 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,12 +27,15 @@ __all__ = [
     "ImageFileDataset",
     "SampleIndex",
     "UnreadableFiles",
+    "decode_or_black",
     "drop_unreadable",
     "find_classes",
     "is_junk",
     "list_image_files",
     "list_images",
 ]
+
+T = TypeVar("T")  # what a loader decodes: a path, or an encoded image's bytes
 
 # (B, 3, H, W) uint8, (B,) int64 labels, {position in batch: (path, reason)} for the unreadable files
 FileBatch = tuple[Tensor, Tensor, dict[int, tuple[str, str]]]
@@ -69,6 +73,20 @@ def seeded_global_rng(seed: int) -> Iterator[None]:
         generator.set_state(state)
 
 
+def decode_or_black(
+    load: Callable[[T], np.ndarray], source: T, name: str, seed: int | None, size: int
+) -> tuple[np.ndarray, tuple[str, str] | None]:
+    """``load(source)`` (a (size, size, 3) uint8 image), its random draws from torch's RNG seeded with
+    ``seed`` (None: the worker's RNG as is); if it cannot be decoded, a black image and (``name``, why),
+    which the batch carries to the main process (``drop_unreadable``) instead of stopping the run."""
+    try:
+        with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
+            return load(source), None
+    except DECODE_ERRORS as err:
+        # A black placeholder keeps the batch stackable; the slot is dropped in the main process.
+        return np.zeros((size, size, 3), np.uint8), (name, f"{type(err).__name__}: {err}")
+
+
 class ImageFileDataset(Dataset):
     """Decodes ``samples`` with ``load(path) -> (size, size, 3) uint8``; batches via ``__getitems__``.
 
@@ -102,12 +120,7 @@ class ImageFileDataset(Dataset):
     def read(self, index: int, seed: int | None) -> tuple[np.ndarray, tuple[str, str] | None]:
         """One sample's ``load``, its draws seeded by ``seed``; None or (path, why it is unreadable)."""
         path = self._samples.path(index)
-        try:
-            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
-                return self.load(path), None
-        except DECODE_ERRORS as err:
-            # A black placeholder keeps the batch stackable; the slot is dropped in the main process.
-            return np.zeros((self.size, self.size, 3), np.uint8), (path, f"{type(err).__name__}: {err}")
+        return decode_or_black(self.load, path, path, seed, self.size)
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor, tuple[str, str] | None]:
         """One sample: (3, H, W) uint8, label, and None or (path, why it is unreadable)."""

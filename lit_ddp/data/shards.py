@@ -13,8 +13,9 @@ from the standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_
 byte offset of every sample, so one sample is one slice of its shard. Remote shards are copied whole to a
 node-local cache (``ChunkCache``: bounded, least recently used out first, shared by the ranks and workers
 of a node through a lock file per shard and an atomic rename); local ones are read in place. A shard that
-cannot be read (server down or answering errors, missing, shorter than its index says) is tried
-``retries`` times with backoff, then fails with one line naming it (``ShardError``).
+cannot be read (server down, answering errors or slower than ``read_timeout`` seconds, missing, shorter
+than its index says) is tried ``retries`` times with backoff, then fails with one line naming it
+(``ShardError``).
 
 The training order (``chunk_window_order``) is a function of (seed, epoch) only: shards permuted, then
 samples shuffled inside windows of ``window`` consecutive shards of that permutation, so a worker touches
@@ -80,23 +81,31 @@ class LocalStore:
         return os.path.getsize(self.name(key))
 
 
-def _s3_client():
+# Seconds a read waits for the server's next bytes before it fails and is retried (botocore's own: 60).
+READ_TIMEOUT = 30.0
+
+
+def _s3_client(read_timeout: float):
     import boto3  # the `streaming` extra; imported here so local shards never need it
     from botocore.config import Config
 
     # lit_ddp retries itself (bounded, naming the shard): botocore's own retries would multiply them.
-    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
+    # total_max_attempts counts the first request; botocore's max_attempts counts only the retries after it.
+    retries = {"total_max_attempts": 1, "mode": "standard"}
+    config = Config(retries=retries, connect_timeout=5, read_timeout=read_timeout)
     return boto3.session.Session().client("s3", config=config)  # AWS_ENDPOINT_URL etc. from the env
 
 
 class S3Store:
-    """Objects under ``s3://bucket/prefix``; the client is made per process (boto3 clients don't fork)."""
+    """Objects under ``s3://bucket/prefix``; the client is made per process (boto3 clients don't fork).
+    A read that waits more than ``read_timeout`` seconds for the server fails (and is retried)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, read_timeout: float = READ_TIMEOUT) -> None:
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
             raise UserError(f"{url} names no bucket: pass s3://bucket/prefix")
         self.url, self.bucket, self.prefix = url.rstrip("/"), bucket, prefix.strip("/")
+        self.read_timeout = read_timeout
         self._client, self._pid = None, os.getpid()
 
     def __getstate__(self) -> dict:
@@ -106,7 +115,7 @@ class S3Store:
     def client(self):
         # A forked DataLoader worker inherits the parent's client (no pickling): it makes its own.
         if self._client is None or self._pid != os.getpid():
-            self._client, self._pid = _s3_client(), os.getpid()
+            self._client, self._pid = _s3_client(self.read_timeout), os.getpid()
         return self._client
 
     def key(self, key: str) -> str:
@@ -133,8 +142,8 @@ class S3Store:
         return [obj["Key"][start:] for page in pages for obj in page.get("Contents", [])]
 
 
-def open_store(url: str) -> LocalStore | S3Store:
-    return S3Store(url) if is_remote(url) else LocalStore(url)
+def open_store(url: str, read_timeout: float = READ_TIMEOUT) -> LocalStore | S3Store:
+    return S3Store(url, read_timeout) if is_remote(url) else LocalStore(url)
 
 
 def _retryable_errors() -> tuple[type[BaseException], ...]:
@@ -174,15 +183,16 @@ def read_with_retries(store, key: str, size: int | None, retries: int, backoff: 
             return data
         except errors as err:
             last = err
+    attempts = f"{max(retries, 1)} attempt{'s' if retries > 1 else ''}"
     raise ShardError(
-        f"cannot read shard {store.name(key)} after {max(retries, 1)} attempts ({_why(last)}): check that the"
+        f"cannot read shard {store.name(key)} after {attempts} ({_why(last)}): check that the"
         " store is up and the shard is whole (re-run `python -m lit_ddp shard` into an empty DEST), then"
         " resume with --ckpt_path=last"
     )
 
 
-def read_manifest(url: str, retries: int = 3) -> dict:
-    store = open_store(url)
+def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT) -> dict:
+    store = open_store(url, read_timeout)
     try:
         data = read_with_retries(store, MANIFEST, None, retries)
     except ShardError:
@@ -275,9 +285,10 @@ class ShardedSamples:
         cache_limit_bytes: int = 50 << 30,
         retries: int = 4,
         open_shards: int = 8,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.url, self.split, self.retries, self.open_shards = url, split, retries, open_shards
-        self.store = open_store(url)
+        self.store = open_store(url, read_timeout)
         index = json.loads(read_with_retries(self.store, f"{split}/{INDEX}", None, retries))
         self.shards = [
             (s["raw_data"]["basename"], s["raw_data"]["bytes"], s["samples"]) for s in index["shards"]

@@ -15,7 +15,6 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 ``train_sampler``; loaders, augmentation, resume and checkpoints are the base's.
 """
 
-import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -23,15 +22,22 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.datasets import split_indices
-from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, seeded_global_rng
-from lit_ddp.data.jpeg import DECODE_ERRORS, load_eval_crop, load_train_crop, sample_augmentation
+from lit_ddp.data.datasets import WorkerError, split_indices
+from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black
+from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
-from lit_ddp.data.shards import ShardedSamples, chunk_window_order, read_image_bytes, read_manifest
+from lit_ddp.data.shards import (
+    READ_TIMEOUT,
+    ShardedSamples,
+    ShardError,
+    chunk_window_order,
+    read_image_bytes,
+    read_manifest,
+)
 from lit_ddp.errors import UserError
 
 # Normalisation by what the shards were made from; ImageNet's statistics for any photo folder.
@@ -65,18 +71,21 @@ class ShardImageDataset(Dataset):
 
     def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, tuple[str, str] | None]:
         sample = self.samples[int(self.positions[position])]
-        try:
-            with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
-                return self.load(read_image_bytes(sample.image)), sample.label, None
-        except DECODE_ERRORS as err:
-            name = sample.path or f"{self.samples.split}[{sample.index}]"
-            return (
-                np.zeros((self.size, self.size, 3), np.uint8),
-                sample.label,
-                (name, f"{type(err).__name__}"),
-            )
+        name = sample.path or f"{self.samples.split}[{sample.index}]"
+        image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
+        return image, sample.label, bad
 
-    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
+    def __getitems__(
+        self, indices: Sequence[int | tuple[int, int]]
+    ) -> tuple[Tensor, Tensor] | FileBatch | WorkerError:
+        try:
+            return self._batch(indices)
+        except ShardError as err:
+            if get_worker_info() is None:
+                raise
+            return WorkerError(err)  # raised by the training process as it is: one line, no traceback
+
+    def _batch(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
         if self.shape is not None:
             got = [self.samples[int(self.positions[i])] for i, _ in pairs]
@@ -87,7 +96,7 @@ class ShardImageDataset(Dataset):
         return x, torch.tensor(labels, dtype=torch.long), {i: e for i, e in enumerate(errors) if e}
 
     def __getitem__(self, index: int):
-        batch = self.__getitems__([index])
+        batch = self._batch([index])
         return tuple(t[0] for t in batch[:2])
 
 
@@ -134,6 +143,7 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: node-local folder for shards read from s3:// (shared by the node's ranks); None:
             ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
         retries: attempts per shard read before the run stops naming the shard.
+        read_timeout: s3:// only: seconds a read waits for the server before it fails (and is retried).
         image_size / val_resize / draft / exif_transpose: encoded (ImageFolder) shards: as
             ImageNetDataModule; raw (CIFAR) shards keep their images' size.
         strict: encoded shards: stop at the first unreadable image, naming it, instead of skipping it.
@@ -151,6 +161,7 @@ class StreamingDataModule(ImageDataModule):
         cache_dir: str | None = None,
         cache_limit_gb: float = 50.0,
         retries: int = 4,
+        read_timeout: float = READ_TIMEOUT,
         image_size: int = 224,
         val_resize: int = 256,
         draft: bool = True,
@@ -159,14 +170,18 @@ class StreamingDataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if window < 1 or retries < 1 or cache_limit_gb <= 0:
-            raise UserError(f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb > 0")
+        if window < 1 or retries < 1 or cache_limit_gb <= 0 or read_timeout <= 0:
+            raise UserError(
+                f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb={cache_limit_gb} and"
+                f" read_timeout={read_timeout} > 0"
+            )
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
+        self.read_timeout = read_timeout
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
         self.cache_limit_bytes = int(cache_limit_gb * (1 << 30))
         # Read here, in the launching process: the CLI links num_classes to the model, and a wrong url
         # fails before any rank is spawned.
-        manifest = read_manifest(self.url, retries)
+        manifest = read_manifest(self.url, retries, read_timeout)
         self.splits = manifest["splits"]
         self.class_names = tuple(manifest["class_names"])
         self.num_classes = len(self.class_names)
@@ -202,7 +217,14 @@ class StreamingDataModule(ImageDataModule):
         self.test_split = "test" if "test" in self.splits else "val"
 
     def _split_samples(self, split: str) -> ShardedSamples:
-        return ShardedSamples(self.url, split, self.cache_dir, self.cache_limit_bytes, self.retries)
+        return ShardedSamples(
+            self.url,
+            split,
+            self.cache_dir,
+            self.cache_limit_bytes,
+            self.retries,
+            read_timeout=self.read_timeout,
+        )
 
     def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
         if self.shape is not None:
