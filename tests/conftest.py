@@ -3,7 +3,10 @@
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
@@ -103,3 +106,34 @@ def assert_single_run(root: Path) -> Path:
     assert (run / "checkpoints" / "last.ckpt").is_file()
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
     return run
+
+
+# ---- shards and the runs the streaming tests compare with (tests/helpers/streaming_runs.py) --------
+
+
+@pytest.fixture(scope="session")
+def cifar_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small CIFAR-10 folder (its parent's src/) as shards of ~16 samples."""
+    from streaming_runs import make_cifar_shards
+
+    return make_cifar_shards(tmp_path_factory.mktemp("cifar"))
+
+
+@pytest.fixture(scope="session")
+def streaming_reference(
+    cifar_shards: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[int], Path]:
+    """``reference(n)``: the folder of the uninterrupted 2-epoch run from ``cifar_shards`` on n processes
+    (streaming_runs.PROCESSES: a global batch of 64), run on first use, once per session."""
+    from streaming_runs import PROCESSES, fit
+
+    root, made = tmp_path_factory.mktemp("reference"), {}
+
+    def reference(processes: int) -> Path:
+        if processes not in made:
+            proc = fit(root / str(processes), cifar_shards, *PROCESSES[processes])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[processes] = root / str(processes)
+        return made[processes]
+
+    return reference

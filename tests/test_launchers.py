@@ -159,6 +159,32 @@ def test_sbatch_template_runs_under_simulated_slurm(
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_shards_under_torchrun_and_slurm_train_the_model_of_lightnings_own_launch(
+    tmp_path: Path, launcher: str, cifar_shards: Path, streaming_reference
+) -> None:
+    """StreamingDataModule takes its ranks from the trainer, whatever started the processes: torchrun's 2,
+    or the multi-node sbatch template's 2 tasks on 2 (simulated) nodes, end with the weights of the same run
+    that Lightning launched on 2 processes (streaming_reference(2))."""
+    from streaming_runs import ARGS, CONFIG, PROCESSES, assert_same_weights, weights
+
+    args = [*ARGS, f"--data.url={cifar_shards}", "--data.batch_size=32"]
+    if launcher == "torchrun":
+        cmd, env = [*torchrun(2), f"--config={CONFIG}", *args, *PROCESSES[2]], {}
+    else:
+        script, env = slurm_job(tmp_path, "sbatch_multi_node.sh", nodes=2, per_node=1)
+        cmd, env["CONFIG"] = ["bash", str(script), *args], str(CONFIG)
+    result = run(cmd, cwd=tmp_path, env=env, timeout=500)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert out.count("global batch = 32 per device × 2 devices") == 1, out[-3000:]
+    assert sorted(re.findall(r"Initializing distributed: GLOBAL_RANK: (\d), MEMBER: \d/2", out)) == ["0", "1"]
+    assert_same_weights(weights(tmp_path), weights(streaming_reference(2)), atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_start_resumes(
     tmp_path: Path,

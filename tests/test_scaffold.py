@@ -383,6 +383,43 @@ def test_sbatch_scripts_run_the_project_on_a_config_it_has(tmp_path: Path, scrip
     assert "python -m cat_dog fit --config configs/default.yaml" in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_generated_project_switches_its_data_to_shards_by_config(tmp_path: Path) -> None:
+    """Its README's two commands: the project's own command line shards an ImageFolder tree, then fits the
+    project's network on those shards with configs/streaming.yaml."""
+    import yaml
+    from imagenet_tree import make_tree  # tests/helpers (on sys.path by conftest)
+
+    project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
+    make_tree(project / "data" / "my_images")
+    readme = (project / "README.md").read_text()
+    commands = ["shard data/my_images shards/my_images", "fit --config configs/streaming.yaml --data.url="]
+    assert all(f"python -m cat_dog {c}" in readme for c in commands)
+    env = {"PYTHONPATH": f"{project}{os.pathsep}{REPO}"}
+    cli = [sys.executable, "-m", "cat_dog"]
+    sharded = run(
+        [*cli, "shard", "data/my_images", "shards/my_images", "--shard-mb=0.05"], cwd=project, **env
+    )
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    quick = [
+        "--data.batch_size=8",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--trainer.accelerator=cpu",
+    ]
+    args = ["--config", "configs/streaming.yaml", "--data.url=shards/my_images", *quick]
+    fit = run([*cli, "fit", *args, "--trainer.enable_progress_bar=false"], cwd=project, **env)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (run_dir,) = project.glob("logs/streaming/version_*")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["data"]["class_path"] == "lit_ddp.data.StreamingDataModule"
+    assert config["model"]["init_args"]["net"]["class_path"] == "cat_dog.models.Net"
+    hparams = yaml.safe_load((run_dir / "hparams.yaml").read_text())
+    assert hparams["num_classes"] == 3  # the tree's classes, which the data module read from the shards
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
 def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
     result = new_cli(str(tmp_path / "bad"), "--no-input", "package_name=1bad-name", cwd=tmp_path)
     assert result.returncode == 2 and "1bad-name" in result.stderr and "Traceback" not in result.stderr

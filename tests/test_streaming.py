@@ -9,9 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CPU, DDP2, HELPERS, ONE, REPO, run_cli
+from conftest import REPO
 from helpers import s3
 from imagenet_tree import make_tree
+from streaming_runs import (
+    PROCESSES,
+    assert_same_weights,
+    fit,
+    last_ckpt,
+    shard,
+    stop_mid_epoch,
+    weights,
+)
 from test_cifar10 import write_cifar10
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
@@ -22,58 +31,9 @@ from lit_ddp.errors import UserError
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
 slow_s3 = s3.slow_s3  # the fixture: that server behind a proxy that answers late
 
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{HELPERS}"}  # the probes (fault_probe) for --trainer.callbacks
-# 200 CIFAR training images, 40 held out: 160 train = 3 steps of a global batch of 64 (64, 64, 32).
-FIT = [
-    "fit",
-    f"--config={REPO / 'configs' / 'lenet_cifar_streaming.yaml'}",
-    "--data.val_size=40",
-    "--model.optim.name=sgd",
-    "--model.optim.lr=0.05",
-    "--model.optim.warmup_epochs=0",
-    "--trainer.max_epochs=2",
-    "--trainer.default_root_dir=logs",
-    *CPU,
-]
-
 
 def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def shard(src: Path, dest: str, *args: str, env: dict | None = None):
-    return run_cli(["shard", str(src), dest, *args], cwd=src.parent, env={**ENV, **(env or {})})
-
-
-@pytest.fixture(scope="module")
-def cifar_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small CIFAR-10 folder as shards of ~16 samples (so an epoch spans many shards and windows)."""
-    root = tmp_path_factory.mktemp("cifar")
-    write_cifar10(root / "src", per_batch=40, test_size=30)
-    proc = shard(root / "src", str(root / "shards"), "--shard-mb=0.05")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root / "shards"
-
-
-def fit(cwd: Path, url: Path | str, *args: str, env: dict | None = None):
-    cwd.mkdir(parents=True, exist_ok=True)
-    proc = run_cli([*FIT, f"--data.url={url}", *args], cwd=cwd, env={**ENV, **(env or {})}, timeout=400)
-    return proc
-
-
-def last_ckpt(cwd: Path) -> Path:
-    (path,) = cwd.glob("logs/**/last.ckpt")
-    return path
-
-
-def weights(cwd: Path) -> dict[str, torch.Tensor]:
-    return torch.load(last_ckpt(cwd), weights_only=True)["state_dict"]
-
-
-def assert_same_weights(a: dict, b: dict, atol: float) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=key)
 
 
 # ---- shard: byte-identical, refusals ---------------------------------------------------------------
@@ -212,73 +172,61 @@ def test_encoded_shards_crop_in_the_workers_and_refuse_a_val_size(tmp_path: Path
 
 
 # ---- real processes: N × b = 1 × N·b, resume across process counts ---------------------------------
+# streaming_reference(n) (tests/conftest.py): the uninterrupted 2-epoch run on n processes, global batch 64.
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_two_processes_of_32_train_the_model_one_of_64_trains(streaming_reference) -> None:
+    assert_same_weights(weights(streaming_reference(1)), weights(streaming_reference(2)), atol=1e-5)
 
 
 @pytest.fixture(scope="module")
-def reference(cifar_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Uninterrupted 2-epoch runs: 1 process × 64 and 2 processes × 32."""
-    root = tmp_path_factory.mktemp("reference")
-    runs = {"one": root / "one", "two": root / "two"}
-    for proc in (
-        fit(runs["one"], cifar_shards, *ONE, "--data.batch_size=64"),
-        fit(runs["two"], cifar_shards, *DDP2, "--data.batch_size=32"),
-    ):
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return runs
+def stopped_runs(cifar_shards: Path, tmp_path_factory: pytest.TempPathFactory):
+    """``stopped(n)``: a run on n processes stopped by SIGTERM at step 3 (mid-epoch 2), made on first use;
+    each resume starts from a copy of it."""
+    root, made = tmp_path_factory.mktemp("stopped"), {}
+
+    def stopped(processes: int) -> Path:
+        if processes not in made:
+            cwd = root / str(processes)
+            proc = fit(cwd, cifar_shards, *PROCESSES[processes], *stop_mid_epoch(3, cwd / "probe"))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            step = torch.load(last_ckpt(cwd), weights_only=True)["global_step"]
+            assert step in (4, 5)  # mid-epoch 2 (steps 3, 4, 5)
+            made[processes] = cwd
+        return made[processes]
+
+    return stopped
 
 
 @pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
-def test_two_processes_of_32_train_the_model_one_of_64_trains(reference: dict[str, Path]) -> None:
-    assert_same_weights(weights(reference["one"]), weights(reference["two"]), atol=1e-5)
-
-
-def stop_mid_epoch(at_step: int, out: Path) -> list[str]:
-    return [
-        "--preemption.check_every_n_batches=1",
-        "--trainer.callbacks+=fault_probe.Fault",
-        "--trainer.callbacks.action=sigterm",
-        f"--trainer.callbacks.at_step={at_step}",
-        f"--trainer.callbacks.out_dir={out}",
-    ]
-
-
-@pytest.mark.slow
-@pytest.mark.ddp
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    "before, after, ref",
-    [
-        ([*DDP2, "--data.batch_size=32"], [*ONE, "--data.batch_size=64"], "two"),
-        ([*ONE, "--data.batch_size=64"], [*DDP2, "--data.batch_size=32"], "one"),
-    ],
-    ids=["2to1", "1to2"],
-)
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2), (2, 4)], ids=["2to1", "1to2", "2to4"])
 def test_stopped_mid_epoch_resumes_on_another_process_count_to_the_uninterrupted_weights(
-    tmp_path: Path, cifar_shards: Path, reference: dict[str, Path], before: list, after: list, ref: str
+    tmp_path: Path, cifar_shards: Path, streaming_reference, stopped_runs, before: int, after: int
 ) -> None:
-    stopped = fit(tmp_path, cifar_shards, *before, *stop_mid_epoch(3, tmp_path / "probe"))
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    step = torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"]
-    assert step in (4, 5)  # mid-epoch 2 (steps 3, 4, 5)
-    resumed = fit(tmp_path, cifar_shards, *after, "--ckpt_path=last")
+    """2 → 4 resumes the checkpoint 2 → 1 resumed (a copy): one stopped run for both."""
+    run = tmp_path / "run"
+    shutil.copytree(stopped_runs(before), run)
+    resumed = fit(run, cifar_shards, *PROCESSES[after], "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 6
-    assert_same_weights(weights(tmp_path), weights(reference[ref]), atol=1e-5)
+    assert torch.load(last_ckpt(run), weights_only=True)["global_step"] == 6
+    assert_same_weights(weights(run), weights(streaming_reference(before)), atol=1e-5)
 
 
 @pytest.mark.slow
 def test_a_resume_with_another_global_batch_is_refused_in_one_line(
-    tmp_path: Path, cifar_shards: Path
+    tmp_path: Path, cifar_shards: Path, stopped_runs
 ) -> None:
-    stopped = fit(tmp_path, cifar_shards, *ONE, "--data.batch_size=64", *stop_mid_epoch(3, tmp_path / "p"))
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    before = last_ckpt(tmp_path).read_bytes()
-    refused = fit(tmp_path, cifar_shards, *ONE, "--data.batch_size=32", "--ckpt_path=last")
+    shutil.copytree(stopped_runs(1), tmp_path / "run")
+    before = last_ckpt(tmp_path / "run").read_bytes()
+    refused = fit(tmp_path / "run", cifar_shards, *PROCESSES[1], "--data.batch_size=32", "--ckpt_path=last")
     err = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and err[-1].startswith("lit_ddp: error: cannot resume mid-epoch exactly")
-    assert "Traceback" not in refused.stderr and last_ckpt(tmp_path).read_bytes() == before
+    assert "Traceback" not in refused.stderr and last_ckpt(tmp_path / "run").read_bytes() == before
 
 
 # ---- S3: the same run as from the folder; faults -----------------------------------------------------
@@ -297,7 +245,7 @@ def test_shards_on_a_slow_s3_server_train_the_same_weights_as_the_folder_and_fil
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = shard(src, url, env=s3_server.env)
     assert again.returncode == 2 and "already holds shards" in again.stderr
-    one_epoch = [*ONE, "--data.batch_size=64", "--trainer.max_epochs=1"]
+    one_epoch = [*PROCESSES[1], "--trainer.max_epochs=1"]
     cache = tmp_path / "cache"
     slow_s3.delay = 0.25
     slow = [f"--data.cache_dir={cache}", "--data.read_timeout=2", "--data.retries=1"]
@@ -389,14 +337,14 @@ def test_a_server_answering_slower_than_the_read_timeout_is_retried_then_named(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_is_exact(
-    tmp_path: Path, s3_server, cifar_shards: Path
+    tmp_path: Path, s3_server, cifar_shards: Path, streaming_reference
 ) -> None:
     url = f"s3://{s3_server.bucket}/cifar"
     client = s3_server.client()
     for p in sorted(cifar_shards.rglob("*")):
         if p.is_file():
             client.upload_file(str(p), s3_server.bucket, f"cifar/{p.relative_to(cifar_shards)}")
-    args = [*ONE, "--data.batch_size=64", "--data.retries=2"]
+    args = [*PROCESSES[1], "--data.retries=2"]
     cache = f"--data.cache_dir={tmp_path / 'c1'}"
     first = fit(tmp_path, url, *args, cache, *stop_mid_epoch(3, tmp_path / "p"), env=s3_server.env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -416,9 +364,7 @@ def test_a_shard_lost_mid_run_stops_in_one_line_keeps_the_checkpoint_and_resume_
         client.put_object(Bucket=s3_server.bucket, Key=key, Body=body)
     resumed = fit(tmp_path, url, *args, "--ckpt_path=last", cache, env=s3_server.env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    reference = fit(tmp_path / "ref", cifar_shards, *args)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    assert_same_weights(weights(tmp_path), weights(tmp_path / "ref"), atol=0)
+    assert_same_weights(weights(tmp_path), weights(streaming_reference(1)), atol=0)
 
 
 @pytest.mark.timeout(300)
@@ -431,7 +377,7 @@ def test_a_shard_unreadable_in_a_dataloader_worker_stops_the_run_in_one_line(
     shutil.copytree(cifar_shards, shards)
     first = shards / "train" / "shard.00000.mds"
     first.write_bytes(first.read_bytes()[:-100])
-    workers = [*ONE, "--data.batch_size=64", "--data.num_workers=1", "--data.retries=1"]
+    workers = [*PROCESSES[1], "--data.num_workers=1", "--data.retries=1"]
     failed = fit(tmp_path / "run", shards, *workers, "--trainer.max_epochs=1")
     assert failed.returncode == 2, failed.stderr[-3000:]
     err = [line for line in failed.stderr.splitlines() if line.strip()]
