@@ -65,7 +65,7 @@ from lit_ddp.runtime.launch import (
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
-from lit_ddp.runtime.quiet import quiet_console, quiet_evaluation
+from lit_ddp.runtime.quiet import QuietConsole, quiet_console
 from lit_ddp.runtime.resume import (
     checkpoint_model_overrides,
     experiment_name,
@@ -101,6 +101,8 @@ def description(prog: str) -> str:
 # The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
 # leaves the callback out. The values are each callback's defaults for lit_ddp.
 CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
+    # the console main() quiets, in every rank's process too (ddp_spawn's ranks never run main())
+    "quiet": (QuietConsole, {}),
     # runtime: a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named
     "preemption": (PreemptionCheckpoint, {}),
     "nan_guard": (NanGuard, {}),
@@ -359,8 +361,6 @@ class LitDDPCLI(LightningCLI):
         return trainer
 
     def _before_run(self) -> None:
-        if self.subcommand != "fit":
-            quiet_evaluation()  # Lightning's advice on resuming callbacks (runtime/quiet.py says why)
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
         check_launcher_world(self.trainer)

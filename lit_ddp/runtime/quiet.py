@@ -5,15 +5,21 @@ Each entry names the module that emits it, a fragment of that module's source, a
 as emitted and why it is silenced. tests/test_quiet.py checks, per entry, that the installed library still
 holds the fragment and that the pattern matches the example: an upstream rewording fails there, by name,
 instead of leaving a filter that silences nothing. Nothing is silenced on import: ``main()`` calls
-``quiet_console()``, the CLI ``quiet_evaluation()`` before validate/test/predict, and PreemptionCheckpoint
-``quiet_exact_resume()`` while a resumed epoch starts.
+``quiet_console()``; the ``QuietConsole`` callback (a default, cli.CALLBACKS) calls it again in whatever
+process runs the ranks' work, with ``quiet_evaluation()`` for validate/test/predict (ddp_spawn's ranks are
+fresh interpreters that ``main()`` never ran in); PreemptionCheckpoint calls ``quiet_exact_resume()`` while
+a resumed epoch starts; doctor and ``lit_ddp.testing`` build the CLI inside ``quiet_args_given()``.
 """
 
+import contextlib
 import logging
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
+
+from lightning.pytorch import Callback
 
 
 @dataclass(frozen=True)
@@ -111,7 +117,20 @@ EXACT_RESUME = Quiet(
     " loader's state_dict(), which it cannot see, so the warning would be false",
 )
 
-EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME)
+# While lit_ddp's own code builds the CLI from arguments of its own (quiet_args_given).
+ARGS_GIVEN = Quiet(
+    r"LightningCLI's args parameter is intended to run from within Python",
+    "warning",
+    "lightning.pytorch.cli",
+    "LightningCLI's args parameter is intended to run from within Python",
+    "LightningCLI's args parameter is intended to run from within Python like if it were from the command"
+    " line. To prevent mistakes it is not recommended to provide both args and command line arguments, got:"
+    " sys.argv[1:]=['doctor', '--config', 'configs/lenet_shapes.yaml'], args=['--trainer.accelerator=cpu'].",
+    "doctor and lit_ddp.testing.resolved_config pass the CLI arguments of their own while sys.argv holds"
+    " their own command's (or pytest's): that is what the args parameter is for",
+)
+
+EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, ARGS_GIVEN)
 
 
 def _ignore(quiet: Quiet) -> None:
@@ -144,3 +163,23 @@ def quiet_exact_resume() -> warnings.catch_warnings:
     context.__enter__()
     _ignore(EXACT_RESUME)
     return context
+
+
+@contextlib.contextmanager
+def quiet_args_given() -> Iterator[None]:
+    """Silence ARGS_GIVEN inside the block (and nothing else, nor after it)."""
+    with warnings.catch_warnings():
+        _ignore(ARGS_GIVEN)
+        yield
+
+
+class QuietConsole(Callback):
+    """The console filters in every process that runs a rank's work: ``main()`` sets them in the process it
+    runs in, but ddp_spawn's ranks are fresh interpreters started by Lightning's launcher, and each would
+    print what ``main()`` silences. In ``setup``: before any loader is built or checkpoint restored, where
+    the filtered messages come from; validate, test and predict add their own filters."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        quiet_console()
+        if stage != "fit":
+            quiet_evaluation()

@@ -14,7 +14,6 @@ import contextlib
 import importlib
 import inspect
 import io
-import warnings
 from collections.abc import Callable
 
 import yaml
@@ -22,6 +21,7 @@ from jsonargparse import ArgumentParser
 from lightning import LightningDataModule, LightningModule
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.quiet import quiet_args_given
 
 
 def resolved_config(main: Callable[[list[str]], object], *args: str) -> dict:
@@ -30,9 +30,7 @@ def resolved_config(main: Callable[[list[str]], object], *args: str) -> dict:
     ``main``: the project's command line (``lit_ddp.cli.main`` with the project's defaults). A config that
     ``fit`` refuses raises ``UserError`` with the line ``fit`` prints."""
     out, err = io.StringIO(), io.StringIO()
-    with warnings.catch_warnings():
-        # main() is given its arguments while sys.argv holds pytest's: expected here.
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    with quiet_args_given():  # main() is given its arguments while sys.argv holds pytest's
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main(["fit", *args, "--print_config"])

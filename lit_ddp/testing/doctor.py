@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from lit_ddp.runtime.quiet import quiet_args_given
 from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
 
 PROG = "python -m lit_ddp doctor"
@@ -63,8 +64,7 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     exit status."""
     options, rest = _options(argv, prog)
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
-    with warnings.catch_warnings():  # args given while sys.argv holds the doctor's: expected here
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    with quiet_args_given():  # args given while sys.argv holds the doctor's
         cli = parse([*rest, "--trainer.accelerator=cpu"])
     trainer, config = cli.trainer, cli.config
     dm = cli.datamodule
