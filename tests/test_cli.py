@@ -191,19 +191,35 @@ def test_two_process_run_with_the_progress_bar_and_no_epoch_summary_finishes(tmp
     assert "sync_dist=True" not in result.stderr  # the dashboard's reduced values are not Lightning's to sync
 
 
-# Hang guards only, about 60 times the run's minute on a quiet 2-core CPU: the test asserts what the default
-# run reaches, never how fast (a loaded machine ran it past a 360 s limit); its speed is a benchmark's.
-DEFAULT_RUN_HANG_S = 3600
+# The default run's first half: 6 of its 12 epochs (its cosine schedule still spans 12).
+HALF_OF_THE_DEFAULT = 6
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(DEFAULT_RUN_HANG_S + 120)
-def test_embedded_default_reaches_90_percent(tmp_path: Path) -> None:
-    """The README's main job: `python -m lit_ddp fit` with no argument at all."""
-    result = run_cli(["fit", "--trainer.enable_progress_bar=false"], cwd=tmp_path, timeout=DEFAULT_RUN_HANG_S)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = assert_single_run(tmp_path / "logs")
-    assert read_scalars(run)["val/acc"][-1] >= 0.90
+@pytest.mark.timeout(900)  # a hang guard, not a speed limit
+def test_the_embedded_default_passes_90_percent_in_the_first_half_of_its_run(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """README's first command, `python -m lit_ddp fit` with no argument (LeNet on Shapes, seed 0, 12 epochs of
+    a cosine schedule), stopped after epoch 6: val/acc is already at or above the 0.90 that README promises at
+    the end. The second half only lowers the learning rate along the cosine; the whole curve and the full
+    run's wall time are a benchmark's (benchmarks/bench_default_fit.py, docs/benchmarks.md), not this test's:
+    the whole run in a subprocess under a time limit failed on a loaded machine (issue 32)."""
+    monkeypatch.chdir(tmp_path)  # the default's own default_root_dir, logs/, under tmp_path
+    stop = [
+        "--trainer.callbacks+=fault_probe.Fault",  # tests/helpers/: trainer.should_stop at that epoch end
+        "--trainer.callbacks.action=should_stop",
+        f"--trainer.callbacks.at_epoch_end={HALF_OF_THE_DEFAULT - 1}",
+    ]
+    cli = build_cli(["fit", "--trainer.enable_progress_bar=false", *stop])
+    assert cli.trainer.max_epochs == 12 and cli.trainer.current_epoch == HALF_OF_THE_DEFAULT
+    assert (type(cli.model), type(cli.datamodule), cli.datamodule.sizes["train"]) == (
+        LeNetCIFAR,
+        ShapesDataModule,
+        20000,
+    )
+    val_acc = read_scalars(assert_single_run(tmp_path / "logs"))["val/acc"]
+    assert len(val_acc) == HALF_OF_THE_DEFAULT and val_acc[-1] >= 0.90, val_acc
 
 
 def test_sparse_step_logging_does_not_change_epoch_metrics(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_cli
 from test_mistakes import one_error_line
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -22,31 +22,38 @@ def test_a_label_smoothing_outside_0_to_1_is_one_line(tmp_path: Path, capsys, va
     assert not list(tmp_path.iterdir())  # no run folder, no lock, nothing
 
 
-def test_images_of_a_size_the_network_cannot_take_are_one_line(tmp_path: Path, capsys) -> None:
-    """64-pixel images into LeNet (built for 32): `mat1 and mat2 shapes cannot be multiplied`, 60 lines."""
-    make_tree(tmp_path / "data", train_per_class=4, val_per_class=2)
-    root = tmp_path / "runs"
-    data = [
+def _images_64px(root: Path) -> list[str]:
+    """An ImageFolder tree whose crops are 64 px, for LeNet (built for 32): fit's and doctor's arguments."""
+    make_tree(root, train_per_class=8, val_per_class=4)
+    return [
+        "--model=LeNetCIFAR",
         "--data=ImageNetDataModule",
-        f"--data.data_dir={tmp_path / 'data'}",
+        f"--data.data_dir={root}",
         "--data.image_size=64",
         "--data.val_resize=64",
         "--data.batch_size=4",
         "--data.num_workers=0",
     ]
+
+
+TOO_LARGE = (
+    "LeNet cannot take the data's 3×64×64 images (",
+    "give the data the image size the network is built for (--data.image_size), or choose a network for this"
+    " size",
+)
+
+
+def test_images_of_a_size_the_network_cannot_take_are_one_line(tmp_path: Path, capsys) -> None:
+    """64-pixel images into LeNet (built for 32): `mat1 and mat2 shapes cannot be multiplied`, 60 lines."""
+    root = tmp_path / "runs"
     argv = [
         "fit",
-        "--model=LeNetCIFAR",
-        *data,
+        *_images_64px(tmp_path / "data"),
         "--trainer.max_epochs=1",
         "--trainer.enable_progress_bar=false",
     ]
     line = one_error_line(capsys, [*argv, f"--trainer.default_root_dir={root}"])
-    assert line.startswith("LeNet cannot take the data's 3×64×64 images (")
-    assert line.endswith(
-        "give the data the image size the network is built for (--data.image_size), or choose"
-        " a network for this size"
-    )
+    assert line.startswith(TOO_LARGE[0]) and line.endswith(TOO_LARGE[1])
     assert not [p for p in root.rglob("*") if p.is_file()]  # the failed start left no run folder behind
 
 
@@ -72,6 +79,24 @@ def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, caps
     workdir = tmp_path / "a_file" / "runs"
     line = one_error_line(capsys, ["doctor", "--workdir", str(workdir), *TINY_RUN])
     assert line == f"cannot create the workdir {workdir} (Not a directory): pass another one"
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_doctor_on_images_of_a_size_the_network_cannot_take_prints_one_line(tmp_path: Path) -> None:
+    """The same 64-pixel images through `doctor`: the line comes from inside a check rank (relayed, not
+    wrapped in the launcher's LaunchError), and stderr held Lightning's GPU/TPU/seed lines before it, from a
+    Trainer the doctor builds only to read its settings."""
+    args = ["doctor", "--checks=grads", *_images_64px(tmp_path / "data")]
+    proc = run_cli(args, cwd=tmp_path / "cwd", timeout=560)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.splitlines()  # exactly one line, no traceback, nothing before it
+    assert line.startswith("lit_ddp: error: " + TOO_LARGE[0]) and line.endswith(TOO_LARGE[1])
+    assert proc.stdout.splitlines()[0].startswith(
+        "python -m lit_ddp doctor: LeNetCIFAR on ImageNetDataModule"
+    )
+    assert len(proc.stdout.splitlines()) == 1  # the header only: no table, no verdict
 
 
 def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, monkeypatch) -> None:

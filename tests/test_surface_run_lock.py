@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_RUN
+import torch
+from conftest import REPO, TINY_RUN, WITH_PROBES, cli_env
 from test_mistakes import one_error_line
 
 from lit_ddp.cli import build_cli
@@ -72,3 +73,67 @@ def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path: Path) -> No
         UserError, match=r"in use by another run \(pid 1 on another-node\) \(if no run is going"
     ):
         RunLock(run_dir).acquire()
+
+
+def _fit(argv: list[str], cwd: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """``python -m lit_ddp fit ARGV`` started in the background; its stderr goes to ``cwd/<name>.err``."""
+    err = cwd / f"{name}.err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lit_ddp", "fit", *argv],
+            cwd=cwd,
+            env=cli_env(WITH_PROBES),
+            stdout=subprocess.DEVNULL,
+            stderr=f,
+        )
+    return proc, err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_real_resumes_on_one_root_at_once_one_refuses_and_the_other_finishes(tmp_path: Path) -> None:
+    """Two `fit --ckpt_path=last` processes started together on one root: before the lock both resumed
+    version_0 and wrote into it (two event files, one run's final state gone). Now exactly one refuses in one
+    line, the other trains on; each is held at the start of training (gate_probe) until the test has seen
+    the refusal, so they overlap whatever the machine's load."""
+    root = tmp_path / "runs"
+    base = [*TINY_RUN, "--trainer.limit_val_batches=1", f"--trainer.default_root_dir={root}"]
+    build_cli(["fit", *base])  # version_0: one epoch, last.ckpt
+    run_dir = root / "lightning_logs" / "version_0"
+    events = set(run_dir.glob("events.out.tfevents.*"))
+    gate = tmp_path / "open"
+    argv = [
+        *base,
+        "--trainer.max_epochs=3",
+        "--ckpt_path=last",
+        "--trainer.callbacks+=gate_probe.Gate",
+        f"--trainer.callbacks.open_when={gate}",
+        "--trainer.callbacks.timeout_s=500",  # past the wait below: a run that did not refuse is reported so
+    ]
+    procs = [_fit(argv, tmp_path, name) for name in ("a", "b")]
+    try:
+        deadline = time.monotonic() + 400
+        while all(p.poll() is None for p, _ in procs):
+            assert time.monotonic() < deadline, "neither run refused: both are training on version_0"
+            time.sleep(0.2)
+        (refused, refused_err), (winner, winner_err) = sorted(procs, key=lambda p: p[0].poll() is None)
+        assert winner.poll() is None, "both runs ended before the gate opened"
+        gate.touch()
+        assert winner.wait(timeout=400) == 0, winner_err.read_text()[-3000:]
+    finally:
+        gate.touch()
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    err = refused_err.read_text()
+    assert refused.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"lit_ddp: error: {run_dir} is in use by another run (pid {winner.pid}): wait for it to finish, or"
+        " give this run another --trainer.default_root_dir"
+    )
+    assert sorted(p.name for p in (root / "lightning_logs").iterdir()) == ["version_0"]
+    assert len(set(run_dir.glob("events.out.tfevents.*")) - events) == 1  # the winner's, and no other
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["epoch"] == 2 and state["global_step"] == 6  # the winner's final state: 3 epochs × 2 steps
+    assert not lock_path(run_dir).exists()

@@ -12,6 +12,7 @@ import atexit
 import json
 import os
 import socket
+import time
 from pathlib import Path
 
 from lightning import Callback, LightningModule, Trainer
@@ -56,12 +57,13 @@ class RunLock(Callback):
         self.made_parent = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
-        for _ in range(3):
+        for attempt in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = _holder(self.path)
-                if holder is None:
+                if holder is None:  # created by another run this instant, its pid not yet written
+                    time.sleep(0.1 * (attempt + 1))
                     continue
                 same_host = holder.get("host") == me["host"]
                 pid = int(holder.get("pid", -1))

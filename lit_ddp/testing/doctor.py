@@ -17,10 +17,12 @@ The ranks run in this folder, as ``fit``'s would: a relative ``data_dir`` means 
 """
 
 import argparse
+import logging
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lit_ddp.runtime.quiet import quiet_args_given
@@ -58,13 +60,29 @@ def _options(argv: list[str], prog: str = PROG) -> tuple[argparse.Namespace, lis
     return parser.parse_known_args(argv)
 
 
+@contextmanager
+def _without_lightning_info() -> Iterator[None]:
+    """Lightning's info lines (GPU available, Seed set) held back while the config is read: they describe the
+    Trainer that ``parse`` builds only to read its settings, a run that never happens; the header says what
+    runs. A mistake then reads as one line, as in ``fit``."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
 def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG) -> int:
     """``parse(args)``: the CLI's parser, returning a LightningCLI built with ``run=False`` (cli.py passes
     it, so this layer does not import the CLI); ``prog``: the command's name (a project's own). Returns the
     exit status."""
     options, rest = _options(argv, prog)
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
-    with quiet_args_given():  # args given while sys.argv holds the doctor's
+    with quiet_args_given(), _without_lightning_info():  # args given while sys.argv holds the doctor's
         cli = parse([*rest, "--trainer.accelerator=cpu"])
     trainer, config = cli.trainer, cli.config
     dm = cli.datamodule
