@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TINY_RUN
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from collect_gpu_results import collect  # noqa: E402
@@ -99,3 +99,27 @@ def test_the_streaming_benchmark_records_every_variant_through_the_harness(tmp_p
     assert all(row["median"] > 0 and row["n"] == 1 for row in record["summary"].values())
     bytes_read = record["bytes_read_node0_per_epoch"]
     assert bytes_read["1"]["lit_ddp_order"] == bytes_read["1"]["dataset"]  # one node reads every shard
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_default_fit_benchmark_times_a_fresh_fit_and_records_its_outcome(tmp_path: Path) -> None:
+    """benchmarks/bench_default_fit.py on a one-epoch, 64-image fit (not the 12-epoch default), one round:
+    its JSON record holds the wall time, the run's val/acc by epoch and the load it ran under."""
+    out = tmp_path / "default_fit.json"
+    script = [
+        sys.executable,
+        str(REPO / "benchmarks" / "bench_default_fit.py"),
+        "--rounds",
+        "1",
+        "--out",
+        str(out),
+    ]
+    result = subprocess.run([*script, *TINY_RUN], capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["command"] and record["machine"] and "commit" in record
+    assert record["fit_args"] == TINY_RUN and record["summary"]["fit"]["n"] == 1
+    assert record["summary"]["fit"]["median"] > 0 and len(record["load_average_1min"]) == 1
+    ((acc,),) = record["val_acc_by_epoch"]  # one round, one epoch
+    assert 0.0 <= acc <= 1.0

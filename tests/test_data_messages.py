@@ -76,6 +76,7 @@ def test_batch_size_one_with_batch_norm_is_one_line_before_training(capsys, tmp_
     args += ["--model.batch_norm=true", f"--trainer.default_root_dir={tmp_path}", *QUICK]
     line = one_error_line(capsys, args)
     assert "batch_size=1 with a BatchNorm model" in line and "--data.batch_size=2 or more" in line
+    assert not list(tmp_path.iterdir())  # a failed start leaves no folder behind
 
 
 def test_a_weights_file_that_names_code_is_reported_as_refused_not_corrupt(tmp_path: Path) -> None:
@@ -88,3 +89,28 @@ def test_a_weights_file_that_names_code_is_reported_as_refused_not_corrupt(tmp_p
         read_state_dict(tmp_path / "evil.pt")
     assert "names code that a weights-only load refuses to import" in str(err.value)
     assert "system; nothing was run" in str(err.value) and "corrupt" not in str(err.value)
+
+
+def test_predict_on_renamed_class_folders_is_refused_before_any_row(tmp_path: Path, capsys) -> None:
+    """A checkpoint of cat/dog/fox, then `dog` renamed `wolf` (which also reorders the sorted classes):
+    `predict` wrote the same probabilities under the new names. Now the checkpoint's class names are read
+    against the data's, through the CLI, and nothing is written."""
+    from lit_ddp.cli import build_cli
+
+    root = image_tree(tmp_path / "tree", {"cat": 4, "dog": 4, "fox": 4})
+    args = ["--model=LeNetCIFAR", "--data=ImageNetDataModule", f"--data.data_dir={root}"]
+    args += ["--data.image_size=32", "--data.val_resize=32", "--data.batch_size=4", "--data.num_workers=0"]
+    args += [f"--data.index_cache={tmp_path / 'index'}", "--trainer.max_epochs=1"]
+    args += ["--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=1"]
+    build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path / 'runs'}"])
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    for split in ("train", "val"):
+        (root / split / "dog").rename(root / split / "wolf")
+    predict = ["predict", *args, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path / 'pred'}"]
+    line = one_error_line(capsys, predict)
+    assert line == (
+        "lit_ddp: error: the checkpoint's model learnt the classes ['cat', 'dog', 'fox'], but the data has"
+        " ['cat', 'fox', 'wolf']: use the data (and class folders) it was trained on, or fine-tune from it"
+        " with --model.weights=<checkpoint> instead of --ckpt_path"
+    )
+    assert not list(tmp_path.rglob("predictions.csv"))

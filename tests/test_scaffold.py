@@ -480,11 +480,9 @@ def git(*args: str, cwd: Path) -> str:
     return result.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Path) -> None:
-    """Generate at template commit A, change the project, change the template at commit B: `cruft check`
-    says the project is behind, and `cruft update` applies B's change without losing the user's."""
+def generated_at_template_commit_a(tmp_path: Path) -> tuple[str, Path, Path, Path]:
+    """A template in a git repository (commit A), a project generated from it and committed, and a user's
+    change to its net.py committed: (cruft, the template repository, the project, the project's net.py)."""
     cruft = shutil.which("cruft") or pytest.fail("cruft is a dev dependency: pip install -e '.[dev]'")
     template_repo = tmp_path / "template"
     template_repo.mkdir()
@@ -508,7 +506,15 @@ def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Pat
     net = project / "proj" / "models" / "net.py"
     net.write_text(net.read_text().replace("LeNet-5 to start from.", "LeNet-5, widened by the user."))
     git("commit", "-q", "-am", "user change", cwd=project)
+    return cruft, template_repo, project, net
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Path) -> None:
+    """Generate at template commit A, change the project, change the template at commit B: `cruft check`
+    says the project is behind, and `cruft update` applies B's change without losing the user's."""
+    cruft, template_repo, project, net = generated_at_template_commit_a(tmp_path)
     gitignore = template_repo / "{{cookiecutter.project_slug}}" / ".gitignore"
     gitignore.write_text(gitignore.read_text() + "/checkpoints/\n")
     git("commit", "-q", "-am", "B: ignore checkpoints/", cwd=template_repo)
@@ -524,6 +530,32 @@ def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Pat
     state = json.loads((project / ".cruft.json").read_text())
     assert state["commit"] == git("rev-parse", "HEAD", cwd=template_repo).strip()
     assert run([cruft, "check"], cwd=project).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cruft_update_on_a_line_both_changed_behaves_as_the_readmes_say(tmp_path: Path) -> None:
+    """README and the generated README say what `cruft update` does when the template and the user changed
+    the same line (they promised `.rej` files): git's conflict markers in the file, exit 0, `cruft check`
+    passing. Real cruft here, so that a cruft which behaves otherwise fails this test; the user's line is
+    kept, and the project's conflict check (its tests and .ci/run call it) names the file."""
+    from lit_ddp.testing import conflict_markers
+
+    cruft, template_repo, project, net = generated_at_template_commit_a(tmp_path)
+    template_net = next(template_repo.rglob("models/net.py"))
+    template_net.write_text(template_net.read_text().replace("LeNet-5 to start from.", "LeNet-5, as of B."))
+    git("commit", "-q", "-am", "B: the same line", cwd=template_repo)
+
+    update = run([cruft, "update", "-y"], cwd=project)
+    assert update.returncode == 0, update.stdout + update.stderr
+    text = net.read_text()
+    assert "<<<<<<<" in text and "=======" in text and ">>>>>>>" in text, text[:800]
+    assert "widened by the user" in text and "as of B." in text  # both sides kept: nothing lost
+    assert "UU proj/models/net.py" in git("status", "--porcelain", cwd=project).splitlines()
+    assert not list(project.rglob("*.rej"))
+    assert run([cruft, "check"], cwd=project).returncode == 0
+    found = conflict_markers(project)
+    assert found and all(f.startswith("proj/models/net.py:") for f in found), found
 
 
 @pytest.mark.slow
