@@ -19,6 +19,7 @@
 # `setup` unzips those wheels into the interpreter's site-packages (a wheel is a zip of the installed files;
 # pip install --target plus PYTHONPATH hung on that image) and checks that lit_ddp's CLI imports; the
 # project itself runs from this checkout (PYTHONPATH). pytest must be there for `tests` (the images have it).
+# Where the copy's .git is not the tree's own (a copied working tree), name the commit: BENCH_COMMIT=abc1234.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
@@ -41,7 +42,7 @@ for part in $PARTS; do
       done
       python3 -c 'import jsonargparse, lit_ddp.cli; print("jsonargparse", jsonargparse.__version__)' ;;
     versions)
-      python - "$(git rev-parse --short HEAD 2>/dev/null || cat COMMIT 2>/dev/null || echo unknown)" \
+      python - "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
         > "$OUT/versions.json" <<'PY'
 import json, os, platform, sys
 import lightning, torch, torchmetrics, torchvision

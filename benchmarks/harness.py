@@ -85,7 +85,10 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
-    """The commit of the tree the benchmark runs from, with ``+dirty`` when it has uncommitted changes."""
+    """The commit of the tree the benchmark runs from, with ``+dirty`` when it has uncommitted changes.
+    ``BENCH_COMMIT`` overrides it: a tree copied to another machine can carry a ``.git`` of another commit."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     cwd = cwd or Path(__file__).resolve().parent
     try:
         sha = subprocess.run(

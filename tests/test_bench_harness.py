@@ -71,6 +71,12 @@ def test_the_record_says_which_command_commit_and_machine_gave_the_figures(tmp_p
     assert record["machine"]["cpus"] >= 1 and record["machine"]["python"]
 
 
+def test_a_copied_tree_names_its_commit_through_bench_commit(tmp_path: Path, monkeypatch) -> None:
+    # A working tree copied to a GPU machine can carry a .git of an older commit: the name given wins.
+    monkeypatch.setenv("BENCH_COMMIT", "0123abc")
+    assert write_results(tmp_path / "r.json", {"x": 1})["commit"] == "0123abc"
+
+
 def test_write_results_returns_what_it_wrote(tmp_path: Path) -> None:
     written = write_results(tmp_path / "r.json", {"x": 1})
     assert json.loads((tmp_path / "r.json").read_text()) == written and written["x"] == 1
