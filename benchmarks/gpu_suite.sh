@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet jpeg jpeg_workers
-# jpeg_4cpus gpu_decode worker_memory collect. Each runs under `timeout` within 10 minutes (PART_TIMEOUT,
+# jpeg_4cpus gpu_decode worker_memory collect; `profile` (not in that list) times the GPU-decode stages and
+# profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under `timeout` within 10 minutes (PART_TIMEOUT,
 # seconds), so a machine that allows 10 minutes per command runs one or a few at a time into the same
 # OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
 # null for a figure that did not run or failed, never an estimate.
@@ -83,6 +84,11 @@ PY
     gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.gpu_decode=true)
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode \
         --json "$OUT/gpu_decode.json" 2>&1 | tee "$OUT/gpu_decode.log" ;;
+    profile)  # where the time goes: the gpu_decode batch's stages (on 4 CPUs) and the LeNet step's operators
+      run taskset -c 0-3 python benchmarks/profile_gpu.py decode --dir "$OUT/jpegs" \
+        --json "$OUT/profile_decode.json" 2>&1 | tee "$OUT/profile_decode.log"
+      run python benchmarks/profile_gpu.py lenet --json "$OUT/profile_lenet.json" \
+        --table "$OUT/profile_lenet_ops.txt" 2>&1 | tee "$OUT/profile_lenet.log" ;;
     worker_memory)
       run python benchmarks/bench_worker_memory_gpu.py --workers 4 --json "$OUT/worker_memory.json" 2>&1 \
         | tee "$OUT/worker_memory.log" ;;

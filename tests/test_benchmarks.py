@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_RUN
+from conftest import REPO, TINY_RUN, cli_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from collect_gpu_results import collect  # noqa: E402
@@ -90,7 +90,7 @@ def test_the_streaming_benchmark_records_every_variant_through_the_harness(tmp_p
     out = tmp_path / "streaming.json"
     script = [sys.executable, str(REPO / "benchmarks" / "bench_streaming.py")]
     args = ["--images", "30", "--rounds", "1", "--shard-mb", "0.05", "--out", str(out)]
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env = cli_env({"TMPDIR": str(tmp_path)})
     result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=280, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -123,3 +123,22 @@ def test_the_default_fit_benchmark_times_a_fresh_fit_and_records_its_outcome(tmp
     assert record["summary"]["fit"]["median"] > 0 and len(record["load_average_1min"]) == 1
     ((acc,),) = record["val_acc_by_epoch"]  # one round, one epoch
     assert 0.0 <= acc <= 1.0
+
+
+def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_a_cpu(tmp_path: Path) -> None:
+    run = [sys.executable, str(REPO / "benchmarks" / "profile_gpu.py")]
+    env = cli_env()
+    decode = [*run, "decode", "--device=cpu", "--images=24", "--batch-size=4", "--batches=2"]
+    decode += ["--num-workers=1", f"--dir={tmp_path / 'jpegs'}", f"--json={tmp_path / 'decode.json'}"]
+    subprocess.run(decode, check=True, cwd=tmp_path, env=env, timeout=240, capture_output=True)
+    stages = json.loads((tmp_path / "decode.json").read_text())["ms_per_batch"]
+    assert set(stages) == {"load", "nvjpeg", "decode", "crop"}
+    assert all(stages[k] > 0 for k in ("load", "nvjpeg", "decode"))
+    assert stages["crop"] == pytest.approx(stages["decode"] - stages["nvjpeg"])
+    lenet = [*run, "lenet", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
+    lenet += [f"--json={tmp_path / 'lenet.json'}", f"--table={tmp_path / 'ops.txt'}"]
+    subprocess.run(lenet, check=True, cwd=tmp_path, env=env, timeout=240, capture_output=True)
+    step = json.loads((tmp_path / "lenet.json").read_text())
+    assert step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
+    assert step["kernels_per_step"] == 0  # no device kernels on a CPU
+    assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()

@@ -1,0 +1,184 @@
+"""Where the time goes in the two GPU paths that missed their goals (docs/gpu.md): the GPU-decode batch and
+the LeNet-CIFAR step. One call each, made to fit a short lease on a GPU machine; on a CPU they run the same
+code.
+
+    python benchmarks/profile_gpu.py decode --dir /tmp/gpu/jpegs --json decode.json   # the suite's JPEGs
+    python benchmarks/profile_gpu.py lenet --json lenet_profile.json --table lenet_ops.txt
+    python benchmarks/profile_gpu.py decode --device cpu --images 64 --batch-size 8 --batches 2   # a laptop
+
+decode: ``--data.gpu_decode=true``'s stages for one batch at a time, each timed alone with the device
+synchronised around it, so that their sum is an upper bound of the real, overlapped step's share:
+  load      the DataLoader's wait for the next batch of bytes (its workers read files and headers and draw
+            boxes), with the main process doing nothing else: the workers' own rate;
+  nvjpeg    ``torchvision.io.decode_jpeg`` of the batch's bytes on the device, alone;
+  decode    ``EncodedBatch.decode``: that same decode, then each image's crop and resize, and the flips;
+  crop      decode − nvjpeg: the per-image crop and resize.
+Each as milliseconds per batch (median over ``--batches`` after one untimed) and images/s.
+
+lenet: ``torch.profiler`` over ``--steps`` training steps of LeNet-CIFAR as bench_lenet_gpu.py trains it
+(bare Trainer, the recipe's settings, in-memory data): wall ms per step, device kernels launched per step,
+and the operators by host (self CPU) time, as a table (``--table``).
+"""
+
+import argparse
+import functools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from bench_jpeg_gpu import generate  # benchmarks/ is on sys.path when this script runs
+from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped, read_recipe
+from harness import settings, write_results
+from torch.profiler import ProfilerActivity, profile
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from lit_ddp.data import ImageNetDataModule
+from lit_ddp.models import LeNetCIFAR
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> tuple[object, float]:
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - start
+
+
+# ---- decode --------------------------------------------------------------------------------------------
+
+
+def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
+    root = args.dir or Path(tempfile.mkdtemp(prefix="profile_decode_"))
+    if not (root / "train").is_dir():
+        generate(root, args.images, args.width, args.height)
+    dm = ImageNetDataModule(
+        data_dir=str(root), batch_size=args.batch_size, num_workers=args.num_workers, gpu_decode=True
+    )
+    dm.prepare_data()
+    dm.setup("fit")
+    stages: dict[str, list[float]] = {"load": [], "nvjpeg": [], "decode": []}
+    loader = iter(dm.train_dataloader())
+    for k in range(args.batches + 1):  # the first batch starts the workers: untimed
+        (encoded, _, *_), load = timed(lambda: next(loader), device)
+        jpegs = [encoded.data[slot[1] : slot[2]] for slot in encoded.slots if slot[0] == "jpeg"]
+        nvjpeg_call = functools.partial(decode_jpeg, jpegs, mode=ImageReadMode.RGB, device=device)
+        _, nvjpeg = timed(nvjpeg_call, device)
+        _, decode = timed(functools.partial(encoded.decode, device), device)
+        if k:
+            for name, seconds in (("load", load), ("nvjpeg", nvjpeg), ("decode", decode)):
+                stages[name].append(seconds)
+    ms = {name: 1e3 * statistics.median(values) for name, values in stages.items()}
+    ms["crop"] = ms["decode"] - ms["nvjpeg"]
+    return {
+        "batch_size": args.batch_size,
+        "num_workers": dm.workers_per_device(),
+        "ms_per_batch": ms,
+        "img_s": {name: 1e3 * args.batch_size / value for name, value in ms.items() if value > 0},
+    }
+
+
+# ---- lenet ---------------------------------------------------------------------------------------------
+
+
+class StepProfiler(L.Callback):
+    """torch.profiler around training steps [warmup, warmup + steps), the device synchronised at both ends."""
+
+    def __init__(self, warmup: int, steps: int, device: torch.device) -> None:
+        self.first, self.last, self.device = warmup, warmup + steps - 1, device
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        self.profiler = profile(activities=activities)
+        self.seconds = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            synchronize(self.device)
+            self.profiler.start()
+            self.start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.last:
+            synchronize(self.device)
+            self.seconds = time.perf_counter() - self.start
+            self.profiler.stop()
+
+
+def profile_lenet(args: argparse.Namespace, device: torch.device) -> tuple[dict, str]:
+    recipe = read_recipe()
+    steps = args.warmup + args.steps
+    data = cifar_shaped(args.batch_size * steps)
+    probe = StepProfiler(args.warmup, args.steps, device)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision=recipe["precision"],
+            max_steps=steps,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp,
+            callbacks=[probe],
+        )
+        dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
+        trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)
+    events = probe.profiler.events()
+    kernels = [e for e in events if e.device_type.name == "CUDA"]
+    ops = probe.profiler.key_averages()
+    table = ops.table(sort_by="self_cpu_time_total", row_limit=40)
+    return {
+        "steps": args.steps,
+        "ms_per_step": 1e3 * probe.seconds / args.steps,
+        "kernels_per_step": len(kernels) / args.steps,
+        "host_self_ms_per_step": sum(e.self_cpu_time_total for e in ops) / 1e3 / args.steps,
+    }, table
+
+
+def main() -> None:
+    cli = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("what", choices=["decode", "lenet"])
+    cli.add_argument("--device", default="cuda")
+    cli.add_argument("--batch-size", type=int, default=None, help="default: 256 (decode), 128 (lenet)")
+    cli.add_argument("--num-workers", type=int, default=None, help="decode: default the data module's auto")
+    cli.add_argument("--dir", type=Path, default=None, help="decode: a JPEG tree (made if absent)")
+    cli.add_argument("--images", type=int, default=1024, help="decode: JPEGs to generate")
+    cli.add_argument("--width", type=int, default=500)
+    cli.add_argument("--height", type=int, default=375)
+    cli.add_argument("--batches", type=int, default=10, help="decode: timed batches")
+    cli.add_argument("--warmup", type=int, default=50, help="lenet: untimed steps")
+    cli.add_argument("--steps", type=int, default=50, help="lenet: profiled steps")
+    cli.add_argument("--json", type=Path, default=None)
+    cli.add_argument("--table", type=Path, default=None, help="lenet: the operator table")
+    args = cli.parse_args()
+    args.batch_size = args.batch_size or (256 if args.what == "decode" else 128)
+    device = torch.device(args.device)
+    if args.what == "decode":
+        result, table = profile_decode(args, device), None
+        for name, value in result["ms_per_batch"].items():
+            print(f"  {name:8s} {value:9.1f} ms a batch of {args.batch_size}")
+    else:
+        result, table = profile_lenet(args, device)
+        print(
+            f"  {result['ms_per_step']:.2f} ms a step, {result['kernels_per_step']:.1f} device kernels a"
+            f" step, {result['host_self_ms_per_step']:.2f} ms of operator host time a step"
+        )
+        if args.table:
+            args.table.write_text(table)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    if args.json:
+        write_results(args.json, {"device": device_name, **result, "settings": settings(args)})
+
+
+if __name__ == "__main__":
+    main()
