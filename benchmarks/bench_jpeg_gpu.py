@@ -46,7 +46,7 @@ import lightning as L
 import torch
 import yaml
 from bench_input_pipeline import make_images  # benchmarks/ is on sys.path when this script runs
-from harness import settings, write_results
+from harness import settings, synchronize, training_only, write_results
 
 from lit_ddp.callbacks.throughput import batch_length
 from lit_ddp.data import ImageNetDataModule
@@ -54,11 +54,6 @@ from lit_ddp.data.workers import available_cpus
 from lit_ddp.models import OptimConfig, ResNetImageNet
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "resnet_imagenet.yaml"
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def generate(root: Path, n: int, width: int, height: int) -> None:
@@ -145,15 +140,10 @@ def train(
             devices=1,
             precision=precision,
             max_steps=args.warmup + args.steps,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
             benchmark=recipe["trainer"].get("benchmark", False) and device.type == "cuda",
             logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp,
             callbacks=[timer],
+            **training_only(tmp),
         )
         trainer.fit(ResNetImageNet(**model_args), datamodule=dm)
     return timer, dm.workers_per_device()

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
-from harness import free_port, interleaved, settings, write_results  # benchmarks/ is on sys.path
+from harness import free_port, interleaved, settings, synchronize, training_only, write_results
 from PIL import Image
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -53,11 +53,6 @@ from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "lenet_cifar.yaml"
 WARMUP_EPOCHS = 1  # the epoch after it is timed
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def read_recipe() -> dict:
@@ -132,14 +127,9 @@ def lit_ddp_epoch(
             devices=1,
             precision=args.precision,
             max_epochs=WARMUP_EPOCHS + 1,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
             logger=args.cli_callbacks,  # True: Lightning's default logger, under tmp; its callbacks need one
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp,
             callbacks=callbacks,
+            **training_only(tmp),
         )
         dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
         trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)

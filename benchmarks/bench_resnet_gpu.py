@@ -23,17 +23,12 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
-from harness import interleaved, settings, write_results  # benchmarks/ is on sys.path
+from harness import interleaved, settings, synchronize, training_only, write_results  # benchmarks/: sys.path
 
 from lit_ddp.models import ArchClassifier, OptimConfig, build_net
 from lit_ddp.models.optim import build_optimizer
 
 OPTIM = OptimConfig(name="sgd", lr=0.1, momentum=0.9, weight_decay=1e-4, schedule="cosine", warmup_epochs=0.1)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def synthetic_batch(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,13 +114,9 @@ def lightning_loop(args: argparse.Namespace, device: torch.device) -> float:
         precision=args.precision,
         max_steps=total,
         logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
         benchmark=device.type == "cuda",
         callbacks=[timer],
+        **training_only(),
     )
     trainer.fit(system, train_dataloaders=batches)
     return args.steps * args.batch_size / timer.seconds

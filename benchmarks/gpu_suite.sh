@@ -43,13 +43,14 @@ for part in $PARTS; do
       done
       python3 -c 'import jsonargparse, lit_ddp.cli; print("jsonargparse", jsonargparse.__version__)' ;;
     versions)
-      python - "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
-        > "$OUT/versions.json" <<'PY'
+      python - > "$OUT/versions.json" <<'PY'
 import json, os, platform, sys
 import lightning, torch, torchmetrics, torchvision
+sys.path.insert(0, "benchmarks")
+from harness import git_commit  # BENCH_COMMIT, else the checkout's
 cuda = torch.cuda.is_available()
 print(json.dumps({
-    "commit": sys.argv[1],
+    "commit": git_commit() or "unknown",
     "device": torch.cuda.get_device_name(0) if cuda else "no CUDA device",
     "cpus": len(os.sched_getaffinity(0)),
     "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,

@@ -181,18 +181,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_cpu_epoch(world: int, root: str) -> dict:
-    """``Trainer`` settings for one timed training epoch on ``world`` CPU processes (``ddp_spawn`` for 2+):
-    no validation, progress bar, summary or checkpoints, which would be timed work no variant asked for."""
-    return dict(
-        accelerator="cpu",
-        devices=world,
-        strategy="ddp_spawn" if world > 1 else "auto",
-        max_epochs=1,
+def training_only(root: str | None = None) -> dict:
+    """``Trainer`` settings that leave out what no benchmark times: validation and its sanity check, the
+    progress bar, the model summary and checkpoints; ``root`` the run folder, where one is written."""
+    settings = dict(
         limit_val_batches=0,
         num_sanity_val_steps=0,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
-        default_root_dir=root,
     )
+    return settings if root is None else {**settings, "default_root_dir": root}
+
+
+def one_cpu_epoch(world: int, root: str) -> dict:
+    """``Trainer`` settings for one timed training epoch on ``world`` CPU processes (``ddp_spawn`` for 2+)."""
+    strategy = "ddp_spawn" if world > 1 else "auto"
+    return dict(accelerator="cpu", devices=world, strategy=strategy, max_epochs=1, **training_only(root))
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (a ``torch.device``): a timer read after it counts that work.
+    CPU work is done when its call returns."""
+    if device.type == "cuda":
+        import torch  # as in machine(): the harness itself runs without torch
+
+        torch.cuda.synchronize(device)

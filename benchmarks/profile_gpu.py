@@ -31,17 +31,12 @@ import lightning as L
 import torch
 from bench_jpeg_gpu import generate  # benchmarks/ is on sys.path when this script runs
 from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped, read_recipe
-from harness import settings, write_results
+from harness import settings, synchronize, training_only, write_results
 from torch.profiler import ProfilerActivity, profile
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data import ImageNetDataModule
 from lit_ddp.models import LeNetCIFAR
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn, device: torch.device) -> tuple[object, float]:
@@ -122,14 +117,9 @@ def profile_lenet(args: argparse.Namespace, device: torch.device) -> tuple[dict,
             devices=1,
             precision=recipe["precision"],
             max_steps=steps,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
             logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp,
             callbacks=[probe],
+            **training_only(tmp),
         )
         dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
         trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)

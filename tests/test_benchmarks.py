@@ -130,14 +130,16 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     env = cli_env()
     decode = [*run, "decode", "--device=cpu", "--images=24", "--batch-size=4", "--batches=2"]
     decode += ["--num-workers=1", f"--dir={tmp_path / 'jpegs'}", f"--json={tmp_path / 'decode.json'}"]
-    subprocess.run(decode, check=True, cwd=tmp_path, env=env, timeout=240, capture_output=True)
+    result = subprocess.run(decode, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
     stages = json.loads((tmp_path / "decode.json").read_text())["ms_per_batch"]
     assert set(stages) == {"load", "nvjpeg", "decode", "crop"}
     assert all(stages[k] > 0 for k in ("load", "nvjpeg", "decode"))
     assert stages["crop"] == pytest.approx(stages["decode"] - stages["nvjpeg"])
     lenet = [*run, "lenet", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
     lenet += [f"--json={tmp_path / 'lenet.json'}", f"--table={tmp_path / 'ops.txt'}"]
-    subprocess.run(lenet, check=True, cwd=tmp_path, env=env, timeout=240, capture_output=True)
+    result = subprocess.run(lenet, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
     step = json.loads((tmp_path / "lenet.json").read_text())
     assert step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
     assert step["kernels_per_step"] == 0  # no device kernels on a CPU
