@@ -129,6 +129,7 @@ def train(
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         gpu_decode=args.gpu_decode,
+        decode_ahead=args.decode_ahead,
     )
     model_args.update(arch=args.arch, num_classes=args.num_classes)
     model_args["optim"] = OptimConfig(**model_args["optim"])
@@ -163,6 +164,10 @@ def main() -> None:
     parser.add_argument("--precision", default=None, help="default: the recipe's on CUDA, else 32-true")
     parser.add_argument("--num-workers", type=int, default=None, help="default: the data module's auto")
     parser.add_argument("--gpu-decode", action="store_true", help="decode on the device (--data.gpu_decode)")
+    parser.add_argument(
+        "--no-decode-ahead", dest="decode_ahead", action="store_false",
+        help="with --gpu-decode: decode in the training loop, not a batch ahead (--data.decode_ahead=false)",
+    )  # fmt: skip
     parser.add_argument("--images", type=int, default=4096, help="JPEG files to generate")
     parser.add_argument("--width", type=int, default=500)
     parser.add_argument("--height", type=int, default=375)
@@ -206,6 +211,7 @@ def main() -> None:
             "num_workers": workers,
             "num_workers_auto": args.num_workers is None,
             "gpu_decode": args.gpu_decode,
+            "decode_ahead": args.gpu_decode and args.decode_ahead,
             "precision": precision,
             "jpeg_pipeline_img_s": rate,
             "jpeg_data_wait_share": share,

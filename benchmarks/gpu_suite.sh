@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet jpeg jpeg_workers
-# jpeg_4cpus gpu_decode worker_memory collect; `profile` (not in that list) times the GPU-decode stages and
+# jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile` (not in that list) times the GPU-decode stages and
 # profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under `timeout` within 10 minutes (PART_TIMEOUT,
 # seconds), so a machine that allows 10 minutes per command runs one or a few at a time into the same
 # OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
@@ -25,7 +25,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
 shift
-ALL="setup versions tests resnet compile lenet jpeg jpeg_workers jpeg_4cpus gpu_decode worker_memory collect"
+ALL="setup versions tests resnet compile lenet jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline \
+worker_memory collect"
 PARTS=${*:-$ALL}
 PART_TIMEOUT=${PART_TIMEOUT:-590}
 mkdir -p "$OUT"
@@ -82,9 +83,12 @@ PY
     jpeg_4cpus)  # a node with 4 CPUs per GPU, decoding on them
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --json "$OUT/jpeg_4cpus.json" \
         2>&1 | tee "$OUT/jpeg_4cpus.log" ;;
-    gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.gpu_decode=true)
+    gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.gpu_decode=true), a batch ahead
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode \
         --json "$OUT/gpu_decode.json" 2>&1 | tee "$OUT/gpu_decode.log" ;;
+    gpu_decode_inline)  # the same, decoded in the training loop (--data.decode_ahead=false): the A/B
+      run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode --no-decode-ahead \
+        --json "$OUT/gpu_decode_inline.json" 2>&1 | tee "$OUT/gpu_decode_inline.log" ;;
     profile)  # where the time goes: the gpu_decode batch's stages (on 4 CPUs) and the LeNet step's operators
       run taskset -c 0-3 python benchmarks/profile_gpu.py decode --dir "$OUT/jpegs" \
         --json "$OUT/profile_decode.json" 2>&1 | tee "$OUT/profile_decode.log"

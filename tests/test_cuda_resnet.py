@@ -1,7 +1,8 @@
 """The ResNet family's CUDA paths, on one GPU (``python -m pytest -m cuda``; skipped without one): ResNet-18
-from JPEG files in bf16, channels-last and compiled; FSDP with the template's callbacks, checkpoint I/O and
-resume (the recipe's channels-last SGD: the optimizer is not fused under FSDP, test_optim_choice.py). The
-shared helpers are test_cuda.py's."""
+from JPEG files in bf16, channels-last and compiled; the batch decoded on the GPU (nvJPEG), a batch ahead;
+FSDP with the template's callbacks, checkpoint I/O and resume (the recipe's channels-last SGD: the optimizer
+is not fused under FSDP, test_optim_choice.py). The shared helpers are test_cuda.py's and
+test_device_decode.py's, which run them on the CPU."""
 
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 from conftest import REPO, last_ckpt, read_scalars
 from imagenet_tree import make_tree
 from test_cuda import fit_ok, loads_on_cpu
+from test_device_decode import data_module, loader
 
 pytestmark = [
     pytest.mark.cuda,
@@ -41,6 +43,39 @@ def test_resnet18_fits_from_jpeg_files_in_bf16_channels_last_compiled(tmp_path: 
     fit_ok(tmp_path, *args, "--model.channels_last=true")
     assert len(read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"]) == 2  # resnet_imagenet/
     loads_on_cpu(last_ckpt(tmp_path, args))
+
+
+# ---- the batch decoded on the GPU ----------------------------------------------------------------------
+
+
+def test_resnet18_fits_with_the_batches_decoded_on_the_gpu(tmp_path: Path, imagenet: Path) -> None:
+    args = [*resnet18(imagenet), "--trainer.precision=bf16-mixed", "--data.gpu_decode=true"]
+    fit_ok(tmp_path, *args, "--data.num_workers=2")
+    assert len(read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"]) == 2
+    loads_on_cpu(last_ckpt(tmp_path, args))
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_nvjpeg_a_batch_ahead_gives_the_inline_batches_near_the_cpu_paths(imagenet: Path, split: str) -> None:
+    """Decoded on a side stream a batch ahead, the batches are those decoded in the loop, exactly; and
+    within a stated bound of the CPU path's pixels (nvJPEG's IDCT and chroma upsampling are not
+    libjpeg-turbo's): a mean of at most 2 gray levels."""
+    cuda = data_module(imagenet, True)
+    ahead, inline = (list(loader(cuda, split, on, device="cuda")) for on in (True, False))
+    cpu = list(loader(data_module(imagenet, False), split, ahead=False))
+    for a, b, c in zip(ahead, inline, cpu, strict=True):
+        (xa, ya), (xb, yb), (xc, yc) = (on_the_gpu(cuda, batch) for batch in (a, b, c))
+        assert xa.is_cuda and torch.equal(xa, xb) and torch.equal(ya, yb)
+        if torch.equal(ya, yc):  # the same files kept on both paths
+            assert (xa - xc).abs().mean() <= 2.0 / 255 / min(cuda.std)
+
+
+def on_the_gpu(dm, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lightning's hooks around its copy of the batch to the GPU, outside a Trainer (no augmentation)."""
+    dm.trainer = None
+    batch = dm.on_before_batch_transfer(batch, 0)
+    batch = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in batch)
+    return dm.on_after_batch_transfer(batch, 0)
 
 
 # ---- FSDP ------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@ decodes. On a CPU device the decoder is the CPU path's own (libjpeg-turbo), so t
 path to the CPU path's exact pixels; on a GPU nvJPEG's IDCT and chroma upsampling differ by a few gray
 levels (docs/gpu.md)."""
 
+import threading
+import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +151,86 @@ def test_the_float_resize_that_cuda_runs_is_within_one_gray_level_of_the_uint8_o
     kwargs = dict(size=(48, 48), mode="bilinear", antialias=True, align_corners=False)
     through_float = torch.nn.functional.interpolate(x.float(), **kwargs).round().clamp(0, 255).to(torch.uint8)
     assert (fast.int() - through_float.int()).abs().max() <= 1
+
+
+# ---- decode ahead: batch k+1 decoded on a thread while batch k trains ----------------------------------
+
+
+def loader(dm: ImageNetDataModule, split: str = "train", ahead: bool = True, device: str = "cpu"):
+    """The split's loader as a Trainer on ``device`` iterates it (device_decode.DecodeAheadLoader, the
+    device the Trainer's strategy would name), or without the thread, as the batches came before.
+    test_cuda_resnet.py runs it on a GPU."""
+    dm.decode_ahead = ahead
+    split_loader = getattr(dm, f"{split}_dataloader")()
+    if ahead:
+        split_loader.device = lambda: torch.device(device)
+    return split_loader
+
+
+def through_hooks(dm: ImageNetDataModule, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    dm.trainer = None  # no training state: no on-device augmentation, only the decode and normalisation
+    return dm.on_after_batch_transfer(dm.on_before_batch_transfer(batch, 0), 0)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_decoding_ahead_gives_the_batches_of_decoding_in_the_loop(tree: Path, split: str) -> None:
+    dm = data_module(tree, True)
+    ahead, inline = (list(loader(dm, split, on)) for on in (True, False))
+    assert isinstance(loader(dm, split), device_decode.DecodeAheadLoader)
+    assert all(isinstance(b[0], device_decode.DecodedAhead) for b in ahead)
+    assert all(isinstance(b[0], EncodedBatch) for b in inline) and len(ahead) == len(inline) > 1
+    for a, b in zip(ahead, inline, strict=True):
+        xa, ya = through_hooks(dm, a)
+        reported_a = dm.unreadable.take_pending("predict")  # no trainer: the hooks file them under predict
+        xb, yb = through_hooks(dm, b)
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert reported_a == dm.unreadable.take_pending("predict")
+
+
+def test_a_decode_ahead_keeps_samples_as_the_bytes_do() -> None:
+    """What the workers could not read is dropped after the decode started (``DecodedAhead[keep]``, twice
+    here): the same pixels and the same decoder verdicts, renumbered, as dropping the bytes first."""
+    pixels = torch.arange(6 * 3 * 2 * 2, dtype=torch.uint8).reshape(6, 3, 2, 2)
+    done: Future = Future()
+    done.set_result((pixels, {1: ("b.JPEG", "OSError: x"), 4: ("e.JPEG", "OSError: y")}, None))
+    first, second = torch.tensor([1, 1, 0, 1, 1, 1], dtype=torch.bool), torch.tensor([0, 1, 1, 1, 1])
+    out, bad = device_decode.DecodedAhead(done)[first][second.bool()].result()
+    assert torch.equal(out, pixels[[1, 3, 4, 5]])
+    assert bad == {0: ("b.JPEG", "OSError: x"), 2: ("e.JPEG", "OSError: y")}
+
+
+def test_batch_k_plus_1_is_decoded_on_a_thread_while_batch_k_is_held(tree: Path, monkeypatch) -> None:
+    started: list[str] = []
+    decode = EncodedBatch.decode
+
+    def recording(self, device):
+        started.append(threading.current_thread().name)
+        return decode(self, device)
+
+    monkeypatch.setattr(EncodedBatch, "decode", recording)
+    batches = iter(loader(data_module(tree, True)))
+    first = next(batches)  # not yet used: the second batch's decode starts all the same
+    deadline = time.monotonic() + 30
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(started) == 2 and all(name.startswith("lit_ddp-decode") for name in started)
+    first[0].result()
+    batches.close()  # an epoch cut short: the thread finishes and goes
+    assert not [t for t in threading.enumerate() if t.name.startswith("lit_ddp-decode")]
+
+
+def test_an_error_on_the_decode_thread_is_raised_where_the_batch_is_used(tree: Path, monkeypatch) -> None:
+    def failing(self, device):
+        raise MemoryError("no room for the batch")
+
+    monkeypatch.setattr(EncodedBatch, "decode", failing)
+    batch = next(iter(loader(data_module(tree, True))))
+    with pytest.raises(MemoryError, match="no room for the batch"):
+        through_hooks(data_module(tree, True), batch)
+
+
+def test_outside_a_trainer_the_loader_hands_out_the_bytes(tree: Path) -> None:
+    dm = data_module(tree, True)
+    assert isinstance(next(iter(dm.train_dataloader()))[0], EncodedBatch)  # no trainer: no device to name
+    plain = data_module(tree, True, decode_ahead=False).train_dataloader()
+    assert not isinstance(plain, device_decode.DecodeAheadLoader)

@@ -41,8 +41,12 @@ def test_the_best_worker_count_and_the_ratios_come_from_what_ran(tmp_path: Path)
 
 def test_a_ratio_without_the_on_device_figure_stays_null(tmp_path: Path) -> None:
     write(tmp_path / "gpu_decode.json", {"jpeg_pipeline_img_s": 3000.0, "jpeg_data_wait_share": 0.2})
+    write(tmp_path / "gpu_decode_inline.json", {"jpeg_pipeline_img_s": 2000.0, "jpeg_data_wait_share": 0.5})
     result = collect(tmp_path)
     assert result["gpu_decode_img_s"] == 3000.0 and result["gpu_decode_vs_on_device"] is None
+    assert result["gpu_decode_inline_img_s"] == 2000.0 and result["gpu_decode_inline_vs_on_device"] is None
+    write(tmp_path / "resnet50.json", {"lightning_img_s": 4000.0})
+    assert collect(tmp_path)["gpu_decode_inline_vs_on_device"] == 0.5
 
 
 def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -> None:
@@ -53,7 +57,8 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
         timeout=60,
     )
     assert result.returncode == 2 and "unknown part: nonsense" in result.stderr
-    for part in ("setup", "tests", "jpeg_workers", "gpu_decode", "worker_memory", "collect"):
+    parts = ("setup", "tests", "jpeg_workers", "gpu_decode", "gpu_decode_inline", "worker_memory", "collect")
+    for part in parts:
         assert part in result.stderr
 
 

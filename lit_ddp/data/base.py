@@ -257,7 +257,7 @@ class ImageDataModule(LightningDataModule):
         if train and self._augments_on_device():
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
         workers = self.workers_per_device()
-        return DataLoader(
+        return self._make_loader(
             dataset,
             batch_size=self.batch_size,
             sampler=sampler,
@@ -267,6 +267,10 @@ class ImageDataModule(LightningDataModule):
             persistent_workers=workers > 0,
             drop_last=train and self._drop_one_image_batch(len(sampler)),
         )
+
+    def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
+        """The DataLoader of every split (``_loader`` chose its arguments): a subclass may return its own."""
+        return DataLoader(dataset, **kwargs)
 
     def _drop_one_image_batch(self, shard: int) -> bool:
         """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a

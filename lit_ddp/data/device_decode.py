@@ -10,6 +10,13 @@ by (seed, epoch, index) around the read (image_folder.py), in the same order as 
 them; decoding draws nothing. So a sample gets the same crop whichever rank, worker or batch handles it, and
 the same as with ``gpu_decode=False`` (the pixels too where both decode in full: ``draft=False``).
 
+The decode runs one batch ahead of training, on a thread with its own CUDA stream (``DecodeAheadLoader``):
+while the device trains on batch k, batch k+1's bytes are decoded. nvJPEG keeps the calling thread until
+its batch is decoded (its host stage, then the hardware decoder or the GPU), and in the training loop that
+wait comes on top of every step; on a thread it overlaps the step, as a DataLoader worker's decode does.
+torch's ops and torchvision's decoder release the GIL while they run, so the thread does not slow the
+training loop's own Python.
+
 What the device path does not take is decoded in the worker as before and travels as pixels beside the
 encoded bytes: files that are not JPEG, JPEGs not stored as RGB (grayscale, CMYK), and photos stored turned
 (EXIF orientation other than 1); and the black placeholder of an unreadable file, which the data module
@@ -17,12 +24,14 @@ drops before the copy.
 """
 
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
+from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data.image_folder import ImageFileDataset
@@ -183,3 +192,84 @@ class EncodedFileDataset(ImageFileDataset):
         samples, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
         y = torch.from_numpy(self.samples.labels[[i for i, _ in pairs]])
         return EncodedBatch(samples, self.size, self.resize), y, {i: e for i, e in enumerate(errors) if e}
+
+
+class DecodedAhead:
+    """A batch's decode started on ``DecodeAheadLoader``'s thread; ``result()`` is ``EncodedBatch.decode``'s,
+    ready for use on the calling thread's current stream. ``batch[keep]`` keeps some samples, as
+    ``EncodedBatch``'s does (the files the workers could not read are dropped so, after the decode started:
+    their slots hold placeholders, cheap to decode)."""
+
+    __slots__ = ("_future", "_keep")
+
+    def __init__(self, future: "Future[tuple[Tensor, dict, torch.cuda.Event | None]]", keep=None) -> None:
+        self._future, self._keep = future, keep
+
+    def __getitem__(self, keep: Tensor) -> "DecodedAhead":
+        keep = keep if self._keep is None else self._keep.clone().masked_scatter_(self._keep, keep)
+        return DecodedAhead(self._future, keep)
+
+    def result(self) -> tuple[Tensor, dict[int, tuple[str, str]]]:
+        out, bad, done = self._future.result()  # the decode's exception, if it raised, is raised here
+        if done is not None:  # CUDA: the training stream waits for the decode stream, on the device
+            stream = torch.cuda.current_stream(out.device)
+            stream.wait_event(done)
+            out.record_stream(stream)  # its memory is not reused before the training stream is done
+        if self._keep is not None:
+            kept = self._keep.nonzero().flatten().tolist()
+            bad = {new: bad[old] for new, old in enumerate(kept) if old in bad}
+            out = out[self._keep.to(out.device)]
+        return out, bad
+
+
+def _decode_on(batch: EncodedBatch, device: torch.device, stream: "torch.cuda.Stream | None"):
+    if stream is None:
+        return (*batch.decode(device), None)
+    with torch.cuda.device(device), torch.cuda.stream(stream):  # the current device is per thread
+        out, bad = batch.decode(device)
+        done = torch.cuda.Event()
+        done.record(stream)
+    return out, bad, done
+
+
+def decode_ahead(batches: Iterator[tuple], device: torch.device) -> Iterator[tuple]:
+    """``batches`` with each ``EncodedBatch`` replaced by its ``DecodedAhead``, whose decode starts as the
+    batch before it is handed out: one batch is decoded while the one before trains."""
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_ddp-decode")
+
+    def start(batch: tuple) -> tuple:
+        x, *rest = batch
+        if isinstance(x, EncodedBatch):
+            x = DecodedAhead(executor.submit(_decode_on, x, device, stream))
+        return (x, *rest)
+
+    ahead = None  # started, not handed out yet
+    try:
+        for batch in batches:
+            started = start(batch)
+            if ahead is not None:
+                yield ahead
+            ahead = started
+        if ahead is not None:
+            last, ahead = ahead, None
+            yield last
+    finally:
+        if ahead is not None and isinstance(ahead[0], DecodedAhead):
+            ahead[0]._future.cancel()  # an epoch cut short: no one will use this batch
+        executor.shutdown(wait=True)  # the batches handed out are decoded, then the thread ends
+
+
+class DecodeAheadLoader(DataLoader):
+    """A DataLoader of ``EncodedFileDataset`` batches whose decode runs one batch ahead (``decode_ahead``)
+    on the device ``device()`` names; where it names none (a loader used outside a Trainer), the batches
+    come as they are, for ``EncodedBatch.decode`` in the training loop."""
+
+    def __init__(self, *args, device: Callable[[], torch.device | None], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.device = device
+
+    def __iter__(self) -> Iterator:
+        batches = super().__iter__()
+        device = self.device()
+        return batches if device is None else decode_ahead(batches, device)

@@ -24,10 +24,18 @@ import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
+from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.device_decode import EncodedBatch, EncodedFileDataset, read_eval_sample, read_train_sample
+from lit_ddp.data.device_decode import (
+    DecodeAheadLoader,
+    DecodedAhead,
+    EncodedBatch,
+    EncodedFileDataset,
+    read_eval_sample,
+    read_train_sample,
+)
 from lit_ddp.data.folder_index import (
     IMAGE_EXTENSIONS,
     SplitListing,
@@ -78,6 +86,8 @@ class ImageNetDataModule(ImageDataModule):
             resized and flipped on the training device (nvJPEG on a GPU), for nodes with few CPU cores per
             GPU (device_decode.py). Always a full decode (``draft`` does not apply); not with auto_augment
             or random_erasing, which run in the workers.
+        decode_ahead: with gpu_decode, each batch is decoded on a thread while the batch before it trains;
+            false: in the training loop, between steps (device_decode.py says why ahead is the default).
         crop_scale: deprecated: ``augmentation.scale``.
         crop_ratio: deprecated: ``augmentation.ratio``.
         auto_augment: deprecated: ``augmentation.auto_augment``.
@@ -102,6 +112,7 @@ class ImageNetDataModule(ImageDataModule):
         exif_transpose: bool = True,
         index_cache: str | None = None,
         gpu_decode: bool = False,
+        decode_ahead: bool = True,
         crop_scale: tuple[float, float] | None = None,
         crop_ratio: tuple[float, float] | None = None,
         auto_augment: str | None = None,
@@ -132,6 +143,7 @@ class ImageNetDataModule(ImageDataModule):
                 " in the workers: pass --data.gpu_decode=false, or drop those two"
             )
         self.gpu_decode = gpu_decode
+        self.decode_ahead = decode_ahead
         self.index_cache = Path(index_cache).expanduser() if index_cache is not None else default_cache_dir()
         # Any listing written since now was made by this run's local rank 0 (its prepare_data comes after
         # every rank has started), so every rank may use it as is, and they all see the same files.
@@ -242,10 +254,18 @@ class ImageNetDataModule(ImageDataModule):
             return self._split(self.test_split, train=False)
         return self._split(split, train=split == "train")
 
+    def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
+        if self.gpu_decode and self.decode_ahead:
+            return DecodeAheadLoader(dataset, device=self._training_device, **kwargs)
+        return super()._make_loader(dataset, **kwargs)
+
+    def _training_device(self) -> torch.device | None:
+        return self.trainer.strategy.root_device if self.trainer is not None else None
+
     def on_after_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
         x, y, *rest = batch
-        if isinstance(x, EncodedBatch):  # gpu_decode: the bytes are still on the host, y on the device
-            x, bad = x.decode(y.device)
+        if isinstance(x, DecodedAhead | EncodedBatch):  # gpu_decode: decoded on a thread, or still bytes
+            x, bad = x.result() if isinstance(x, DecodedAhead) else x.decode(y.device)
             if bad and (rest or len(bad) < len(y)):  # as drop_unreadable: no empty training batch
                 keep = torch.ones(len(y), dtype=torch.bool)
                 keep[list(bad)] = False
