@@ -219,6 +219,23 @@ def test_batch_k_plus_1_is_decoded_on_a_thread_while_batch_k_is_held(tree: Path,
     assert not [t for t in threading.enumerate() if t.name.startswith("lit_ddp-decode")]
 
 
+def test_an_epoch_cut_short_does_not_decode_the_batch_no_one_will_use(tree: Path, monkeypatch) -> None:
+    decoded: list[int] = []
+    decode = EncodedBatch.decode
+
+    def slow(self, device):
+        time.sleep(0.5)  # the first batch's decode still running when the epoch stops
+        decoded.append(len(self))
+        return decode(self, device)
+
+    monkeypatch.setattr(EncodedBatch, "decode", slow)
+    batches = iter(loader(data_module(tree, True)))
+    first = next(batches)  # the second batch's decode waits behind the first's
+    batches.close()
+    assert len(decoded) == 1  # the first, handed out, was decoded; the second never started
+    assert first[0].result()[0].shape[0] == decoded[0]
+
+
 def test_an_error_on_the_decode_thread_is_raised_where_the_batch_is_used(tree: Path, monkeypatch) -> None:
     def failing(self, device):
         raise MemoryError("no room for the batch")

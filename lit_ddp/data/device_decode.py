@@ -11,11 +11,11 @@ them; decoding draws nothing. So a sample gets the same crop whichever rank, wor
 the same as with ``gpu_decode=False`` (the pixels too where both decode in full: ``draft=False``).
 
 The decode runs one batch ahead of training, on a thread with its own CUDA stream (``DecodeAheadLoader``):
-while the device trains on batch k, batch k+1's bytes are decoded. nvJPEG keeps the calling thread until
-its batch is decoded (its host stage, then the hardware decoder or the GPU), and in the training loop that
-wait comes on top of every step; on a thread it overlaps the step, as a DataLoader worker's decode does.
-torch's ops and torchvision's decoder release the GIL while they run, so the thread does not slow the
-training loop's own Python.
+while the device trains on batch k, batch k+1's bytes are decoded. torchvision's CUDA decoder returns only
+when its batch is decoded (it synchronises its stream; JPEGs the hardware decoder does not take have their
+Huffman stage on the host), so in the training loop that wait comes on top of every step; on a thread it
+overlaps the step, as a DataLoader worker's decode does. torch's operators release the GIL while they
+run, so the thread leaves the training loop's Python free.
 
 What the device path does not take is decoded in the worker as before and travels as pixels beside the
 encoded bytes: files that are not JPEG, JPEGs not stored as RGB (grayscale, CMYK), and photos stored turned
@@ -209,6 +209,10 @@ class DecodedAhead:
         keep = keep if self._keep is None else self._keep.clone().masked_scatter_(self._keep, keep)
         return DecodedAhead(self._future, keep)
 
+    def cancel(self) -> None:
+        """Not decoded if the decode has not started (a batch no one will use)."""
+        self._future.cancel()
+
     def result(self) -> tuple[Tensor, dict[int, tuple[str, str]]]:
         out, bad, done = self._future.result()  # the decode's exception, if it raised, is raised here
         if done is not None:  # CUDA: the training stream waits for the decode stream, on the device
@@ -244,19 +248,18 @@ def decode_ahead(batches: Iterator[tuple], device: torch.device) -> Iterator[tup
             x = DecodedAhead(executor.submit(_decode_on, x, device, stream))
         return (x, *rest)
 
-    ahead = None  # started, not handed out yet
+    waiting = None  # its decode started, the batch not handed out yet
     try:
         for batch in batches:
-            started = start(batch)
-            if ahead is not None:
-                yield ahead
-            ahead = started
-        if ahead is not None:
-            last, ahead = ahead, None
-            yield last
+            handed, waiting = waiting, start(batch)
+            if handed is not None:
+                yield handed
+        if waiting is not None:
+            handed, waiting = waiting, None
+            yield handed
     finally:
-        if ahead is not None and isinstance(ahead[0], DecodedAhead):
-            ahead[0]._future.cancel()  # an epoch cut short: no one will use this batch
+        if waiting is not None and isinstance(waiting[0], DecodedAhead):
+            waiting[0].cancel()  # an epoch cut short: no one will use this batch
         executor.shutdown(wait=True)  # the batches handed out are decoded, then the thread ends
 
 
