@@ -3,6 +3,7 @@
     python benchmarks/bench_lenet_gpu.py                                # one GPU, 50,000 images, best of 3
     python benchmarks/bench_lenet_gpu.py --json lenet.json              # ... and the figures as JSON
     python benchmarks/bench_lenet_gpu.py --cli-callbacks                # lit_ddp with `fit`'s callbacks too
+    python benchmarks/bench_lenet_gpu.py --compile                      # ... and lit_ddp compiled, a side too
     python benchmarks/bench_lenet_gpu.py --device cpu --train-size 1024 --rounds 1 --tutorial-workers 0 \\
         --json /tmp/lenet.json                                          # proves it runs, on a laptop
 
@@ -16,14 +17,21 @@ then one timed epoch, the device synchronised at the start and the end of it:
   ``index_select``, copied to the device, then cropped (4-pixel padding), flipped and normalised there,
   whole (``on_after_batch_transfer``). No validation, logger, checkpoints or progress bar;
   ``--cli-callbacks`` adds every other callback ``python -m lit_ddp fit`` runs, and a logger for them.
+- raw: the floor, the same math without a framework: the images already on the device, each batch
+  cropped, flipped and normalised there with lit_ddp's batch functions (the global RNG's draws), LeNet in
+  channels-last, AdamW (fused on CUDA), the recipe's precision; no metric, schedule or logging. What
+  lit_ddp's step costs above it is host work a faster step cannot hide.
+- lit_ddp_compiled (``--compile``): the lit_ddp side with ``LeNetCIFAR(compile=True)``; its compilation
+  falls in the warm-up epoch.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
   torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
   ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
   DistributedDataParallel on a one-process group (nccl on CUDA, gloo on CPU), AdamW, cross-entropy.
 
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
-best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s" and "device",
-with the arguments used.
+best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
+"raw_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``) and "device", with the
+arguments used.
 """
 
 import argparse
@@ -48,6 +56,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torchvision import transforms
 
 from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
+from lit_ddp.data.batch_transforms import normalize, random_crop_flip
 from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
@@ -111,7 +120,11 @@ class EpochTimer(L.Callback):
 
 
 def lit_ddp_epoch(
-    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+    args: argparse.Namespace,
+    recipe: dict,
+    data: tuple[Tensor, Tensor],
+    device: torch.device,
+    compile: bool = False,
 ) -> float:
     torch.manual_seed(0)
     timer = EpochTimer(WARMUP_EPOCHS)
@@ -132,11 +145,44 @@ def lit_ddp_epoch(
             **training_only(tmp),
         )
         dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
-        trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)
+        trainer.fit(LeNetCIFAR(**{**recipe["model"], "compile": compile}), datamodule=dm)
     return timer.seconds
 
 
-# ---- (b) the tutorial loop ---------------------------------------------------------------------------
+# ---- (b) the floor: the same math, no framework -------------------------------------------------------
+
+
+def raw_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    torch.manual_seed(0)
+    images, labels = (t.to(device) for t in data)
+    mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
+    net = LeNet().to(device, memory_format=torch.channels_last)
+    optim = recipe["model"]["optim"]
+    fused = device.type == "cuda"
+    optimizer = torch.optim.AdamW(net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
+    bf16 = args.precision == "bf16-mixed"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    n, batch = len(labels), args.batch_size
+    for epoch in range(WARMUP_EPOCHS + 1):
+        if epoch == WARMUP_EPOCHS:
+            synchronize(device)
+            start = time.perf_counter()
+        order = torch.randperm(n, device=device)
+        for first in range(0, n, batch):
+            index = order[first : first + batch]
+            x = normalize(random_crop_flip(images[index], padding=4), mean, std)
+            with autocast:
+                loss = F.cross_entropy(net(x.contiguous(memory_format=torch.channels_last)), labels[index])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+# ---- (c) the tutorial loop ---------------------------------------------------------------------------
 
 
 class PILImages(Dataset):
@@ -211,6 +257,7 @@ def main() -> None:
     parser.add_argument("--tutorial-workers", type=int, default=4, help="the tutorial's DataLoader workers")
     parser.add_argument("--rounds", type=int, default=3, help="the sides alternate; each keeps its best")
     parser.add_argument("--cli-callbacks", action="store_true", help="lit_ddp with `fit`'s callbacks")
+    parser.add_argument("--compile", action="store_true", help="also lit_ddp with --model.compile=true")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
 
@@ -226,10 +273,14 @@ def main() -> None:
     sides = {
         "lit_ddp": lambda: lit_ddp_epoch(args, recipe, data, device),
         "tutorial": lambda: tutorial_epoch(args, recipe, data, device),
+        "raw": lambda: raw_epoch(args, recipe, data, device),
     }
+    if args.compile:
+        sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=True)
     epochs = interleaved(sides, args.rounds)
     lit, tutorial = epochs["lit_ddp"], epochs["tutorial"]
     best_lit, best_tutorial = min(lit), min(tutorial)
+    best = {side: min(times) for side, times in epochs.items()}
 
     print(
         f"LeNet-5, {args.train_size:,} CIFAR-shaped uint8 images, batch {args.batch_size}, {args.precision},"
@@ -239,15 +290,24 @@ def main() -> None:
     rows = [
         (f"lit_ddp: Trainer.fit, augmentation on the device{callbacks}", lit),
         (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", tutorial),
+        ("raw: the same math, no framework (the floor)", epochs["raw"]),
     ]
+    if args.compile:
+        rows.append((f"lit_ddp compiled{callbacks}", epochs["lit_ddp_compiled"]))
     for label, times in rows:
         each = " ".join(f"{t:.3f}" for t in times)
         rate = args.train_size / min(times)
         print(f"  {label:<68} {min(times):8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
     print(f"  tutorial / lit_ddp epoch time: {best_tutorial / best_lit:.2f}×")
+    print(f"  lit_ddp / raw epoch time: {best_lit / best['raw']:.2f}×")
 
     if args.json is not None:
-        figures = {"lenet_cifar_epoch_s": best_lit, "tutorial_lenet_epoch_s": best_tutorial}
+        figures = {
+            "lenet_cifar_epoch_s": best_lit,
+            "tutorial_lenet_epoch_s": best_tutorial,
+            "raw_lenet_epoch_s": best["raw"],
+            "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
+        }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 
 

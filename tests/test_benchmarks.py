@@ -24,6 +24,7 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     assert (result["resnet50_raw_img_s"], result["resnet50_lightning_img_s"]) == (3600.0, 3540.5)
     assert result["lenet_cifar_epoch_s"] == 0.8
     assert result["tutorial_lenet_epoch_s"] is None and result["jpeg_pipeline_img_s"] is None
+    assert result["raw_lenet_epoch_s"] is None and result["lenet_cifar_compiled_epoch_s"] is None
     assert result["resnet50_compile_img_s"] is None and result["gpu_tests_passed"] is None  # not run
 
 
@@ -144,3 +145,35 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     assert step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
     assert step["kernels_per_step"] == 0  # no device kernels on a CPU
     assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()
+
+
+def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floor_and_the_tutorial_on_a_cpu(tmp_path: Path) -> None:
+    """benchmarks/bench_lenet_gpu.py (the suite's lenet part), one round of 2 batches: every side's epoch,
+    and no compiled figure unless asked (null, never filled in)."""
+    out = tmp_path / "lenet.json"
+    script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
+    script += ["--train-size=256", "--rounds=1", "--tutorial-workers=0", f"--json={out}"]
+    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s")
+    assert all(record[key] > 0 for key in sides) and record["lenet_cifar_compiled_epoch_s"] is None
+    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw"}
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
+    tmp_path: Path, ahead: bool
+) -> None:
+    """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode and gpu_decode_inline parts) on a
+    few small JPEGs: the figure, and which of the two it measured."""
+    out = tmp_path / "jpeg.json"
+    script = [sys.executable, str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
+    script += ["--images=32", "--width=64", "--height=48", "--batch-size=8", "--image-size=32"]
+    script += ["--arch=resnet18", "--num-classes=10", "--num-workers=1", "--warmup=1", "--steps=2"]
+    script += [f"--dir={tmp_path / 'jpegs'}", f"--json={out}", *([] if ahead else ["--no-decode-ahead"])]
+    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert record["decode_ahead"] is ahead and record["gpu_decode"] is True
+    assert record["jpeg_pipeline_img_s"] > 0 and 0 <= record["jpeg_data_wait_share"] <= 1
