@@ -13,8 +13,9 @@ the same as with ``gpu_decode=False`` (the pixels too where both decode in full:
 The decode runs one batch ahead of training, on a thread with its own CUDA stream (``DecodeAheadLoader``):
 while the device trains on batch k, batch k+1's bytes are decoded. torchvision's CUDA decoder returns only
 when its batch is decoded (it synchronises its stream; JPEGs the hardware decoder does not take have their
-Huffman stage on the host), so in the training loop that wait comes on top of every step; on a thread it
-overlaps the step, as a DataLoader worker's decode does. torch's operators release the GIL while they
+Huffman stage on the host), and each image's crop and resize is launched from Python. In the training loop
+the host does nothing else meanwhile: the device runs what was queued, but the next step's launches wait.
+On a thread they go on, as with a DataLoader worker's decode; torch's operators release the GIL while they
 run, so the thread leaves the training loop's Python free.
 
 What the device path does not take is decoded in the worker as before and travels as pixels beside the
