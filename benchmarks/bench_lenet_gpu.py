@@ -152,6 +152,13 @@ def lit_ddp_epoch(
 # ---- (b) the floor: the same math, no framework -------------------------------------------------------
 
 
+def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The recipe's precision in a plain loop: bf16 autocast for "bf16-mixed", else float32 as it is."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def raw_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
@@ -162,8 +169,7 @@ def raw_epoch(
     optim = recipe["model"]["optim"]
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
-    bf16 = args.precision == "bf16-mixed"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = precision_context(args.precision, device)
     n, batch = len(labels), args.batch_size
     for epoch in range(WARMUP_EPOCHS + 1):
         if epoch == WARMUP_EPOCHS:
@@ -225,8 +231,7 @@ def tutorial_epoch(
         # The recipe's AdamW settings, without lit_ddp's fused kernel and its no-decay group.
         optim = recipe["model"]["optim"]
         optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
-        bf16 = args.precision == "bf16-mixed"
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        autocast = precision_context(args.precision, device)
         for epoch in range(WARMUP_EPOCHS + 1):
             if epoch == WARMUP_EPOCHS:
                 synchronize(device)
@@ -278,8 +283,6 @@ def main() -> None:
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=True)
     epochs = interleaved(sides, args.rounds)
-    lit, tutorial = epochs["lit_ddp"], epochs["tutorial"]
-    best_lit, best_tutorial = min(lit), min(tutorial)
     best = {side: min(times) for side, times in epochs.items()}
 
     print(
@@ -288,8 +291,8 @@ def main() -> None:
     )
     callbacks = " + fit's callbacks" if args.cli_callbacks else ""
     rows = [
-        (f"lit_ddp: Trainer.fit, augmentation on the device{callbacks}", lit),
-        (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", tutorial),
+        (f"lit_ddp: Trainer.fit, augmentation on the device{callbacks}", epochs["lit_ddp"]),
+        (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", epochs["tutorial"]),
         ("raw: the same math, no framework (the floor)", epochs["raw"]),
     ]
     if args.compile:
@@ -298,13 +301,13 @@ def main() -> None:
         each = " ".join(f"{t:.3f}" for t in times)
         rate = args.train_size / min(times)
         print(f"  {label:<68} {min(times):8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
-    print(f"  tutorial / lit_ddp epoch time: {best_tutorial / best_lit:.2f}×")
-    print(f"  lit_ddp / raw epoch time: {best_lit / best['raw']:.2f}×")
+    print(f"  tutorial / lit_ddp epoch time: {best['tutorial'] / best['lit_ddp']:.2f}×")
+    print(f"  lit_ddp / raw epoch time: {best['lit_ddp'] / best['raw']:.2f}×")
 
     if args.json is not None:
         figures = {
-            "lenet_cifar_epoch_s": best_lit,
-            "tutorial_lenet_epoch_s": best_tutorial,
+            "lenet_cifar_epoch_s": best["lit_ddp"],
+            "tutorial_lenet_epoch_s": best["tutorial"],
             "raw_lenet_epoch_s": best["raw"],
             "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
         }

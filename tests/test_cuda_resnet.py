@@ -11,7 +11,7 @@ import torch
 from conftest import REPO, last_ckpt, read_scalars
 from imagenet_tree import make_tree
 from test_cuda import fit_ok, loads_on_cpu
-from test_device_decode import data_module, loader
+from test_device_decode import data_module, loader, through_hooks
 
 pytestmark = [
     pytest.mark.cuda,
@@ -64,18 +64,10 @@ def test_nvjpeg_a_batch_ahead_gives_the_inline_batches_near_the_cpu_paths(imagen
     ahead, inline = (list(loader(cuda, split, on, device="cuda")) for on in (True, False))
     cpu = list(loader(data_module(imagenet, False), split, ahead=False))
     for a, b, c in zip(ahead, inline, cpu, strict=True):
-        (xa, ya), (xb, yb), (xc, yc) = (on_the_gpu(cuda, batch) for batch in (a, b, c))
+        (xa, ya), (xb, yb), (xc, yc) = (through_hooks(cuda, batch, "cuda") for batch in (a, b, c))
         assert xa.is_cuda and torch.equal(xa, xb) and torch.equal(ya, yb)
         if torch.equal(ya, yc):  # the same files kept on both paths
             assert (xa - xc).abs().mean() <= 2.0 / 255 / min(cuda.std)
-
-
-def on_the_gpu(dm, batch: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lightning's hooks around its copy of the batch to the GPU, outside a Trainer (no augmentation)."""
-    dm.trainer = None
-    batch = dm.on_before_batch_transfer(batch, 0)
-    batch = tuple(t.cuda() if isinstance(t, torch.Tensor) else t for t in batch)
-    return dm.on_after_batch_transfer(batch, 0)
 
 
 # ---- FSDP ------------------------------------------------------------------------------------------

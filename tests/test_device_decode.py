@@ -167,9 +167,13 @@ def loader(dm: ImageNetDataModule, split: str = "train", ahead: bool = True, dev
     return split_loader
 
 
-def through_hooks(dm: ImageNetDataModule, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    dm.trainer = None  # no training state: no on-device augmentation, only the decode and normalisation
-    return dm.on_after_batch_transfer(dm.on_before_batch_transfer(batch, 0), 0)
+def through_hooks(dm: ImageNetDataModule, batch, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Lightning's hooks around its copy of the batch to ``device``, outside a Trainer: no training state,
+    so no on-device augmentation, only the decode and normalisation (test_cuda_resnet.py: on a GPU)."""
+    dm.trainer = None
+    batch = dm.on_before_batch_transfer(batch, 0)
+    batch = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
+    return dm.on_after_batch_transfer(batch, 0)
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -194,7 +198,7 @@ def test_a_decode_ahead_keeps_samples_as_the_bytes_do() -> None:
     done: Future = Future()
     done.set_result((pixels, {1: ("b.JPEG", "OSError: x"), 4: ("e.JPEG", "OSError: y")}, None))
     first, second = torch.tensor([1, 1, 0, 1, 1, 1], dtype=torch.bool), torch.tensor([0, 1, 1, 1, 1])
-    out, bad = device_decode.DecodedAhead(done)[first][second.bool()].result()
+    out, bad = device_decode.DecodedAhead(done)[first][second.bool()].decode(torch.device("cpu"))
     assert torch.equal(out, pixels[[1, 3, 4, 5]])
     assert bad == {0: ("b.JPEG", "OSError: x"), 2: ("e.JPEG", "OSError: y")}
 
@@ -214,7 +218,7 @@ def test_batch_k_plus_1_is_decoded_on_a_thread_while_batch_k_is_held(tree: Path,
     while len(started) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(started) == 2 and all(name.startswith("lit_ddp-decode") for name in started)
-    first[0].result()
+    first[0].decode(torch.device("cpu"))
     batches.close()  # an epoch cut short: the thread finishes and goes
     assert not [t for t in threading.enumerate() if t.name.startswith("lit_ddp-decode")]
 
@@ -234,7 +238,7 @@ def test_an_epoch_cut_short_does_not_decode_the_batch_no_one_will_use(tree: Path
     first = next(batches)  # the second batch's decode waits behind the first's
     batches.close()
     assert len(decoded) == 1  # the first, handed out, was decoded; the second never started
-    assert first[0].result()[0].shape[0] == decoded[0]
+    assert first[0].decode(torch.device("cpu"))[0].shape[0] == decoded[0]
 
 
 def test_an_error_on_the_decode_thread_is_raised_where_the_batch_is_used(tree: Path, monkeypatch) -> None:

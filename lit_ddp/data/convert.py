@@ -15,7 +15,6 @@ that holds anything else is refused.
 """
 
 import argparse
-import collections
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.cifar10 import CLASS_NAMES, TEST_BATCH, TRAIN_BATCHES, find_folder, read_split
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
@@ -45,13 +45,8 @@ def _read_file(path: str) -> bytes:
 def _read_in_order(paths: list[str], pool: ThreadPoolExecutor, ahead: int) -> Iterator[bytes]:
     """Each file's bytes, in order, read by ``pool`` at most ``ahead`` files ahead of the writer (reading
     is I/O: threads overlap it; the window bounds the memory held)."""
-    pending: collections.deque = collections.deque()
-    for path in paths:
-        pending.append(pool.submit(_read_file, path))
-        if len(pending) >= ahead:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    for read in started_ahead(paths, lambda path: pool.submit(_read_file, path), ahead):
+        yield read.result()
 
 
 def _progress(split: str, done: int, total: int, started: float) -> None:

@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
     Box,
@@ -196,10 +197,10 @@ class EncodedFileDataset(ImageFileDataset):
 
 
 class DecodedAhead:
-    """A batch's decode started on ``DecodeAheadLoader``'s thread; ``result()`` is ``EncodedBatch.decode``'s,
-    ready for use on the calling thread's current stream. ``batch[keep]`` keeps some samples, as
-    ``EncodedBatch``'s does (the files the workers could not read are dropped so, after the decode started:
-    their slots hold placeholders, cheap to decode)."""
+    """A batch's decode started on ``DecodeAheadLoader``'s thread. ``decode(device)`` answers as
+    ``EncodedBatch.decode`` does, ready for use on the calling thread's current stream. ``batch[keep]`` keeps
+    some samples, as ``EncodedBatch``'s does (the files the workers could not read are dropped so, after the
+    decode started: their slots hold placeholders, cheap to decode)."""
 
     __slots__ = ("_future", "_keep")
 
@@ -210,11 +211,12 @@ class DecodedAhead:
         keep = keep if self._keep is None else self._keep.clone().masked_scatter_(self._keep, keep)
         return DecodedAhead(self._future, keep)
 
-    def cancel(self) -> None:
+    def cancel(self) -> bool:
         """Not decoded if the decode has not started (a batch no one will use)."""
-        self._future.cancel()
+        return self._future.cancel()
 
-    def result(self) -> tuple[Tensor, dict[int, tuple[str, str]]]:
+    def decode(self, device: torch.device) -> tuple[Tensor, dict[int, tuple[str, str]]]:
+        """The batch and the files the decoder refused; ``device`` is where the loader decoded it."""
         out, bad, done = self._future.result()  # the decode's exception, if it raised, is raised here
         if done is not None:  # CUDA: the training stream waits for the decode stream, on the device
             stream = torch.cuda.current_stream(out.device)
@@ -245,22 +247,12 @@ def decode_ahead(batches: Iterator[tuple], device: torch.device) -> Iterator[tup
 
     def start(batch: tuple) -> tuple:
         x, *rest = batch
-        if isinstance(x, EncodedBatch):
-            x = DecodedAhead(executor.submit(_decode_on, x, device, stream))
-        return (x, *rest)
+        return (DecodedAhead(executor.submit(_decode_on, x, device, stream)), *rest)
 
-    waiting = None  # its decode started, the batch not handed out yet
     try:
-        for batch in batches:
-            handed, waiting = waiting, start(batch)
-            if handed is not None:
-                yield handed
-        if waiting is not None:
-            handed, waiting = waiting, None
-            yield handed
+        # An epoch cut short cancels the batch started and not handed out: no one would use it.
+        yield from started_ahead(batches, start, ahead=2, cancel=lambda batch: batch[0].cancel())
     finally:
-        if waiting is not None and isinstance(waiting[0], DecodedAhead):
-            waiting[0].cancel()  # an epoch cut short: no one will use this batch
         executor.shutdown(wait=True)  # the batches handed out are decoded, then the thread ends
 
 

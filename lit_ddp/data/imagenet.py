@@ -265,7 +265,7 @@ class ImageNetDataModule(ImageDataModule):
     def on_after_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
         x, y, *rest = batch
         if isinstance(x, DecodedAhead | EncodedBatch):  # gpu_decode: decoded on a thread, or still bytes
-            x, bad = x.result() if isinstance(x, DecodedAhead) else x.decode(y.device)
+            x, bad = x.decode(y.device)
             if bad and (rest or len(bad) < len(y)):  # as drop_unreadable: no empty training batch
                 keep = torch.ones(len(y), dtype=torch.bool)
                 keep[list(bad)] = False
