@@ -176,6 +176,23 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     assert torch.equal(evaluating.on_before_batch_transfer((images, labels, index), 0)[2], index)
 
 
+def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> None:
+    """``to`` is how Lightning moves the draws with the batch: every draw number (the hashed block and the
+    later ones hashed where they are used) reads the same after the move, and the move is one copy (on a
+    GPU: one transfer a step, from pinned memory, test_cuda.py)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_step_overhead import DispatchedOps
+
+    rand = SampleRandom(torch.tensor([0, 5, 2**33 + 1, 77]), key=2**40 + 3)
+    with DispatchedOps() as ops:
+        moved = rand.to("cpu")
+    assert ops.names.count("cat") == 1 and not {"bitwise_xor", "bitwise_xor_"} & set(ops.names), ops.names
+    for draw in range(SampleRandom.BLOCK + 3):
+        assert torch.equal(moved.bits(draw), rand.bits(draw)), draw
+    assert torch.equal(moved.integers(1, 9), rand.integers(1, 9))
+    assert torch.equal(moved.uniform(2), rand.uniform(2))
+
+
 # ---- MixUp / CutMix in the data module ----------------------------------------------------------------
 
 

@@ -75,14 +75,18 @@ class SampleRandom:
 
     def to(self, device: torch.device | str) -> "SampleRandom":
         """The same draws on ``device``. Lightning moves every object of a batch that has ``to``, so the data
-        module hashes on the host, before the copy, and the device gets two small tensors instead of a few
+        module hashes on the host, before the copy, and the device gets one small tensor instead of a few
         dozen one-line integer kernels per step."""
+        device = torch.device(device)
+        packed = torch.cat([self._base.unsqueeze(-1), self._block], dim=-1)  # (B, 1 + BLOCK): one copy
+        if device.type == "cuda":
+            # Non-blocking, as Lightning copies the batch, and from pinned memory (as the loader pins the
+            # batch): CUDA copies pageable memory through a staging buffer and may first wait for every
+            # kernel queued on the stream, which would hold the next step's launches back to the device.
+            packed = packed.pin_memory()
+        packed = packed.to(device, non_blocking=device.type == "cuda")
         moved = object.__new__(SampleRandom)
-        # Non-blocking as Lightning copies tensors to a GPU: a blocking copy from pageable memory would wait
-        # for the device to finish its queued work.
-        non_blocking = torch.device(device).type == "cuda"
-        moved._base = self._base.to(device, non_blocking=non_blocking)
-        moved._block = self._block.to(device, non_blocking=non_blocking)
+        moved._base, moved._block = packed[:, 0], packed[:, 1:]
         return moved
 
     def _draws(self, draw: Tensor) -> Tensor:
