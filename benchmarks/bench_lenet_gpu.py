@@ -21,6 +21,11 @@ then one timed epoch, the device synchronised at the start and the end of it:
   cropped, flipped and normalised there with lit_ddp's batch functions (the global RNG's draws), LeNet in
   channels-last, AdamW (fused on CUDA), the recipe's precision; no metric, schedule or logging. What
   lit_ddp's step costs above it is host work a faster step cannot hide.
+- lightning: the raw side's step inside Lightning's loop: a plain LightningModule (the images on the
+  device, the same crop, flip, normalisation, network and fused AdamW; no metric, schedule, data module or
+  callback) through the same ``Trainer`` as lit_ddp's, fed batches of sample indices. Between raw and
+  lightning is what Lightning's loop costs; between lightning and lit_ddp, what lit_ddp's module, data
+  module and metrics cost.
 - lit_ddp_compiled (``--compile``): the lit_ddp side with ``LeNetCIFAR(compile=True)``; its compilation
   falls in the warm-up epoch.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
@@ -30,8 +35,8 @@ then one timed epoch, the device synchronised at the start and the end of it:
 
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
-"raw_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``) and "device", with the
-arguments used.
+"raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``)
+and "device", with the arguments used.
 """
 
 import argparse
@@ -188,6 +193,56 @@ def raw_epoch(
     return time.perf_counter() - start
 
 
+# ---- (b') the floor inside Lightning's loop -------------------------------------------------------------
+
+
+class PlainLeNet(L.LightningModule):
+    """``raw_epoch``'s step as a LightningModule: batches are sample indices into images on the device."""
+
+    def __init__(self, images: Tensor, labels: Tensor, lr: float, weight_decay: float) -> None:
+        super().__init__()
+        self.net = LeNet().to(memory_format=torch.channels_last)
+        self.images, self.labels = images, labels
+        self.lr, self.weight_decay = lr, weight_decay
+
+    def on_fit_start(self) -> None:
+        self.images, self.labels = self.images.to(self.device), self.labels.to(self.device)
+
+    def training_step(self, index: Tensor, batch_idx: int) -> Tensor:
+        mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
+        x = normalize(random_crop_flip(self.images[index], padding=4), mean, std)
+        return F.cross_entropy(self.net(x.contiguous(memory_format=torch.channels_last)), self.labels[index])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        fused = self.device.type == "cuda"
+        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay, fused=fused)
+
+
+def lightning_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    torch.manual_seed(0)
+    timer = EpochTimer(WARMUP_EPOCHS)
+    optim = recipe["model"]["optim"]
+    module = PlainLeNet(*data, lr=optim.lr, weight_decay=optim.weight_decay)
+    # Pinned, as lit_ddp's loader pins its batches: the index batch's copy then waits for nothing.
+    indices = DataLoader(
+        range(len(data[1])), batch_size=args.batch_size, shuffle=True, pin_memory=device.type == "cuda"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision=args.precision,
+            max_epochs=WARMUP_EPOCHS + 1,
+            logger=False,
+            callbacks=[timer],
+            **training_only(tmp),
+        )
+        trainer.fit(module, train_dataloaders=indices)
+    return timer.seconds
+
+
 # ---- (c) the tutorial loop ---------------------------------------------------------------------------
 
 
@@ -279,6 +334,7 @@ def main() -> None:
         "lit_ddp": lambda: lit_ddp_epoch(args, recipe, data, device),
         "tutorial": lambda: tutorial_epoch(args, recipe, data, device),
         "raw": lambda: raw_epoch(args, recipe, data, device),
+        "lightning": lambda: lightning_epoch(args, recipe, data, device),
     }
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=True)
@@ -294,6 +350,7 @@ def main() -> None:
         (f"lit_ddp: Trainer.fit, augmentation on the device{callbacks}", epochs["lit_ddp"]),
         (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", epochs["tutorial"]),
         ("raw: the same math, no framework (the floor)", epochs["raw"]),
+        ("lightning: the same math in a plain LightningModule, Trainer.fit", epochs["lightning"]),
     ]
     if args.compile:
         rows.append((f"lit_ddp compiled{callbacks}", epochs["lit_ddp_compiled"]))
@@ -303,12 +360,17 @@ def main() -> None:
         print(f"  {label:<68} {min(times):8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
     print(f"  tutorial / lit_ddp epoch time: {best['tutorial'] / best['lit_ddp']:.2f}×")
     print(f"  lit_ddp / raw epoch time: {best['lit_ddp'] / best['raw']:.2f}×")
+    print(
+        f"  lightning / raw (Lightning's loop): {best['lightning'] / best['raw']:.2f}×;"
+        f" lit_ddp / lightning (lit_ddp's module, data, metrics): {best['lit_ddp'] / best['lightning']:.2f}×"
+    )
 
     if args.json is not None:
         figures = {
             "lenet_cifar_epoch_s": best["lit_ddp"],
             "tutorial_lenet_epoch_s": best["tutorial"],
             "raw_lenet_epoch_s": best["raw"],
+            "lightning_lenet_epoch_s": best["lightning"],
             "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})

@@ -25,6 +25,7 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     assert result["lenet_cifar_epoch_s"] == 0.8
     assert result["tutorial_lenet_epoch_s"] is None and result["jpeg_pipeline_img_s"] is None
     assert result["raw_lenet_epoch_s"] is None and result["lenet_cifar_compiled_epoch_s"] is None
+    assert result["lightning_lenet_epoch_s"] is None
     assert result["resnet50_compile_img_s"] is None and result["gpu_tests_passed"] is None  # not run
 
 
@@ -147,8 +148,9 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()
 
 
-def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floor_and_the_tutorial_on_a_cpu(tmp_path: Path) -> None:
-    """benchmarks/bench_lenet_gpu.py (the suite's lenet part), one round of 2 batches: every side's epoch,
+def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_cpu(tmp_path: Path) -> None:
+    """benchmarks/bench_lenet_gpu.py (the suite's lenet part), one round of 2 batches: every side's epoch
+    (the floor without a framework and inside Lightning's loop too),
     and no compiled figure unless asked (null, never filled in)."""
     out = tmp_path / "lenet.json"
     script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
@@ -156,9 +158,9 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floor_and_the_tutorial_on_a_c
     result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s")
+    sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s", "lightning_lenet_epoch_s")
     assert all(record[key] > 0 for key in sides) and record["lenet_cifar_compiled_epoch_s"] is None
-    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw"}
+    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw", "lightning"}
 
 
 @pytest.mark.parametrize("ahead", [True, False])
