@@ -45,6 +45,7 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning as L
@@ -124,6 +125,30 @@ class EpochTimer(L.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
+def timed_fit(
+    args: argparse.Namespace,
+    device: torch.device,
+    fit: Callable[[L.Trainer], None],
+    callbacks: Sequence[L.Callback] = (),
+    logger: bool = False,
+) -> float:
+    """The timed epoch's seconds of ``fit(trainer)`` on one device at the recipe's precision, with nothing
+    but training on (``training_only``); ``logger`` True: Lightning's default one, in a temporary folder."""
+    timer = EpochTimer(WARMUP_EPOCHS)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = L.Trainer(
+            accelerator=device.type,
+            devices=1,
+            precision=args.precision,
+            max_epochs=WARMUP_EPOCHS + 1,
+            logger=logger,
+            callbacks=[timer, *callbacks],
+            **training_only(tmp),
+        )
+        fit(trainer)
+    return timer.seconds
+
+
 def lit_ddp_epoch(
     args: argparse.Namespace,
     recipe: dict,
@@ -132,26 +157,18 @@ def lit_ddp_epoch(
     compile: bool = False,
 ) -> float:
     torch.manual_seed(0)
-    timer = EpochTimer(WARMUP_EPOCHS)
-    callbacks: list[L.Callback] = [timer]
-    if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags below turn off (as the CLI does)
+    callbacks: list[L.Callback] = []
+    if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags turn off (as the CLI does)
         from lit_ddp.cli import CALLBACKS, OFF_SWITCHES  # here: the CLI needs jsonargparse, the rest not
 
         off = tuple(OFF_SWITCHES.values())
         callbacks += [cls(**kw) for cls, kw in CALLBACKS.values() if not issubclass(cls, off)]
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = L.Trainer(
-            accelerator=device.type,
-            devices=1,
-            precision=args.precision,
-            max_epochs=WARMUP_EPOCHS + 1,
-            logger=args.cli_callbacks,  # True: Lightning's default logger, under tmp; its callbacks need one
-            callbacks=callbacks,
-            **training_only(tmp),
-        )
-        dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
-        trainer.fit(LeNetCIFAR(**{**recipe["model"], "compile": compile}), datamodule=dm)
-    return timer.seconds
+    dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
+    model = LeNetCIFAR(**{**recipe["model"], "compile": compile})
+    # With fit's callbacks, a logger: they write to one.
+    return timed_fit(
+        args, device, lambda t: t.fit(model, datamodule=dm), callbacks, logger=args.cli_callbacks
+    )
 
 
 # ---- (b) the floor: the same math, no framework -------------------------------------------------------
@@ -222,25 +239,13 @@ def lightning_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
     torch.manual_seed(0)
-    timer = EpochTimer(WARMUP_EPOCHS)
     optim = recipe["model"]["optim"]
     module = PlainLeNet(*data, lr=optim.lr, weight_decay=optim.weight_decay)
     # Pinned, as lit_ddp's loader pins its batches: the index batch's copy then waits for nothing.
     indices = DataLoader(
         range(len(data[1])), batch_size=args.batch_size, shuffle=True, pin_memory=device.type == "cuda"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = L.Trainer(
-            accelerator=device.type,
-            devices=1,
-            precision=args.precision,
-            max_epochs=WARMUP_EPOCHS + 1,
-            logger=False,
-            callbacks=[timer],
-            **training_only(tmp),
-        )
-        trainer.fit(module, train_dataloaders=indices)
-    return timer.seconds
+    return timed_fit(args, device, lambda t: t.fit(module, train_dataloaders=indices))
 
 
 # ---- (c) the tutorial loop ---------------------------------------------------------------------------
