@@ -12,7 +12,9 @@ synchronised around it, so that their sum is an upper bound of the real, overlap
             boxes), with the main process doing nothing else: the workers' own rate;
   nvjpeg    ``torchvision.io.decode_jpeg`` of the batch's bytes on the device, alone;
   decode    ``EncodedBatch.decode``: that same decode, then each image's crop and resize, and the flips;
-  crop      decode − nvjpeg: the per-image crop and resize.
+  crop      decode − nvjpeg: the per-image crop and resize (into one float batch on a GPU, rounded once);
+  crop_each each image cropped, resized and rounded alone (jpeg.py ``crop_resize``), from nvjpeg's images:
+            how the decode cropped before, timed beside it.
 Each as milliseconds per batch (median over ``--batches`` after one untimed) and images/s.
 
 lenet: ``torch.profiler`` over ``--steps`` training steps of LeNet-CIFAR as bench_lenet_gpu.py trains it
@@ -36,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data.jpeg import crop_resize
 from lit_ddp.models import LeNetCIFAR
 
 
@@ -50,6 +53,21 @@ def timed(fn, device: torch.device) -> tuple[object, float]:
 # ---- decode --------------------------------------------------------------------------------------------
 
 
+def crop_each_alone(encoded, images: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The training batch's crops as the decode made them before it resized into one float batch: each
+    image cropped, resized, rounded and cast alone (``crop_resize``), then the flips."""
+    out = torch.zeros((len(encoded), 3, encoded.size, encoded.size), dtype=torch.uint8, device=device)
+    out = out.contiguous(memory_format=torch.channels_last)
+    jpegs = [(i, slot) for i, slot in enumerate(encoded.slots) if slot[0] == "jpeg"]
+    for (i, slot), image in zip(jpegs, images, strict=True):
+        out[i] = crop_resize(image, slot[3], encoded.size)
+    flips = [i for i, slot in jpegs if slot[4]]
+    if flips:
+        index = torch.tensor(flips, device=device)
+        out[index] = out[index].flip(-1)
+    return out
+
+
 def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     root = args.dir or Path(tempfile.mkdtemp(prefix="profile_decode_"))
     if not (root / "train").is_dir():
@@ -59,16 +77,22 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     )
     dm.prepare_data()
     dm.setup("fit")
-    stages: dict[str, list[float]] = {"load": [], "nvjpeg": [], "decode": []}
+    stages: dict[str, list[float]] = {"load": [], "nvjpeg": [], "decode": [], "crop_each": []}
     loader = iter(dm.train_dataloader())
     for k in range(args.batches + 1):  # the first batch starts the workers: untimed
         (encoded, _, *_), load = timed(lambda: next(loader), device)
         jpegs = [encoded.data[slot[1] : slot[2]] for slot in encoded.slots if slot[0] == "jpeg"]
         nvjpeg_call = functools.partial(decode_jpeg, jpegs, mode=ImageReadMode.RGB, device=device)
-        _, nvjpeg = timed(nvjpeg_call, device)
+        images, nvjpeg = timed(nvjpeg_call, device)
         _, decode = timed(functools.partial(encoded.decode, device), device)
+        _, crop_each = timed(functools.partial(crop_each_alone, encoded, images, device), device)
         if k:
-            for name, seconds in (("load", load), ("nvjpeg", nvjpeg), ("decode", decode)):
+            for name, seconds in (
+                ("load", load),
+                ("nvjpeg", nvjpeg),
+                ("decode", decode),
+                ("crop_each", crop_each),
+            ):
                 stages[name].append(seconds)
     ms = {name: 1e3 * statistics.median(values) for name, values in stages.items()}
     ms["crop"] = ms["decode"] - ms["nvjpeg"]

@@ -135,8 +135,8 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     result = subprocess.run(decode, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     stages = json.loads((tmp_path / "decode.json").read_text())["ms_per_batch"]
-    assert set(stages) == {"load", "nvjpeg", "decode", "crop"}
-    assert all(stages[k] > 0 for k in ("load", "nvjpeg", "decode"))
+    assert set(stages) == {"load", "nvjpeg", "decode", "crop", "crop_each"}
+    assert all(stages[k] > 0 for k in ("load", "nvjpeg", "decode", "crop_each"))
     assert stages["crop"] == pytest.approx(stages["decode"] - stages["nvjpeg"])
     lenet = [*run, "lenet", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
     lenet += [f"--json={tmp_path / 'lenet.json'}", f"--table={tmp_path / 'ops.txt'}"]

@@ -153,6 +153,35 @@ def test_the_float_resize_that_cuda_runs_is_within_one_gray_level_of_the_uint8_o
     assert (fast.int() - through_float.int()).abs().max() <= 1
 
 
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_the_batch_resized_in_float_as_on_a_gpu_is_the_uint8_paths_within_one_gray_level(
+    tree: Path, split: str, monkeypatch
+) -> None:
+    """On a GPU the batch is resized through float32 and rounded once for the whole batch (resizes_in_float);
+    here on the CPU: the same crops, flips and unreadable slots as the uint8 path, within one gray level,
+    and 3 tensor ops an image besides the batch's own."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_step_overhead import DispatchedOps
+
+    dataset = getattr(data_module(tree, True), f"{split}_set")
+    n = len(dataset)
+    encoded, _, _ = dataset.__getitems__(seeded(list(range(n))) if split == "train" else list(range(n)))
+    uint8, bad = encoded.decode(torch.device("cpu"))
+    monkeypatch.setattr(device_decode, "resizes_in_float", lambda device: True)
+    with DispatchedOps() as ops:
+        through_float, bad_float = encoded.decode(torch.device("cpu"))
+    assert bad_float == bad and through_float.dtype == torch.uint8
+    assert through_float.is_contiguous(memory_format=torch.channels_last)
+    diff = (through_float.int() - uint8.int()).abs()
+    assert diff.max() <= 1 and diff.float().mean() < 0.25  # the uint8 kernel rounds in fixed point
+    resized = sum(slot[0] == "jpeg" for slot in encoded.slots) - len(bad)
+    per_image = [name for name in ops.names if name in ("_to_copy", "_upsample_bilinear2d_aa", "copy_")]
+    assert len(per_image) == 3 * resized + 1, ops.names  # + 1: the batch's cast to uint8
+
+
 # ---- decode ahead: batch k+1 decoded on a thread while batch k trains ----------------------------------
 
 

@@ -2,8 +2,9 @@
 cores per GPU: the DataLoader workers only read each file's bytes and its header (PIL's lazy open: the size,
 the format, the EXIF orientation) and draw the sample's crop box and flip; the batch is decoded where it is
 trained, with nvJPEG on CUDA (``torchvision.io.decode_jpeg(..., device=...)``, one call for the batch), and
-cropped, resized and flipped there with the very functions the CPU path runs (jpeg.py ``crop_resize``,
-``resize_center_crop``). On a CPU device the same code decodes with libjpeg-turbo, which is how CI tests it.
+cropped, resized and flipped there with the CPU path's geometry and resize (jpeg.py ``crop_region``,
+``center_crop_band``, ``resize_uint8``; through float32 on a GPU, for the whole batch at once). On a CPU
+device the same code decodes with libjpeg-turbo, which is how CI tests it.
 
 Each sample's draws are the CPU path's: the box and the flip come from torch's global RNG, seeded per sample
 by (seed, epoch, index) around the read (image_folder.py), in the same order as ``load_train_crop`` draws
@@ -40,12 +41,21 @@ from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
     Box,
     _orientation,
-    crop_resize,
+    center_crop_band,
+    crop_region,
     load_eval_crop,
     load_train_crop,
     random_resized_crop_box,
-    resize_center_crop,
+    resize_float,
+    resize_uint8,
+    to_uint8_,
 )
+
+
+def resizes_in_float(device: torch.device) -> bool:
+    """Whether the batch is resized through float32: everywhere but on the CPU, whose antialiased kernel
+    takes uint8 (and is fastest so); CUDA's takes floating point only."""
+    return device.type != "cpu"
 
 
 class Encoded:
@@ -139,18 +149,29 @@ class EncodedBatch:
         """(B, 3, size, size) uint8 on ``device``, channels-last memory as the CPU path's batches, and the
         files the decoder refused, {slot: (path, why)} as ``ImageFileDataset`` reports them (a header can
         parse and the data still be truncated): their slots are black, for the caller to drop."""
-        out = torch.zeros((len(self), 3, self.size, self.size), dtype=torch.uint8, device=device)
-        out = out.contiguous(memory_format=torch.channels_last)
         jpegs = [(i, slot) for i, slot in enumerate(self.slots) if slot[0] == "jpeg"]
         images, bad = self._decode_jpegs([self.data[slot[1] : slot[2]] for _, slot in jpegs], device)
         bad = {jpegs[k][0]: (jpegs[k][1][6], why) for k, why in bad.items()}
-        for (i, (_, _, _, box, _, stored, _)), image in zip(jpegs, images, strict=True):
-            if image is None:
-                continue
-            if self.resize is None:
-                out[i] = crop_resize(image, box, self.size)
-            else:
-                out[i] = resize_center_crop(image, 1.0, stored, self.size, self.resize)
+        decoded = [
+            (i, self._region(image, slot))
+            for (i, slot), image in zip(jpegs, images, strict=True)
+            if image is not None
+        ]
+        # On a GPU each image is resized into one float batch, rounded and cast once for the batch: 3
+        # launches an image (its float copy, the resize, the write) where rounding each alone took 7.
+        in_float = resizes_in_float(device)
+        dtype = torch.float32 if in_float else torch.uint8
+        shape = (len(self), 3, self.size, self.size)
+        out = torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last).zero_()
+        for i, (region, arguments, (top, left)) in decoded:
+            region = region.unsqueeze(0)
+            if in_float:
+                band = resize_float(region, **arguments)
+            else:  # channels-last: the CPU kernel's fast path
+                band = resize_uint8(region.contiguous(memory_format=torch.channels_last), **arguments)
+            out[i] = band[0, :, top : top + self.size, left : left + self.size]
+        if in_float:
+            out = to_uint8_(out)
         flips = [i for i, slot in jpegs if slot[4] and i not in bad]
         if flips:
             index = torch.tensor(flips, device=device)
@@ -160,6 +181,14 @@ class EncodedBatch:
             pixels = self.pixels[[row for _, row in rows]].permute(0, 3, 1, 2)
             out[torch.tensor([i for i, _ in rows], device=device)] = pixels.to(device)
         return out, bad
+
+    def _region(self, image: Tensor, slot: tuple) -> tuple[Tensor, dict, tuple[int, int]]:
+        """The CPU path's geometry for one decoded image (jpeg.py): the view it resizes, the resize's
+        arguments and the corner of what it keeps: a training crop's box, or evaluation's centre crop."""
+        _, _, _, box, _, stored, _ = slot
+        if self.resize is None:
+            return crop_region(image, box), {"size": (self.size, self.size)}, (0, 0)
+        return center_crop_band(image, 1.0, stored, self.size, self.resize)
 
     @staticmethod
     def _decode_jpegs(data: list[Tensor], device: torch.device) -> tuple[list[Tensor | None], dict[int, str]]:

@@ -165,25 +165,45 @@ def decode(
     return _upright(pixels, orientation), reduction, (width, height), box
 
 
-def crop_resize(pixels: Tensor, box: Box, size: int) -> Tensor:
-    """(3, size, size) uint8 from (3, H, W) uint8 ``pixels``: the ``box`` (in these pixels) at whole pixels,
-    as torchvision's crops, resized antialiased; on the pixels' device (device_decode.py runs it there)."""
+def crop_region(pixels: Tensor, box: Box) -> Tensor:
+    """The (3, h, w) view of (3, H, W) ``pixels`` that ``box`` (in these pixels) covers at whole pixels, as
+    torchvision's crops take it."""
     h, w = pixels.shape[1:]
     left, top = min(int(box[0]), w - 1), min(int(box[1]), h - 1)
     right, bottom = max(min(round(box[2]), w), left + 1), max(min(round(box[3]), h), top + 1)
-    crop = pixels[:, top:bottom, left:right].unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    return pixels[:, top:bottom, left:right]
+
+
+def crop_resize(pixels: Tensor, box: Box, size: int) -> Tensor:
+    """(3, size, size) uint8 from (3, H, W) uint8 ``pixels``: the ``box`` (in these pixels) at whole pixels,
+    as torchvision's crops, resized antialiased; on the pixels' device."""
+    crop = crop_region(pixels, box).unsqueeze(0).contiguous(memory_format=torch.channels_last)
     out = resize_uint8(crop, size=(size, size))
     return out[0]  # (3, size, size), channels-last memory
+
+
+ANTIALIASED_BILINEAR = dict(
+    mode="bilinear", antialias=True, align_corners=False
+)  # PIL's resize (torchvision's Resize)
 
 
 def resize_uint8(x: Tensor, **kwargs) -> Tensor:
     """Antialiased bilinear resize of (N, 3, H, W) uint8 (``F.interpolate``'s size or scale arguments). On
     the CPU uint8 in, uint8 out: torch's kernel has a fast path for channels-last uint8 images; elsewhere
-    (CUDA's antialiased kernel takes floating point only) through float32, rounded back."""
-    kwargs.update(mode="bilinear", antialias=True, align_corners=False)
+    (CUDA's antialiased kernel takes floating point only) ``resize_float``, rounded back."""
     if x.device.type == "cpu":
-        return F.interpolate(x, **kwargs)
-    return F.interpolate(x.float(), **kwargs).round_().clamp_(0, 255).to(torch.uint8)
+        return F.interpolate(x, **kwargs, **ANTIALIASED_BILINEAR)
+    return to_uint8_(resize_float(x, **kwargs))
+
+
+def resize_float(x: Tensor, **kwargs) -> Tensor:
+    """``resize_uint8`` before its rounding: float32 out, for a caller that rounds a whole batch at once."""
+    return F.interpolate(x.float(), **kwargs, **ANTIALIASED_BILINEAR)
+
+
+def to_uint8_(x: Tensor) -> Tensor:
+    """Resized float pixels as uint8: rounded to the nearest and clamped (in place), then cast."""
+    return x.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def load_train_crop(
@@ -236,12 +256,11 @@ def load_eval_crop(
     return resize_center_crop(pixels, reduction, (width, height), size, resize).permute(1, 2, 0).numpy()
 
 
-def resize_center_crop(
+def center_crop_band(
     pixels: Tensor, reduction: float, stored: tuple[int, int], size: int, resize: int
-) -> Tensor:
-    """``load_eval_crop``'s resize and centre crop of decoded ``pixels`` (3, h, w) uint8, ``reduction``
-    stored pixels per decoded pixel, of an upright stored image of ``stored`` (width, height): (3, size,
-    size) uint8 on the pixels' device (device_decode.py runs it there)."""
+) -> tuple[Tensor, dict, tuple[int, int]]:
+    """What ``resize_center_crop`` resizes and keeps: the (3, h, w) view of ``pixels`` its crop reads, the
+    resize's ``F.interpolate`` arguments, and the crop's (top, left) corner in the resized band."""
     width, height = stored
     out_h, out_w = reference_resize(width, height, resize)
     top, left = round((out_h - size) / 2), round((out_w - size) / 2)  # CenterCrop's rounding
@@ -256,8 +275,18 @@ def resize_center_crop(
         band = min(length, math.ceil(end / scale + max(1 / scale, 1.0)) + 1)
         scales.append(_scale_to_cover(band, scale, end))
         bands.append(band)
-    band = pixels[:, : bands[0], : bands[1]].unsqueeze(0).contiguous(memory_format=torch.channels_last)
-    out = resize_uint8(band, scale_factor=scales, recompute_scale_factor=False)
+    arguments = dict(scale_factor=scales, recompute_scale_factor=False)
+    return pixels[:, : bands[0], : bands[1]], arguments, (top, left)
+
+
+def resize_center_crop(
+    pixels: Tensor, reduction: float, stored: tuple[int, int], size: int, resize: int
+) -> Tensor:
+    """``load_eval_crop``'s resize and centre crop of decoded ``pixels`` (3, h, w) uint8, ``reduction``
+    stored pixels per decoded pixel, of an upright stored image of ``stored`` (width, height): (3, size,
+    size) uint8 on the pixels' device."""
+    band, arguments, (top, left) = center_crop_band(pixels, reduction, stored, size, resize)
+    out = resize_uint8(band.unsqueeze(0).contiguous(memory_format=torch.channels_last), **arguments)
     return out[0, :, top : top + size, left : left + size]
 
 
