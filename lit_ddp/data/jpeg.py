@@ -182,9 +182,8 @@ def crop_resize(pixels: Tensor, box: Box, size: int) -> Tensor:
     return out[0]  # (3, size, size), channels-last memory
 
 
-ANTIALIASED_BILINEAR = dict(
-    mode="bilinear", antialias=True, align_corners=False
-)  # PIL's resize (torchvision's Resize)
+# PIL's resize, as torchvision's Resize asks it of F.interpolate
+ANTIALIASED_BILINEAR = dict(mode="bilinear", antialias=True, align_corners=False)
 
 
 def resize_uint8(x: Tensor, **kwargs) -> Tensor:
