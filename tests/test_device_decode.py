@@ -153,7 +153,6 @@ def test_the_float_resize_that_cuda_runs_is_within_one_gray_level_of_the_uint8_o
     assert (fast.int() - through_float.int()).abs().max() <= 1
 
 
-
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_the_batch_resized_in_float_as_on_a_gpu_is_the_uint8_paths_within_one_gray_level(
     tree: Path, split: str, monkeypatch
