@@ -193,6 +193,19 @@ def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> 
     assert torch.equal(moved.uniform(2), rand.uniform(2))
 
 
+def test_the_copy_recorder_of_the_gpu_draws_test_reads_a_copy_to_another_device() -> None:
+    """test_cuda.py checks with HostToDeviceCopies that the draws reach a GPU in one pinned, non-blocking
+    copy; here its reading of torch's dispatch is checked with a copy to the meta device, so that a change
+    in torch that would blind it fails in CI, not first on a GPU node."""
+    from copies import HostToDeviceCopies
+
+    with HostToDeviceCopies("meta") as mode:
+        torch.arange(4).to("meta", non_blocking=True)
+        torch.empty(3, device="meta").copy_(torch.ones(3))
+        torch.arange(2).to("cpu")  # host to host: not a copy to the device
+    assert mode.copies == [(False, True), (False, False)]
+
+
 # ---- MixUp / CutMix in the data module ----------------------------------------------------------------
 
 

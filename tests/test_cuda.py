@@ -4,7 +4,8 @@ benchmarks). Skipped where torch sees no GPU, so CI, which is CPU-only, collects
 Each test runs the real command line in a subprocess, as a user would on a GPU node: mixed precision,
 channels-last and compile; DDP on NCCL with one rank; torch's SyncBatchNorm and its conversion back;
 preemption, the atomic checkpoint and resume; the NaN guard's late read; EMA's buffer all-reduce and the
-predictions gather on NCCL; and no host sync in a training step outside the logging steps. ResNet from
+predictions gather on NCCL; no host sync in a training step outside the logging steps, and the per-sample
+draws' one copy from pinned memory (its recorder checked on CPU by test_augment.py). ResNet from
 JPEG files and FSDP are in test_cuda_resnet.py (the ResNet family's).
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_SHAPES, WITH_PROBES, last_ckpt, read_scalars, run_cli
-from torch.utils._python_dispatch import TorchDispatchMode
+from copies import HostToDeviceCopies
 
 from lit_ddp.data.batch_transforms import SampleRandom
 
@@ -138,23 +139,6 @@ def test_training_steps_between_logging_steps_never_wait_for_the_gpu(tmp_path: P
     # epoch's first (its loader starts) or last (validation and the epoch's metrics follow).
     quiet = [c for c in counts if c[0] % 8 != 7 and c[0] % 32 not in (0, 31)]
     assert quiet and all(syncs == 0 for _, syncs, _ in quiet), [c for c in quiet if c[1]][:5]
-
-
-class HostToDeviceCopies(TorchDispatchMode):
-    """(source pinned, non_blocking) of each copy from host memory to a GPU dispatched while entered."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.copies: list[tuple[bool, bool]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        source = args[0] if name == "_to_copy" else args[1] if name == "copy_" else None
-        if isinstance(out, torch.Tensor) and out.is_cuda and source is not None and not source.is_cuda:
-            self.copies.append((source.is_pinned(), bool(kwargs.get("non_blocking", False))))
-        return out
 
 
 def test_the_per_sample_draws_reach_the_gpu_in_one_copy_from_pinned_memory() -> None:
