@@ -181,16 +181,28 @@ def precision_context(precision: str, device: torch.device) -> contextlib.Abstra
     return contextlib.nullcontext()
 
 
+def floor_loss(net: torch.nn.Module, images: Tensor, labels: Tensor, index: Tensor) -> Tensor:
+    """The floor's step up to its loss, shared by the raw and lightning sides: the batch ``index`` of images
+    on the device, cropped, flipped and normalised there with lit_ddp's batch functions, through the
+    network in channels-last."""
+    x = normalize(random_crop_flip(images[index], padding=4), CIFAR10DataModule.mean, CIFAR10DataModule.std)
+    return F.cross_entropy(net(x.contiguous(memory_format=torch.channels_last)), labels[index])
+
+
+def floor_optimizer(params, recipe: dict, device: torch.device) -> torch.optim.AdamW:
+    """The recipe's AdamW settings, fused on CUDA."""
+    optim = recipe["model"]["optim"]
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
+
+
 def raw_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
     torch.manual_seed(0)
     images, labels = (t.to(device) for t in data)
-    mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
     net = LeNet().to(device, memory_format=torch.channels_last)
-    optim = recipe["model"]["optim"]
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
+    optimizer = floor_optimizer(net.parameters(), recipe, device)
     autocast = precision_context(args.precision, device)
     n, batch = len(labels), args.batch_size
     for epoch in range(WARMUP_EPOCHS + 1):
@@ -199,10 +211,8 @@ def raw_epoch(
             start = time.perf_counter()
         order = torch.randperm(n, device=device)
         for first in range(0, n, batch):
-            index = order[first : first + batch]
-            x = normalize(random_crop_flip(images[index], padding=4), mean, std)
             with autocast:
-                loss = F.cross_entropy(net(x.contiguous(memory_format=torch.channels_last)), labels[index])
+                loss = floor_loss(net, images, labels, order[first : first + batch])
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -216,31 +226,26 @@ def raw_epoch(
 class PlainLeNet(L.LightningModule):
     """``raw_epoch``'s step as a LightningModule: batches are sample indices into images on the device."""
 
-    def __init__(self, images: Tensor, labels: Tensor, lr: float, weight_decay: float) -> None:
+    def __init__(self, images: Tensor, labels: Tensor, recipe: dict) -> None:
         super().__init__()
         self.net = LeNet().to(memory_format=torch.channels_last)
-        self.images, self.labels = images, labels
-        self.lr, self.weight_decay = lr, weight_decay
+        self.images, self.labels, self.recipe = images, labels, recipe
 
     def on_fit_start(self) -> None:
         self.images, self.labels = self.images.to(self.device), self.labels.to(self.device)
 
     def training_step(self, index: Tensor, batch_idx: int) -> Tensor:
-        mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
-        x = normalize(random_crop_flip(self.images[index], padding=4), mean, std)
-        return F.cross_entropy(self.net(x.contiguous(memory_format=torch.channels_last)), self.labels[index])
+        return floor_loss(self.net, self.images, self.labels, index)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        fused = self.device.type == "cuda"
-        return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay, fused=fused)
+        return floor_optimizer(self.parameters(), self.recipe, self.device)
 
 
 def lightning_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
     torch.manual_seed(0)
-    optim = recipe["model"]["optim"]
-    module = PlainLeNet(*data, lr=optim.lr, weight_decay=optim.weight_decay)
+    module = PlainLeNet(*data, recipe)
     # Pinned, as lit_ddp's loader pins its batches: the index batch's copy then waits for nothing.
     indices = DataLoader(
         range(len(data[1])), batch_size=args.batch_size, shuffle=True, pin_memory=device.type == "cuda"
