@@ -58,16 +58,19 @@ def test_resnet18_fits_with_the_batches_decoded_on_the_gpu(tmp_path: Path, image
 @pytest.mark.parametrize("split", ["train", "val"])
 def test_nvjpeg_a_batch_ahead_gives_the_inline_batches_near_the_cpu_paths(imagenet: Path, split: str) -> None:
     """Decoded on a side stream a batch ahead, the batches are those decoded in the loop, exactly; and
-    within a stated bound of the CPU path's pixels (nvJPEG's IDCT and chroma upsampling are not
-    libjpeg-turbo's): a mean of at most 2 gray levels."""
+    within a stated bound of the CPU path's pixels: a mean of at most 3 gray levels. nvJPEG's IDCT and
+    chroma upsampling are not libjpeg-turbo's, and these test pictures are noisy in colour, where the two
+    differ most: on an H100 a training batch (crops enlarged, which averages nothing away) measured 2.05
+    gray levels (docs/gpu.md). A wrong crop box, flip or channel order is tens of levels off."""
     cuda = data_module(imagenet, True)
     ahead, inline = (list(loader(cuda, split, on, device="cuda")) for on in (True, False))
     cpu = list(loader(data_module(imagenet, False), split, ahead=False))
+    levels = 255 * torch.tensor(cuda.std, device="cuda").view(1, 3, 1, 1)  # normalised units → gray levels
     for a, b, c in zip(ahead, inline, cpu, strict=True):
         (xa, ya), (xb, yb), (xc, yc) = (through_hooks(cuda, batch, "cuda") for batch in (a, b, c))
         assert xa.is_cuda and torch.equal(xa, xb) and torch.equal(ya, yb)
         if torch.equal(ya, yc):  # the same files kept on both paths
-            assert (xa - xc).abs().mean() <= 2.0 / 255 / min(cuda.std)
+            assert ((xa - xc).abs() * levels).mean() <= 3.0
 
 
 # ---- FSDP ------------------------------------------------------------------------------------------
