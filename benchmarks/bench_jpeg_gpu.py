@@ -28,18 +28,27 @@ during the warm-up, they flatter a short window, which 300 steps keep to a few p
 lit_ddp.callbacks.Throughput defines it: the host time from the end of one training step to the start of
 the next (the fetch from the loader, the copy to the device, normalisation).
 
+With ``--gpu-decode``, each batch's decode (``EncodedBatch.decode``: nvJPEG, crop, resize, flip) is timed
+where it runs, on the decode thread a batch ahead or in the training loop: its host time, and its span on
+the device (CUDA events on its stream). Their medians over the window, beside the step's time, say whether
+the decode under training is slower than the step, which a wait a batch ahead then comes from.
+
 What to compare: the images/s with bench_resnet_gpu.py's (the same network on a batch already on the
 device: the compute limit); the wait share says how much of the gap the input pipeline makes. ``--json``
-writes "jpeg_pipeline_img_s", "jpeg_data_wait_share", "device" and "num_workers" (the count used), with the
+writes "jpeg_pipeline_img_s", "jpeg_data_wait_share", "step_ms", "device" and "num_workers" (the count used),
+"decode_ms" and "decode_device_ms" (null without ``--gpu-decode``; the device span null off CUDA), with the
 arguments used.
 """
 
 import argparse
+import contextlib
 import math
 import multiprocessing
 import shutil
+import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -50,6 +59,7 @@ from harness import settings, synchronize, training_only, write_results
 
 from lit_ddp.callbacks.throughput import batch_length
 from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data.device_decode import EncodedBatch
 from lit_ddp.data.workers import available_cpus
 from lit_ddp.models import OptimConfig, ResNetImageNet
 
@@ -116,10 +126,58 @@ class WindowTimer(L.Callback):
             self.seconds = self.last_end - self.start
 
 
+class DecodeTimes:
+    """Each ``EncodedBatch.decode`` while ``recording()``: when it began (perf_counter), its host seconds,
+    and on CUDA a pair of timing events on the stream it ran on (its span on the device)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float, tuple | None]] = []
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["DecodeTimes"]:
+        decode = EncodedBatch.decode
+
+        def timed(batch: EncodedBatch, device: torch.device):
+            events = None
+            if device.type == "cuda":
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record()
+            start = time.perf_counter()
+            out = decode(batch, device)
+            seconds = time.perf_counter() - start
+            if events is not None:
+                events[1].record()
+            self.calls.append((start, seconds, events))
+            return out
+
+        EncodedBatch.decode = timed
+        try:
+            yield self
+        finally:
+            EncodedBatch.decode = decode
+
+    def medians_ms(self, start: float, end: float) -> tuple[float | None, float | None]:
+        """The median host and device milliseconds of the decodes that began in [start, end); the device
+        must be synchronised since."""
+        window = [(seconds, events) for begun, seconds, events in self.calls if start <= begun < end]
+        if not window:
+            return None, None
+        host = 1e3 * statistics.median(seconds for seconds, _ in window)
+        spans = [events[0].elapsed_time(events[1]) for _, events in window if events is not None]
+        return host, statistics.median(spans) if spans else None
+
+
 def train(
-    args: argparse.Namespace, recipe: dict, root: Path, repeat: int, device: torch.device, precision: str
+    args: argparse.Namespace,
+    recipe: dict,
+    root: Path,
+    repeat: int,
+    device: torch.device,
+    precision: str,
+    decodes: DecodeTimes,
 ) -> tuple[WindowTimer, int]:
-    """Trainer.fit for warm-up + timed steps; the timer and the DataLoader workers per device it ran with."""
+    """Trainer.fit for warm-up + timed steps, each batch's decode on the device timed into ``decodes``; the
+    timer and the DataLoader workers per device it ran with."""
     data_args, model_args = recipe["data"]["init_args"], dict(recipe["model"]["init_args"])
     dm = RepeatedImageNet(
         repeat,
@@ -135,7 +193,7 @@ def train(
     model_args["optim"] = OptimConfig(**model_args["optim"])
     torch.manual_seed(0)
     timer = WindowTimer(args.warmup, args.steps)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, decodes.recording():
         trainer = L.Trainer(
             accelerator=device.type,
             devices=1,
@@ -193,8 +251,11 @@ def main() -> None:
             device = torch.device("cuda", torch.cuda.current_device())  # what devices=1 picks
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         precision = args.precision or (recipe["trainer"]["precision"] if device.type == "cuda" else "32-true")
-        timer, workers = train(args, recipe, root, repeat, device, precision)
+        decodes = DecodeTimes()
+        timer, workers = train(args, recipe, root, repeat, device, precision, decodes)
     rate, share = timer.images / timer.seconds, timer.wait / timer.seconds
+    step_ms = 1e3 * timer.seconds / args.steps
+    decode_ms, decode_device_ms = decodes.medians_ms(timer.start, timer.start + timer.seconds)
 
     auto = f"auto, {available_cpus()} CPUs" if args.num_workers is None else "set"
     print(
@@ -204,6 +265,12 @@ def main() -> None:
     )
     print(f"  end to end         {rate:10,.1f} images/s")
     print(f"  waiting for data   {100 * share:10.1f} % of step time")
+    print(f"  a step             {step_ms:10.1f} ms")
+    if decode_ms is not None:
+        where = "a batch ahead" if args.decode_ahead else "in the loop"
+        print(f"  a batch's decode   {decode_ms:10.1f} ms on the host ({where}), median")
+    if decode_device_ms is not None:
+        print(f"                     {decode_device_ms:10.1f} ms on the device, median")
 
     if args.json is not None:
         figures = {
@@ -215,6 +282,9 @@ def main() -> None:
             "precision": precision,
             "jpeg_pipeline_img_s": rate,
             "jpeg_data_wait_share": share,
+            "step_ms": step_ms,
+            "decode_ms": decode_ms,
+            "decode_device_ms": decode_device_ms,
             "files": files,
             "mean_kb": kb,
             "cpus": available_cpus(),

@@ -19,6 +19,8 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     (tmp_path / "versions.json").write_text(json.dumps({"device": "NVIDIA H100", "commit": "abc1234"}))
     (tmp_path / "resnet50.json").write_text(json.dumps({"raw_img_s": 3600.0, "lightning_img_s": 3540.5}))
     (tmp_path / "lenet.json").write_text(json.dumps({"lenet_cifar_epoch_s": 0.8}))  # no tutorial figure
+    decode = {"jpeg_pipeline_img_s": 3000.0, "step_ms": 85.3, "decode_ms": 41.0, "decode_device_ms": None}
+    (tmp_path / "gpu_decode.json").write_text(json.dumps(decode))
     result = collect(tmp_path)
     assert (result["device"], result["commit"]) == ("NVIDIA H100", "abc1234")
     assert (result["resnet50_raw_img_s"], result["resnet50_lightning_img_s"]) == (3600.0, 3540.5)
@@ -26,6 +28,8 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     assert result["tutorial_lenet_epoch_s"] is None and result["jpeg_pipeline_img_s"] is None
     assert result["raw_lenet_epoch_s"] is None and result["lenet_cifar_compiled_epoch_s"] is None
     assert result["lightning_lenet_epoch_s"] is None
+    assert (result["gpu_decode_step_ms"], result["gpu_decode_ms"]) == (85.3, 41.0)
+    assert result["gpu_decode_device_ms"] is None and result["gpu_decode_inline_ms"] is None
     assert result["resnet50_compile_img_s"] is None and result["gpu_tests_passed"] is None  # not run
 
 
@@ -168,7 +172,8 @@ def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
     tmp_path: Path, ahead: bool
 ) -> None:
     """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode and gpu_decode_inline parts) on a
-    few small JPEGs: the figure, and which of the two it measured."""
+    few small JPEGs: the figure, which of the two it measured, and the decode's own time beside the step's
+    (on a CPU, no device span)."""
     out = tmp_path / "jpeg.json"
     script = [sys.executable, str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
     script += ["--images=32", "--width=64", "--height=48", "--batch-size=8", "--image-size=32"]
@@ -179,3 +184,4 @@ def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
     record = json.loads(out.read_text())
     assert record["decode_ahead"] is ahead and record["gpu_decode"] is True
     assert record["jpeg_pipeline_img_s"] > 0 and 0 <= record["jpeg_data_wait_share"] <= 1
+    assert record["step_ms"] > 0 and record["decode_ms"] > 0 and record["decode_device_ms"] is None
