@@ -73,6 +73,25 @@ def test_nvjpeg_a_batch_ahead_gives_the_inline_batches_near_the_cpu_paths(imagen
             assert ((xa - xc).abs() * levels).mean() <= 3.0
 
 
+def test_a_batch_decoded_on_the_gpu_copies_from_the_host_only_pinned_and_without_blocking(
+    imagenet: Path,
+) -> None:
+    """The decode's own host tensors (the flip index; the pixels of the files decoded in the workers, and
+    their slots) reach the GPU non-blocking from pinned memory: a blocking copy would hold the decode
+    thread until the device had run every resize queued before it. The recorder's reading of torch's
+    dispatch is checked on the CPU (test_augment.py); the loader and data module are
+    test_device_decode.py's."""
+    from copies import HostToDeviceCopies
+
+    cuda, seen = data_module(imagenet, True), []
+    for encoded, *_ in loader(cuda, "train", ahead=False):
+        with HostToDeviceCopies("cuda") as mode:
+            encoded.decode(torch.device("cuda"))
+        torch.cuda.synchronize()
+        seen += mode.copies
+    assert seen and all(copy == (True, True) for copy in seen), seen
+
+
 # ---- FSDP ------------------------------------------------------------------------------------------
 
 

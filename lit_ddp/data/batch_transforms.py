@@ -20,6 +20,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
+    """``tensor``, on the host, on ``device``; on CUDA without holding the host back: copied non-blocking
+    from pinned memory, as Lightning copies a loader's pinned batch. CUDA copies pageable memory through a
+    staging buffer and may first wait for every kernel queued on the stream (its documented API sync
+    behaviour), which would stall the thread that asked until the device caught up."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _scaled_mean_std(
     mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
@@ -77,14 +88,8 @@ class SampleRandom:
         """The same draws on ``device``. Lightning moves every object of a batch that has ``to``, so the data
         module hashes on the host, before the copy, and the device gets one small tensor instead of a few
         dozen one-line integer kernels per step."""
-        device = torch.device(device)
-        packed = torch.cat([self._base.unsqueeze(-1), self._block], dim=-1)  # (B, 1 + BLOCK): one copy
-        if device.type == "cuda":
-            # Non-blocking, as Lightning copies the batch, and from pinned memory (as the loader pins the
-            # batch): CUDA copies pageable memory through a staging buffer and may first wait for every
-            # kernel queued on the stream, which would hold the next step's launches back to the device.
-            packed = packed.pin_memory()
-        packed = packed.to(device, non_blocking=device.type == "cuda")
+        # (B, 1 + BLOCK): one copy, which on CUDA leaves the next step's launches free to go on.
+        packed = to_device(torch.cat([self._base.unsqueeze(-1), self._block], dim=-1), device)
         moved = object.__new__(SampleRandom)
         moved._base, moved._block = packed[:, 0], packed[:, 1:]
         return moved

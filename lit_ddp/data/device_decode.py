@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data.ahead import started_ahead
+from lit_ddp.data.batch_transforms import to_device
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
     Box,
@@ -172,14 +173,16 @@ class EncodedBatch:
             out[i] = band[0, :, top : top + self.size, left : left + self.size]
         if in_float:
             out = to_uint8_(out)
+        # The host's own tensors go by to_device: a blocking copy would hold this thread until the device
+        # had run every resize queued before it, when it could be decoding the next batch meanwhile.
         flips = [i for i, slot in jpegs if slot[4] and i not in bad]
         if flips:
-            index = torch.tensor(flips, device=device)
+            index = to_device(torch.tensor(flips), device)
             out[index] = out[index].flip(-1)
         rows = [(i, slot[1]) for i, slot in enumerate(self.slots) if slot[0] == "pixels"]
         if rows:
-            pixels = self.pixels[[row for _, row in rows]].permute(0, 3, 1, 2)
-            out[torch.tensor([i for i, _ in rows], device=device)] = pixels.to(device)
+            pixels = to_device(self.pixels[[row for _, row in rows]], device).permute(0, 3, 1, 2)
+            out[to_device(torch.tensor([i for i, _ in rows]), device)] = pixels
         return out, bad
 
     def _region(self, image: Tensor, slot: tuple) -> tuple[Tensor, dict, tuple[int, int]]:
