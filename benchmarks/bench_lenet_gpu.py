@@ -4,6 +4,7 @@
     python benchmarks/bench_lenet_gpu.py --json lenet.json              # ... and the figures as JSON
     python benchmarks/bench_lenet_gpu.py --cli-callbacks                # lit_ddp with `fit`'s callbacks too
     python benchmarks/bench_lenet_gpu.py --compile                      # ... and lit_ddp compiled, a side too
+    python benchmarks/bench_lenet_gpu.py --compile reduce-overhead      # ... compiled into CUDA graphs
     python benchmarks/bench_lenet_gpu.py --device cpu --train-size 1024 --rounds 1 --tutorial-workers 0 \\
         --json /tmp/lenet.json                                          # proves it runs, on a laptop
 
@@ -26,8 +27,9 @@ then one timed epoch, the device synchronised at the start and the end of it:
   callback) through the same ``Trainer`` as lit_ddp's, fed batches of sample indices. Between raw and
   lightning is what Lightning's loop costs; between lightning and lit_ddp, what lit_ddp's module, data
   module and metrics cost.
-- lit_ddp_compiled (``--compile``): the lit_ddp side with ``LeNetCIFAR(compile=True)``; its compilation
-  falls in the warm-up epoch.
+- lit_ddp_compiled (``--compile [MODE]``): the lit_ddp side with ``LeNetCIFAR(compile=True)``, or
+  ``compile=MODE`` (``reduce-overhead``: the network's forward and backward replayed as CUDA graphs); its
+  compilation falls in the warm-up epoch.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
   torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
   ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
@@ -36,7 +38,7 @@ then one timed epoch, the device synchronised at the start and the end of it:
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
 "raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``)
-and "device", with the arguments used.
+and "device", with the arguments used (the compile mode among them).
 """
 
 import argparse
@@ -47,6 +49,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import get_args
 
 import lightning as L
 import torch
@@ -64,6 +67,7 @@ from torchvision import transforms
 from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip
 from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
+from lit_ddp.models.classifier import CompileMode
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "lenet_cifar.yaml"
@@ -154,7 +158,7 @@ def lit_ddp_epoch(
     recipe: dict,
     data: tuple[Tensor, Tensor],
     device: torch.device,
-    compile: bool = False,
+    compile: bool | str = False,
 ) -> float:
     torch.manual_seed(0)
     callbacks: list[L.Callback] = []
@@ -327,7 +331,10 @@ def main() -> None:
     parser.add_argument("--tutorial-workers", type=int, default=4, help="the tutorial's DataLoader workers")
     parser.add_argument("--rounds", type=int, default=3, help="the sides alternate; each keeps its best")
     parser.add_argument("--cli-callbacks", action="store_true", help="lit_ddp with `fit`'s callbacks")
-    parser.add_argument("--compile", action="store_true", help="also lit_ddp with --model.compile=true")
+    parser.add_argument(
+        "--compile", nargs="?", const=True, default=False, choices=[True, *get_args(CompileMode)],
+        metavar="MODE", help="also lit_ddp with --model.compile=true, or =MODE (torch.compile's mode)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
 
@@ -347,7 +354,7 @@ def main() -> None:
         "lightning": lambda: lightning_epoch(args, recipe, data, device),
     }
     if args.compile:
-        sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=True)
+        sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=args.compile)
     epochs = interleaved(sides, args.rounds)
     best = {side: min(times) for side, times in epochs.items()}
 
@@ -363,7 +370,8 @@ def main() -> None:
         ("lightning: the same math in a plain LightningModule, Trainer.fit", epochs["lightning"]),
     ]
     if args.compile:
-        rows.append((f"lit_ddp compiled{callbacks}", epochs["lit_ddp_compiled"]))
+        mode = "" if args.compile is True else f" ({args.compile})"
+        rows.append((f"lit_ddp compiled{mode}{callbacks}", epochs["lit_ddp_compiled"]))
     for label, times in rows:
         each = " ".join(f"{t:.3f}" for t in times)
         rate = args.train_size / min(times)

@@ -152,19 +152,29 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()
 
 
-def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_cpu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compile", [None, "reduce-overhead"])
+def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_cpu(
+    tmp_path: Path, compile: str | None
+) -> None:
     """benchmarks/bench_lenet_gpu.py (the suite's lenet part), one round of 2 batches: every side's epoch
-    (the floor without a framework and inside Lightning's loop too),
-    and no compiled figure unless asked (null, never filled in)."""
+    (the floor without a framework and inside Lightning's loop too), and no compiled figure unless asked
+    (null, never filled in); asked with a mode (the lenet_cudagraphs part), lit_ddp compiled in it."""
     out = tmp_path / "lenet.json"
     script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
     script += ["--train-size=256", "--rounds=1", "--tutorial-workers=0", f"--json={out}"]
-    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
+    script += [f"--compile={compile}"] if compile else []
+    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s", "lightning_lenet_epoch_s")
-    assert all(record[key] > 0 for key in sides) and record["lenet_cifar_compiled_epoch_s"] is None
-    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw", "lightning"}
+    assert all(record[key] > 0 for key in sides)
+    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw", "lightning"} | (
+        {"lit_ddp_compiled"} if compile else set()
+    )
+    if compile:
+        assert record["lenet_cifar_compiled_epoch_s"] > 0 and record["settings"]["compile"] == compile
+    else:
+        assert record["lenet_cifar_compiled_epoch_s"] is None
 
 
 @pytest.mark.parametrize("ahead", [True, False])

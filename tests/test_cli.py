@@ -99,6 +99,12 @@ MODEL_TYPO_YAML = "model:\n  class_path: LeNetCIFAR\n  init_args:\n    lrr: 3\n"
         ),
         (["--model.optim.lr=x"], {}, "--model.optim.lr=x: expected a number"),
         (
+            ["--model.compile=fast"],
+            {},
+            "--model.compile=fast: expected one of default, reduce-overhead, max-autotune,"
+            " max-autotune-no-cudagraphs or true or false",
+        ),
+        (
             ["--optimizer=SGD"],
             {},
             "there is no --optimizer: the models build their optimizer from --model.optim.*",

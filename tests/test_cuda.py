@@ -54,7 +54,7 @@ def loads_on_cpu(path: Path) -> dict:
 # ---- mixed precision, channels-last, compile ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("compile", ["false", "true"])
+@pytest.mark.parametrize("compile", ["false", "true", "reduce-overhead"])  # the last: CUDA graphs
 def test_lenet_fits_in_bf16_channels_last(tmp_path: Path, compile: str) -> None:
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
     fit_ok(tmp_path, *args, "--model.channels_last=true", f"--model.compile={compile}")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import TINY_SHAPES, run_cli
 from torch import nn
 
+from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.models.classifier import LossMean
 from lit_ddp.models.optim import build_optimizer, lr_lambda, param_groups
@@ -189,6 +190,27 @@ def test_lenet_cifar_is_channels_last_by_default_with_unchanged_outputs() -> Non
     assert nchw.net.features[0].weight.is_contiguous()
     x = torch.randn(4, 3, 32, 32)  # an NCHW batch is converted on the way in
     torch.testing.assert_close(nhwc(x), nchw(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("compile", "mode"), [(True, None), ("reduce-overhead", "reduce-overhead")])
+def test_compile_is_torch_compile_in_place_in_the_mode_named(compile, mode, monkeypatch) -> None:
+    """``true`` compiles in torch's default mode, a mode's name in that mode (reduce-overhead: CUDA graphs),
+    the network in place, so the checkpoint's names do not change; where Lightning compiles it, once."""
+    calls: list[dict] = []
+    real = torch.compile
+
+    def recorded(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", recorded)
+    model, plain = LeNetCIFAR(compile=compile), LeNetCIFAR()
+    model.configure_model()
+    model.configure_model()
+    assert [kwargs.get("mode") for kwargs in calls] == [mode]
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    with pytest.raises(UserError, match=r"^--model.compile=fast is not a torch.compile mode: give true"):
+        LeNetCIFAR(compile="fast")
 
 
 @pytest.mark.parametrize("nvml_loads", [False, True])

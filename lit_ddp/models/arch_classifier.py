@@ -4,7 +4,7 @@ started from a weights file and trained head-only: the ImageNet recipes' system,
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.models.backbones import build_net, freeze_all_but_head, freeze_norm_stats
-from lit_ddp.models.classifier import ImageClassifier
+from lit_ddp.models.classifier import CompileMode, ImageClassifier
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.weights import load_weights
 
@@ -30,7 +30,8 @@ class ArchClassifier(ImageClassifier):
             "Bag of Tricks", §3.1), cosine decay; the lr is for a global batch of 256 when ``scale_lr``.
         label_smoothing: training-loss label smoothing (0.1 in "Bag of Tricks").
         channels_last: NHWC weights and inputs, which tensor cores want under bf16/fp16.
-        compile: ``torch.compile`` the network (in place, so checkpoints keep their parameter names).
+        compile: ``torch.compile`` the network (in place, so checkpoints keep their parameter names): true
+            in torch's default mode, or the mode named (``reduce-overhead``: CUDA graphs).
     """
 
     def __init__(
@@ -45,7 +46,7 @@ class ArchClassifier(ImageClassifier):
         ),
         label_smoothing: float = 0.0,
         channels_last: bool = False,
-        compile: bool = False,
+        compile: bool | CompileMode = False,
     ) -> None:
         net = build_net(arch, num_classes, zero_init_residual)
         if weights is not None:

@@ -19,6 +19,7 @@ over all ranks, so reported values are those of the whole dataset, not of rank 0
 
 import math
 from collections.abc import Callable
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,10 @@ STAGES = ("train", "val", "test")
 # A network class (or any callable) whose first argument is the number of classes: jsonargparse builds it
 # from a YAML ``class_path`` with the other arguments given, and the system calls it with num_classes.
 NetFactory = Callable[[int], nn.Module]
+
+# torch.compile's modes: "reduce-overhead" replays the network's forward and backward as CUDA graphs, for
+# steps too short to hide their kernel launches (LeNet's on a GPU: docs/gpu.md).
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
 
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
@@ -96,7 +101,8 @@ class ImageClassifier(LightningModule):
     as the built-in recipe) stores the 4-D weights NHWC and hands the network NHWC image batches: what tensor
     cores want under bf16/fp16, and on CPU what oneDNN's convolutions and max-pooling run fastest on
     (docs/benchmarks.md). Inputs that are not (B, C, H, W) pass unchanged. ``compile`` runs
-    ``torch.compile`` on the network, in place, so checkpoints keep their parameter names.
+    ``torch.compile`` on the network, in place, so checkpoints keep their parameter names: ``true`` in its
+    default mode, or the mode named (``reduce-overhead``: CUDA graphs).
     """
 
     def __init__(
@@ -107,9 +113,14 @@ class ImageClassifier(LightningModule):
         label_smoothing: float = 0.0,
         top_k: tuple[int, ...] = (1,),
         channels_last: bool = True,
-        compile: bool = False,
+        compile: bool | CompileMode = False,
     ) -> None:
         super().__init__()
+        if not isinstance(compile, bool) and compile not in get_args(CompileMode):
+            modes = ", ".join(get_args(CompileMode))
+            raise UserError(
+                f"--model.compile={compile} is not a torch.compile mode: give true, false or {modes}"
+            )
         if not 0.0 <= label_smoothing <= 1.0:  # NaN too; torch would raise at the first training step
             raise UserError(
                 f"--model.label_smoothing={label_smoothing} must be between 0 and 1 (0.1 is usual)"
@@ -157,7 +168,7 @@ class ImageClassifier(LightningModule):
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
         if self.compile_net and not self._net_compiled:
-            self.net.compile()
+            self.net.compile(mode=None if self.compile_net is True else self.compile_net)
             self._net_compiled = True
 
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
