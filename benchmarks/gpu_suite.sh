@@ -60,9 +60,11 @@ print(json.dumps({
 }))
 PY
       cat "$OUT/versions.json"; echo ;;
-    tests)
+    tests)  # a few at a time where pytest-xdist is there: they are mostly start-up and compiling, on the CPUs
+      parallel=()
+      python3 -c 'import xdist' 2>/dev/null && parallel=(-n "${TEST_WORKERS:-4}" --dist load)
       run python -m pytest -m cuda tests/test_cuda.py tests/test_cuda_resnet.py -p no:cacheprovider \
-        -o addopts="" -rA 2>&1 | tee "$OUT/cuda_tests.log"
+        -o addopts="" "${parallel[@]}" -rA --durations=0 2>&1 | tee "$OUT/cuda_tests.log"
       echo "${PIPESTATUS[0]}" > "$OUT/cuda_tests.rc" ;;
     resnet)
       run python benchmarks/bench_resnet_gpu.py --json "$OUT/resnet50.json" 2>&1 | tee "$OUT/resnet50.log" ;;

@@ -2,6 +2,7 @@
 what ran is read, what did not stays null, the best worker count is the measured one."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,22 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
     parts = ("setup", "tests", "lenet_compile", "lenet_cudagraphs", "jpeg_workers", "gpu_decode", "collect")
     for part in parts:
         assert part in result.stderr
+
+
+def test_the_tests_part_runs_the_cuda_tests_a_few_at_a_time_and_collect_reads_their_outcome(tmp_path) -> None:
+    """Where torch sees no GPU every CUDA test is skipped: the part still runs them (in parallel where
+    pytest-xdist is installed, as on the GPU images), and a skipped test does not count as passed."""
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_suite.sh"), str(out), "tests", "collect"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TEST_WORKERS": "2", "GPU_JSON": str(tmp_path / "gpu.json")},
+        cwd=tmp_path,  # the script runs from its checkout, wherever it is started
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (out / "cuda_tests.log").read_text()
+    assert "2 workers" in log and " skipped" in log and (out / "cuda_tests.rc").read_text().strip() == "0"
+    assert json.loads((tmp_path / "gpu.json").read_text())["gpu_tests_passed"] is False
 
 
 def test_setup_unzips_the_wheels_it_was_brought_into_site_packages_or_says_what_is_missing(tmp_path) -> None:
