@@ -152,7 +152,7 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()
 
 
-@pytest.mark.parametrize("compile", [None, "reduce-overhead"])
+@pytest.mark.parametrize("compile", [None, pytest.param("reduce-overhead", marks=pytest.mark.slow)])
 def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_cpu(
     tmp_path: Path, compile: str | None
 ) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -63,6 +64,7 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
         assert part in result.stderr
 
 
+@pytest.mark.slow
 def test_the_tests_part_runs_the_cuda_tests_a_few_at_a_time_and_collect_reads_their_outcome(tmp_path) -> None:
     """Where torch sees no GPU every CUDA test is skipped: the part still runs them (in parallel where
     pytest-xdist is installed, as on the GPU images), and a skipped test does not count as passed."""
