@@ -20,6 +20,7 @@ from lightning import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import Dataset, default_collate
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.faults import destroy_process_group_at_exit
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.testing.record import Recorder
 
@@ -141,10 +142,17 @@ def user_error_file(jobs_file: str | Path, rank: int) -> Path:
     return Path(jobs_file).with_name(f"{Path(jobs_file).stem}.user_error{rank}")
 
 
-if __name__ == "__main__":
+def main(jobs_file: str) -> None:
+    """Run the jobs of ``jobs_file`` in order. The gloo group is destroyed at exit, as the CLI does: left to
+    the interpreter's finalisation it can abort a rank that finished its work (runtime/faults.py)."""
+    destroy_process_group_at_exit()
     try:
-        for job in pickle.loads(Path(sys.argv[1]).read_bytes()):
+        for job in pickle.loads(Path(jobs_file).read_bytes()):
             run(job)
     except UserError as err:
-        user_error_file(sys.argv[1], int(os.environ.get("LOCAL_RANK", 0))).write_text(str(err))
+        user_error_file(jobs_file, int(os.environ.get("LOCAL_RANK", 0))).write_text(str(err))
         raise
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
