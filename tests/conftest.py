@@ -137,3 +137,15 @@ def streaming_reference(
         return made[processes]
 
     return reference
+
+
+@pytest.fixture
+def atexit_handlers(monkeypatch: pytest.MonkeyPatch) -> list:
+    """What ``atexit.register`` is given while the test runs, in order (``unregister`` takes it back):
+    for the checks that a process destroys its process group at exit, without registering it for real."""
+    import atexit
+
+    handlers: list = []
+    monkeypatch.setattr(atexit, "register", handlers.append)
+    monkeypatch.setattr(atexit, "unregister", lambda fn: handlers.remove(fn) if fn in handlers else None)
+    return handlers

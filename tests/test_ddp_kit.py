@@ -222,20 +222,16 @@ def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
         check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), workdir=tmp_path / "a_file" / "runs")
 
 
-def test_a_kit_rank_destroys_its_process_group_at_exit(tmp_path: Path, monkeypatch) -> None:
+def test_a_kit_rank_destroys_its_process_group_at_exit(tmp_path: Path, atexit_handlers: list) -> None:
     """Each rank of the kit (worker.py) leaves no gloo group to the interpreter's finalisation, which can
     abort a rank that finished its work ("terminate called without an active exception"): seen once in a
     generated project's suite. The CLI's runs do the same (test_faults.py)."""
-    import atexit
     import pickle
 
     from lit_ddp.runtime import faults
     from lit_ddp.testing import worker
 
-    handlers: list = []
-    monkeypatch.setattr(atexit, "register", handlers.append)
-    monkeypatch.setattr(atexit, "unregister", lambda fn: handlers.remove(fn) if fn in handlers else None)
     jobs = tmp_path / "jobs.pkl"
     jobs.write_bytes(pickle.dumps([]))
     worker.main(str(jobs))
-    assert handlers == [faults._destroy_process_group]
+    assert atexit_handlers == [faults._destroy_process_group]

@@ -569,14 +569,10 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
 
 
-def test_the_process_group_is_destroyed_at_exit_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    import atexit
-
+def test_the_process_group_is_destroyed_at_exit_once_per_process(atexit_handlers: list) -> None:
     from lit_ddp.runtime import faults
 
-    handlers: list = []
-    monkeypatch.setattr(atexit, "register", handlers.append)
-    monkeypatch.setattr(atexit, "unregister", lambda fn: handlers.remove(fn) if fn in handlers else None)
+    handlers = atexit_handlers
     for _ in range(3):  # e.g. fit then test in one process
         faults.destroy_process_group_at_exit()
     assert handlers == [faults._destroy_process_group]
