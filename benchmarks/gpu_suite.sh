@@ -4,8 +4,8 @@
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_compile
-# lenet_cudagraphs jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile` (not in that list)
-# times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
+# lenet_cudagraphs jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile`
+# (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
 # `timeout` within 10 minutes (PART_TIMEOUT, seconds), so a machine that allows 10 minutes per command runs
 # one or a few at a time into the same OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
 # null for a figure that did not run or failed, never an estimate.
