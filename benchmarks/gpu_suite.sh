@@ -100,8 +100,10 @@ PY
     profile)  # where the time goes: the gpu_decode batch's stages (on 4 CPUs) and the LeNet step's operators
       run taskset -c 0-3 python benchmarks/profile_gpu.py decode --dir "$OUT/jpegs" \
         --json "$OUT/profile_decode.json" 2>&1 | tee "$OUT/profile_decode.log"
-      run python benchmarks/profile_gpu.py lenet --json "$OUT/profile_lenet.json" \
-        --table "$OUT/profile_lenet_ops.txt" 2>&1 | tee "$OUT/profile_lenet.log" ;;
+      for side in lit_ddp floor; do  # the floor's busy share says what CUDA graphs can still win
+        run python benchmarks/profile_gpu.py lenet --side "$side" --json "$OUT/profile_lenet_$side.json" \
+          --table "$OUT/profile_lenet_${side}_ops.txt" 2>&1 | tee "$OUT/profile_lenet_$side.log"
+      done ;;
     worker_memory)
       run python benchmarks/bench_worker_memory_gpu.py --workers 4 --json "$OUT/worker_memory.json" 2>&1 \
         | tee "$OUT/worker_memory.log" ;;

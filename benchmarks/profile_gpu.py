@@ -18,8 +18,11 @@ synchronised around it, so that their sum is an upper bound of the real, overlap
 Each as milliseconds per batch (median over ``--batches`` after one untimed) and images/s.
 
 lenet: ``torch.profiler`` over ``--steps`` training steps of LeNet-CIFAR as bench_lenet_gpu.py trains it
-(bare Trainer, the recipe's settings, in-memory data): wall ms per step, device kernels launched per step,
-and the operators by host (self CPU) time, as a table (``--table``).
+(``--side lit_ddp``: bare Trainer, the recipe's settings, in-memory data; ``--side floor``: the same math in a
+plain loop, no framework): wall ms per step, device kernels launched per step, the device's busy time per
+step (the union of the kernels' spans) and its share of the wall time, and the operators by host (self CPU)
+time, as a table (``--table``). A busy share far below 1 says the step waits on the host's launches, which
+CUDA graphs remove; near 1, the kernels themselves are the limit and only fewer or faster kernels help.
 """
 
 import argparse
@@ -32,14 +35,14 @@ from pathlib import Path
 import lightning as L
 import torch
 from bench_jpeg_gpu import generate  # benchmarks/ is on sys.path when this script runs
-from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped, read_recipe
+from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped, floor_loss, floor_optimizer, read_recipe
 from harness import settings, synchronize, training_only, write_results
 from torch.profiler import ProfilerActivity, profile
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data import ImageNetDataModule
 from lit_ddp.data.jpeg import crop_resize
-from lit_ddp.models import LeNetCIFAR
+from lit_ddp.models import LeNet, LeNetCIFAR
 
 
 def timed(fn, device: torch.device) -> tuple[object, float]:
@@ -108,7 +111,8 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 class StepProfiler(L.Callback):
-    """torch.profiler around training steps [warmup, warmup + steps), the device synchronised at both ends."""
+    """torch.profiler around training steps [warmup, warmup + steps), the device synchronised at both ends: a
+    Lightning callback, or ``begin``/``end`` called by a plain loop."""
 
     def __init__(self, warmup: int, steps: int, device: torch.device) -> None:
         self.first, self.last, self.device = warmup, warmup + steps - 1, device
@@ -116,45 +120,87 @@ class StepProfiler(L.Callback):
         self.profiler = profile(activities=activities)
         self.seconds = 0.0
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if batch_idx == self.first:
+    def begin(self, step: int) -> None:
+        if step == self.first:
             synchronize(self.device)
             self.profiler.start()
             self.start = time.perf_counter()
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if batch_idx == self.last:
+    def end(self, step: int) -> None:
+        if step == self.last:
             synchronize(self.device)
             self.seconds = time.perf_counter() - self.start
             self.profiler.stop()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.begin(batch_idx)
 
-def profile_lenet(args: argparse.Namespace, device: torch.device) -> tuple[dict, str]:
-    recipe = read_recipe()
-    steps = args.warmup + args.steps
-    data = cifar_shaped(args.batch_size * steps)
-    probe = StepProfiler(args.warmup, args.steps, device)
-    torch.manual_seed(0)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.end(batch_idx)
+
+
+def busy_us(kernels: list) -> float:
+    """The device's busy time: the union of the kernels' [start, end) spans, in µs (kernels on several
+    streams may overlap; counted once)."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted((k.time_range.start, k.time_range.end) for k in kernels):
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return busy
+
+
+def lit_ddp_steps(args: argparse.Namespace, device: torch.device, recipe: dict, probe: StepProfiler) -> None:
+    data = cifar_shaped(args.batch_size * (args.warmup + args.steps))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = L.Trainer(
             accelerator=device.type,
             devices=1,
             precision=recipe["precision"],
-            max_steps=steps,
+            max_steps=args.warmup + args.steps,
             logger=False,
             callbacks=[probe],
             **training_only(tmp),
         )
         dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
         trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)
+
+
+def floor_steps(args: argparse.Namespace, device: torch.device, recipe: dict, probe: StepProfiler) -> None:
+    """bench_lenet_gpu.py's ``raw_epoch`` step (fp32, as the recipe), with the probe's hooks around it."""
+    images, labels = (t.to(device) for t in cifar_shaped(args.batch_size * (args.warmup + args.steps)))
+    net = LeNet().to(device, memory_format=torch.channels_last)
+    optimizer = floor_optimizer(net.parameters(), recipe, device)
+    batches = torch.randperm(len(labels), device=device).split(args.batch_size)
+    for step, index in enumerate(batches):
+        probe.begin(step)
+        floor_loss(net, images, labels, index).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        probe.end(step)
+
+
+LENET_SIDES = {"lit_ddp": lit_ddp_steps, "floor": floor_steps}
+
+
+def profile_lenet(args: argparse.Namespace, device: torch.device) -> tuple[dict, str]:
+    recipe = read_recipe()
+    probe = StepProfiler(args.warmup, args.steps, device)
+    torch.manual_seed(0)
+    LENET_SIDES[args.side](args, device, recipe, probe)
     events = probe.profiler.events()
     kernels = [e for e in events if e.device_type.name == "CUDA"]
     ops = probe.profiler.key_averages()
     table = ops.table(sort_by="self_cpu_time_total", row_limit=40)
+    ms_per_step = 1e3 * probe.seconds / args.steps
+    device_ms = busy_us(kernels) / 1e3 / args.steps
     return {
+        "side": args.side,
         "steps": args.steps,
-        "ms_per_step": 1e3 * probe.seconds / args.steps,
+        "ms_per_step": ms_per_step,
         "kernels_per_step": len(kernels) / args.steps,
+        "device_busy_ms_per_step": device_ms,
+        "device_busy_share": device_ms / ms_per_step,
         "host_self_ms_per_step": sum(e.self_cpu_time_total for e in ops) / 1e3 / args.steps,
     }, table
 
@@ -172,6 +218,7 @@ def main() -> None:
     cli.add_argument("--batches", type=int, default=10, help="decode: timed batches")
     cli.add_argument("--warmup", type=int, default=50, help="lenet: untimed steps")
     cli.add_argument("--steps", type=int, default=50, help="lenet: profiled steps")
+    cli.add_argument("--side", choices=sorted(LENET_SIDES), default="lit_ddp", help="lenet: which step")
     cli.add_argument("--json", type=Path, default=None)
     cli.add_argument("--table", type=Path, default=None, help="lenet: the operator table")
     args = cli.parse_args()
@@ -184,8 +231,10 @@ def main() -> None:
     else:
         result, table = profile_lenet(args, device)
         print(
-            f"  {result['ms_per_step']:.2f} ms a step, {result['kernels_per_step']:.1f} device kernels a"
-            f" step, {result['host_self_ms_per_step']:.2f} ms of operator host time a step"
+            f"  {args.side}: {result['ms_per_step']:.2f} ms a step, {result['kernels_per_step']:.1f} device"
+            f" kernels a step, the device busy {result['device_busy_ms_per_step']:.2f} ms a step"
+            f" ({result['device_busy_share']:.0%}), {result['host_self_ms_per_step']:.2f} ms of operator host"
+            " time a step"
         )
         if args.table:
             args.table.write_text(table)

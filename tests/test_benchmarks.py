@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import REPO, TINY_RUN, cli_env
@@ -142,14 +143,26 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     assert set(stages) == {"load", "nvjpeg", "decode", "crop", "crop_each"}
     assert all(stages[k] > 0 for k in ("load", "nvjpeg", "decode", "crop_each"))
     assert stages["crop"] == pytest.approx(stages["decode"] - stages["nvjpeg"])
-    lenet = [*run, "lenet", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
-    lenet += [f"--json={tmp_path / 'lenet.json'}", f"--table={tmp_path / 'ops.txt'}"]
-    result = subprocess.run(lenet, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    step = json.loads((tmp_path / "lenet.json").read_text())
-    assert step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
-    assert step["kernels_per_step"] == 0  # no device kernels on a CPU
-    assert "aten::convolution_backward" in (tmp_path / "ops.txt").read_text()
+    for side in ("lit_ddp", "floor"):
+        lenet = [*run, "lenet", f"--side={side}", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
+        lenet += [f"--json={tmp_path / side}.json", f"--table={tmp_path / side}.txt"]
+        result = subprocess.run(lenet, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        step = json.loads((tmp_path / f"{side}.json").read_text())
+        assert step["side"] == side and step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
+        # No device kernels on a CPU, so the device is never busy.
+        assert step["kernels_per_step"] == 0 and step["device_busy_ms_per_step"] == 0
+        assert "aten::convolution_backward" in (tmp_path / f"{side}.txt").read_text()
+
+
+def test_the_profiles_device_busy_time_counts_overlapping_kernels_once() -> None:
+    from profile_gpu import busy_us
+
+    span = lambda start, end: SimpleNamespace(time_range=SimpleNamespace(start=start, end=end))  # noqa: E731
+    # [0, 10) and [5, 12) overlap on two streams; [20, 25) alone; [21, 22) inside it.
+    kernels = [span(20, 25), span(0, 10), span(21, 22), span(5, 12)]
+    assert busy_us(kernels) == 12 + 5
+    assert busy_us([]) == 0
 
 
 @pytest.mark.parametrize("compile", [None, pytest.param("reduce-overhead", marks=pytest.mark.slow)])
