@@ -263,32 +263,43 @@ ONE_DEVICE = [
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 
 
+def one_device_fit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    cwd.mkdir(parents=True, exist_ok=True)
+    result = run_cli([*ONE_DEVICE, *QUIET, *args], cwd=cwd, env=ENV, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def one_device_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted one-process run, recording its batches (the probe never fires)."""
+    reference = tmp_path_factory.mktemp("one_device_reference")
+    one_device_fit(reference, *fault(reference / "probe"))
+    return reference
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("where", ["mid_epoch", "epoch_end"])
-def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(tmp_path: Path, where: str) -> None:
+def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(
+    tmp_path: Path, where: str, one_device_reference: Path
+) -> None:
     """One process, stopped by SIGTERM in epoch 1 or at the end of epoch 0, then resumed:
     the same batches as the uninterrupted run, its final weights and its metrics."""
-
-    def fit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-        cwd.mkdir(parents=True, exist_ok=True)
-        result = run_cli([*ONE_DEVICE, *QUIET, *args], cwd=cwd, env=ENV, timeout=180)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result
-
-    reference = tmp_path / "reference"
-    fit(reference, *fault(reference / "probe"))
     # One process takes 8 batches of 32 per epoch: batch 9 is epoch 1's second.
     stop = {"mid_epoch": {"at_step": 9}, "epoch_end": {"at_epoch_end": 0}}[where]
     run = tmp_path / "run"
-    stopped = fit(run, *fault(run / "probe", "sigterm", **stop))
+    stopped = one_device_fit(run, *fault(run / "probe", "sigterm", **stop))
     expected = {
         "mid_epoch": "at epoch 2, step 10 (mid-epoch, after 2 of 8 batches)",
         "epoch_end": "at the end of epoch 1, step 8: saved",
     }[where]
     assert f"stopped by SIGTERM {expected}" in stopped.stdout + stopped.stderr
-    fit(run, "--ckpt_path=last", *fault(run / "probe2"))
-    fit(run, "--ckpt_path=last", *fault(run / "probe2"))
+    one_device_fit(run, "--ckpt_path=last", *fault(run / "probe2"))
+    # Resumed again once finished (a job requeued after its end): it trains no batch, and the weights and
+    # metrics below stay the uninterrupted run's.
+    one_device_fit(run, "--ckpt_path=last", *fault(run / "probe2"))
+    reference = one_device_reference
     full, before, after = (batches(d) for d in (reference / "probe", run / "probe", run / "probe2"))
     assert before + after == full
     assert_same_run(run, reference)
