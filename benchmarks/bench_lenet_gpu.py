@@ -200,6 +200,22 @@ def floor_optimizer(params, recipe: dict, device: torch.device) -> torch.optim.A
     return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay, fused=fused)
 
 
+def floor_step(
+    net: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    autocast: contextlib.AbstractContextManager,
+    images: Tensor,
+    labels: Tensor,
+    index: Tensor,
+) -> None:
+    """One training step of the floor, no framework: ``floor_loss`` under ``autocast``, backward, update."""
+    with autocast:
+        loss = floor_loss(net, images, labels, index)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def raw_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
@@ -215,11 +231,7 @@ def raw_epoch(
             start = time.perf_counter()
         order = torch.randperm(n, device=device)
         for first in range(0, n, batch):
-            with autocast:
-                loss = floor_loss(net, images, labels, order[first : first + batch])
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            floor_step(net, optimizer, autocast, images, labels, order[first : first + batch])
     synchronize(device)
     return time.perf_counter() - start
 

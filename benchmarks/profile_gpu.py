@@ -35,7 +35,14 @@ from pathlib import Path
 import lightning as L
 import torch
 from bench_jpeg_gpu import generate  # benchmarks/ is on sys.path when this script runs
-from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped, floor_loss, floor_optimizer, read_recipe
+from bench_lenet_gpu import (
+    InMemoryCIFAR,
+    cifar_shaped,
+    floor_optimizer,
+    floor_step,
+    precision_context,
+    read_recipe,
+)
 from harness import settings, synchronize, training_only, write_results
 from torch.profiler import ProfilerActivity, profile
 from torchvision.io import ImageReadMode, decode_jpeg
@@ -167,16 +174,14 @@ def lit_ddp_steps(args: argparse.Namespace, device: torch.device, recipe: dict, 
 
 
 def floor_steps(args: argparse.Namespace, device: torch.device, recipe: dict, probe: StepProfiler) -> None:
-    """bench_lenet_gpu.py's ``raw_epoch`` step (fp32, as the recipe), with the probe's hooks around it."""
+    """bench_lenet_gpu.py's ``raw_epoch`` step at the recipe's precision, with the probe's hooks around it."""
     images, labels = (t.to(device) for t in cifar_shaped(args.batch_size * (args.warmup + args.steps)))
     net = LeNet().to(device, memory_format=torch.channels_last)
     optimizer = floor_optimizer(net.parameters(), recipe, device)
-    batches = torch.randperm(len(labels), device=device).split(args.batch_size)
-    for step, index in enumerate(batches):
+    autocast = precision_context(recipe["precision"], device)
+    for step, index in enumerate(torch.randperm(len(labels), device=device).split(args.batch_size)):
         probe.begin(step)
-        floor_loss(net, images, labels, index).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        floor_step(net, optimizer, autocast, images, labels, index)
         probe.end(step)
 
 

@@ -622,11 +622,10 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
 def test_the_process_group_is_destroyed_at_exit_once_per_process(atexit_handlers: list) -> None:
     from lit_ddp.runtime import faults
 
-    handlers = atexit_handlers
     for _ in range(3):  # e.g. fit then test in one process
         faults.destroy_process_group_at_exit()
-    assert handlers == [faults._destroy_process_group]
-    handlers[0]()  # nothing initialised in this process: a no-op, not an error
+    assert atexit_handlers == [faults._destroy_process_group]
+    atexit_handlers[0]()  # nothing initialised in this process: a no-op, not an error
 
 
 def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(

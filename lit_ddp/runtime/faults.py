@@ -193,19 +193,20 @@ class FaultMonitor(Callback):
         elif is_timeout(exception):
             timeout = collective_timeout(trainer.strategy)
             waited = f"--dist_timeout={timeout.total_seconds():g} s" if timeout else "the collective timeout"
-            if not torch.distributed.is_initialized():
+            if torch.distributed.is_initialized():
+                what, verdict = where, "one of them is stuck; the job stops"
+            else:
                 # No process group yet: the rendezvous, which torch bounds by the same timeout, gave up on
                 # ranks that had not joined: still starting (imports on a slow or busy node) or never started.
-                self.report.message = (
-                    f"rank {trainer.global_rank} waited {waited} for the other ranks to join at start-up"
-                    f" ({_first_line(exception)}): the start-up shares that timeout; raise --dist_timeout"
-                    " above the time the ranks take to start, or see their output for one that failed"
+                what = "to join at start-up"
+                verdict = (
+                    "the start-up shares that timeout; raise --dist_timeout above the time the ranks take to"
+                    " start, or see their output for one that failed"
                 )
-            else:
-                self.report.message = (
-                    f"rank {trainer.global_rank} waited {waited} for the other ranks {where}"
-                    f" ({_first_line(exception)}): one of them is stuck; the job stops"
-                )
+            self.report.message = (
+                f"rank {trainer.global_rank} waited {waited} for the other ranks {what}"
+                f" ({_first_line(exception)}): {verdict}"
+            )
         elif is_peer_failure(exception):
             self.report.message = (
                 f"rank {trainer.global_rank} lost contact with another rank {where}"
