@@ -165,6 +165,15 @@ def test_the_profiles_device_busy_time_counts_overlapping_kernels_once() -> None
     assert busy_us([]) == 0
 
 
+def test_the_profiles_device_work_leaves_out_annotations_spanning_the_step() -> None:
+    from profile_gpu import device_work
+
+    cuda, cpu = SimpleNamespace(name="CUDA"), SimpleNamespace(name="CPU")
+    event = lambda device, annotation: SimpleNamespace(device_type=device, is_user_annotation=annotation)  # noqa: E731
+    kernel, annotation, host_op = event(cuda, False), event(cuda, True), event(cpu, False)
+    assert device_work([kernel, annotation, host_op]) == [kernel]
+
+
 @pytest.mark.parametrize("compile", [None, pytest.param("reduce-overhead", marks=pytest.mark.slow)])
 def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_cpu(
     tmp_path: Path, compile: str | None
