@@ -14,13 +14,10 @@ the batch size, optimizer settings and precision of configs/lenet_cifar.yaml. Ea
 then one timed epoch, the device synchronised at the start and the end of it:
 
 - lit_ddp: ``Trainer.fit`` of ``LeNetCIFAR`` (channels_last, AdamW and its schedule, torchmetrics accuracy)
-  on an in-memory ImageDataModule built as CIFAR10DataModule builds its splits, loaded as the recipe says
-  (``on_device: true``: the splits held on the device, each batch gathered there from its sample indices),
-  then cropped (4-pixel padding), flipped and normalised there, whole (``on_after_batch_transfer``). No
-  validation, logger, checkpoints or progress bar; ``--cli-callbacks`` adds every other callback
-  ``python -m lit_ddp fit`` runs, and a logger for them.
-- lit_ddp_other_loader: the same with the other ``on_device``: with the recipe's ``true``, each uint8
-  batch one ``index_select`` on the host, pinned and copied to the device (the A/B of the two loaders).
+  on an in-memory ImageDataModule built as CIFAR10DataModule builds its splits: each uint8 batch is one
+  ``index_select``, copied to the device, then cropped (4-pixel padding), flipped and normalised there,
+  whole (``on_after_batch_transfer``). No validation, logger, checkpoints or progress bar;
+  ``--cli-callbacks`` adds every other callback ``python -m lit_ddp fit`` runs, and a logger for them.
 - raw: the floor, the same math without a framework: the images already on the device, each batch
   cropped, flipped and normalised there with lit_ddp's batch functions (the global RNG's draws), LeNet in
   channels-last, AdamW (fused on CUDA), the recipe's precision; no metric, schedule or logging. What
@@ -40,8 +37,8 @@ then one timed epoch, the device synchronised at the start and the end of it:
 
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
-"raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_host_loader_epoch_s" (lit_ddp with
-``on_device: false``), "lenet_cifar_compiled_epoch_s" (null without ``--compile``) and "device", with the arguments used (the compile mode among them).
+"raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``)
+and "device", with the arguments used (the compile mode among them).
 """
 
 import argparse
@@ -78,19 +75,14 @@ WARMUP_EPOCHS = 1  # the epoch after it is timed
 
 
 def read_recipe() -> dict:
-    """What the benchmark takes from configs/lenet_cifar.yaml: the batch size, the loader's workers and
-    whether the splits are held on the device, the precision (Lightning's default if the recipe names none)
-    and LeNetCIFAR's arguments."""
+    """What the benchmark takes from configs/lenet_cifar.yaml: the batch size, the loader's workers, the
+    precision (Lightning's default if the recipe names none) and LeNetCIFAR's arguments."""
     config = yaml.safe_load(RECIPE.read_text())
     data, model = config["data"]["init_args"], dict(config["model"]["init_args"])
     model["optim"] = OptimConfig(**model["optim"])
     precision = config["trainer"].get("precision", "32-true")
     return dict(
-        batch_size=data["batch_size"],
-        num_workers=data["num_workers"],
-        on_device=data.get("on_device", False),
-        precision=precision,
-        model=model,
+        batch_size=data["batch_size"], num_workers=data["num_workers"], precision=precision, model=model
     )
 
 
@@ -111,11 +103,8 @@ class InMemoryCIFAR(ImageDataModule):
     class_names = CIFAR10DataModule.class_names
     mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
 
-    def __init__(
-        self, images: Tensor, labels: Tensor, batch_size: int, num_workers: int | None, on_device: bool
-    ) -> None:
-        augmentation = CropFlip(padding=4)
-        super().__init__(batch_size, num_workers, augmentation=augmentation, on_device=on_device)
+    def __init__(self, images: Tensor, labels: Tensor, batch_size: int, num_workers: int | None) -> None:
+        super().__init__(batch_size=batch_size, num_workers=num_workers, augmentation=CropFlip(padding=4))
         self.images, self.labels = images, labels
 
     def load_split(self, split: str) -> tuple[Tensor, Tensor]:
@@ -170,9 +159,7 @@ def lit_ddp_epoch(
     data: tuple[Tensor, Tensor],
     device: torch.device,
     compile: bool | str = False,
-    on_device: bool | None = None,
 ) -> float:
-    """``on_device``: the splits held on the device, or not; None: as the recipe says."""
     torch.manual_seed(0)
     callbacks: list[L.Callback] = []
     if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags turn off (as the CLI does)
@@ -180,8 +167,7 @@ def lit_ddp_epoch(
 
         off = tuple(OFF_SWITCHES.values())
         callbacks += [cls(**kw) for cls, kw in CALLBACKS.values() if not issubclass(cls, off)]
-    held = recipe["on_device"] if on_device is None else on_device
-    dm = InMemoryCIFAR(*data, args.batch_size, recipe["num_workers"], on_device=held)
+    dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
     model = LeNetCIFAR(**{**recipe["model"], "compile": compile})
     # With fit's callbacks, a logger: they write to one.
     return timed_fit(
@@ -378,10 +364,6 @@ def main() -> None:
         "tutorial": lambda: tutorial_epoch(args, recipe, data, device),
         "raw": lambda: raw_epoch(args, recipe, data, device),
         "lightning": lambda: lightning_epoch(args, recipe, data, device),
-        # the recipe's module with the other loader: the batches indexed and copied on the host, or held
-        "lit_ddp_other_loader": lambda: lit_ddp_epoch(
-            args, recipe, data, device, on_device=not recipe["on_device"]
-        ),
     }
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=args.compile)
@@ -398,7 +380,6 @@ def main() -> None:
         (f"tutorial: PIL transforms in {args.tutorial_workers} workers, DDP", epochs["tutorial"]),
         ("raw: the same math, no framework (the floor)", epochs["raw"]),
         ("lightning: the same math in a plain LightningModule, Trainer.fit", epochs["lightning"]),
-        (f"lit_ddp, --data.on_device={str(not recipe['on_device']).lower()}", epochs["lit_ddp_other_loader"]),
     ]
     if args.compile:
         mode = "" if args.compile is True else f" ({args.compile})"
@@ -421,9 +402,6 @@ def main() -> None:
             "raw_lenet_epoch_s": best["raw"],
             "lightning_lenet_epoch_s": best["lightning"],
             "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
-            "lenet_cifar_host_loader_epoch_s": best[
-                "lit_ddp" if not recipe["on_device"] else "lit_ddp_other_loader"
-            ],
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 

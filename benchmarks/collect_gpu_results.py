@@ -19,7 +19,6 @@ FIGURES = {
     "tutorial_lenet_epoch_s": ("lenet.json", "tutorial_lenet_epoch_s"),
     "raw_lenet_epoch_s": ("lenet.json", "raw_lenet_epoch_s"),  # the same math without a framework
     "lightning_lenet_epoch_s": ("lenet.json", "lightning_lenet_epoch_s"),  # ... in Lightning's loop
-    "lenet_cifar_host_loader_epoch_s": ("lenet.json", "lenet_cifar_host_loader_epoch_s"),  # on_device=false
     "lenet_cifar_compiled_epoch_s": ("lenet_compile.json", "lenet_cifar_compiled_epoch_s"),
     "lenet_cifar_cudagraphs_epoch_s": ("lenet_cudagraphs.json", "lenet_cifar_compiled_epoch_s"),
     "jpeg_pipeline_img_s": ("jpeg.json", "jpeg_pipeline_img_s"),  # the automatic worker count

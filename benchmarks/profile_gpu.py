@@ -176,7 +176,7 @@ def lit_ddp_steps(args: argparse.Namespace, device: torch.device, recipe: dict, 
             callbacks=[probe],
             **training_only(tmp),
         )
-        dm = InMemoryCIFAR(*data, args.batch_size, recipe["num_workers"], on_device=recipe["on_device"])
+        dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
         trainer.fit(LeNetCIFAR(**recipe["model"]), datamodule=dm)
 
 

@@ -34,14 +34,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
-from lit_ddp.data.datasets import (
-    IndexBatch,
-    IndexedDataset,
-    SampleIndices,
-    TensorImageDataset,
-    WorkerError,
-    collate_batch,
-)
+from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import (
@@ -86,10 +79,6 @@ class ImageDataModule(LightningDataModule):
         mixup_alpha: MixUp of the normalised training batch with Beta(α, α); 0 is off. With CutMix
             too, one of the two per batch, p = 1/2.
         cutmix_alpha: CutMix of the normalised training batch with Beta(α, α); 0 is off.
-        on_device: hold the splits on the training device (each copied there once, on its first batch):
-            the loader hands out sample indices only and each batch is gathered there, so no step indexes,
-            pins or copies images on the host. For splits held in memory (``TensorImageDataset``); costs
-            their size in every device's memory (CIFAR-10: 150 MB); the loader starts no workers.
         augment: deprecated; false is ``augmentation: null``.
         crop_padding: deprecated; N is ``augmentation: {class_path: CropFlip, init_args: {padding: N}}``.
     """
@@ -116,7 +105,6 @@ class ImageDataModule(LightningDataModule):
         predict_dir: str | None = None,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
-        on_device: bool = False,
         augment: bool | None = None,
         crop_padding: int | None = None,
     ) -> None:
@@ -138,14 +126,6 @@ class ImageDataModule(LightningDataModule):
         self.save_hyperparameters(ignore=["augmentation", "augment", "crop_padding"])
         self.hparams["augmentation"] = describe(self.augmentation)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
-        if on_device and self.augmentation is not None and not self.augmentation.on_device:
-            raise UserError(
-                f"--data.on_device=true gathers the batches on the device, where no worker runs the"
-                f" augmentation {type(self.augmentation).__name__}: choose one that runs on the device"
-                " (CropFlip), or pass --data.on_device=false"
-            )
-        self.on_device = on_device
-        self._held: dict[str, tuple[Dataset, Tensor, Tensor]] = {}  # split: (its dataset, images, labels)
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
@@ -206,12 +186,6 @@ class ImageDataModule(LightningDataModule):
             data = self.load_split(split)
             if isinstance(data, tuple):
                 data = TensorImageDataset(*data)
-            if self.on_device and not isinstance(data, TensorImageDataset):
-                raise UserError(
-                    f"--data.on_device=true holds splits in device memory, but {type(self).__name__}'s"
-                    f" {split} split is a {type(data).__name__}, not images held in memory: pass"
-                    " --data.on_device=false"
-                )
             setattr(self, f"{split}_set", data)
 
     def _check_batch_norm(self, model: nn.Module | None) -> None:
@@ -282,10 +256,7 @@ class ImageDataModule(LightningDataModule):
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
         if train and self._augments_on_device():
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
-        held = self.on_device and isinstance(getattr(dataset, "dataset", dataset), TensorImageDataset)
-        if held:  # predict_dir's files are read as usual
-            dataset = SampleIndices(dataset)
-        workers = 0 if held else self.workers_per_device()  # indices only: a worker would add IPC
+        workers = self.workers_per_device()
         return self._make_loader(
             dataset,
             batch_size=self.batch_size,
@@ -373,19 +344,13 @@ class ImageDataModule(LightningDataModule):
     def on_before_batch_transfer(self, batch: tuple | WorkerError, dataloader_idx: int) -> tuple:
         if isinstance(batch, WorkerError):  # a worker could not build it: its error, here, as itself
             raise batch.error
-        trainer = self.trainer
-        if isinstance(
-            batch, IndexBatch
-        ):  # on_device: the draws hashed here as below, the images gathered after
-            if trainer is not None and trainer.training and self._augments_on_device():
-                batch = batch._replace(rand=self.augmentation_random(batch.index, trainer.current_epoch))
-            return batch
         # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third
         # slot, {slot: (path, why)}: their slots go here, on the CPU before the copy (no device sync).
         if len(batch) > 2 and isinstance(batch[2], dict):
             batch, bad = drop_unreadable(batch)
             if bad:
                 self.on_unreadable_files(bad)
+        trainer = self.trainer
         if trainer is not None and trainer.training and self._augments_on_device() and len(batch) > 2:
             # The draws' hashing (a few dozen integer ops on (B,) tensors) here, on the host: on a GPU each
             # op would be a kernel launch per step. The draws travel to the device with the batch.
@@ -404,8 +369,6 @@ class ImageDataModule(LightningDataModule):
             self.unreadable.add(split, bad)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
-        if isinstance(batch, IndexBatch):
-            batch = self._gather(batch)
         x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices
         trainer = self.trainer
         mix = None
@@ -430,30 +393,6 @@ class ImageDataModule(LightningDataModule):
         if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
         return x, y, *index
-
-    def _gather(self, batch: IndexBatch) -> tuple[Tensor, ...]:
-        """An ``on_device`` batch as the host loader would have brought it: (x, y), and its draws or indices
-        where that loader's batch carries them, gathered from the split held on the indices' device."""
-        if self.trainer is None:
-            raise RuntimeError(
-                "on_device batches are gathered from the trainer's current split: none attached"
-            )
-        split = SPLIT_OF_STAGE[self.trainer.state.stage]
-        dataset = getattr(self, f"{split}_set")
-        held = self._held.get(split)
-        if held is None or held[0] is not dataset or held[1].device != batch.index.device:
-            held = self._held[split] = (
-                dataset,
-                *(t.to(batch.index.device) for t in (dataset.images, dataset.labels)),
-            )
-        _, images, labels = held
-        x, y = images.index_select(0, batch.index), labels.index_select(0, batch.index)
-        if batch.rand is not None:
-            return x, y, batch.rand
-        return (x, y, batch.index) if batch.indexed else (x, y)
-
-    def teardown(self, stage: str) -> None:
-        self._held.clear()  # the device's copies of the splits
 
     def _count_training_batch(self, epoch: int, world_size: int) -> int:
         """This batch's index in its epoch; counts its samples over all ranks. Counted here, where each

@@ -2,19 +2,16 @@
 
 ``TensorImageDataset`` holds a split as one uint8 tensor and hands the DataLoader whole batches
 (``__getitems__``), which ``collate_batch`` passes through; ``IndexedDataset`` adds each sample's index to
-its batch (the key of its augmentation draws, and of predictions); ``SampleIndices`` hands out only the
-indices, for a split held on the device (``on_device``) and gathered there; ``split_indices`` is the seeded
+its batch (the key of its augmentation draws, and of predictions); ``split_indices`` is the seeded
 train/val split the same on every rank.
 """
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from lit_ddp.data.batch_transforms import SampleRandom
 from lit_ddp.errors import UserError
 
 
@@ -84,31 +81,6 @@ class IndexedDataset(Dataset):
         if isinstance(batch, WorkerError):
             return batch
         return (*batch, torch.as_tensor(indices, dtype=torch.long))
-
-
-class IndexBatch(NamedTuple):
-    """A batch of a split held on the device: its samples' (B,) indices, gathered into images and labels
-    there (``ImageDataModule.on_after_batch_transfer``). ``indexed``: the gathered batch carries the indices
-    too, as ``IndexedDataset``'s batches do; ``rand``: the training batch's draws, hashed before the copy."""
-
-    index: Tensor
-    indexed: bool
-    rand: SampleRandom | None = None
-
-
-class SampleIndices(Dataset):
-    """In place of a ``TensorImageDataset`` (or an ``IndexedDataset`` of one) whose tensors are held on the
-    device: its batches are ``IndexBatch``es, the only thing that crosses to the device each step."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.indexed = isinstance(dataset, IndexedDataset)
-        self.size = len(dataset)
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitems__(self, indices: Sequence[int]) -> IndexBatch:
-        return IndexBatch(torch.as_tensor(indices, dtype=torch.long), self.indexed)
 
 
 def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
