@@ -30,6 +30,11 @@ then one timed epoch, the device synchronised at the start and the end of it:
 - lit_ddp_compiled (``--compile [MODE]``): the lit_ddp side with ``LeNetCIFAR(compile=True)``, or
   ``compile=MODE`` (``reduce-overhead``: the network's forward and backward replayed as CUDA graphs); its
   compilation falls in the warm-up epoch.
+- raw_graphed, lightning_graphed (``--graphed``, a CUDA device only): the raw and lightning sides with the
+  whole step (loss, backward, AdamW's update) captured once as one CUDA graph and replayed per batch
+  (``GraphedStep``; Lightning's side under manual optimisation): what is left when a step launches one
+  graph, i.e. whether capturing lit_ddp's whole step could reach the goal. Full batches only, the epoch's
+  time scaled to all its images.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
   torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
   ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
@@ -37,8 +42,9 @@ then one timed epoch, the device synchronised at the start and the end of it:
 
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
-"raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``)
-and "device", with the arguments used (the compile mode among them).
+"raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``),
+"raw_graphed_lenet_epoch_s" and "lightning_graphed_lenet_epoch_s" (null without ``--graphed``) and "device",
+with the arguments used (the compile mode among them).
 """
 
 import argparse
@@ -269,6 +275,107 @@ def lightning_epoch(
     return timed_fit(args, device, lambda t: t.fit(module, train_dataloaders=indices))
 
 
+# ---- (b'') the floor's whole step as one CUDA graph (--graphed) -----------------------------------------
+
+
+class GraphedStep:
+    """The floor's whole step (``floor_loss``, backward, AdamW's update) captured once as one CUDA graph and
+    replayed for each full batch: the host launches one graph a step instead of ~90 kernels. The step's
+    host time is then what is left of the framework around it. A CUDA device only.
+
+    The pattern of torch's CUDA-graph docs ("whole network capture"): warm-up steps on a side stream, the
+    gradients set to None before the capture (the captured backward then writes them, replays overwrite
+    them), an optimizer with ``capturable=True`` (its step count stays on the device), and a static input:
+    the batch's sample indices are copied into ``index`` before each replay."""
+
+    def __init__(
+        self, net: torch.nn.Module, images: Tensor, labels: Tensor, recipe: dict, precision: str, batch: int
+    ) -> None:
+        device = images.device
+        optim = recipe["model"]["optim"]
+        self.optimizer = torch.optim.AdamW(
+            net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, foreach=True, capturable=True
+        )
+        self.index = torch.zeros(batch, dtype=torch.long, device=device)
+        autocast = precision_context(precision, device)
+
+        def step() -> None:
+            with autocast:
+                loss = floor_loss(net, images, labels, self.index)
+            loss.backward()
+            self.optimizer.step()
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # cuDNN's choices and the lazily made constants, before the capture
+            for _ in range(3):
+                self.optimizer.zero_grad(set_to_none=True)
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            step()
+
+    def __call__(self, index: Tensor) -> None:
+        self.index.copy_(index, non_blocking=True)
+        self.graph.replay()
+
+
+def raw_graphed_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    """``raw_epoch`` with ``GraphedStep``. A graph replays one batch size, so the epoch's last, partial
+    batch is left out and the epoch's time scaled to all ``n`` images."""
+    torch.manual_seed(0)
+    images, labels = (t.to(device) for t in data)
+    net = LeNet().to(device, memory_format=torch.channels_last)
+    step = GraphedStep(net, images, labels, recipe, args.precision, args.batch_size)
+    n, batch = len(labels), args.batch_size
+    full = n // batch * batch
+    for epoch in range(WARMUP_EPOCHS + 1):
+        if epoch == WARMUP_EPOCHS:
+            synchronize(device)
+            start = time.perf_counter()
+        order = torch.randperm(n, device=device)
+        for first in range(0, full, batch):
+            step(order[first : first + batch])
+    synchronize(device)
+    return (time.perf_counter() - start) * n / full
+
+
+class GraphedLeNet(PlainLeNet):
+    """``PlainLeNet`` under manual optimisation, its whole step a ``GraphedStep`` made at the start of
+    training: what Lightning's loop costs around a step that launches one graph."""
+
+    def __init__(self, images: Tensor, labels: Tensor, recipe: dict, batch: int) -> None:
+        super().__init__(images, labels, recipe)
+        self.automatic_optimization = False
+        self.batch = batch
+
+    def on_train_start(self) -> None:
+        precision = self.trainer.precision
+        self.step = GraphedStep(self.net, self.images, self.labels, self.recipe, precision, self.batch)
+
+    def training_step(self, index: Tensor, batch_idx: int) -> None:
+        self.step(index)
+
+    def configure_optimizers(self) -> None:
+        return None  # the graph holds its own AdamW
+
+
+def lightning_graphed_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    """``lightning_epoch`` with ``GraphedLeNet``; full batches only, scaled as ``raw_graphed_epoch``'s."""
+    torch.manual_seed(0)
+    module = GraphedLeNet(*data, recipe, args.batch_size)
+    n = len(data[1])
+    indices = DataLoader(range(n), batch_size=args.batch_size, shuffle=True, pin_memory=True, drop_last=True)
+    seconds = timed_fit(args, device, lambda t: t.fit(module, train_dataloaders=indices))
+    return seconds * n / (len(indices) * args.batch_size)
+
+
 # ---- (c) the tutorial loop ---------------------------------------------------------------------------
 
 
@@ -347,8 +454,15 @@ def main() -> None:
         "--compile", nargs="?", const=True, default=False, choices=[True, *get_args(CompileMode)],
         metavar="MODE", help="also lit_ddp with --model.compile=true, or =MODE (torch.compile's mode)",
     )  # fmt: skip
+    parser.add_argument(
+        "--graphed",
+        action="store_true",
+        help="also the floor's whole step as one CUDA graph, raw and in Lightning",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
+    if args.graphed and not args.device.startswith("cuda"):
+        parser.error(f"--graphed captures CUDA graphs: it needs a CUDA device, not --device={args.device}")
 
     skip_futile_nvml_checks()  # as `python -m lit_ddp` does first; only machines without a driver differ
     # The in-memory loader runs in the main process on purpose (the recipe's num_workers: 0).
@@ -367,6 +481,9 @@ def main() -> None:
     }
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=args.compile)
+    if args.graphed:
+        sides["raw_graphed"] = lambda: raw_graphed_epoch(args, recipe, data, device)
+        sides["lightning_graphed"] = lambda: lightning_graphed_epoch(args, recipe, data, device)
     epochs = interleaved(sides, args.rounds)
     best = {side: min(times) for side, times in epochs.items()}
 
@@ -384,6 +501,11 @@ def main() -> None:
     if args.compile:
         mode = "" if args.compile is True else f" ({args.compile})"
         rows.append((f"lit_ddp compiled{mode}{callbacks}", epochs["lit_ddp_compiled"]))
+    if args.graphed:
+        rows.append(("raw, the whole step one CUDA graph", epochs["raw_graphed"]))
+        rows.append(
+            ("lightning, the whole step one CUDA graph (manual optimisation)", epochs["lightning_graphed"])
+        )
     for label, times in rows:
         each = " ".join(f"{t:.3f}" for t in times)
         rate = args.train_size / min(times)
@@ -402,6 +524,8 @@ def main() -> None:
             "raw_lenet_epoch_s": best["raw"],
             "lightning_lenet_epoch_s": best["lightning"],
             "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
+            "raw_graphed_lenet_epoch_s": best.get("raw_graphed"),
+            "lightning_graphed_lenet_epoch_s": best.get("lightning_graphed"),
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 

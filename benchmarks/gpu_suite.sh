@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_compile
-# lenet_cudagraphs jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile`
+# lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile`
 # (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
 # `timeout` within 10 minutes (PART_TIMEOUT, seconds), so a machine that allows 10 minutes per command runs
 # one or a few at a time into the same OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
 shift
-ALL="setup versions tests resnet compile lenet lenet_compile lenet_cudagraphs jpeg jpeg_workers jpeg_4cpus gpu_decode \
+ALL="setup versions tests resnet compile lenet lenet_compile lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode \
 gpu_decode_inline worker_memory collect"
 PARTS=${*:-$ALL}
 PART_TIMEOUT=${PART_TIMEOUT:-590}
@@ -79,6 +79,9 @@ PY
     lenet_cudagraphs)  # the same, compiled with mode reduce-overhead: forward and backward as CUDA graphs
       run python benchmarks/bench_lenet_gpu.py --compile reduce-overhead --rounds 2 \
         --json "$OUT/lenet_cudagraphs.json" 2>&1 | tee "$OUT/lenet_cudagraphs.log" ;;
+    lenet_graphed)  # the floor's whole step as one CUDA graph, alone and in Lightning: what capture could win
+      run python benchmarks/bench_lenet_gpu.py --graphed --rounds 2 --json "$OUT/lenet_graphed.json" 2>&1 \
+        | tee "$OUT/lenet_graphed.log" ;;
     jpeg)  # the recipe's loader with its automatic worker count
       run python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --json "$OUT/jpeg.json" 2>&1 \
         | tee "$OUT/jpeg.log" ;;

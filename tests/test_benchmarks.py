@@ -197,6 +197,19 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
         assert record["lenet_cifar_compiled_epoch_s"] > 0 and record["settings"]["compile"] == compile
     else:
         assert record["lenet_cifar_compiled_epoch_s"] is None
+    # The whole step as one CUDA graph only where asked, on a CUDA device: null here, never filled in.
+    assert record["raw_graphed_lenet_epoch_s"] is None and record["lightning_graphed_lenet_epoch_s"] is None
+
+
+def test_the_lenet_gpu_benchmarks_graphed_sides_refuse_a_device_without_cuda_graphs() -> None:
+    script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu", "--graphed"]
+    result = subprocess.run(script, env=cli_env(), timeout=120, capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--graphed captures CUDA graphs: it needs a CUDA device, not --device=cpu")
+    )
 
 
 @pytest.mark.parametrize("ahead", [True, False])

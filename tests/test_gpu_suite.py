@@ -59,7 +59,15 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
         timeout=60,
     )
     assert result.returncode == 2 and "unknown part: nonsense" in result.stderr
-    parts = ("setup", "tests", "lenet_compile", "lenet_cudagraphs", "jpeg_workers", "gpu_decode")
+    parts = (
+        "setup",
+        "tests",
+        "lenet_compile",
+        "lenet_cudagraphs",
+        "lenet_graphed",
+        "jpeg_workers",
+        "gpu_decode",
+    )
     parts += ("gpu_decode_inline", "collect")
     for part in parts:
         assert part in result.stderr
