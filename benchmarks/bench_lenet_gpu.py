@@ -213,13 +213,35 @@ def floor_step(
     images: Tensor,
     labels: Tensor,
     index: Tensor,
+    clear_grads: bool = True,
 ) -> None:
-    """One training step of the floor, no framework: ``floor_loss`` under ``autocast``, backward, update."""
+    """One training step of the floor, no framework: ``floor_loss`` under ``autocast``, backward, update,
+    then the gradients cleared (``clear_grads``; not in ``GraphedStep``'s capture, whose replays overwrite
+    the gradients the captured backward wrote)."""
     with autocast:
         loss = floor_loss(net, images, labels, index)
     loss.backward()
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if clear_grads:
+        optimizer.zero_grad(set_to_none=True)
+
+
+def timed_epoch(
+    device: torch.device, n: int, batch: int, step: Callable[[Tensor], None], full_only: bool = False
+) -> float:
+    """Seconds of the epoch after ``WARMUP_EPOCHS``, each epoch a fresh permutation of ``n`` samples on the
+    device fed to ``step`` ``batch`` indices at a time. ``full_only``: the epoch's last, partial batch left
+    out (a CUDA graph replays one batch size) and the time scaled to all ``n`` samples."""
+    full = n // batch * batch if full_only else n
+    for epoch in range(WARMUP_EPOCHS + 1):
+        if epoch == WARMUP_EPOCHS:
+            synchronize(device)
+            start = time.perf_counter()
+        order = torch.randperm(n, device=device)
+        for first in range(0, full, batch):
+            step(order[first : first + batch])
+    synchronize(device)
+    return (time.perf_counter() - start) * n / full
 
 
 def raw_epoch(
@@ -230,16 +252,8 @@ def raw_epoch(
     net = LeNet().to(device, memory_format=torch.channels_last)
     optimizer = floor_optimizer(net.parameters(), recipe, device)
     autocast = precision_context(args.precision, device)
-    n, batch = len(labels), args.batch_size
-    for epoch in range(WARMUP_EPOCHS + 1):
-        if epoch == WARMUP_EPOCHS:
-            synchronize(device)
-            start = time.perf_counter()
-        order = torch.randperm(n, device=device)
-        for first in range(0, n, batch):
-            floor_step(net, optimizer, autocast, images, labels, order[first : first + batch])
-    synchronize(device)
-    return time.perf_counter() - start
+    step = lambda index: floor_step(net, optimizer, autocast, images, labels, index)  # noqa: E731
+    return timed_epoch(device, len(labels), args.batch_size, step)
 
 
 # ---- (b') the floor inside Lightning's loop -------------------------------------------------------------
@@ -300,10 +314,7 @@ class GraphedStep:
         autocast = precision_context(precision, device)
 
         def step() -> None:
-            with autocast:
-                loss = floor_loss(net, images, labels, self.index)
-            loss.backward()
-            self.optimizer.step()
+            floor_step(net, self.optimizer, autocast, images, labels, self.index, clear_grads=False)
 
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -325,23 +336,12 @@ class GraphedStep:
 def raw_graphed_epoch(
     args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
 ) -> float:
-    """``raw_epoch`` with ``GraphedStep``. A graph replays one batch size, so the epoch's last, partial
-    batch is left out and the epoch's time scaled to all ``n`` images."""
+    """``raw_epoch`` with ``GraphedStep``: full batches only (``timed_epoch``'s ``full_only``)."""
     torch.manual_seed(0)
     images, labels = (t.to(device) for t in data)
     net = LeNet().to(device, memory_format=torch.channels_last)
     step = GraphedStep(net, images, labels, recipe, args.precision, args.batch_size)
-    n, batch = len(labels), args.batch_size
-    full = n // batch * batch
-    for epoch in range(WARMUP_EPOCHS + 1):
-        if epoch == WARMUP_EPOCHS:
-            synchronize(device)
-            start = time.perf_counter()
-        order = torch.randperm(n, device=device)
-        for first in range(0, full, batch):
-            step(order[first : first + batch])
-    synchronize(device)
-    return (time.perf_counter() - start) * n / full
+    return timed_epoch(device, len(labels), args.batch_size, step, full_only=True)
 
 
 class GraphedLeNet(PlainLeNet):
