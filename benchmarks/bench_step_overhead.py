@@ -29,7 +29,7 @@ of the per-round ratio of steps/s to ``bare``.
     python benchmarks/bench_step_overhead.py --rounds 5
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
     python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
-    python benchmarks/bench_step_overhead.py --device-ops          # ops the data path runs on the device
+    python benchmarks/bench_step_overhead.py --device-ops          # ops of the data path and accuracy update
     python benchmarks/bench_step_overhead.py --procs 1 --variants bare callbacks --without nan_guard step_loss
 """
 
@@ -367,6 +367,48 @@ def print_device_ops() -> None:
             dm.on_after_batch_transfer(tuple(ready), 0)
         kernels = sum(name not in views for name in device.names)
         print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")
+    print_metric_update_ops(views)
+
+
+def print_metric_update_ops(views: set[str], updates: int = 2000, rounds: int = 7) -> None:
+    """The training accuracy's update on a LeNet-shaped batch ((128, 10) logits): its ops, counted at
+    dispatch, and the host µs of one update (``updates`` in a row, ``rounds`` taking turns, one thread),
+    for torchmetrics' micro ``MulticlassAccuracy`` (lit_ddp's metric before) and ``TopKAccuracy``."""
+    from torchmetrics import MetricCollection
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from lit_ddp.models import TopKAccuracy
+
+    makers = {
+        "torchmetrics MulticlassAccuracy": lambda: MulticlassAccuracy(
+            10, average="micro", validate_args=False
+        ),
+        "lit_ddp TopKAccuracy": lambda: TopKAccuracy(top_k=1),
+    }
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(128, 10, generator=g), torch.randint(0, 10, (128,), generator=g)
+    collections = {
+        name: MetricCollection({"acc": make()}).clone(prefix="train/") for name, make in makers.items()
+    }
+    for metrics in collections.values():
+        metrics.update(logits, labels)  # the first update settles the collection's compute groups
+
+    def seconds(metrics: MetricCollection) -> float:
+        start = time.perf_counter()
+        for _ in range(updates):
+            metrics.update(logits, labels)
+        return (time.perf_counter() - start) / updates * 1e6
+
+    timed = summarize(interleaved({name: partial(seconds, m) for name, m in collections.items()}, rounds))
+    print("\n| accuracy update, 128 samples | ops | of them not views | host µs, median (range) |")
+    print("|---|---:|---:|---:|")
+    for name, metrics in collections.items():
+        with DispatchedOps() as ops:
+            metrics.update(logits, labels)
+        kernels = sum(op not in views for op in ops.names)
+        row = timed[name]
+        us = f"{row['median']:.1f} ({row['min']:.1f}–{row['max']:.1f})"
+        print(f"| {name} | {len(ops.names)} | {kernels} | {us} |")
 
 
 def child(variant: str, world: int, steps: int, warmup: int, profile: bool) -> None:
@@ -438,7 +480,11 @@ def main() -> None:
     p.add_argument(
         "--hook-costs", action="store_true", help="each default callback's per-step hooks, one 1-process run"
     )
-    p.add_argument("--device-ops", action="store_true", help="ops the data path runs on the device")
+    p.add_argument(
+        "--device-ops",
+        action="store_true",
+        help="ops the data path and the accuracy update run on the device",
+    )
     p.add_argument(
         "--without",
         nargs="+",
@@ -455,6 +501,7 @@ def main() -> None:
     if args.profile:
         return child(args.profile, 1, args.steps, args.warmup, profile=True)
     if args.device_ops:
+        torch.set_num_threads(1)
         return print_device_ops()
     if args.hook_costs:
         skip_futile_nvml_checks()

@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from conftest import TINY_SHAPES, run_cli
 from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
 
 from lit_ddp.errors import UserError
-from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig
-from lit_ddp.models.classifier import LossMean
+from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig, TopKAccuracy
+from lit_ddp.models.classifier import TRAIN_STATES_KEY, LossMean
 from lit_ddp.models.optim import build_optimizer, lr_lambda, param_groups
 
 
@@ -125,6 +126,54 @@ def test_epoch_loss_is_the_sample_mean_a_nan_batch_makes_it_nan_and_a_bad_label_
     assert torch.allclose(tensor_weights.compute(), whole, atol=1e-6)
     with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
         system._shared_step((x, torch.full_like(y, 10)), "val")
+
+
+@pytest.mark.parametrize(("num_classes", "top_k"), [(10, 1), (10, 3), (10, 10), (1000, 5)])
+def test_top_k_accuracy_agrees_with_torchmetrics_sample_by_sample(num_classes: int, top_k: int) -> None:
+    """The classifier's accuracy gives torchmetrics' micro MulticlassAccuracy's value after every batch,
+    ties among the logits and a short last batch included; an epoch without a sample computes 0 as there."""
+    g = torch.Generator().manual_seed(num_classes + top_k)
+    ours, theirs = TopKAccuracy(top_k), MulticlassAccuracy(num_classes, top_k=top_k, average="micro")
+    assert ours.compute() == theirs.compute() == 0
+    ours.reset()
+    theirs.reset()
+    for batch in (64, 64, 7):
+        # Logits from 4 values: most rows hold ties, which argmax and topk break as torchmetrics' do.
+        logits = torch.randint(0, 4, (batch, num_classes), generator=g).float()
+        labels = torch.randint(0, num_classes, (batch,), generator=g)
+        ours.update(logits, labels)
+        theirs.update(logits, labels)
+        assert ours.compute() == theirs.compute()
+    assert ours.total == 135
+    with pytest.raises(ValueError, match="top_k must be at least 1"):
+        TopKAccuracy(0)
+
+
+def test_a_mid_epoch_checkpoint_with_torchmetrics_accuracy_states_resumes_with_their_counts() -> None:
+    """A checkpoint written mid-epoch while the accuracy was torchmetrics' MulticlassAccuracy (its tp, fp, tn,
+    fn states) resumes with its counts: train/acc over the whole epoch, not only after the resume."""
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(50, 10, generator=g), torch.randint(0, 10, (50,), generator=g)
+    written = {
+        "acc": MulticlassAccuracy(10, average="micro"),
+        "acc_top5": MulticlassAccuracy(10, top_k=5, average="micro"),
+    }
+    for metric in written.values():
+        metric.update(logits, labels)
+    loss = LossMean()
+    loss.update(torch.tensor(2.0), weight=50)
+    checkpoint = {
+        TRAIN_STATES_KEY: {
+            "loss": dict(loss.metric_state),
+            **{name: dict(metric.metric_state) for name, metric in written.items()},
+        }
+    }
+    system = LeNetCIFAR(top_k=(1, 5))
+    system.on_load_checkpoint(checkpoint)
+    resumed = system.train_metrics.compute()
+    assert resumed["train/acc"] == written["acc"].compute()
+    assert resumed["train/acc_top5"] == written["acc_top5"].compute()
+    assert system.train_metrics["acc"].total == 50 and system.train_loss.compute() == 2.0
 
 
 def test_param_groups_exclude_norm_and_bias_from_weight_decay() -> None:

@@ -5,6 +5,7 @@ system is one ImageClassifier subclass: the CLI finds either by short name once 
 (``--model=LeNetCIFAR``), and tests/test_models.py covers every subclass.
 """
 
+from lit_ddp.models.accuracy import TopKAccuracy
 from lit_ddp.models.arch_classifier import ArchClassifier
 from lit_ddp.models.backbones import RESNET_ARCHS, TORCHVISION_ARCHS, build_net
 from lit_ddp.models.classifier import ImageClassifier, NetFactory
@@ -24,6 +25,7 @@ __all__ = [
     "NetFactory",
     "OptimConfig",
     "ResNetImageNet",
+    "TopKAccuracy",
     "build_net",
     "load_weights",
 ]

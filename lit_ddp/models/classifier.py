@@ -27,9 +27,9 @@ from lightning import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy
 
 from lit_ddp.errors import UserError
+from lit_ddp.models.accuracy import TopKAccuracy
 from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.utils import global_batch_size
 
@@ -47,15 +47,13 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes).
 
-    ``validate_args=False``: the step computes the cross-entropy first, which already rejects a label
-    outside [0, num_classes), and the logits' shape is the network's. torchmetrics' own check would
-    repeat that on every update, with host syncs on a GPU.
+    The update does not check its inputs: the step computes the cross-entropy first, which already rejects
+    a label outside [0, num_classes), and the logits' shape is the network's.
     """
-    kwargs = dict(average="micro", validate_args=False)
-    metrics = {"acc": MulticlassAccuracy(num_classes, top_k=1, **kwargs)}
+    metrics = {"acc": TopKAccuracy(top_k=1)}
     for k in top_k:
         if k > 1:
-            metrics[f"acc_top{k}"] = MulticlassAccuracy(num_classes, top_k=min(k, num_classes), **kwargs)
+            metrics[f"acc_top{k}"] = TopKAccuracy(top_k=min(k, num_classes))
     return MetricCollection(metrics)
 
 
@@ -230,7 +228,10 @@ class ImageClassifier(LightningModule):
         if not states or self.global_rank != 0:
             return  # the totals go to one rank: the epoch-end sum over ranks counts them once
         for name, metric in self._train_metric_objects().items():
-            for state, value in states[name].items():
+            saved = states[name]
+            if isinstance(metric, TopKAccuracy) and "tp" in saved:  # written when accuracy was torchmetrics'
+                saved = TopKAccuracy.states_from_stat_scores(saved)
+            for state, value in saved.items():
                 setattr(metric, state, value.to(getattr(metric, state).device))
         self._train_epoch_open = True
 
