@@ -149,6 +149,19 @@ def test_top_k_accuracy_agrees_with_torchmetrics_sample_by_sample(num_classes: i
         TopKAccuracy(0)
 
 
+def test_top_1_and_top_5_stay_apart_when_their_first_batch_counts_agree() -> None:
+    """Every top-5 hit of the first batch is a top-1 hit, so the two accuracies' states are equal after it:
+    the collection must not merge them (torchmetrics' compute groups would), or top-5 reports top-1."""
+    system = LeNetCIFAR(top_k=(1, 5))
+    labels = torch.arange(4)
+    first = F.one_hot(labels, 10).float()  # the label is the argmax: a top-1 and a top-5 hit
+    second = first * 0.5 + F.one_hot(labels + 4, 10).float()  # the label second-highest: top-5 only
+    system.train_metrics.update(first, labels)
+    system.train_metrics.update(second, labels)
+    computed = system.train_metrics.compute()
+    assert (computed["train/acc"], computed["train/acc_top5"]) == (0.5, 1.0)
+
+
 def test_a_mid_epoch_checkpoint_with_torchmetrics_accuracy_states_resumes_with_their_counts() -> None:
     """A checkpoint written mid-epoch while the accuracy was torchmetrics' MulticlassAccuracy (its tp, fp, tn,
     fn states) resumes with its counts: train/acc over the whole epoch, not only after the resume."""

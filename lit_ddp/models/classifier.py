@@ -48,13 +48,15 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes).
 
     The update does not check its inputs: the step computes the cross-entropy first, which already rejects
-    a label outside [0, num_classes), and the logits' shape is the network's.
+    a label outside [0, num_classes), and the logits' shape is the network's. No compute groups: the
+    collection would merge metrics whose states are equal after the first batch, and top-1 and top-5 hit
+    counts can be (every top-5 hit a top-1 hit), after which top-5 would report top-1's value.
     """
     metrics = {"acc": TopKAccuracy(top_k=1)}
     for k in top_k:
         if k > 1:
             metrics[f"acc_top{k}"] = TopKAccuracy(top_k=min(k, num_classes))
-    return MetricCollection(metrics)
+    return MetricCollection(metrics, compute_groups=False)
 
 
 class LossMean(MeanMetric):
