@@ -30,11 +30,13 @@ then one timed epoch, the device synchronised at the start and the end of it:
 - lit_ddp_compiled (``--compile [MODE]``): the lit_ddp side with ``LeNetCIFAR(compile=True)``, or
   ``compile=MODE`` (``reduce-overhead``: the network's forward and backward replayed as CUDA graphs); its
   compilation falls in the warm-up epoch.
-- raw_graphed, lightning_graphed (``--graphed``, a CUDA device only): the raw and lightning sides with the
-  whole step (loss, backward, AdamW's update) captured once as one CUDA graph and replayed per batch
-  (``GraphedStep``; Lightning's side under manual optimisation): what is left when a step launches one
-  graph, i.e. whether capturing lit_ddp's whole step could reach the goal. Full batches only, the epoch's
-  time scaled to all its images.
+- raw_graphed, lightning_graphed, lit_ddp_graphed (``--graphed``, a CUDA device only): the raw and
+  lightning sides with the whole step (loss, backward, AdamW's update) captured once as one CUDA graph and
+  replayed per batch (``GraphedStep``; Lightning's side under manual optimisation), and lit_ddp's own
+  ``LeNetCIFAR`` so (``GraphedLeNetCIFAR``: its data module's transfer hooks, schedule and metric updates
+  eager around the replay): what is left when a step launches one graph, i.e. whether capturing lit_ddp's
+  whole step reaches the goal. Full batches only, the epoch's time scaled to all its images; a graphed side
+  that fails is named on stderr and left null.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
   torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
   ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
@@ -43,15 +45,19 @@ then one timed epoch, the device synchronised at the start and the end of it:
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
 "raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``),
-"raw_graphed_lenet_epoch_s" and "lightning_graphed_lenet_epoch_s" (null without ``--graphed``) and "device",
+"raw_graphed_lenet_epoch_s", "lightning_graphed_lenet_epoch_s" and "lit_ddp_graphed_lenet_epoch_s" (null
+without ``--graphed``) and "device",
 with the arguments used (the compile mode among them).
 """
 
 import argparse
 import contextlib
+import math
 import os
+import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,6 +80,7 @@ from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
 from lit_ddp.data.batch_transforms import normalize, random_crop_flip
 from lit_ddp.models import LeNet, LeNetCIFAR, OptimConfig
 from lit_ddp.models.classifier import CompileMode
+from lit_ddp.models.optim import lr_lambda, param_groups
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "lenet_cifar.yaml"
@@ -292,15 +299,32 @@ def lightning_epoch(
 # ---- (b'') the floor's whole step as one CUDA graph (--graphed) -----------------------------------------
 
 
-class GraphedStep:
-    """The floor's whole step (``floor_loss``, backward, AdamW's update) captured once as one CUDA graph and
-    replayed for each full batch: the host launches one graph a step instead of ~90 kernels. The step's
-    host time is then what is left of the framework around it. A CUDA device only.
+def capture_step(
+    step: Callable[[], None], optimizer: torch.optim.Optimizer, device: torch.device
+) -> torch.cuda.CUDAGraph:
+    """``step`` (forward, backward, ``optimizer``'s update) captured as one CUDA graph, after torch's
+    CUDA-graph docs ("whole network capture"): warm-up steps on a side stream (cuDNN's choices, the
+    optimizer's state, lazily made constants), the gradients set to None before the capture (the captured
+    backward then writes them, and each replay overwrites them). The optimizer must be ``capturable``."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
 
-    The pattern of torch's CUDA-graph docs ("whole network capture"): warm-up steps on a side stream, the
-    gradients set to None before the capture (the captured backward then writes them, replays overwrite
-    them), an optimizer with ``capturable=True`` (its step count stays on the device), and a static input:
-    the batch's sample indices are copied into ``index`` before each replay."""
+
+class GraphedStep:
+    """The floor's whole step (``floor_loss``, backward, AdamW's update) captured once as one CUDA graph
+    (``capture_step``) and replayed for each full batch: the host launches one graph a step instead of ~90
+    kernels. The step's host time is then what is left of the framework around it. A CUDA device only.
+    The graph's input is static: the batch's sample indices are copied into ``index`` before each replay."""
 
     def __init__(
         self, net: torch.nn.Module, images: Tensor, labels: Tensor, recipe: dict, precision: str, batch: int
@@ -316,17 +340,7 @@ class GraphedStep:
         def step() -> None:
             floor_step(net, self.optimizer, autocast, images, labels, self.index, clear_grads=False)
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # cuDNN's choices and the lazily made constants, before the capture
-            for _ in range(3):
-                self.optimizer.zero_grad(set_to_none=True)
-                step()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            step()
+        self.graph = capture_step(step, self.optimizer, device)
 
     def __call__(self, index: Tensor) -> None:
         self.index.copy_(index, non_blocking=True)
@@ -374,6 +388,82 @@ def lightning_graphed_epoch(
     indices = DataLoader(range(n), batch_size=args.batch_size, shuffle=True, pin_memory=True, drop_last=True)
     seconds = timed_fit(args, device, lambda t: t.fit(module, train_dataloaders=indices))
     return seconds * n / (len(indices) * args.batch_size)
+
+
+class GraphedLeNetCIFAR(LeNetCIFAR):
+    """lit_ddp's ``LeNetCIFAR`` with its training step's forward, loss, backward and AdamW update captured as
+    one CUDA graph (``capture_step``) and replayed per full batch, under manual optimisation: what capturing
+    lit_ddp's own step would give. Around the replay everything stays lit_ddp's and eager: the data module's
+    transfer hooks (the per-sample draws, crop, flip, normalisation), the copy of the batch into the graph's
+    static input, the recipe's warm-up + cosine schedule (the lr a device tensor that ``LambdaLR`` fills, so
+    each replay reads the new value) and the metric updates on the graph's static outputs. ``capture``
+    False (a CPU) runs the same step eagerly, the gradients cleared before it: the code a CPU test runs."""
+
+    def __init__(self, batch: int, capture: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+        self.batch, self.capture = batch, capture
+
+    def configure_optimizers(self) -> None:
+        return None  # the step's own capturable AdamW, made with its graph at the start of training
+
+    def on_train_start(self) -> None:
+        cfg, device = self.optim, self.device
+        groups = param_groups(self.net, cfg.weight_decay, cfg.no_decay_norm_and_bias)
+        # A capturable AdamW takes its lr as a device tensor, which LambdaLR fills in place; eagerly (a CPU)
+        # torch's per-tensor AdamW takes the same tensor.
+        lr = torch.tensor(cfg.lr, device=device)
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=lr, weight_decay=cfg.weight_decay, foreach=self.capture, capturable=self.capture
+        )
+        warmup = round(cfg.warmup_epochs * self.trainer.num_training_batches)
+        total = self.trainer.estimated_stepping_batches
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.schedule, total, warmup)
+        )
+        size = self.trainer.datamodule.image_size
+        self.x = torch.zeros(self.batch, 3, size, size, device=device)  # the graph's static input
+        self.y = torch.zeros(self.batch, dtype=torch.long, device=device)
+        autocast = precision_context(self.trainer.precision, device)
+
+        def step() -> None:
+            with autocast:
+                self.logits = self(self.x)
+                self.loss = F.cross_entropy(self.logits, self.y, label_smoothing=self.label_smoothing)
+            self.loss.backward()
+            self.optimizer.step()
+
+        self.step = step
+        self.graph = capture_step(step, self.optimizer, device) if self.capture else None
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        if x.shape[0] != self.batch:  # the epoch's last, partial batch: a graph replays one shape
+            return
+        self.x.copy_(x)
+        self.y.copy_(y)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step()
+        self.scheduler.step()
+        self.train_metrics.update(self.logits.detach(), self.y)
+        self.train_loss.update(self.loss.detach(), weight=self.batch)
+
+
+def lit_ddp_graphed_epoch(
+    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+) -> float:
+    """``lit_ddp_epoch`` with ``GraphedLeNetCIFAR``; the epoch's time scaled to all its images, as
+    ``raw_graphed_epoch``'s (its one partial batch went through the data module but not the graph)."""
+    torch.manual_seed(0)
+    dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
+    model = GraphedLeNetCIFAR(args.batch_size, capture=device.type == "cuda", **recipe["model"])
+    seconds = timed_fit(args, device, lambda t: t.fit(model, datamodule=dm))
+    n = len(data[1])
+    full = n // args.batch_size  # full batches an epoch; the timed epoch is the last
+    return seconds * n / (full * args.batch_size)
 
 
 # ---- (c) the tutorial loop ---------------------------------------------------------------------------
@@ -438,6 +528,26 @@ def tutorial_epoch(
         dist.destroy_process_group()
 
 
+def shortest(times: list[float]) -> float | None:
+    """A side's best epoch: the shortest of its rounds that ran (None if none did)."""
+    return min((t for t in times if not math.isnan(t)), default=None)
+
+
+def guarded(name: str, side: Callable[[], float]) -> Callable[[], float]:
+    """``side``, its failure printed (the traceback, then one line naming it) and counted as NaN: a side
+    that has never run on a GPU cannot take the figures of the sides beside it down with it."""
+
+    def run() -> float:
+        try:
+            return side()
+        except Exception:
+            traceback.print_exc()
+            print(f"bench_lenet_gpu: side {name} failed (above); its figure is left null", file=sys.stderr)
+            return math.nan
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -482,10 +592,16 @@ def main() -> None:
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=args.compile)
     if args.graphed:
-        sides["raw_graphed"] = lambda: raw_graphed_epoch(args, recipe, data, device)
-        sides["lightning_graphed"] = lambda: lightning_graphed_epoch(args, recipe, data, device)
+        # First runs on a GPU: a side that fails is named and left null, and the others still count.
+        sides["raw_graphed"] = guarded("raw_graphed", lambda: raw_graphed_epoch(args, recipe, data, device))
+        sides["lightning_graphed"] = guarded(
+            "lightning_graphed", lambda: lightning_graphed_epoch(args, recipe, data, device)
+        )
+        sides["lit_ddp_graphed"] = guarded(
+            "lit_ddp_graphed", lambda: lit_ddp_graphed_epoch(args, recipe, data, device)
+        )
     epochs = interleaved(sides, args.rounds)
-    best = {side: min(times) for side, times in epochs.items()}
+    best = {side: shortest(times) for side, times in epochs.items()}
 
     print(
         f"LeNet-5, {args.train_size:,} CIFAR-shaped uint8 images, batch {args.batch_size}, {args.precision},"
@@ -506,10 +622,12 @@ def main() -> None:
         rows.append(
             ("lightning, the whole step one CUDA graph (manual optimisation)", epochs["lightning_graphed"])
         )
+        rows.append(("lit_ddp's LeNetCIFAR, its step one CUDA graph (manual)", epochs["lit_ddp_graphed"]))
     for label, times in rows:
         each = " ".join(f"{t:.3f}" for t in times)
-        rate = args.train_size / min(times)
-        print(f"  {label:<68} {min(times):8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
+        best_s = shortest(times) or math.nan
+        rate = args.train_size / best_s
+        print(f"  {label:<68} {best_s:8.3f} s/epoch {rate:10,.0f} images/s   (rounds: {each})")
     print(f"  tutorial / lit_ddp epoch time: {best['tutorial'] / best['lit_ddp']:.2f}×")
     print(f"  lit_ddp / raw epoch time: {best['lit_ddp'] / best['raw']:.2f}×")
     print(
@@ -526,6 +644,7 @@ def main() -> None:
             "lenet_cifar_compiled_epoch_s": best.get("lit_ddp_compiled"),
             "raw_graphed_lenet_epoch_s": best.get("raw_graphed"),
             "lightning_graphed_lenet_epoch_s": best.get("lightning_graphed"),
+            "lit_ddp_graphed_lenet_epoch_s": best.get("lit_ddp_graphed"),
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 

@@ -21,9 +21,10 @@ FIGURES = {
     "lightning_lenet_epoch_s": ("lenet.json", "lightning_lenet_epoch_s"),  # ... in Lightning's loop
     "lenet_cifar_compiled_epoch_s": ("lenet_compile.json", "lenet_cifar_compiled_epoch_s"),
     "lenet_cifar_cudagraphs_epoch_s": ("lenet_cudagraphs.json", "lenet_cifar_compiled_epoch_s"),
-    # the floor's whole step as one CUDA graph: without a framework, and in Lightning's loop
+    # the whole step as one CUDA graph: the floor's without a framework and in Lightning's loop; lit_ddp's
     "raw_graphed_lenet_epoch_s": ("lenet_graphed.json", "raw_graphed_lenet_epoch_s"),
     "lightning_graphed_lenet_epoch_s": ("lenet_graphed.json", "lightning_graphed_lenet_epoch_s"),
+    "lit_ddp_graphed_lenet_epoch_s": ("lenet_graphed.json", "lit_ddp_graphed_lenet_epoch_s"),
     "jpeg_pipeline_img_s": ("jpeg.json", "jpeg_pipeline_img_s"),  # the automatic worker count
     "jpeg_data_wait_share": ("jpeg.json", "jpeg_data_wait_share"),
     "jpeg_num_workers": ("jpeg.json", "num_workers"),

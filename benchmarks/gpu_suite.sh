@@ -79,7 +79,7 @@ PY
     lenet_cudagraphs)  # the same, compiled with mode reduce-overhead: forward and backward as CUDA graphs
       run python benchmarks/bench_lenet_gpu.py --compile reduce-overhead --rounds 2 \
         --json "$OUT/lenet_cudagraphs.json" 2>&1 | tee "$OUT/lenet_cudagraphs.log" ;;
-    lenet_graphed)  # the floor's whole step as one CUDA graph, alone and in Lightning: what capture could win
+    lenet_graphed)  # the whole step as one CUDA graph: the floor's, alone and in Lightning, and lit_ddp's
       run python benchmarks/bench_lenet_gpu.py --graphed --rounds 2 --json "$OUT/lenet_graphed.json" 2>&1 \
         | tee "$OUT/lenet_graphed.log" ;;
     jpeg)  # the recipe's loader with its automatic worker count

@@ -204,7 +204,12 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
     else:
         assert record["lenet_cifar_compiled_epoch_s"] is None
     # The whole step as one CUDA graph only where asked, on a CUDA device: null here, never filled in.
-    assert record["raw_graphed_lenet_epoch_s"] is None and record["lightning_graphed_lenet_epoch_s"] is None
+    graphed = (
+        "raw_graphed_lenet_epoch_s",
+        "lightning_graphed_lenet_epoch_s",
+        "lit_ddp_graphed_lenet_epoch_s",
+    )
+    assert all(record[key] is None for key in graphed)
 
 
 def test_the_lenet_gpu_benchmarks_graphed_sides_refuse_a_device_without_cuda_graphs() -> None:
@@ -215,6 +220,49 @@ def test_the_lenet_gpu_benchmarks_graphed_sides_refuse_a_device_without_cuda_gra
         result.stderr.strip()
         .splitlines()[-1]
         .endswith("--graphed captures CUDA graphs: it needs a CUDA device, not --device=cpu")
+    )
+
+
+def test_the_graphed_lit_ddp_side_runs_its_step_eagerly_on_a_cpu_with_lit_ddps_schedule_and_metrics() -> None:
+    """bench_lenet_gpu's lit_ddp_graphed side with ``capture=False``: the step a GPU captures, run eagerly
+    through the benchmark's Trainer. Only full batches step; the recipe's schedule reaches the tensor lr
+    that a graph would read; the epoch's metrics count what the full batches trained."""
+    import torch
+    from bench_lenet_gpu import GraphedLeNetCIFAR, InMemoryCIFAR, cifar_shaped, read_recipe, timed_fit
+
+    from lit_ddp.models.optim import lr_lambda
+
+    recipe = read_recipe()
+    images, labels = cifar_shaped(100)  # batches of 32: 3 full and a partial one of 4 per epoch
+    model = GraphedLeNetCIFAR(32, capture=False, **recipe["model"])
+    dm = InMemoryCIFAR(images, labels, batch_size=32, num_workers=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    args = SimpleNamespace(precision="32-true")
+    seconds = timed_fit(args, torch.device("cpu"), lambda t: t.fit(model, datamodule=dm))
+    assert seconds > 0 and model.graph is None
+    assert model.scheduler.last_epoch == 6  # 2 epochs (the warm-up one and the timed one) of 3 full batches
+    group = model.optimizer.param_groups[0]
+    total, warmup = model.trainer.estimated_stepping_batches, round(model.optim.warmup_epochs * 4)
+    assert torch.is_tensor(group["lr"])
+    assert group["lr"].item() == pytest.approx(
+        recipe["model"]["optim"].lr * lr_lambda(model.optim.schedule, total, warmup)(6)
+    )
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert 0.0 <= float(model.trainer.callback_metrics["train/acc"]) <= 1.0
+
+
+def test_a_graphed_side_that_fails_is_named_and_left_null_and_the_others_still_count(capsys) -> None:
+    import math
+
+    from bench_lenet_gpu import guarded, shortest
+
+    failing = guarded("lit_ddp_graphed", lambda: 1 / 0)
+    assert math.isnan(failing()) and shortest([1.25, math.nan, 1.5]) == 1.25
+    assert shortest([math.nan, math.nan]) is None  # what the JSON then holds: null
+    err = capsys.readouterr().err
+    assert "ZeroDivisionError" in err
+    assert err.strip().splitlines()[-1] == (
+        "bench_lenet_gpu: side lit_ddp_graphed failed (above); its figure is left null"
     )
 
 
