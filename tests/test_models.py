@@ -147,6 +147,9 @@ def test_top_k_accuracy_agrees_with_torchmetrics_sample_by_sample(num_classes: i
     assert ours.total == 135
     with pytest.raises(ValueError, match="top_k must be at least 1"):
         TopKAccuracy(0)
+    beyond = TopKAccuracy(top_k=5)  # more than the 3 classes: every label is among them
+    beyond.update(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))
+    assert beyond.compute() == 1.0
 
 
 def test_top_1_and_top_5_stay_apart_when_their_first_batch_counts_agree() -> None:

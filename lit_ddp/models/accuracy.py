@@ -35,10 +35,11 @@ class TopKAccuracy(Metric):
 
     def update(self, logits: Tensor, target: Tensor) -> None:
         """``logits`` (B, C), ``target`` (B,) class indices."""
-        if self.top_k == 1:
+        k = min(self.top_k, logits.shape[1])  # top-5 of 3 classes is all of them, as build_metrics caps it
+        if k == 1:
             hits = logits.argmax(dim=1) == target
         else:
-            hits = (logits.topk(self.top_k, dim=1).indices == target.unsqueeze(1)).any(dim=1)
+            hits = (logits.topk(k, dim=1).indices == target.unsqueeze(1)).any(dim=1)
         self.correct += hits.sum()
         # A Python number: added as a scalar, with no host-to-device copy (no sync on a GPU).
         self.total += target.shape[0]
