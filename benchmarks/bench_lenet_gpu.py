@@ -323,16 +323,18 @@ def capture_step(
 class GraphedStep:
     """The floor's whole step (``floor_loss``, backward, AdamW's update) captured once as one CUDA graph
     (``capture_step``) and replayed for each full batch: the host launches one graph a step instead of ~90
-    kernels. The step's host time is then what is left of the framework around it. A CUDA device only.
-    The graph's input is static: the batch's sample indices are copied into ``index`` before each replay."""
+    kernels. The step's host time is then what is left of the framework around it. The graph's input is
+    static: the batch's sample indices are copied into ``index`` before each replay. Off CUDA (a CPU test)
+    the same step runs eagerly, the gradients cleared before it."""
 
     def __init__(
         self, net: torch.nn.Module, images: Tensor, labels: Tensor, recipe: dict, precision: str, batch: int
     ) -> None:
         device = images.device
+        capture = device.type == "cuda"
         optim = recipe["model"]["optim"]
         self.optimizer = torch.optim.AdamW(
-            net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, foreach=True, capturable=True
+            net.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, foreach=True, capturable=capture
         )
         self.index = torch.zeros(batch, dtype=torch.long, device=device)
         autocast = precision_context(precision, device)
@@ -340,11 +342,16 @@ class GraphedStep:
         def step() -> None:
             floor_step(net, self.optimizer, autocast, images, labels, self.index, clear_grads=False)
 
-        self.graph = capture_step(step, self.optimizer, device)
+        self.step = step
+        self.graph = capture_step(step, self.optimizer, device) if capture else None
 
     def __call__(self, index: Tensor) -> None:
         self.index.copy_(index, non_blocking=True)
-        self.graph.replay()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step()
 
 
 def raw_graphed_epoch(

@@ -223,6 +223,19 @@ def test_the_lenet_gpu_benchmarks_graphed_sides_refuse_a_device_without_cuda_gra
     )
 
 
+def test_the_floors_graphed_sides_run_their_step_eagerly_on_a_cpu() -> None:
+    """bench_lenet_gpu's raw_graphed and lightning_graphed sides off CUDA: ``GraphedStep`` runs the step it
+    would capture eagerly, so the sides' plumbing (static index, Lightning's manual optimisation, the time
+    scaled from full batches) is run here before a GPU captures it."""
+    import torch
+    from bench_lenet_gpu import cifar_shaped, lightning_graphed_epoch, raw_graphed_epoch, read_recipe
+
+    args = SimpleNamespace(precision="32-true", batch_size=32)
+    data = cifar_shaped(100)
+    for side in (raw_graphed_epoch, lightning_graphed_epoch):
+        assert side(args, read_recipe(), data, torch.device("cpu")) > 0
+
+
 def test_the_graphed_lit_ddp_side_runs_its_step_eagerly_on_a_cpu_with_lit_ddps_schedule_and_metrics() -> None:
     """bench_lenet_gpu's lit_ddp_graphed side with ``capture=False``: the step a GPU captures, run eagerly
     through the benchmark's Trainer. Only full batches step; the recipe's schedule reaches the tensor lr
