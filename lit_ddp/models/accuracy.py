@@ -40,9 +40,10 @@ class TopKAccuracy(Metric):
             hits = logits.argmax(dim=1) == target
         else:
             hits = (logits.topk(k, dim=1).indices == target.unsqueeze(1)).any(dim=1)
-        self.correct += hits.sum()
+        # In place: ``self.correct += ...`` would also go through nn.Module.__setattr__, on every update.
+        self.correct.add_(hits.sum())
         # A Python number: added as a scalar, with no host-to-device copy (no sync on a GPU).
-        self.total += target.shape[0]
+        self.total.add_(target.shape[0])
 
     def compute(self) -> Tensor:
         return self.correct.float() / self.total.clamp(min=1)

@@ -72,9 +72,10 @@ class LossMean(MeanMetric):
         value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
         if not isinstance(weight, Tensor):
             # The step passes the sample count as a Python number: used as a scalar it needs no tensor,
-            # whose copy to a GPU torch would synchronise with the device on every step.
-            self.mean_value += value.sum() * weight
-            self.weight += weight * value.numel()
+            # whose copy to a GPU torch would synchronise with the device on every step. In place, the
+            # count as add_'s alpha: no multiply of its own, no nn.Module.__setattr__ per update.
+            self.mean_value.add_(value.sum(), alpha=weight)
+            self.weight.add_(weight * value.numel())
             return
         weight = weight.to(dtype=self.dtype, device=self.device).broadcast_to(value.shape)
         self.mean_value += (value * weight).sum()
