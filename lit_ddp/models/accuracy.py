@@ -35,7 +35,7 @@ class TopKAccuracy(Metric):
 
     def update(self, logits: Tensor, target: Tensor) -> None:
         """``logits`` (B, C), ``target`` (B,) class indices."""
-        k = min(self.top_k, logits.shape[1])  # top-5 of 3 classes is all of them, as build_metrics caps it
+        k = min(self.top_k, logits.shape[1])  # top-5 of 3 classes is all of them: never a crash
         if k == 1:
             hits = logits.argmax(dim=1) == target
         else:

@@ -55,7 +55,7 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     metrics = {"acc": TopKAccuracy(top_k=1)}
     for k in top_k:
         if k > 1:
-            metrics[f"acc_top{k}"] = TopKAccuracy(top_k=min(k, num_classes))
+            metrics[f"acc_top{k}"] = TopKAccuracy(top_k=k)  # the metric caps k at the logits' classes
     return MetricCollection(metrics, compute_groups=False)
 
 
