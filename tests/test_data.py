@@ -1,6 +1,8 @@
 """Data: the on-disk CIFAR-10 reader, the embedded Shapes data, splits, batch augmentation."""
 
 import os
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +11,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from lit_ddp.data import ShapesDataModule, TensorImageDataset
-from lit_ddp.data.batch_transforms import normalize, random_crop_flip, random_hflip
+from lit_ddp.data.batch_transforms import SampleRandom, normalize, random_crop_flip, random_hflip
 from lit_ddp.data.datasets import collate_batch, split_indices
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
 from lit_ddp.data.workers import available_cpus
@@ -81,6 +83,30 @@ def test_random_crop_flip_yields_padded_windows_half_of_them_mirrored() -> None:
         assert plain or flipped
         mirrored += flipped and not plain
     assert 16 < mirrored < 48
+
+
+def test_random_crop_flip_makes_its_shape_constants_once_and_crops_each_batch_size_as_slicing_does() -> None:
+    """The parts of the row starts that only the shapes decide are made once per shape: the second batch
+    of a shape runs no ``arange`` (on a GPU, four kernel launches less a step). Batches of two sizes in
+    turns, as an epoch's full and last batches come, each crop as slicing each padded image (mirrored
+    when its flip is drawn) at its drawn offsets does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_step_overhead import DispatchedOps
+
+    pad, n = 3, 7
+    g = torch.Generator().manual_seed(0)
+    for b in (16, 5, 16, 5):
+        x = torch.randint(0, 256, (b, 2, 9, 13), dtype=torch.uint8, generator=g)
+        rand = SampleRandom(torch.randint(0, 10**6, (b,), generator=g), key=b)
+        with DispatchedOps() as ops:
+            out = random_crop_flip(x, padding=pad, rand=rand)
+        dy, dx, flip = rand.integers(0, n), rand.integers(1, n), rand.uniform(2) < 0.5
+        padded = v2.functional.pad(x, [pad] * 4)
+        for i in range(b):
+            src = padded[i].flip(-1) if flip[i] else padded[i]
+            assert torch.equal(out[i], src[:, dy[i] : dy[i] + 9, dx[i] : dx[i] + 13]), (b, i)
+        assert 0 < flip.sum() < b
+    assert "arange" not in ops.names, ops.names  # the last call: its shape was seen two calls before
 
 
 def test_random_crop_flip_draws_every_offset_and_flip_uniformly() -> None:

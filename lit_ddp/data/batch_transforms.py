@@ -139,25 +139,33 @@ def random_crop_flip(
     b, c, h, w = x.shape
     n = 2 * padding + 1
     if rand is not None:
-        offsets = torch.stack([rand.integers(0, n), rand.integers(1, n)])
+        dy, dx = rand.integers(0, n), rand.integers(1, n)
         flip = rand.uniform(2) < flip_p
     else:
-        offsets = torch.randint(0, n, (2, b), device=x.device, generator=generator)
+        dy, dx = torch.randint(0, n, (2, b), device=x.device, generator=generator)
         flip = torch.rand(b, device=x.device, generator=generator) < flip_p
     source = F.pad(x, (padding, padding, padding, padding))  # (B, C, H2, W2), contiguous
-    image = torch.arange(b, device=x.device)
+    h2, w2 = h + 2 * padding, w + 2 * padding
+    image_starts, row_starts = _crop_rows(b, c, h, h2, w2, x.device)
+    corner = image_starts + dy * w2 + dx  # (B,): where image i's crop starts in the flat padded batch
     if flip_p > 0:
         source = torch.cat([source, source.flip(-1)])  # image i mirrored is image B + i
-        image = image + b * flip
-    h2, w2 = h + 2 * padding, w + 2 * padding
+        corner = corner + flip * source[:b].numel()
     flat = source.reshape(-1)
     # rows[k] is the w pixels starting at flat[k]: a view, every start position of the buffer.
     rows = flat.as_strided((flat.numel() - w + 1, w), (1, 1))
-    # Output row (i, ch, y) starts at: image i's crop corner + channel ch's plane + y padded rows down.
-    corner = (image * (c * h2 * w2) + offsets[0] * w2 + offsets[1]).view(b, 1, 1)
-    plane = (torch.arange(c, device=x.device) * (h2 * w2)).view(1, c, 1)
-    row = (torch.arange(h, device=x.device) * w2).view(1, 1, h)
-    return rows.index_select(0, (corner + plane + row).view(-1)).view(b, c, h, w)
+    # Output row (i, ch, y) starts at image i's crop corner + channel ch's plane + y padded rows down.
+    return rows.index_select(0, (corner.view(b, 1, 1) + row_starts).view(-1)).view(b, c, h, w)
+
+
+@functools.lru_cache(maxsize=16)
+def _crop_rows(b: int, c: int, h: int, h2: int, w2: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The parts of ``random_crop_flip``'s row starts that only the shapes decide, made once per shape and
+    device rather than as four kernels a batch: each image's start in the flat (B, C, H2, W2) padded batch,
+    (B,), and each output row's offset from its image's crop corner, (1, C, H): channel planes + rows."""
+    image_starts = torch.arange(b, device=device) * (c * h2 * w2)
+    plane = torch.arange(c, device=device).view(1, c, 1) * (h2 * w2)
+    return image_starts, plane + torch.arange(h, device=device).view(1, 1, h) * w2
 
 
 def random_hflip(
