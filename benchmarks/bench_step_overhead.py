@@ -17,6 +17,9 @@ taking turns ``--rounds`` times:
   empty_callbacks
                ``bare`` with as many callbacks as lit_ddp's list holds, each doing nothing: what Lightning's
                dispatch of every hook to every callback costs by itself;
+  module       ``ImageClassifier`` on the ``ImageDataModule`` below with ``bare``'s settings (no logger,
+               callbacks, progress bar, summary or checkpoints): lit_ddp's module and data path alone, as
+               ``bench_lenet_gpu.py`` times them on a GPU;
   lit_ddp      what ``python -m lit_ddp fit`` trains: ``ImageClassifier`` (metrics, loss mean) on an
                ``ImageDataModule`` of in-memory uint8 images (on-device crop + flip, normalisation), with
                every default callback and the logger.
@@ -70,6 +73,7 @@ VARIANTS = [  # bare first: the variant the others are compared with
     "raw",
     "defaults",
     "callbacks",
+    "module",
     "lit_ddp",
     "callbacks_redraw_each_batch",
     "empty_callbacks",
@@ -242,7 +246,7 @@ def run_lightning(
     logger = False
     if variant in ("callbacks", "lit_ddp", "defaults"):
         logger = L.pytorch.loggers.TensorBoardLogger(root, name="run", default_hp_metric=False)
-    on = variant not in ("bare", "empty_callbacks")
+    on = variant not in ("bare", "empty_callbacks", "module")
     callbacks = [Timer(warmup, out_file, profiler)]
     if variant == "empty_callbacks":
         callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
@@ -255,7 +259,7 @@ def run_lightning(
     settings = one_cpu_epoch(world, root)
     settings.update(enable_progress_bar=on, enable_model_summary=on, enable_checkpointing=on)
     trainer = L.Trainer(**settings, logger=logger, callbacks=callbacks)
-    if variant == "lit_ddp":
+    if variant in ("lit_ddp", "module"):
         model = ImageClassifier(TinyNet(), num_classes=CLASSES, optim=OPTIM)
         trainer.fit(model, datamodule=TinyImages(n * BATCH))
     else:
