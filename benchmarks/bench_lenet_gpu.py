@@ -5,6 +5,7 @@
     python benchmarks/bench_lenet_gpu.py --cli-callbacks                # lit_ddp with `fit`'s callbacks too
     python benchmarks/bench_lenet_gpu.py --compile                      # ... and lit_ddp compiled, a side too
     python benchmarks/bench_lenet_gpu.py --compile reduce-overhead      # ... compiled into CUDA graphs
+    python benchmarks/bench_lenet_gpu.py --workers 1 2                  # ... and lit_ddp with 1, 2 workers
     python benchmarks/bench_lenet_gpu.py --device cpu --train-size 1024 --rounds 1 --tutorial-workers 0 \\
         --json /tmp/lenet.json                                          # proves it runs, on a laptop
 
@@ -37,6 +38,10 @@ then one timed epoch, the device synchronised at the start and the end of it:
   eager around the replay): what is left when a step launches one graph, i.e. whether capturing lit_ddp's
   whole step reaches the goal. Full batches only, the epoch's time scaled to all its images; a graphed side
   that fails is named on stderr and left null.
+- lit_ddp_workers_N (``--workers N ...``): the lit_ddp side with N DataLoader workers (persistent, as
+  lit_ddp's loader makes them) instead of the recipe's 0: whether building each batch (its
+  ``index_select`` and pinning) off the main thread pays for the batch's trip between processes where
+  the main thread is what limits the step.
 - tutorial: what the PyTorch DDP tutorials write: a Dataset that makes a PIL image per sample (as
   torchvision's CIFAR10 does) and transforms it with RandomCrop(32, padding=4) + RandomHorizontalFlip +
   ToTensor + Normalize in ``--tutorial-workers`` DataLoader workers, a DistributedSampler, the network in
@@ -46,7 +51,7 @@ The sides take turns, ``--rounds`` times, so that drift on the machine hits both
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
 "raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``),
 "raw_graphed_lenet_epoch_s", "lightning_graphed_lenet_epoch_s" and "lit_ddp_graphed_lenet_epoch_s" (null
-without ``--graphed``) and "device",
+without ``--graphed``), "lenet_cifar_workers_epoch_s" ({N: seconds} for ``--workers``) and "device",
 with the arguments used (the compile mode among them).
 """
 
@@ -60,6 +65,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import get_args
 
@@ -172,7 +178,9 @@ def lit_ddp_epoch(
     data: tuple[Tensor, Tensor],
     device: torch.device,
     compile: bool | str = False,
+    num_workers: int | None = None,
 ) -> float:
+    """``num_workers``: the DataLoader's workers, None for the recipe's."""
     torch.manual_seed(0)
     callbacks: list[L.Callback] = []
     if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags turn off (as the CLI does)
@@ -180,7 +188,8 @@ def lit_ddp_epoch(
 
         off = tuple(OFF_SWITCHES.values())
         callbacks += [cls(**kw) for cls, kw in CALLBACKS.values() if not issubclass(cls, off)]
-    dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
+    workers = recipe["num_workers"] if num_workers is None else num_workers
+    dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=workers)
     model = LeNetCIFAR(**{**recipe["model"], "compile": compile})
     # With fit's callbacks, a logger: they write to one.
     return timed_fit(
@@ -576,6 +585,14 @@ def main() -> None:
         action="store_true",
         help="also the floor's whole step as one CUDA graph, raw and in Lightning",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="N",
+        help="also the lit_ddp side with N DataLoader workers (the recipe has 0), a side for each N",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     if args.graphed and not args.device.startswith("cuda"):
@@ -598,6 +615,8 @@ def main() -> None:
     }
     if args.compile:
         sides["lit_ddp_compiled"] = lambda: lit_ddp_epoch(args, recipe, data, device, compile=args.compile)
+    for n in args.workers:
+        sides[f"lit_ddp_workers_{n}"] = partial(lit_ddp_epoch, args, recipe, data, device, num_workers=n)
     if args.graphed:
         # First runs on a GPU: a side that fails is named and left null, and the others still count.
         sides["raw_graphed"] = guarded("raw_graphed", lambda: raw_graphed_epoch(args, recipe, data, device))
@@ -624,6 +643,8 @@ def main() -> None:
     if args.compile:
         mode = "" if args.compile is True else f" ({args.compile})"
         rows.append((f"lit_ddp compiled{mode}{callbacks}", epochs["lit_ddp_compiled"]))
+    for n in args.workers:
+        rows.append((f"lit_ddp with {n} DataLoader workers{callbacks}", epochs[f"lit_ddp_workers_{n}"]))
     if args.graphed:
         rows.append(("raw, the whole step one CUDA graph", epochs["raw_graphed"]))
         rows.append(
@@ -652,6 +673,7 @@ def main() -> None:
             "raw_graphed_lenet_epoch_s": best.get("raw_graphed"),
             "lightning_graphed_lenet_epoch_s": best.get("lightning_graphed"),
             "lit_ddp_graphed_lenet_epoch_s": best.get("lit_ddp_graphed"),
+            "lenet_cifar_workers_epoch_s": {n: best[f"lit_ddp_workers_{n}"] for n in args.workers},
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})
 

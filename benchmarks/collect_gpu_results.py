@@ -75,6 +75,10 @@ def collect(run_dir: Path) -> dict:
     for key, (file, field) in FIGURES.items():
         value = _read(run_dir / file).get(field)
         result[key] = float(value) if isinstance(value, int | float) else None
+    # lit_ddp's LeNet epoch with N DataLoader workers (the recipe has none): {"N": seconds}, or null.
+    workers = _read(run_dir / "lenet.json").get("lenet_cifar_workers_epoch_s") or {}
+    timed = {n: float(s) for n, s in workers.items() if isinstance(s, int | float)}
+    result["lenet_cifar_workers_epoch_s"] = timed or None
     # The loader at the automatic worker count and the others (jpeg_workers_N.json): the fastest, its count.
     runs = [_read(run_dir / "jpeg.json"), *map(_read, sorted(run_dir.glob("jpeg_workers_*.json")))]
     runs = [r for r in runs if isinstance(r.get("jpeg_pipeline_img_s"), int | float)]

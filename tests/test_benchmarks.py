@@ -19,13 +19,14 @@ from collect_gpu_results import collect  # noqa: E402
 def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     (tmp_path / "versions.json").write_text(json.dumps({"device": "NVIDIA H100", "commit": "abc1234"}))
     (tmp_path / "resnet50.json").write_text(json.dumps({"raw_img_s": 3600.0, "lightning_img_s": 3540.5}))
-    (tmp_path / "lenet.json").write_text(json.dumps({"lenet_cifar_epoch_s": 0.8}))  # no tutorial figure
+    lenet = {"lenet_cifar_epoch_s": 0.8, "lenet_cifar_workers_epoch_s": {"1": 0.7, "2": None}}
+    (tmp_path / "lenet.json").write_text(json.dumps(lenet))  # no tutorial figure; 2 workers failed
     decode = {"jpeg_pipeline_img_s": 3000.0, "step_ms": 85.3, "decode_ms": 41.0, "decode_device_ms": None}
     (tmp_path / "gpu_decode.json").write_text(json.dumps(decode))
     result = collect(tmp_path)
     assert (result["device"], result["commit"]) == ("NVIDIA H100", "abc1234")
     assert (result["resnet50_raw_img_s"], result["resnet50_lightning_img_s"]) == (3600.0, 3540.5)
-    assert result["lenet_cifar_epoch_s"] == 0.8
+    assert result["lenet_cifar_epoch_s"] == 0.8 and result["lenet_cifar_workers_epoch_s"] == {"1": 0.7}
     assert result["tutorial_lenet_epoch_s"] is None and result["jpeg_pipeline_img_s"] is None
     assert result["raw_lenet_epoch_s"] is None and result["lenet_cifar_compiled_epoch_s"] is None
     assert result["lightning_lenet_epoch_s"] is None
@@ -67,6 +68,7 @@ def test_the_suite_records_versions_and_collects_on_a_machine_without_a_gpu(tmp_
     collected = json.loads(gpu_json.read_text())
     assert collected["versions"] == versions and collected["gpu_tests_passed"] is None
     assert all(collected[key] is None for key in ("resnet50_lightning_img_s", "lenet_cifar_epoch_s"))
+    assert collected["lenet_cifar_workers_epoch_s"] is None
 
 
 @pytest.mark.slow
@@ -187,19 +189,22 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
 ) -> None:
     """benchmarks/bench_lenet_gpu.py (the suite's lenet part), one round of 2 batches: every side's epoch
     (the floor without a framework and inside Lightning's loop too), and no compiled figure unless asked
-    (null, never filled in); asked with a mode (the lenet_cudagraphs part), lit_ddp compiled in it."""
+    (null, never filled in); asked with a mode (the lenet_cudagraphs part), lit_ddp compiled in it. Without
+    compile, lit_ddp with one DataLoader worker too (``--workers 1``)."""
     out = tmp_path / "lenet.json"
     script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
     script += ["--train-size=256", "--rounds=1", "--tutorial-workers=0", f"--json={out}"]
-    script += [f"--compile={compile}"] if compile else []
+    script += [f"--compile={compile}"] if compile else ["--workers", "1"]
     result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s", "lightning_lenet_epoch_s")
     assert all(record[key] > 0 for key in sides)
     assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw", "lightning"} | (
-        {"lit_ddp_compiled"} if compile else set()
+        {"lit_ddp_compiled"} if compile else {"lit_ddp_workers_1"}
     )
+    assert list(record["lenet_cifar_workers_epoch_s"]) == ([] if compile else ["1"])
+    assert all(seconds > 0 for seconds in record["lenet_cifar_workers_epoch_s"].values())
     if compile:
         assert record["lenet_cifar_compiled_epoch_s"] > 0 and record["settings"]["compile"] == compile
     else:
