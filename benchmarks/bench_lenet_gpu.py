@@ -36,8 +36,11 @@ then one timed epoch, the device synchronised at the start and the end of it:
   replayed per batch (``GraphedStep``; Lightning's side under manual optimisation), and lit_ddp's own
   ``LeNetCIFAR`` so (``GraphedLeNetCIFAR``: its data module's transfer hooks, schedule and metric updates
   eager around the replay): what is left when a step launches one graph, i.e. whether capturing lit_ddp's
-  whole step reaches the goal. Full batches only, the epoch's time scaled to all its images; a graphed side
-  that fails is named on stderr and left null.
+  whole step reaches the goal; and lit_ddp_graphed_split, the same step as two graphs (forward and
+  backward; the update, replayed by the optimizer Lightning steps: ``SplitGraphedLeNetCIFAR``), the way
+  the recipe could build it and keep Lightning's global step and ``on_before_optimizer_step`` hooks.
+  Full batches only, the epoch's time scaled to all its images; a graphed side that fails is named on
+  stderr and left null.
 - lit_ddp_workers_N (``--workers N ...``): the lit_ddp side with N DataLoader workers (persistent, as
   lit_ddp's loader makes them) instead of the recipe's 0: whether building each batch (its
   ``index_select`` and pinning) off the main thread pays for the batch's trip between processes where
@@ -50,9 +53,9 @@ then one timed epoch, the device synchronised at the start and the end of it:
 The sides take turns, ``--rounds`` times, so that drift on the machine hits both alike; each keeps its
 best (shortest) epoch. ``--json`` writes "lenet_cifar_epoch_s", "tutorial_lenet_epoch_s",
 "raw_lenet_epoch_s", "lightning_lenet_epoch_s", "lenet_cifar_compiled_epoch_s" (null without ``--compile``),
-"raw_graphed_lenet_epoch_s", "lightning_graphed_lenet_epoch_s" and "lit_ddp_graphed_lenet_epoch_s" (null
-without ``--graphed``), "lenet_cifar_workers_epoch_s" ({N: seconds} for ``--workers``) and "device",
-with the arguments used (the compile mode among them).
+"raw_graphed_lenet_epoch_s", "lightning_graphed_lenet_epoch_s", "lit_ddp_graphed_lenet_epoch_s" and
+"lit_ddp_graphed_split_lenet_epoch_s" (null without ``--graphed``), "lenet_cifar_workers_epoch_s" ({N:
+seconds} for ``--workers``) and "device", with the arguments used (the compile mode among them).
 """
 
 import argparse
@@ -308,13 +311,10 @@ def lightning_epoch(
 # ---- (b'') the floor's whole step as one CUDA graph (--graphed) -----------------------------------------
 
 
-def capture_step(
-    step: Callable[[], None], optimizer: torch.optim.Optimizer, device: torch.device
-) -> torch.cuda.CUDAGraph:
-    """``step`` (forward, backward, ``optimizer``'s update) captured as one CUDA graph, after torch's
-    CUDA-graph docs ("whole network capture"): warm-up steps on a side stream (cuDNN's choices, the
-    optimizer's state, lazily made constants), the gradients set to None before the capture (the captured
-    backward then writes them, and each replay overwrites them). The optimizer must be ``capturable``."""
+def warm_up(step: Callable[[], None], optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Before a capture, after torch's CUDA-graph docs ("whole network capture"): a few ``step``s on a side
+    stream (cuDNN's choices, the optimizer's state, lazily made constants), then the gradients set to None
+    (the captured backward then writes them, and each replay overwrites them)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
@@ -323,6 +323,14 @@ def capture_step(
             step()
     torch.cuda.current_stream(device).wait_stream(side)
     optimizer.zero_grad(set_to_none=True)
+
+
+def capture_step(
+    step: Callable[[], None], optimizer: torch.optim.Optimizer, device: torch.device
+) -> torch.cuda.CUDAGraph:
+    """``step`` (forward, backward, ``optimizer``'s update) captured as one CUDA graph after ``warm_up``.
+    The optimizer must be ``capturable``."""
+    warm_up(step, optimizer, device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
@@ -468,14 +476,114 @@ class GraphedLeNetCIFAR(LeNetCIFAR):
         self.train_loss.update(self.loss.detach(), weight=self.batch)
 
 
+class ReplayedAdamW(torch.optim.AdamW):
+    """A capturable AdamW whose update, once captured (``capture_update``), ``step`` replays as one CUDA
+    graph after calling the closure it is given. Lightning steps it as any optimizer: under manual
+    optimisation ``LightningOptimizer.step`` counts the global step and passes a closure in which the
+    callbacks' ``on_before_optimizer_step`` run, so they see each step's gradients before its update."""
+
+    update: torch.cuda.CUDAGraph | None = None
+
+    def step(self, closure: Callable[[], object] | None = None) -> object:
+        if self.update is None:
+            return super().step(closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.update.replay()
+        return loss
+
+    def capture_update(self, pool: tuple[int, int]) -> None:
+        """The update captured into ``pool`` (the forward and backward graph's, whose gradients it reads)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            super().step()
+        self.update = graph
+
+
+class SplitGraphedLeNetCIFAR(LeNetCIFAR):
+    """``GraphedLeNetCIFAR`` as the recipe could build it without losing Lightning's bookkeeping: two graphs.
+    The forward, loss and backward are one, replayed in ``training_step``; the AdamW update is the other
+    (``ReplayedAdamW``, what ``configure_optimizers`` returns), replayed through ``LightningOptimizer.step``
+    as under any manual optimisation: the global step counted, ``on_before_optimizer_step`` (the NaN guard's
+    hook) run between the two, the schedule Lightning's scheduler of that optimizer. Two launches a step
+    where ``GraphedLeNetCIFAR`` has one. ``capture`` False (a CPU): the same step, eager."""
+
+    def __init__(self, batch: int, capture: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.automatic_optimization = False
+        self.batch, self.capture = batch, capture
+
+    def configure_optimizers(self) -> dict:
+        cfg, trainer = self.optim, self.trainer
+        total = trainer.estimated_stepping_batches  # loads the training data: its batch count next
+        warmup = round(cfg.warmup_epochs * trainer.num_training_batches)
+        groups = param_groups(self.net, cfg.weight_decay, cfg.no_decay_norm_and_bias)
+        lr = torch.tensor(cfg.lr, device=self.device)  # filled in place by the schedule: a graph reads it
+        optimizer = ReplayedAdamW(
+            groups, lr=lr, weight_decay=cfg.weight_decay, foreach=self.capture, capturable=self.capture
+        )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.schedule, total, warmup))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        size, device = self.trainer.datamodule.image_size, self.device
+        self.x = torch.zeros(self.batch, 3, size, size, device=device)  # the graphs' static input
+        self.y = torch.zeros(self.batch, dtype=torch.long, device=device)
+        autocast = precision_context(self.trainer.precision, device)
+
+        def forward_backward() -> None:
+            with autocast:
+                self.logits = self(self.x)
+                self.loss = F.cross_entropy(self.logits, self.y, label_smoothing=self.label_smoothing)
+            self.loss.backward()
+
+        self.forward_backward, self.graph = forward_backward, None
+        if self.capture:
+            optimizer = self.optimizers().optimizer
+
+            def step() -> None:
+                forward_backward()
+                optimizer.step()
+
+            warm_up(step, optimizer, device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                forward_backward()
+            optimizer.capture_update(self.graph.pool())
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        if x.shape[0] != self.batch:  # the epoch's last, partial batch: a graph replays one shape
+            return
+        self.x.copy_(x)
+        self.y.copy_(y)
+        optimizer = self.optimizers()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            self.forward_backward()
+        optimizer.step()
+        self.lr_schedulers().step()
+        self.train_metrics.update(self.logits.detach(), self.y)
+        self.train_loss.update(self.loss.detach(), weight=self.batch)
+
+
 def lit_ddp_graphed_epoch(
-    args: argparse.Namespace, recipe: dict, data: tuple[Tensor, Tensor], device: torch.device
+    args: argparse.Namespace,
+    recipe: dict,
+    data: tuple[Tensor, Tensor],
+    device: torch.device,
+    module: type[LeNetCIFAR] = GraphedLeNetCIFAR,
 ) -> float:
-    """``lit_ddp_epoch`` with ``GraphedLeNetCIFAR``; the epoch's time scaled to all its images, as
-    ``raw_graphed_epoch``'s (its one partial batch went through the data module but not the graph)."""
+    """``lit_ddp_epoch`` with ``module`` (``GraphedLeNetCIFAR`` or ``SplitGraphedLeNetCIFAR``); the epoch's
+    time scaled to all its images, as ``raw_graphed_epoch``'s (its one partial batch went through the data
+    module but not the graph)."""
     torch.manual_seed(0)
     dm = InMemoryCIFAR(*data, batch_size=args.batch_size, num_workers=recipe["num_workers"])
-    model = GraphedLeNetCIFAR(args.batch_size, capture=device.type == "cuda", **recipe["model"])
+    model = module(args.batch_size, capture=device.type == "cuda", **recipe["model"])
     seconds = timed_fit(args, device, lambda t: t.fit(model, datamodule=dm))
     n = len(data[1])
     full = n // args.batch_size  # full batches an epoch; the timed epoch is the last
@@ -626,6 +734,10 @@ def main() -> None:
         sides["lit_ddp_graphed"] = guarded(
             "lit_ddp_graphed", lambda: lit_ddp_graphed_epoch(args, recipe, data, device)
         )
+        sides["lit_ddp_graphed_split"] = guarded(
+            "lit_ddp_graphed_split",
+            lambda: lit_ddp_graphed_epoch(args, recipe, data, device, SplitGraphedLeNetCIFAR),
+        )
     epochs = interleaved(sides, args.rounds)
     best = {side: shortest(times) for side, times in epochs.items()}
 
@@ -651,6 +763,9 @@ def main() -> None:
             ("lightning, the whole step one CUDA graph (manual optimisation)", epochs["lightning_graphed"])
         )
         rows.append(("lit_ddp's LeNetCIFAR, its step one CUDA graph (manual)", epochs["lit_ddp_graphed"]))
+        rows.append(
+            ("lit_ddp's LeNetCIFAR, two graphs, the update via Lightning", epochs["lit_ddp_graphed_split"])
+        )
     for label, times in rows:
         each = " ".join(f"{t:.3f}" for t in times)
         best_s = shortest(times) or math.nan
@@ -673,6 +788,7 @@ def main() -> None:
             "raw_graphed_lenet_epoch_s": best.get("raw_graphed"),
             "lightning_graphed_lenet_epoch_s": best.get("lightning_graphed"),
             "lit_ddp_graphed_lenet_epoch_s": best.get("lit_ddp_graphed"),
+            "lit_ddp_graphed_split_lenet_epoch_s": best.get("lit_ddp_graphed_split"),
             "lenet_cifar_workers_epoch_s": {n: best[f"lit_ddp_workers_{n}"] for n in args.workers},
         }
         write_results(args.json, {"device": name, **figures, "samples": epochs, "settings": settings(args)})

@@ -25,6 +25,8 @@ FIGURES = {
     "raw_graphed_lenet_epoch_s": ("lenet_graphed.json", "raw_graphed_lenet_epoch_s"),
     "lightning_graphed_lenet_epoch_s": ("lenet_graphed.json", "lightning_graphed_lenet_epoch_s"),
     "lit_ddp_graphed_lenet_epoch_s": ("lenet_graphed.json", "lit_ddp_graphed_lenet_epoch_s"),
+    # ... as two graphs, the update replayed by the optimizer Lightning steps (what the recipe could build)
+    "lit_ddp_graphed_split_lenet_epoch_s": ("lenet_graphed.json", "lit_ddp_graphed_split_lenet_epoch_s"),
     "jpeg_pipeline_img_s": ("jpeg.json", "jpeg_pipeline_img_s"),  # the automatic worker count
     "jpeg_data_wait_share": ("jpeg.json", "jpeg_data_wait_share"),
     "jpeg_num_workers": ("jpeg.json", "num_workers"),
