@@ -150,7 +150,7 @@ def random_crop_flip(
     corner = image_starts + dy * w2 + dx  # (B,): where image i's crop starts in the flat padded batch
     if flip_p > 0:
         source = torch.cat([source, source.flip(-1)])  # image i mirrored is image B + i
-        corner = corner + flip * source[:b].numel()
+        corner = corner + flip * (b * c * h2 * w2)
     flat = source.reshape(-1)
     # rows[k] is the w pixels starting at flat[k]: a view, every start position of the buffer.
     rows = flat.as_strided((flat.numel() - w + 1, w), (1, 1))
