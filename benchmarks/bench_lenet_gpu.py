@@ -445,35 +445,56 @@ class GraphedLeNetCIFAR(LeNetCIFAR):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.schedule, total, warmup)
         )
-        size = self.trainer.datamodule.image_size
-        self.x = torch.zeros(self.batch, 3, size, size, device=device)  # the graph's static input
-        self.y = torch.zeros(self.batch, dtype=torch.long, device=device)
-        autocast = precision_context(self.trainer.precision, device)
+        forward_backward = self.static_forward_backward()
 
         def step() -> None:
-            with autocast:
-                self.logits = self(self.x)
-                self.loss = F.cross_entropy(self.logits, self.y, label_smoothing=self.label_smoothing)
-            self.loss.backward()
+            forward_backward()
             self.optimizer.step()
 
         self.step = step
         self.graph = capture_step(step, self.optimizer, device) if self.capture else None
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+    def static_forward_backward(self) -> Callable[[], None]:
+        """The forward, loss and backward on static input tensors ``x`` and ``y`` (made here; each batch is
+        copied into them) at the trainer's precision, leaving ``logits`` and ``loss``: what a graph
+        captures."""
+        size, device = self.trainer.datamodule.image_size, self.device
+        self.x = torch.zeros(self.batch, 3, size, size, device=device)
+        self.y = torch.zeros(self.batch, dtype=torch.long, device=device)
+        autocast = precision_context(self.trainer.precision, device)
+
+        def forward_backward() -> None:
+            with autocast:
+                self.logits = self(self.x)
+                self.loss = F.cross_entropy(self.logits, self.y, label_smoothing=self.label_smoothing)
+            self.loss.backward()
+
+        return forward_backward
+
+    def load_static(self, batch: tuple[Tensor, Tensor]) -> bool:
+        """``batch`` copied into the static input; False (nothing copied) for the epoch's last, partial
+        batch: a graph replays one shape."""
         x, y = batch
-        if x.shape[0] != self.batch:  # the epoch's last, partial batch: a graph replays one shape
-            return
+        if x.shape[0] != self.batch:
+            return False
         self.x.copy_(x)
         self.y.copy_(y)
+        return True
+
+    def update_metrics(self) -> None:
+        self.train_metrics.update(self.logits.detach(), self.y)
+        self.train_loss.update(self.loss.detach(), weight=self.batch)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        if not self.load_static(batch):
+            return
         if self.graph is not None:
             self.graph.replay()
         else:
             self.optimizer.zero_grad(set_to_none=True)
             self.step()
         self.scheduler.step()
-        self.train_metrics.update(self.logits.detach(), self.y)
-        self.train_loss.update(self.loss.detach(), weight=self.batch)
+        self.update_metrics()
 
 
 class ReplayedAdamW(torch.optim.AdamW):
@@ -502,18 +523,13 @@ class ReplayedAdamW(torch.optim.AdamW):
         self.update = graph
 
 
-class SplitGraphedLeNetCIFAR(LeNetCIFAR):
+class SplitGraphedLeNetCIFAR(GraphedLeNetCIFAR):
     """``GraphedLeNetCIFAR`` as the recipe could build it without losing Lightning's bookkeeping: two graphs.
     The forward, loss and backward are one, replayed in ``training_step``; the AdamW update is the other
     (``ReplayedAdamW``, what ``configure_optimizers`` returns), replayed through ``LightningOptimizer.step``
     as under any manual optimisation: the global step counted, ``on_before_optimizer_step`` (the NaN guard's
     hook) run between the two, the schedule Lightning's scheduler of that optimizer. Two launches a step
     where ``GraphedLeNetCIFAR`` has one. ``capture`` False (a CPU): the same step, eager."""
-
-    def __init__(self, batch: int, capture: bool = True, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.automatic_optimization = False
-        self.batch, self.capture = batch, capture
 
     def configure_optimizers(self) -> dict:
         cfg, trainer = self.optim, self.trainer
@@ -528,47 +544,32 @@ class SplitGraphedLeNetCIFAR(LeNetCIFAR):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        size, device = self.trainer.datamodule.image_size, self.device
-        self.x = torch.zeros(self.batch, 3, size, size, device=device)  # the graphs' static input
-        self.y = torch.zeros(self.batch, dtype=torch.long, device=device)
-        autocast = precision_context(self.trainer.precision, device)
-
-        def forward_backward() -> None:
-            with autocast:
-                self.logits = self(self.x)
-                self.loss = F.cross_entropy(self.logits, self.y, label_smoothing=self.label_smoothing)
-            self.loss.backward()
-
-        self.forward_backward, self.graph = forward_backward, None
+        self.forward_backward, self.graph = self.static_forward_backward(), None
         if self.capture:
             optimizer = self.optimizers().optimizer
 
             def step() -> None:
-                forward_backward()
+                self.forward_backward()
                 optimizer.step()
 
-            warm_up(step, optimizer, device)
+            warm_up(step, optimizer, self.device)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                forward_backward()
+                self.forward_backward()
             optimizer.capture_update(self.graph.pool())
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        x, y = batch
-        if x.shape[0] != self.batch:  # the epoch's last, partial batch: a graph replays one shape
+        if not self.load_static(batch):
             return
-        self.x.copy_(x)
-        self.y.copy_(y)
         optimizer = self.optimizers()
         if self.graph is not None:
             self.graph.replay()
         else:
             optimizer.zero_grad(set_to_none=True)
             self.forward_backward()
-        optimizer.step()
+        optimizer.step()  # through Lightning: its hooks, the global step; then the update's replay
         self.lr_schedulers().step()
-        self.train_metrics.update(self.logits.detach(), self.y)
-        self.train_loss.update(self.loss.detach(), weight=self.batch)
+        self.update_metrics()
 
 
 def lit_ddp_graphed_epoch(
