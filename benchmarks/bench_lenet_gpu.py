@@ -432,19 +432,7 @@ class GraphedLeNetCIFAR(LeNetCIFAR):
         return None  # the step's own capturable AdamW, made with its graph at the start of training
 
     def on_train_start(self) -> None:
-        cfg, device = self.optim, self.device
-        groups = param_groups(self.net, cfg.weight_decay, cfg.no_decay_norm_and_bias)
-        # A capturable AdamW takes its lr as a device tensor, which LambdaLR fills in place; eagerly (a CPU)
-        # torch's per-tensor AdamW takes the same tensor.
-        lr = torch.tensor(cfg.lr, device=device)
-        self.optimizer = torch.optim.AdamW(
-            groups, lr=lr, weight_decay=cfg.weight_decay, foreach=self.capture, capturable=self.capture
-        )
-        warmup = round(cfg.warmup_epochs * self.trainer.num_training_batches)
-        total = self.trainer.estimated_stepping_batches
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.schedule, total, warmup)
-        )
+        self.optimizer, self.scheduler = self.capturable_adamw(torch.optim.AdamW)
         forward_backward = self.static_forward_backward()
 
         def step() -> None:
@@ -452,7 +440,24 @@ class GraphedLeNetCIFAR(LeNetCIFAR):
             self.optimizer.step()
 
         self.step = step
-        self.graph = capture_step(step, self.optimizer, device) if self.capture else None
+        self.graph = capture_step(step, self.optimizer, self.device) if self.capture else None
+
+    def capturable_adamw(
+        self, cls: type[torch.optim.AdamW]
+    ) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """The recipe's AdamW (its no-decay groups, lr and weight decay) as ``cls``, capturable when
+        ``capture``, and the recipe's schedule over the run. The lr is a device tensor that ``LambdaLR``
+        fills in place, so a replayed graph reads each step's value; eagerly (a CPU) torch's per-tensor
+        AdamW takes the same tensor."""
+        cfg, trainer = self.optim, self.trainer
+        total = trainer.estimated_stepping_batches  # loads the training data: its batch count next
+        warmup = round(cfg.warmup_epochs * trainer.num_training_batches)
+        groups = param_groups(self.net, cfg.weight_decay, cfg.no_decay_norm_and_bias)
+        lr = torch.tensor(cfg.lr, device=self.device)
+        optimizer = cls(
+            groups, lr=lr, weight_decay=cfg.weight_decay, foreach=self.capture, capturable=self.capture
+        )
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.schedule, total, warmup))
 
     def static_forward_backward(self) -> Callable[[], None]:
         """The forward, loss and backward on static input tensors ``x`` and ``y`` (made here; each batch is
@@ -532,15 +537,7 @@ class SplitGraphedLeNetCIFAR(GraphedLeNetCIFAR):
     where ``GraphedLeNetCIFAR`` has one. ``capture`` False (a CPU): the same step, eager."""
 
     def configure_optimizers(self) -> dict:
-        cfg, trainer = self.optim, self.trainer
-        total = trainer.estimated_stepping_batches  # loads the training data: its batch count next
-        warmup = round(cfg.warmup_epochs * trainer.num_training_batches)
-        groups = param_groups(self.net, cfg.weight_decay, cfg.no_decay_norm_and_bias)
-        lr = torch.tensor(cfg.lr, device=self.device)  # filled in place by the schedule: a graph reads it
-        optimizer = ReplayedAdamW(
-            groups, lr=lr, weight_decay=cfg.weight_decay, foreach=self.capture, capturable=self.capture
-        )
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg.schedule, total, warmup))
+        optimizer, schedule = self.capturable_adamw(ReplayedAdamW)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_train_start(self) -> None:

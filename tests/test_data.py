@@ -2,11 +2,11 @@
 
 import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import REPO
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
@@ -90,7 +90,7 @@ def test_random_crop_flip_makes_its_shape_constants_once_and_crops_each_batch_si
     of a shape runs no ``arange`` (on a GPU, four kernel launches less a step). Batches of two sizes in
     turns, as an epoch's full and last batches come, each crop as slicing each padded image (mirrored
     when its flip is drawn) at its drawn offsets does."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(REPO / "benchmarks"))
     from bench_step_overhead import DispatchedOps
 
     pad, n = 3, 7
