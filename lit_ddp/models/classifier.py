@@ -31,6 +31,13 @@ from torchmetrics import MeanMetric, Metric, MetricCollection
 from lit_ddp.errors import UserError
 from lit_ddp.models.accuracy import TopKAccuracy
 from lit_ddp.models.optim import OptimConfig, build_optimizer
+from lit_ddp.models.step_graph import (
+    CUDAGraphMode,
+    StepGraph,
+    portable_optimizer_states,
+    prepare_for_replay,
+    replay_blocker,
+)
 from lit_ddp.utils import global_batch_size
 
 STAGES = ("train", "val", "test")
@@ -104,6 +111,12 @@ class ImageClassifier(LightningModule):
     (docs/benchmarks.md). Inputs that are not (B, C, H, W) pass unchanged. ``compile`` runs
     ``torch.compile`` on the network, in place, so checkpoints keep their parameter names: ``true`` in its
     default mode, or the mode named (``reduce-overhead``: CUDA graphs).
+
+    ``cuda_graph`` replays the whole training step (forward, loss, backward and the optimizer's update) as
+    CUDA graphs (models/step_graph.py), for networks whose step is too short to hide its kernel launches:
+    ``true`` on one device (on a CPU it runs the same step eagerly), refusing in one line a run it cannot
+    replay (several devices, gradient accumulation or clipping, 16-mixed, SGD, ``compile``); ``auto``
+    replays where it can (one CUDA device) and trains as usual elsewhere, saying why on a GPU.
     """
 
     def __init__(
@@ -115,6 +128,7 @@ class ImageClassifier(LightningModule):
         top_k: tuple[int, ...] = (1,),
         channels_last: bool = True,
         compile: bool | CompileMode = False,
+        cuda_graph: CUDAGraphMode = False,
     ) -> None:
         super().__init__()
         if not isinstance(compile, bool) and compile not in get_args(CompileMode):
@@ -133,6 +147,8 @@ class ImageClassifier(LightningModule):
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.net = net.to(memory_format=self.memory_format)
         self.compile_net = compile
+        self.cuda_graph = cuda_graph
+        self._step_graph: StepGraph | None = None  # captured at the first training batch
         self._net_compiled = False
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
@@ -143,6 +159,25 @@ class ImageClassifier(LightningModule):
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
             setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
             setattr(self, f"{stage}_loss", LossMean())
+
+    @property
+    def automatic_optimization(self) -> bool:
+        # Lightning reads this once the trainer is attached, before any hook of the fit: a replayed step
+        # drives the optimizer itself (manual optimisation), every other run is Lightning's usual loop.
+        return self._automatic_optimization and not self._replays_step()
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self._automatic_optimization = value
+
+    def _replays_step(self) -> bool:
+        """Whether this fit runs the training step through ``StepGraph`` (``cuda_graph``)."""
+        trainer = self._trainer
+        if self.cuda_graph is False or trainer is None:
+            return False
+        if replay_blocker(trainer, self.optim.name, bool(self.compile_net)) is not None:
+            return False  # true refuses it in setup; auto trains as usual
+        return self.cuda_graph is True or trainer.strategy.root_device.type == "cuda"
 
     def forward(self, x: Tensor) -> Tensor:
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
@@ -166,28 +201,48 @@ class ImageClassifier(LightningModule):
         self._input_fits = True
         return logits
 
+    def setup(self, stage: str) -> None:
+        if stage != "fit" or self.cuda_graph is False:
+            return
+        blocker = replay_blocker(self.trainer, self.optim.name, bool(self.compile_net))
+        on_cuda = self.trainer.strategy.root_device.type == "cuda"
+        if blocker is not None and self.cuda_graph is True:
+            raise UserError(
+                f"--model.cuda_graph=true cannot replay this run's training step: {blocker}; or pass"
+                " --model.cuda_graph=auto, which trains such a run without graphs"
+            )
+        if blocker is not None and on_cuda:
+            rank_zero_info(f"lit_ddp: --model.cuda_graph=auto: the step runs without CUDA graphs: {blocker}")
+        elif blocker is None and not on_cuda and self.cuda_graph is True:
+            rank_zero_info("lit_ddp: --model.cuda_graph=true without a CUDA device: the same step, eagerly")
+
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
         if self.compile_net and not self._net_compiled:
             self.net.compile(mode=None if self.compile_net is True else self.compile_net)
             self._net_compiled = True
 
-    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
-        """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics.
-
-        ``y`` is (B,) class indices, or (B, num_classes) probabilities when the data module mixed the training
-        batch (MixUp/CutMix): cross-entropy takes both, label smoothing included."""
-        x, y = batch
+    def _logits_and_loss(self, x: Tensor, y: Tensor, stage: str = "train") -> tuple[Tensor, Tensor]:
+        """``y`` is (B,) class indices, or (B, num_classes) probabilities when the data module mixed the
+        training batch (MixUp/CutMix): cross-entropy takes both, label smoothing included."""
         logits = self(x)
         # Label smoothing is a training regulariser; evaluation reports the plain cross-entropy.
         smoothing = self.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits, y, label_smoothing=smoothing)
+        return logits, F.cross_entropy(logits, y, label_smoothing=smoothing)
+
+    def _update_metrics(self, stage: str, logits: Tensor, y: Tensor, loss: Tensor) -> None:
         # A mixed target counts for accuracy as its dominant label (the larger share of the mix).
         labels = y.argmax(dim=-1) if y.ndim == 2 else y
         getattr(self, f"{stage}_metrics").update(logits.detach(), labels)
         # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
         # also when the last batch or one rank's shard is smaller.
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=y.shape[0])
+
+    def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
+        """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
+        x, y = batch
+        logits, loss = self._logits_and_loss(x, y, stage)
+        self._update_metrics(stage, logits, y, loss)
         return loss, logits
 
     def _log_epoch(self, stage: str) -> None:
@@ -199,8 +254,34 @@ class ImageClassifier(LightningModule):
         self.log_dict(getattr(self, f"{stage}_metrics"), prog_bar=stage != "train")
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        if not self.automatic_optimization and self._replays_step():
+            return self._replayed_training_step(batch)
         loss, _ = self._shared_step(batch, "train")
         return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps
+
+    def _replayed_training_step(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        """The step as ``StepGraph`` replays it, the update through Lightning's optimizer (its hooks, the
+        global step) and the schedule stepped after it, as Lightning does for ``interval: step``."""
+        optimizer = self.optimizers()
+        if self._step_graph is None:  # after any checkpoint's restore: the graph reads what it restored
+            prepare_for_replay(optimizer.optimizer, self.device)
+            self._step_graph = StepGraph(self, self._logits_and_loss, optimizer.optimizer, batch)
+        x, y = batch
+        if self._step_graph.fits(batch):
+            logits, loss = self._step_graph.run(batch)
+        else:  # another shape (the epoch's last batch): eagerly, into the gradients the update graph reads
+            optimizer.zero_grad(set_to_none=False)
+            logits, loss = self._logits_and_loss(x, y)
+            self.manual_backward(loss)
+        self._update_metrics("train", logits, y, loss)
+        optimizer.step()
+        self.lr_schedulers().step()
+        return loss.detach()
+
+    def on_train_end(self) -> None:
+        if self._step_graph is not None:  # the graphs hold the step's memory; a later fit captures anew
+            self._step_graph.release()
+            self._step_graph = None
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         # The logits go to callbacks' on_validation_batch_end (callbacks/confusion.py); Lightning keeps none.
@@ -218,6 +299,8 @@ class ImageClassifier(LightningModule):
         self._train_epoch_open = False
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self._replays_step():
+            portable_optimizer_states(checkpoint)
         # A checkpoint inside an epoch (a preemption stop) carries the epoch's training metric states so far,
         # summed over the ranks (every rank runs this hook: the sum is one collective), so the resumed run
         # reports train/* over the whole epoch, not only over the batches after the resume.
@@ -275,6 +358,7 @@ class ImageClassifier(LightningModule):
             steps_per_epoch,
             clips_scaled_gradients=clips_scaled,
             trained_as=trainer.model,  # FSDP there lays the gradients out its own way
+            replayed_on=self.device if self._replays_step() else None,
         )
         if self.optim.scale_lr:
             rank_zero_info(

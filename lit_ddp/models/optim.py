@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from lit_ddp.errors import UserError
+from lit_ddp.models.step_graph import replayed_optimizer
 
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
     "sgd": lambda params, c, fused: torch.optim.SGD(
@@ -151,12 +152,15 @@ def build_optimizer(
     steps_per_epoch: float,
     clips_scaled_gradients: bool = False,
     trained_as: nn.Module | None = None,
+    replayed_on: torch.device | None = None,
 ) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
     ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
     ``clips_scaled_gradients``: gradients are clipped under a GradScaler (16-mixed), which Lightning cannot
     do for a fused optimizer (it unscales inside its step), so the automatic choice is then not fused;
-    ``trained_as``: the module the strategy runs (``trainer.model``), see :func:`fused_available`."""
+    ``trained_as``: the module the strategy runs (``trainer.model``), see :func:`fused_available`;
+    ``replayed_on``: the device whose CUDA graphs replay the update (``--model.cuda_graph``), see
+    :func:`lit_ddp.models.step_graph.replayed_optimizer`."""
     if not math.isfinite(total_steps) and cfg.schedule in NEEDS_LENGTH:
         raise UserError(
             f"--model.optim.schedule={cfg.schedule} decays over the run's length, which is open-ended: set"
@@ -173,10 +177,13 @@ def build_optimizer(
             "--model.optim.fused=true cannot train non-contiguous (channels-last) weights under FSDP, which"
             " hands them contiguous gradients: pass --model.channels_last=false or drop --model.optim.fused"
         )
-    fused = cfg.fused
-    if fused is None:
-        fused = fused_available(model, trained_as) and not clips_scaled_gradients
-    optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
+    if replayed_on is not None:
+        optimizer = replayed_optimizer(cfg.name, groups, cfg.lr, cfg.weight_decay, replayed_on)
+    else:
+        fused = cfg.fused
+        if fused is None:
+            fused = fused_available(model, trained_as) and not clips_scaled_gradients
+        optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
     if cfg.scale_lr:
         for group in optimizer.param_groups:
             group["lr"] *= global_batch / cfg.base_batch_size

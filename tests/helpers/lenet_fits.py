@@ -1,0 +1,67 @@
+"""In-process LeNet fits on CIFAR-shaped tensors, with and without ``--model.cuda_graph``: the CPU tests
+(test_step_graph.py) and the CUDA one (test_cuda.py) compare the two."""
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor
+
+from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
+from lit_ddp.models import LeNetCIFAR, OptimConfig
+
+# 100 images in batches of 32: 3 full batches and a partial one of 4 per epoch.
+IMAGES, BATCH = 100, 32
+
+
+class InMemoryCIFAR(ImageDataModule):
+    """CIFAR10DataModule's statistics and augmentation over random uint8 images held in memory."""
+
+    num_classes = CIFAR10DataModule.num_classes
+    class_names = CIFAR10DataModule.class_names
+    mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
+
+    def __init__(self, n: int = IMAGES, batch_size: int = BATCH) -> None:
+        super().__init__(batch_size=batch_size, num_workers=0, augmentation=CropFlip(padding=4))
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+
+    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
+        return self.images, self.labels
+
+
+def lenet(cuda_graph: bool | str, **kwargs) -> LeNetCIFAR:
+    torch.manual_seed(0)
+    optim = OptimConfig(name="adamw", lr=3e-3, weight_decay=5e-4, warmup_epochs=1.0)
+    return LeNetCIFAR(optim=kwargs.pop("optim", optim), cuda_graph=cuda_graph, **kwargs)
+
+
+def trainer(root: Path, accelerator: str = "cpu", epochs: int = 2, **kwargs) -> L.Trainer:
+    """One device, validation off; a checkpoint at each epoch's end in ``root`` (``last.ckpt``)."""
+    checkpoints = ModelCheckpoint(dirpath=root, save_last=True, save_top_k=-1)
+    return L.Trainer(
+        accelerator=accelerator,
+        devices=1,
+        max_epochs=epochs,
+        logger=False,
+        callbacks=[checkpoints, *kwargs.pop("callbacks", [])],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=root,
+        **kwargs,
+    )
+
+
+def fit(module: LeNetCIFAR, trainer: L.Trainer, ckpt_path: Path | None = None) -> dict[str, Tensor]:
+    """The trained weights, on the CPU."""
+    trainer.fit(module, datamodule=InMemoryCIFAR(), ckpt_path=ckpt_path)
+    return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
+
+
+def assert_close(a: dict[str, Tensor], b: dict[str, Tensor], atol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
