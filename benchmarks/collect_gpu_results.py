@@ -16,17 +16,15 @@ FIGURES = {
     "resnet50_compile_img_s": ("resnet50_compile.json", "lightning_img_s"),
     "resnet50_compile_raw_img_s": ("resnet50_compile.json", "raw_img_s"),
     "lenet_cifar_epoch_s": ("lenet.json", "lenet_cifar_epoch_s"),
+    "lenet_cifar_eager_epoch_s": ("lenet.json", "lenet_cifar_eager_epoch_s"),  # --model.cuda_graph=false
     "tutorial_lenet_epoch_s": ("lenet.json", "tutorial_lenet_epoch_s"),
     "raw_lenet_epoch_s": ("lenet.json", "raw_lenet_epoch_s"),  # the same math without a framework
     "lightning_lenet_epoch_s": ("lenet.json", "lightning_lenet_epoch_s"),  # ... in Lightning's loop
     "lenet_cifar_compiled_epoch_s": ("lenet_compile.json", "lenet_cifar_compiled_epoch_s"),
     "lenet_cifar_cudagraphs_epoch_s": ("lenet_cudagraphs.json", "lenet_cifar_compiled_epoch_s"),
-    # the whole step as one CUDA graph: the floor's without a framework and in Lightning's loop; lit_ddp's
+    # the whole step as one CUDA graph: the floor's without a framework and in Lightning's loop
     "raw_graphed_lenet_epoch_s": ("lenet_graphed.json", "raw_graphed_lenet_epoch_s"),
     "lightning_graphed_lenet_epoch_s": ("lenet_graphed.json", "lightning_graphed_lenet_epoch_s"),
-    "lit_ddp_graphed_lenet_epoch_s": ("lenet_graphed.json", "lit_ddp_graphed_lenet_epoch_s"),
-    # ... as two graphs, the update replayed by the optimizer Lightning steps (what the recipe could build)
-    "lit_ddp_graphed_split_lenet_epoch_s": ("lenet_graphed.json", "lit_ddp_graphed_split_lenet_epoch_s"),
     "jpeg_pipeline_img_s": ("jpeg.json", "jpeg_pipeline_img_s"),  # the automatic worker count
     "jpeg_data_wait_share": ("jpeg.json", "jpeg_data_wait_share"),
     "jpeg_num_workers": ("jpeg.json", "num_workers"),

@@ -71,8 +71,8 @@ PY
     compile)
       run python benchmarks/bench_resnet_gpu.py --compile --json "$OUT/resnet50_compile.json" 2>&1 \
         | tee "$OUT/resnet50_compile.log" ;;
-    lenet)  # lit_ddp with 1 and 2 DataLoader workers too: does building batches off the main thread pay?
-      run python benchmarks/bench_lenet_gpu.py --workers 1 2 --json "$OUT/lenet.json" 2>&1 \
+    lenet)  # the recipe (its step replayed as CUDA graphs) and the same with --model.cuda_graph=false
+      run python benchmarks/bench_lenet_gpu.py --json "$OUT/lenet.json" 2>&1 \
         | tee "$OUT/lenet.log" ;;
     lenet_compile)  # lit_ddp compiled beside the others (each round compiles in its warm-up epoch)
       run python benchmarks/bench_lenet_gpu.py --compile --rounds 2 --json "$OUT/lenet_compile.json" 2>&1 \

@@ -198,9 +198,9 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
     result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
-    sides = ("lenet_cifar_epoch_s", "tutorial_lenet_epoch_s", "raw_lenet_epoch_s", "lightning_lenet_epoch_s")
-    assert all(record[key] > 0 for key in sides)
-    assert set(record["samples"]) == {"lit_ddp", "tutorial", "raw", "lightning"} | (
+    sides = ("lenet_cifar_epoch_s", "lenet_cifar_eager_epoch_s", "tutorial_lenet_epoch_s")
+    assert all(record[key] > 0 for key in (*sides, "raw_lenet_epoch_s", "lightning_lenet_epoch_s"))
+    assert set(record["samples"]) == {"lit_ddp", "lit_ddp_eager", "tutorial", "raw", "lightning"} | (
         {"lit_ddp_compiled"} if compile else {"lit_ddp_workers_1"}
     )
     assert list(record["lenet_cifar_workers_epoch_s"]) == ([] if compile else ["1"])
@@ -210,11 +210,7 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
     else:
         assert record["lenet_cifar_compiled_epoch_s"] is None
     # The whole step as one CUDA graph only where asked, on a CUDA device: null here, never filled in.
-    graphed = (
-        "raw_graphed_lenet_epoch_s",
-        "lightning_graphed_lenet_epoch_s",
-        "lit_ddp_graphed_lenet_epoch_s",
-    )
+    graphed = ("raw_graphed_lenet_epoch_s", "lightning_graphed_lenet_epoch_s")
     assert all(record[key] is None for key in graphed)
 
 
@@ -242,96 +238,18 @@ def test_the_floors_graphed_sides_run_their_step_eagerly_on_a_cpu() -> None:
         assert side(args, read_recipe(), data, torch.device("cpu")) > 0
 
 
-def test_the_graphed_lit_ddp_side_runs_its_step_eagerly_on_a_cpu_with_lit_ddps_schedule_and_metrics() -> None:
-    """bench_lenet_gpu's lit_ddp_graphed side with ``capture=False``: the step a GPU captures, run eagerly
-    through the benchmark's Trainer. Only full batches step; the recipe's schedule reaches the tensor lr
-    that a graph would read; the epoch's metrics count what the full batches trained."""
-    import torch
-    from bench_lenet_gpu import GraphedLeNetCIFAR, InMemoryCIFAR, cifar_shaped, read_recipe, timed_fit
-
-    from lit_ddp.models.optim import lr_lambda
-
-    recipe = read_recipe()
-    images, labels = cifar_shaped(100)  # batches of 32: 3 full and a partial one of 4 per epoch
-    model = GraphedLeNetCIFAR(32, capture=False, **recipe["model"])
-    dm = InMemoryCIFAR(images, labels, batch_size=32, num_workers=0)
-    before = [p.detach().clone() for p in model.parameters()]
-    args = SimpleNamespace(precision="32-true")
-    seconds = timed_fit(args, torch.device("cpu"), lambda t: t.fit(model, datamodule=dm))
-    assert seconds > 0 and model.graph is None
-    assert model.scheduler.last_epoch == 6  # 2 epochs (the warm-up one and the timed one) of 3 full batches
-    group = model.optimizer.param_groups[0]
-    total, warmup = model.trainer.estimated_stepping_batches, round(model.optim.warmup_epochs * 4)
-    assert torch.is_tensor(group["lr"])
-    assert group["lr"].item() == pytest.approx(
-        recipe["model"]["optim"].lr * lr_lambda(model.optim.schedule, total, warmup)(6)
-    )
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert 0.0 <= float(model.trainer.callback_metrics["train/acc"]) <= 1.0
-
-
-def test_the_split_graphed_side_steps_through_lightning_so_its_hooks_and_global_step_see_each_step() -> None:
-    """bench_lenet_gpu's lit_ddp_graphed_split side with ``capture=False``: the optimizer that would replay
-    the update is stepped through Lightning's ``LightningOptimizer``, so the global step counts each full
-    batch and ``on_before_optimizer_step`` (the NaN guard's hook) runs before each update with that step's
-    gradients; the schedule is Lightning's scheduler of that optimizer, filling the tensor lr a graph
-    reads."""
-    import torch
-    from bench_lenet_gpu import (
-        InMemoryCIFAR,
-        ReplayedAdamW,
-        SplitGraphedLeNetCIFAR,
-        cifar_shaped,
-        read_recipe,
-        timed_fit,
-    )
-    from lightning import Callback
-
-    from lit_ddp.models.optim import lr_lambda
-
-    class BeforeUpdate(Callback):
-        def __init__(self) -> None:
-            self.seen: list[tuple[int, bool]] = []
-
-        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-            grads = [p.grad for p in pl_module.parameters()]
-            self.seen.append((trainer.global_step, all(g is not None and g.abs().sum() > 0 for g in grads)))
-
-    recipe = read_recipe()
-    images, labels = cifar_shaped(100)  # batches of 32: 3 full and a partial one of 4 per epoch
-    model = SplitGraphedLeNetCIFAR(32, capture=False, **recipe["model"])
-    dm = InMemoryCIFAR(images, labels, batch_size=32, num_workers=0)
-    before = [p.detach().clone() for p in model.parameters()]
-    hook = BeforeUpdate()
-    args = SimpleNamespace(precision="32-true")
-    seconds = timed_fit(args, torch.device("cpu"), lambda t: t.fit(model, datamodule=dm), callbacks=[hook])
-    assert seconds > 0 and model.graph is None
-    assert model.trainer.global_step == 6  # 2 epochs (the warm-up one and the timed one) of 3 full batches
-    assert hook.seen == [(step, True) for step in range(6)]
-    optimizer = model.optimizers().optimizer
-    assert isinstance(optimizer, ReplayedAdamW) and optimizer.update is None
-    group = optimizer.param_groups[0]
-    total, warmup = model.trainer.estimated_stepping_batches, round(model.optim.warmup_epochs * 4)
-    assert torch.is_tensor(group["lr"])
-    assert group["lr"].item() == pytest.approx(
-        recipe["model"]["optim"].lr * lr_lambda(model.optim.schedule, total, warmup)(6)
-    )
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert 0.0 <= float(model.trainer.callback_metrics["train/acc"]) <= 1.0
-
-
 def test_a_graphed_side_that_fails_is_named_and_left_null_and_the_others_still_count(capsys) -> None:
     import math
 
     from bench_lenet_gpu import guarded, shortest
 
-    failing = guarded("lit_ddp_graphed", lambda: 1 / 0)
+    failing = guarded("raw_graphed", lambda: 1 / 0)
     assert math.isnan(failing()) and shortest([1.25, math.nan, 1.5]) == 1.25
     assert shortest([math.nan, math.nan]) is None  # what the JSON then holds: null
     err = capsys.readouterr().err
     assert "ZeroDivisionError" in err
     assert err.strip().splitlines()[-1] == (
-        "bench_lenet_gpu: side lit_ddp_graphed failed (above); its figure is left null"
+        "bench_lenet_gpu: side raw_graphed failed (above); its figure is left null"
     )
 
 

@@ -18,6 +18,8 @@ import pytest
 import torch
 from conftest import REPO, TINY_SHAPES, WITH_PROBES, last_ckpt, read_scalars, run_cli
 from copies import HostToDeviceCopies
+from lenet_fits import GradsBeforeUpdate, StopAfterFirstEpoch, assert_close, fit, lenet, trainer
+from lightning import Callback
 
 from lit_ddp.data.batch_transforms import SampleRandom
 
@@ -151,3 +153,37 @@ def test_the_per_sample_draws_reach_the_gpu_in_one_copy_from_pinned_memory() -> 
     assert mode.copies == [(True, True)]
     for draw in range(SampleRandom.BLOCK + 2):
         assert torch.equal(moved.bits(draw).cpu(), rand.bits(draw))
+
+
+# ---- the training step replayed as CUDA graphs (--model.cuda_graph) ------------------------------------
+
+
+class Captured(Callback):
+    """Whether each training batch went through the captured graphs."""
+
+    def __init__(self) -> None:
+        self.replayed: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        graph = pl_module._step_graph
+        self.replayed.append(graph is not None and graph.graph is not None and graph.fits(batch))
+
+
+def test_the_replayed_lenet_step_trains_as_the_usual_one_and_resumes_exactly(tmp_path: Path) -> None:
+    """The recipe's `cuda_graph: auto` on one GPU captures the step (test_step_graph.py checks the same code
+    eagerly on a CPU): its full batches replay the graphs, the partial one runs eagerly into the gradients
+    the update graph reads, the hooks see each step's gradients, and the weights are the usual step's; a
+    run stopped after its first epoch resumes to the same weights (cuDNN's backward may round differently)."""
+    expected = fit(lenet(False), trainer(tmp_path / "usual", accelerator="gpu"))
+    model, hook, captured = lenet("auto"), GradsBeforeUpdate(), Captured()
+    got = fit(model, trainer(tmp_path / "replayed", accelerator="gpu", callbacks=[hook, captured]))
+    assert not model.automatic_optimization and model.trainer.global_step == 8
+    assert captured.replayed == [True, True, True, False] * 2  # 3 full batches and the partial one
+    assert hook.seen == [(step, True) for step in range(8)]
+    assert_close(got, expected, atol=1e-5)
+    assert model._step_graph is None  # released at the end of training
+
+    fit(lenet("auto"), trainer(tmp_path / "first", accelerator="gpu", callbacks=[StopAfterFirstEpoch()]))
+    first = tmp_path / "first" / "last.ckpt"
+    resumed = fit(lenet("auto"), trainer(tmp_path / "resumed", accelerator="gpu"), ckpt_path=first)
+    assert_close(resumed, got, atol=1e-5)

@@ -11,24 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_RUN
-from lenet_fits import BATCH, assert_close, fit, lenet, trainer
-from lightning import Callback, Trainer
+from lenet_fits import BATCH, GradsBeforeUpdate, StopAfterFirstEpoch, assert_close, fit, lenet, trainer
+from lightning import Trainer
 from test_mistakes import one_error_line
 from torch import nn
 
 from lit_ddp.models import OptimConfig
 from lit_ddp.models.step_graph import ReplayedAdamW, ReplayedStep, StepGraph, replay_blocker
-
-
-class GradsBeforeUpdate(Callback):
-    """Each optimizer step's global step, and whether every parameter had a gradient then."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, bool]] = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        grads = [p.grad for p in pl_module.parameters()]
-        self.seen.append((trainer.global_step, all(g is not None and g.abs().sum() > 0 for g in grads)))
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
@@ -157,13 +146,6 @@ def test_auto_off_cuda_is_the_usual_step_and_says_nothing(tmp_path: Path, capsys
     fit(model, trainer(tmp_path, epochs=1))
     assert model.automatic_optimization and not isinstance(model.optimizers().optimizer, ReplayedStep)
     assert "cuda_graph" not in capsys.readouterr().err
-
-
-class StopAfterFirstEpoch(Callback):
-    """Stops a 2-epoch run after its first (its checkpoint written): its schedule is the 2-epoch run's."""
-
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        trainer.should_stop = True
 
 
 def test_a_replayed_run_resumes_exactly_and_its_checkpoints_resume_a_run_without_graphs(

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
@@ -65,3 +66,21 @@ def assert_close(a: dict[str, Tensor], b: dict[str, Tensor], atol: float) -> Non
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+class GradsBeforeUpdate(Callback):
+    """Each optimizer step's global step, and whether every parameter had a gradient then."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, bool]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        grads = [p.grad for p in pl_module.parameters()]
+        self.seen.append((trainer.global_step, all(g is not None and g.abs().sum() > 0 for g in grads)))
+
+
+class StopAfterFirstEpoch(Callback):
+    """Stops a 2-epoch run after its first (its checkpoint written): its schedule is the 2-epoch run's."""
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        trainer.should_stop = True
