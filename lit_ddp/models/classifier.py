@@ -149,6 +149,7 @@ class ImageClassifier(LightningModule):
         self.compile_net = compile
         self.cuda_graph = cuda_graph
         self._step_graph: StepGraph | None = None  # captured at the first training batch
+        self._replays_for, self._replays = None, False  # _replays_step's decision, and its trainer's id
         self._net_compiled = False
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
@@ -175,9 +176,13 @@ class ImageClassifier(LightningModule):
         trainer = self._trainer
         if self.cuda_graph is False or trainer is None:
             return False
-        if replay_blocker(trainer, self.optim.name, bool(self.compile_net)) is not None:
-            return False  # true refuses it in setup; auto trains as usual
-        return self.cuda_graph is True or trainer.strategy.root_device.type == "cuda"
+        if self._replays_for != id(trainer):  # Lightning reads it several times a step: decided once a fit
+            blocked = replay_blocker(trainer, self.optim.name, bool(self.compile_net)) is not None
+            # A blocked run: true refuses it in setup; auto trains it as usual.
+            on_cuda = trainer.strategy.root_device.type == "cuda"
+            self._replays = not blocked and (self.cuda_graph is True or on_cuda)
+            self._replays_for = id(trainer)
+        return self._replays
 
     def forward(self, x: Tensor) -> Tensor:
         # A no-op when the batch is already in the network's memory format (the ImageNet loader's are).
@@ -282,6 +287,9 @@ class ImageClassifier(LightningModule):
         if self._step_graph is not None:  # the graphs hold the step's memory; a later fit captures anew
             self._step_graph.release()
             self._step_graph = None
+
+    def teardown(self, stage: str) -> None:
+        self._replays_for = None  # the next fit decides again (a trainer's id can be reused)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         # The logits go to callbacks' on_validation_batch_end (callbacks/confusion.py); Lightning keeps none.
