@@ -173,17 +173,20 @@ def test_the_replayed_lenet_step_trains_as_the_usual_one_and_resumes_exactly(tmp
     """The recipe's `cuda_graph: auto` on one GPU captures the step (test_step_graph.py checks the same code
     eagerly on a CPU): its full batches replay the graphs, the partial one runs eagerly into the gradients
     the update graph reads, the hooks see each step's gradients, and the weights are the usual step's; a
-    run stopped after its first epoch resumes to the same weights (cuDNN's backward may round differently)."""
+    run stopped after its first epoch resumes to the same weights (within the same rounding)."""
     expected = fit(lenet(False), trainer(tmp_path / "usual", accelerator="gpu"))
     model, hook, captured = lenet("auto"), GradsBeforeUpdate(), Captured()
     got = fit(model, trainer(tmp_path / "replayed", accelerator="gpu", callbacks=[hook, captured]))
     assert not model.automatic_optimization and model.trainer.global_step == 8
     assert captured.replayed == [True, True, True, False] * 2  # 3 full batches and the partial one
     assert hook.seen == [(step, True) for step in range(8)]
-    assert_close(got, expected, atol=1e-5)
+    # Not bitwise: cuDNN picks its algorithms (TF32 by default) per run, and the usual step's AdamW is fused.
+    # On an H100 the weights after 8 steps differed by up to 5.7e-5; one step's update is ~3e-3 (the lr), what
+    # a missed or doubled step or a warm-up that trained would leave.
+    assert_close(got, expected, atol=3e-4)
     assert model._step_graph is None  # released at the end of training
 
     fit(lenet("auto"), trainer(tmp_path / "first", accelerator="gpu", callbacks=[StopAfterFirstEpoch()]))
     first = tmp_path / "first" / "last.ckpt"
     resumed = fit(lenet("auto"), trainer(tmp_path / "resumed", accelerator="gpu"), ckpt_path=first)
-    assert_close(resumed, got, atol=1e-5)
+    assert_close(resumed, got, atol=3e-4)
