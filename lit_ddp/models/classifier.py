@@ -173,8 +173,11 @@ class ImageClassifier(LightningModule):
 
     def _replays_step(self) -> bool:
         """Whether this fit runs the training step through ``StepGraph`` (``cuda_graph``)."""
-        trainer = self._trainer
-        if self.cuda_graph is False or trainer is None:
+        if self.cuda_graph is False:
+            return False
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer: no fit to replay
             return False
         if self._replays_for != id(trainer):  # Lightning reads it several times a step: decided once a fit
             blocked = replay_blocker(trainer, self.optim.name, bool(self.compile_net)) is not None
