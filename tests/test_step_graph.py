@@ -12,10 +12,11 @@ import pytest
 import torch
 from conftest import TINY_RUN
 from lenet_fits import BATCH, GradsBeforeUpdate, StopAfterFirstEpoch, assert_close, fit, lenet, trainer
-from lightning import Trainer
+from lightning import Callback, Trainer
 from test_mistakes import one_error_line
 from torch import nn
 
+from lit_ddp.callbacks import StepLoss
 from lit_ddp.models import OptimConfig
 from lit_ddp.models.step_graph import ReplayedAdamW, ReplayedStep, StepGraph, replay_blocker
 
@@ -24,10 +25,11 @@ from lit_ddp.models.step_graph import ReplayedAdamW, ReplayedStep, StepGraph, re
 def test_a_replayed_step_trains_as_the_usual_step_with_the_partial_batch_hooks_and_schedule(
     tmp_path: Path, precision: str
 ) -> None:
-    usual = lenet(False)
-    expected = fit(usual, trainer(tmp_path / "usual", precision=precision))
+    usual, logs = lenet(False), dict(callbacks=[StepLoss()], log_every_n_steps=1, precision=precision)
+    expected = fit(usual, trainer(tmp_path / "usual", **logs))
     replayed, replay_hook = lenet(True), GradsBeforeUpdate()
-    got = fit(replayed, trainer(tmp_path / "replayed", precision=precision, callbacks=[replay_hook]))
+    logs["callbacks"].append(replay_hook)
+    got = fit(replayed, trainer(tmp_path / "replayed", **logs))
 
     assert not replayed.automatic_optimization and usual.automatic_optimization
     optimizer = replayed.optimizers().optimizer
@@ -38,7 +40,7 @@ def test_a_replayed_step_trains_as_the_usual_step_with_the_partial_batch_hooks_a
     lrs = [group["lr"] for group in usual.optimizers().optimizer.param_groups]
     assert [g["lr"].item() for g in optimizer.param_groups] == pytest.approx(lrs, rel=1e-6)
     assert_close(got, expected, atol=1e-6 if precision == "32-true" else 1e-3)
-    for name in ("train/loss_epoch", "train/acc"):
+    for name in ("train/loss_epoch", "train/acc", "train/loss_step"):  # the last: the last batch's loss
         theirs, ours = usual.trainer.callback_metrics[name], replayed.trainer.callback_metrics[name]
         assert float(ours) == pytest.approx(float(theirs), abs=1e-5 if precision == "32-true" else 1e-2)
 
@@ -178,3 +180,29 @@ def test_lenet_batches_leave_one_partial_batch_per_epoch() -> None:
     from lenet_fits import IMAGES
 
     assert IMAGES % BATCH != 0 and IMAGES // BATCH == 3
+
+
+class FailAtSecondBatch(Callback):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if batch_idx == 1:
+            raise KeyError("a failure in the middle of an epoch")
+
+
+class GraphOfThisFit(Callback):
+    """Whether each step's graph steps the optimizer of the fit that runs it."""
+
+    def __init__(self) -> None:
+        self.own: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.own.append(pl_module._step_graph.optimizer is pl_module.optimizers().optimizer)
+
+
+def test_a_fit_that_failed_leaves_no_graph_to_the_next_fit_of_the_module(tmp_path: Path) -> None:
+    model = lenet(True)
+    with pytest.raises(KeyError):
+        fit(model, trainer(tmp_path / "failed", callbacks=[FailAtSecondBatch()]))
+    assert model._step_graph is not None  # no on_train_end ran
+    check = GraphOfThisFit()
+    fit(model, trainer(tmp_path / "again", callbacks=[check]))
+    assert check.own == [True] * 8 and model._step_graph is None

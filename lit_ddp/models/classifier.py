@@ -212,6 +212,7 @@ class ImageClassifier(LightningModule):
     def setup(self, stage: str) -> None:
         if stage != "fit" or self.cuda_graph is False:
             return
+        self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
         blocker = replay_blocker(self.trainer, self.optim.name, bool(self.compile_net))
         on_cuda = self.trainer.strategy.root_device.type == "cuda"
         if blocker is not None and self.cuda_graph is True:
@@ -287,6 +288,9 @@ class ImageClassifier(LightningModule):
         return loss.detach()
 
     def on_train_end(self) -> None:
+        self._drop_step_graph()
+
+    def _drop_step_graph(self) -> None:
         if self._step_graph is not None:  # the graphs hold the step's memory; a later fit captures anew
             self._step_graph.release()
             self._step_graph = None

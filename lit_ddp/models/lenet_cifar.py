@@ -14,7 +14,7 @@ class LeNetCIFAR(ImageClassifier):
         optim: optimizer and schedule; AdamW with cosine decay trains LeNet well without tuning.
         channels_last: NHWC weights and inputs; on CPU faster per LeNet step than NCHW
             (docs/benchmarks.md: benchmarks/bench_lenet_throughput.py).
-        **kwargs: ``ImageClassifier``'s (label_smoothing, compile, top_k).
+        **kwargs: ``ImageClassifier``'s (label_smoothing, compile, cuda_graph, top_k).
     """
 
     def __init__(
