@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN
+from conftest import TINY_RUN, read_scalars, run_dirs
 from lenet_fits import BATCH, GradsBeforeUpdate, StopAfterFirstEpoch, assert_close, fit, lenet, trainer
 from lightning import Callback, Trainer
 from test_mistakes import one_error_line
 from torch import nn
 
 from lit_ddp.callbacks import StepLoss
+from lit_ddp.cli import build_cli
 from lit_ddp.models import OptimConfig
 from lit_ddp.models.step_graph import ReplayedAdamW, ReplayedStep, StepGraph, replay_blocker
 
@@ -206,3 +207,24 @@ def test_a_fit_that_failed_leaves_no_graph_to_the_next_fit_of_the_module(tmp_pat
     check = GraphOfThisFit()
     fit(model, trainer(tmp_path / "again", callbacks=[check]))
     assert check.own == [True] * 8 and model._step_graph is None
+
+
+def test_fit_from_the_command_line_replays_with_every_default_callback_and_logs_as_usual(
+    tmp_path: Path,
+) -> None:
+    """`fit --model.cuda_graph=true` with all of fit's callbacks and its logger (eagerly here): the NaN
+    guard, the learning-rate monitor reading the tensor lr, the step loss, checkpoints with portable
+    optimizer states; the scalars written are those of the usual step's run."""
+    runs = {}
+    for mode in ("false", "true"):
+        root = tmp_path / mode
+        args = [*TINY_RUN, "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1"]
+        args.append(f"--model.cuda_graph={mode}")
+        cli = build_cli(["fit", *args, f"--trainer.default_root_dir={root}"])
+        assert cli.model.automatic_optimization is (mode == "false")
+        (run_dir,) = run_dirs(root)
+        runs[mode] = read_scalars(run_dir)
+    usual, replayed = runs["false"], runs["true"]
+    assert set(replayed) == set(usual) and any(tag.startswith("lr-") for tag in usual)
+    for tag in ("train/loss_step", "val/loss", "val/acc", "lr-AdamW/pg1"):
+        assert replayed[tag] == pytest.approx(usual[tag], rel=1e-4, abs=1e-6), tag

@@ -33,6 +33,7 @@ from lit_ddp.models.accuracy import TopKAccuracy
 from lit_ddp.models.optim import OptimConfig, build_optimizer
 from lit_ddp.models.step_graph import (
     CUDAGraphMode,
+    ReplayedStep,
     StepGraph,
     portable_optimizer_states,
     prepare_for_replay,
@@ -380,4 +381,9 @@ class ImageClassifier(LightningModule):
                 f"lr scaled by global batch: {self.optim.lr} × {global_batch}/{self.optim.base_batch_size}"
                 f" = {optimizer.param_groups[0]['initial_lr']:.4g}"
             )
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        schedule = {"scheduler": scheduler, "interval": "step"}
+        if isinstance(
+            optimizer, ReplayedStep
+        ):  # its lr tags as a usual run's: lr-AdamW/pg1, not lr-Replayed...
+            schedule["name"] = f"lr-{optimizer.torch_name}"
+        return {"optimizer": optimizer, "lr_scheduler": schedule}

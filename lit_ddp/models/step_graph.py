@@ -32,6 +32,12 @@ class ReplayedStep:
 
     update: torch.cuda.CUDAGraph | None = None
 
+    @property
+    def torch_name(self) -> str:
+        """The torch optimizer it replays (``AdamW``): what the learning-rate monitor's tags name."""
+        optimizers = (c for c in type(self).__mro__ if issubclass(c, torch.optim.Optimizer))
+        return next(c for c in optimizers if not issubclass(c, ReplayedStep)).__name__
+
     def step(self, closure: Callable[[], object] | None = None) -> object:
         if self.update is None:
             return super().step(closure)
