@@ -17,6 +17,8 @@ FIGURES = {
     "resnet50_compile_raw_img_s": ("resnet50_compile.json", "raw_img_s"),
     "lenet_cifar_epoch_s": ("lenet.json", "lenet_cifar_epoch_s"),
     "lenet_cifar_eager_epoch_s": ("lenet.json", "lenet_cifar_eager_epoch_s"),  # --model.cuda_graph=false
+    "lenet_cifar_cli_epoch_s": ("lenet_cli.json", "lenet_cifar_epoch_s"),  # with fit's callbacks and logger
+    "lenet_cifar_cli_eager_epoch_s": ("lenet_cli.json", "lenet_cifar_eager_epoch_s"),
     "tutorial_lenet_epoch_s": ("lenet.json", "tutorial_lenet_epoch_s"),
     "raw_lenet_epoch_s": ("lenet.json", "raw_lenet_epoch_s"),  # the same math without a framework
     "lightning_lenet_epoch_s": ("lenet.json", "lightning_lenet_epoch_s"),  # ... in Lightning's loop

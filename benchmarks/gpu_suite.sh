@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
-# PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_compile
+# PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_cli lenet_compile
 # lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile`
 # (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
 # `timeout` within 10 minutes (PART_TIMEOUT, seconds), so a machine that allows 10 minutes per command runs
@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
 shift
-ALL="setup versions tests resnet compile lenet lenet_compile lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode \
+ALL="setup versions tests resnet compile lenet lenet_cli lenet_compile lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode \
 gpu_decode_inline worker_memory collect"
 PARTS=${*:-$ALL}
 PART_TIMEOUT=${PART_TIMEOUT:-590}
@@ -74,13 +74,16 @@ PY
     lenet)  # the recipe (its step replayed as CUDA graphs) and the same with --model.cuda_graph=false
       run python benchmarks/bench_lenet_gpu.py --json "$OUT/lenet.json" 2>&1 \
         | tee "$OUT/lenet.log" ;;
+    lenet_cli)  # the same with every callback and the logger `python -m lit_ddp fit` adds: what a user's run gets
+      run python benchmarks/bench_lenet_gpu.py --cli-callbacks --rounds 2 --json "$OUT/lenet_cli.json" 2>&1 \
+        | tee "$OUT/lenet_cli.log" ;;
     lenet_compile)  # lit_ddp compiled beside the others (each round compiles in its warm-up epoch)
       run python benchmarks/bench_lenet_gpu.py --compile --rounds 2 --json "$OUT/lenet_compile.json" 2>&1 \
         | tee "$OUT/lenet_compile.log" ;;
     lenet_cudagraphs)  # the same, compiled with mode reduce-overhead: forward and backward as CUDA graphs
       run python benchmarks/bench_lenet_gpu.py --compile reduce-overhead --rounds 2 \
         --json "$OUT/lenet_cudagraphs.json" 2>&1 | tee "$OUT/lenet_cudagraphs.log" ;;
-    lenet_graphed)  # the whole step as one CUDA graph: the floor's, alone and in Lightning, and lit_ddp's
+    lenet_graphed)  # the floor's whole step as one CUDA graph, alone and in Lightning's loop
       run python benchmarks/bench_lenet_gpu.py --graphed --rounds 2 --json "$OUT/lenet_graphed.json" 2>&1 \
         | tee "$OUT/lenet_graphed.log" ;;
     jpeg)  # the recipe's loader with its automatic worker count

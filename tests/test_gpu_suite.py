@@ -62,6 +62,7 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
     parts = (
         "setup",
         "tests",
+        "lenet_cli",
         "lenet_compile",
         "lenet_cudagraphs",
         "lenet_graphed",
