@@ -382,8 +382,7 @@ class ImageClassifier(LightningModule):
                 f" = {optimizer.param_groups[0]['initial_lr']:.4g}"
             )
         schedule = {"scheduler": scheduler, "interval": "step"}
-        if isinstance(
-            optimizer, ReplayedStep
-        ):  # its lr tags as a usual run's: lr-AdamW/pg1, not lr-Replayed...
+        if isinstance(optimizer, ReplayedStep):
+            # The learning-rate monitor's tags as a usual run's (lr-AdamW/pg1), not lr-ReplayedAdamW/pg1.
             schedule["name"] = f"lr-{optimizer.torch_name}"
         return {"optimizer": optimizer, "lr_scheduler": schedule}
