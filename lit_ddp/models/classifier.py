@@ -264,7 +264,7 @@ class ImageClassifier(LightningModule):
         self.log_dict(getattr(self, f"{stage}_metrics"), prog_bar=stage != "train")
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        if not self.automatic_optimization and self._replays_step():
+        if self._replays_step():
             return self._replayed_training_step(batch)
         loss, _ = self._shared_step(batch, "train")
         return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps

@@ -182,8 +182,9 @@ class StepGraph:
         random state put back as they were: the warm-up must not train."""
         tensors = [*self.module.parameters(), *self.module.buffers()]
         saved = [t.detach().clone() for t in tensors]
+        state = self.optimizer.state
         saved_state = {
-            p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in self._state()
+            p: {k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for p, s in state.items()
         }
         cpu_rng = torch.get_rng_state()
         on_cuda = self.device.type == "cuda"
@@ -203,7 +204,7 @@ class StepGraph:
         with torch.no_grad():
             for tensor, value in zip(tensors, saved, strict=True):
                 tensor.copy_(value)
-            for p, state in self._state():
+            for p, state in self.optimizer.state.items():
                 before = saved_state.get(p)
                 for key, value in state.items():
                     if not torch.is_tensor(value):
@@ -216,9 +217,6 @@ class StepGraph:
         torch.set_rng_state(cpu_rng)
         if cuda_rng is not None:
             torch.cuda.set_rng_state(cuda_rng, self.device)
-
-    def _state(self) -> list[tuple[Tensor, dict]]:
-        return list(self.optimizer.state.items())
 
     def fits(self, batch: tuple[Tensor, Tensor]) -> bool:
         """Whether ``batch`` has the captured shapes and dtypes."""

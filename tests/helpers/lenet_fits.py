@@ -1,6 +1,7 @@
 """In-process LeNet fits on CIFAR-shaped tensors, with and without ``--model.cuda_graph``: the CPU tests
 (test_step_graph.py) and the CUDA one (test_cuda.py) compare the two."""
 
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -9,28 +10,14 @@ from lightning import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
-from lit_ddp.data import CIFAR10DataModule, CropFlip, ImageDataModule
 from lit_ddp.models import LeNetCIFAR, OptimConfig
+
+# The benchmark's in-memory CIFAR data module: CIFAR10DataModule's statistics and crop-and-flip, no files.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_lenet_gpu import InMemoryCIFAR, cifar_shaped  # noqa: E402
 
 # 100 images in batches of 32: 3 full batches and a partial one of 4 per epoch.
 IMAGES, BATCH = 100, 32
-
-
-class InMemoryCIFAR(ImageDataModule):
-    """CIFAR10DataModule's statistics and augmentation over random uint8 images held in memory."""
-
-    num_classes = CIFAR10DataModule.num_classes
-    class_names = CIFAR10DataModule.class_names
-    mean, std = CIFAR10DataModule.mean, CIFAR10DataModule.std
-
-    def __init__(self, n: int = IMAGES, batch_size: int = BATCH) -> None:
-        super().__init__(batch_size=batch_size, num_workers=0, augmentation=CropFlip(padding=4))
-        g = torch.Generator().manual_seed(0)
-        self.images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g)
-        self.labels = torch.randint(0, 10, (n,), generator=g)
-
-    def load_split(self, split: str) -> tuple[Tensor, Tensor]:
-        return self.images, self.labels
 
 
 def lenet(cuda_graph: bool | str, **kwargs) -> LeNetCIFAR:
@@ -58,7 +45,8 @@ def trainer(root: Path, accelerator: str = "cpu", epochs: int = 2, **kwargs) -> 
 
 def fit(module: LeNetCIFAR, trainer: L.Trainer, ckpt_path: Path | None = None) -> dict[str, Tensor]:
     """The trained weights, on the CPU."""
-    trainer.fit(module, datamodule=InMemoryCIFAR(), ckpt_path=ckpt_path)
+    data = InMemoryCIFAR(*cifar_shaped(IMAGES), batch_size=BATCH, num_workers=0)
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
     return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
 
 
