@@ -841,15 +841,13 @@ def test_d_nan_guard_catches_any_non_finite_gradient_and_passes_large_finite_one
             NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, optimizer)
 
 
-def test_d_clipping_under_a_grad_scaler_gets_an_unfused_optimizer() -> None:
+def test_d_clipping_under_mixed_precision_gets_an_unfused_optimizer() -> None:
     from lit_ddp.errors import UserError
     from lit_ddp.models import LeNet, OptimConfig
     from lit_ddp.models.optim import build_optimizer
 
     net = LeNet()
     assert build_optimizer(net, OptimConfig(), 64, 100, 10)[0].defaults["fused"]
-    assert not build_optimizer(net, OptimConfig(), 64, 100, 10, clips_scaled_gradients=True)[0].defaults[
-        "fused"
-    ]
+    assert not build_optimizer(net, OptimConfig(), 64, 100, 10, clips_under_amp=True)[0].defaults["fused"]
     with pytest.raises(UserError, match="fused=true cannot be combined with --trainer.gradient_clip_val"):
-        build_optimizer(net, OptimConfig(fused=True), 64, 100, 10, clips_scaled_gradients=True)
+        build_optimizer(net, OptimConfig(fused=True), 64, 100, 10, clips_under_amp=True)

@@ -115,3 +115,36 @@ def test_dtensor_parameters_go_to_torchs_default(one_process_group) -> None:
     assert not fused_available(net)
     optimizer, _ = build_optimizer(net, OptimConfig(), 1, 10, 1)
     assert optimizer.defaults["fused"] is None
+
+
+def shapes_fit(tmp_path, ckpt_path=None, max_epochs: int = 1, **trainer_args):
+    """LeNet on the embedded data through Trainer.fit, as a Python user runs it; the trainer afterwards."""
+    from lightning import Trainer
+
+    from lit_ddp.data import ShapesDataModule
+    from lit_ddp.models.lenet_cifar import LeNetCIFAR
+
+    model = LeNetCIFAR(optim=OptimConfig(schedule="constant"))
+    data = ShapesDataModule(train_size=128, val_size=32, test_size=32, batch_size=32)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=max_epochs,
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **trainer_args,
+    )
+    trainer.fit(model, data, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
+def test_clipping_trains_under_any_precision_with_the_automatic_choice(tmp_path, precision: str) -> None:
+    # Lightning's mixed precision refuses to clip for a fused optimizer under bf16 as well as 16: the
+    # automatic choice crashed the first step of bf16-mixed with --trainer.gradient_clip_val.
+    trainer = shapes_fit(tmp_path, precision=precision, gradient_clip_val=1.0, enable_checkpointing=False)
+    assert trainer.global_step == 4
+    fused = trainer.optimizers[0].defaults["fused"]
+    assert fused is (None if precision == "bf16-mixed" else True)  # full precision clips after a fused step

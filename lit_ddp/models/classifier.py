@@ -24,6 +24,7 @@ from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 from lightning import LightningModule
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
@@ -364,15 +365,16 @@ class ImageClassifier(LightningModule):
                 trainer.fit_loop.setup_data()
             steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
-        # Lightning cannot clip what a fused optimizer unscales itself (16-mixed): then no fused step.
-        clips_scaled = bool(trainer.gradient_clip_val) and str(trainer.precision).startswith("16-mixed")
+        # Lightning's mixed precision (16 and bf16) refuses to clip for a fused optimizer: then no fused step.
+        amp = isinstance(trainer.precision_plugin, MixedPrecision)
+        clips_under_amp = bool(trainer.gradient_clip_val) and amp
         optimizer, scheduler = build_optimizer(
             self.net,
             self.optim,
             global_batch,
             total_steps,
             steps_per_epoch,
-            clips_scaled_gradients=clips_scaled,
+            clips_under_amp=clips_under_amp,
             trained_as=trainer.model,  # FSDP there lays the gradients out its own way
             replayed_on=self.device if self._replays_step() else None,
         )

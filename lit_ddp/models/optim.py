@@ -150,14 +150,15 @@ def build_optimizer(
     global_batch: int,
     total_steps: float,
     steps_per_epoch: float,
-    clips_scaled_gradients: bool = False,
+    clips_under_amp: bool = False,
     trained_as: nn.Module | None = None,
     replayed_on: torch.device | None = None,
 ) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
     ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
-    ``clips_scaled_gradients``: gradients are clipped under a GradScaler (16-mixed), which Lightning cannot
-    do for a fused optimizer (it unscales inside its step), so the automatic choice is then not fused;
+    ``clips_under_amp``: gradients are clipped under Lightning's mixed precision (16-mixed or bf16-mixed),
+    which refuses to clip for an optimizer that unscales inside its step (a fused one), with or without a
+    loss scaler, so the automatic choice is then not fused;
     ``trained_as``: the module the strategy runs (``trainer.model``), see :func:`fused_available`;
     ``replayed_on``: the device whose CUDA graphs replay the update (``--model.cuda_graph``), see
     :func:`lit_ddp.models.step_graph.replayed_optimizer`."""
@@ -167,10 +168,10 @@ def build_optimizer(
             " --trainer.max_epochs or --trainer.max_steps, or pass --model.optim.schedule=constant"
         )
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_norm_and_bias)
-    if cfg.fused and clips_scaled_gradients:
+    if cfg.fused and clips_under_amp:
         raise UserError(
-            "--model.optim.fused=true cannot be combined with --trainer.gradient_clip_val under 16-mixed"
-            " precision (a fused optimizer unscales its gradients itself): drop one of them"
+            "--model.optim.fused=true cannot be combined with --trainer.gradient_clip_val under mixed"
+            " precision (Lightning refuses to clip for a fused optimizer): drop one of them"
         )
     if cfg.fused and under_fsdp(trained_as) and not all(p.is_contiguous() for p in model.parameters()):
         raise UserError(
@@ -182,7 +183,7 @@ def build_optimizer(
     else:
         fused = cfg.fused
         if fused is None:
-            fused = fused_available(model, trained_as) and not clips_scaled_gradients
+            fused = fused_available(model, trained_as) and not clips_under_amp
         optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
     if cfg.scale_lr:
         for group in optimizer.param_groups:
