@@ -1,6 +1,8 @@
-"""Batch-size arithmetic under DDP (``batch_size`` is always per device); hyperparameter trees made flat."""
+"""Batch-size arithmetic under DDP (``batch_size`` is always per device); hyperparameter trees made flat or
+plain."""
 
 import dataclasses
+from pathlib import PurePath
 
 import lightning as L
 
@@ -17,6 +19,20 @@ def flatten(tree, prefix: str = "", sep: str = "/") -> dict:
         if not str(key).startswith("_"):
             flat.update(flatten(value, f"{prefix}{sep}{key}" if prefix else str(key), sep))
     return flat
+
+
+def plain_data(value: object) -> object:
+    """``value`` as data a weights-only ``torch.load`` reads without allow-listing a class: a dataclass (an
+    ``OptimConfig``) as a dict of its fields, a path as its string, containers element by element."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: plain_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: plain_data(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return (list if isinstance(value, list) else tuple)(plain_data(item) for item in value)
+    return value
 
 
 def per_device_batch_size(trainer: L.Trainer) -> int:

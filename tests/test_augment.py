@@ -325,3 +325,19 @@ def test_two_process_mixup_cutmix_runs_are_reproducible_and_resume_exactly(tmp_p
     assert max_diff(final(a[0]), final(plain[0])) > 1e-4  # mixing changed what was learnt
     assert max_diff(final(resumed[0]), final(a[0])) < 1e-6  # epoch 2 after a resume, mixed alike
     assert all(0 <= r["val"][-1]["val/acc"] <= 1 for r in a)
+
+
+# ---- the augmentation in a checkpoint --------------------------------------------------------------------
+
+
+def test_an_augmentation_described_in_a_checkpoint_is_rebuilt_from_an_imported_class_only() -> None:
+    from lit_ddp.data.augmentation import CropFlip, RandomResizedCropFlip, describe, rebuild
+
+    for augmentation in (CropFlip(padding=2), RandomResizedCropFlip(scale=(0.5, 1.0), random_erasing=0.25)):
+        again = rebuild(describe(augmentation))
+        assert type(again) is type(augmentation) and vars(again) == vars(augmentation)
+    # ShapesDataModule.load_from_checkpoint passes the description back as the argument.
+    assert ShapesDataModule(augmentation=describe(CropFlip(padding=3))).augmentation.padding == 3
+    with pytest.raises(UserError, match="^the checkpoint's augmentation is notebook_code.Evil, which is not"):
+        rebuild({"class_path": "notebook_code.Evil", "init_args": {}})
+    assert "notebook_code" not in sys.modules

@@ -1,11 +1,12 @@
 """What a checkpoint says is data: it names no code to import, and it is not scored as another model."""
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN
+from conftest import TINY_RUN, cli_env
 from test_mistakes import one_error_line
 
 from lit_ddp.cli import build_cli
@@ -118,3 +119,59 @@ def test_a_checkpoint_that_does_not_fit_points_to_its_runs_config(ckpt: Path, tm
     assert line.endswith(
         f": run with --config {config}, the settings it was trained with (your own options after it)"
     )
+
+
+# A fresh interpreter that never imports lit_ddp's CLI or runtime, as a notebook or a user's own script:
+# the module built in Python, trained, saved, loaded back with torch's default weights-only load, resumed.
+PYTHON_API_RUN = """
+import sys
+from pathlib import Path
+from lightning import Trainer
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.models import LeNetCIFAR, OptimConfig
+
+root = Path(sys.argv[1])
+def trainer(epochs):
+    return Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                   enable_model_summary=False, default_root_dir=root)
+data = ShapesDataModule(train_size=64, val_size=16, test_size=16, batch_size=32)
+first = trainer(1)
+first.fit(LeNetCIFAR(optim=OptimConfig(lr=2e-3, schedule="constant")), data)
+first.save_checkpoint(root / "python.ckpt")
+
+model = LeNetCIFAR.load_from_checkpoint(root / "python.ckpt")
+assert model.optim == OptimConfig(lr=2e-3, schedule="constant"), model.optim
+resumed, ckpt = trainer(2), root / "python.ckpt"
+resumed.fit(model, ShapesDataModule.load_from_checkpoint(ckpt), ckpt_path=ckpt)
+assert resumed.global_step == 4, resumed.global_step
+assert not [m for m in sys.modules if m.startswith(("lit_ddp.cli", "lit_ddp.runtime"))]
+"""
+
+
+@pytest.mark.timeout(120)
+def test_python_saves_loads_and_resumes_a_checkpoint_without_lit_ddps_cli(tmp_path: Path) -> None:
+    # The hyperparameters went in as lit_ddp's OptimConfig, which a weights-only load refuses unless the
+    # process allow-listed it (lit_ddp's CLI does; a notebook does not).
+    run = subprocess.run(
+        [sys.executable, "-c", PYTHON_API_RUN, str(tmp_path)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "python.ckpt") == []
+
+
+def test_a_cli_checkpoint_holds_only_data_that_torch_loads_without_an_allow_list(ckpt: Path) -> None:
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(ckpt) == []
+
+
+def test_a_path_given_to_a_data_module_is_kept_as_its_string(tmp_path: Path) -> None:
+    from lit_ddp.data import ImageDataModule
+
+    class Folder(ImageDataModule):  # a user's data module, given a Path from Python
+        def __init__(self, data_dir: Path, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    assert Folder(tmp_path).hparams["data_dir"] == str(tmp_path)

@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from lit_ddp.data.augmentation import Augmentation, CropFlip, describe
+from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
 from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
@@ -45,7 +45,7 @@ from lit_ddp.data.samplers import (
 )
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import global_batch_size
+from lit_ddp.utils import global_batch_size, plain_data
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -120,11 +120,15 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers  # None: auto_num_workers, resolved once the trainer is attached
         self._auto_workers: int | None = None
         self.seed = seed
+        if isinstance(augmentation, dict):  # as a checkpoint holds it: load_from_checkpoint passes it back
+            augmentation = rebuild(augmentation)
         self.augmentation = self._deprecated_keys(augmentation, augment, crop_padding)
         # Every constructor's arguments, the subclasses' included (Lightning collects the whole chain), for
-        # the checkpoint; the augmentation as plain data, which a weights-only load reads without importing.
+        # the checkpoint; as plain data (the augmentation described, a path as its string), which a
+        # weights-only load reads without importing.
         self.save_hyperparameters(ignore=["augmentation", "augment", "crop_padding"])
         self.hparams["augmentation"] = describe(self.augmentation)
+        self.hparams.update(plain_data(dict(self.hparams)))
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None

@@ -40,7 +40,7 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import global_batch_size
+from lit_ddp.utils import global_batch_size, plain_data
 
 STAGES = ("train", "val", "test")
 
@@ -119,6 +119,9 @@ class ImageClassifier(LightningModule):
     ``true`` on one device (on a CPU it runs the same step eagerly), refusing in one line a run it cannot
     replay (several devices, gradient accumulation or clipping, 16-mixed, SGD, ``compile``); ``auto``
     replays where it can (one CUDA device) and trains as usual elsewhere, saying why on a GPU.
+
+    A checkpoint holds the hyperparameters as plain data (``optim`` as a dict), so ``load_from_checkpoint``
+    and ``Trainer.fit(ckpt_path=...)`` read it with torch's weights-only load in any Python process.
     """
 
     def __init__(
@@ -156,7 +159,9 @@ class ImageClassifier(LightningModule):
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
         self.num_classes = num_classes
-        self.optim = optim
+        # A checkpoint's hyperparameters hold the config as a dict (on_save_checkpoint): what
+        # load_from_checkpoint passes back.
+        self.optim = OptimConfig(**optim) if isinstance(optim, dict) else optim
         self.label_smoothing = label_smoothing
         for stage in STAGES:
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
@@ -316,6 +321,11 @@ class ImageClassifier(LightningModule):
         self._train_epoch_open = False
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Plain data, so that load_from_checkpoint and Trainer.fit(ckpt_path=...) read the file with torch's
+        # weights-only load in any process, not only where lit_ddp's CLI allow-listed its classes.
+        hparams = checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY)
+        if hparams:
+            checkpoint[self.CHECKPOINT_HYPER_PARAMS_KEY] = plain_data(hparams)
         if self._replays_step():
             portable_optimizer_states(checkpoint)
         # A checkpoint inside an epoch (a preemption stop) carries the epoch's training metric states so far,
