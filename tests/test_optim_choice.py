@@ -117,14 +117,16 @@ def test_dtensor_parameters_go_to_torchs_default(one_process_group) -> None:
     assert optimizer.defaults["fused"] is None
 
 
-def shapes_fit(tmp_path, ckpt_path=None, max_epochs: int = 1, **trainer_args):
+def shapes_fit(
+    tmp_path, ckpt_path=None, max_epochs: int = 1, optim: OptimConfig | None = None, **trainer_args
+):
     """LeNet on the embedded data through Trainer.fit, as a Python user runs it; the trainer afterwards."""
     from lightning import Trainer
 
     from lit_ddp.data import ShapesDataModule
     from lit_ddp.models.lenet_cifar import LeNetCIFAR
 
-    model = LeNetCIFAR(optim=OptimConfig(schedule="constant"))
+    model = LeNetCIFAR(optim=optim or OptimConfig(schedule="constant"))
     data = ShapesDataModule(train_size=128, val_size=32, test_size=32, batch_size=32)
     trainer = Trainer(
         accelerator="cpu",
@@ -148,3 +150,35 @@ def test_clipping_trains_under_any_precision_with_the_automatic_choice(tmp_path,
     assert trainer.global_step == 4
     fused = trainer.optimizers[0].defaults["fused"]
     assert fused is (None if precision == "bf16-mixed" else True)  # full precision clips after a fused step
+
+
+def test_a_resumed_optimizer_keeps_this_runs_implementation_not_the_checkpoints() -> None:
+    # A 16-mixed run without clipping is built fused, so its loss scaler hands the step its scale; resumed
+    # from a run that clipped (unfused), torch's load_state_dict took the unfused flags and the first step
+    # failed ("Expected grad_scale and found_inf to be None"). Under FSDP, the fused flag of a DDP run's
+    # checkpoint is the crash the automatic choice avoids.
+    net = nn.Linear(4, 2)
+    saved, _ = build_optimizer(net, OptimConfig(schedule="constant"), 1, 10, 1, clips_under_amp=True)
+    net(torch.randn(3, 4)).sum().backward()
+    saved.step()
+    resumed, _ = build_optimizer(net, OptimConfig(schedule="constant"), 1, 10, 1)
+    assert resumed.defaults["fused"] and not saved.defaults["fused"]
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.param_groups[0]["fused"] is True
+    assert resumed.state_dict()["state"][0]["exp_avg"].equal(saved.state_dict()["state"][0]["exp_avg"])
+    scaler = torch.amp.GradScaler("cpu")
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = net(torch.randn(3, 4)).float().sum()
+    scaler.scale(loss).backward()
+    scaler.step(resumed)
+
+
+def test_trainer_fit_resumed_with_another_choice_steps_with_it(tmp_path) -> None:
+    first = shapes_fit(tmp_path / "a", optim=OptimConfig(schedule="constant", fused=True))
+    ckpt = tmp_path / "a.ckpt"
+    first.save_checkpoint(ckpt)
+    resumed = shapes_fit(
+        tmp_path / "b", ckpt, max_epochs=2, optim=OptimConfig(schedule="constant", fused=False)
+    )
+    assert resumed.global_step == 8
+    assert all(group["fused"] is None for group in resumed.optimizers[0].param_groups)

@@ -144,6 +144,27 @@ def lr_lambda(schedule: str, total_steps: float, warmup_steps: int) -> Callable[
 NEEDS_LENGTH = ("cosine", "step")
 
 
+# A param group's flags that say how torch computes the update, not what the update is.
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
+
+
+def keep_implementation(optimizer: Optimizer) -> None:
+    """Keeps the implementation chosen for this run across a checkpoint's restore.
+
+    torch's ``load_state_dict`` takes each group's flags from the file, which describe the saving run's
+    hardware: a run that chose a fused update under DDP, resumed under FSDP with channels-last weights, got
+    the fused step that crashes there, and a 16-mixed run built fused (its loss scaler then hands the step
+    its scale) that resumed unfused flags failed its first step. After each load the flags are put back.
+    """
+    chosen = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in optimizer.param_groups]
+
+    def restore(loaded: Optimizer) -> None:
+        for group, flags in zip(loaded.param_groups, chosen, strict=True):
+            group.update(flags)
+
+    optimizer.register_load_state_dict_post_hook(restore)
+
+
 def build_optimizer(
     model: nn.Module,
     cfg: OptimConfig,
@@ -185,6 +206,7 @@ def build_optimizer(
         if fused is None:
             fused = fused_available(model, trained_as) and not clips_under_amp
         optimizer = OPTIMIZERS[cfg.name](groups, cfg, fused or None)  # None, not False: torch's own default
+    keep_implementation(optimizer)
     if cfg.scale_lr:
         for group in optimizer.param_groups:
             group["lr"] *= global_batch / cfg.base_batch_size

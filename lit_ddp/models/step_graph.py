@@ -102,14 +102,12 @@ def replay_blocker(trainer: Trainer, optim_name: str, compiled: bool) -> str | N
 
 def prepare_for_replay(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
     """The optimizer as a replay needs it, also after a checkpoint's restore (torch's ``load_state_dict``
-    takes the saved groups' lr and implementation flags): each lr a tensor on ``device``, the state there,
-    capturable where captured."""
-    capture = device.type == "cuda"
+    takes the saved groups' lr; its implementation flags are put back by ``optim.keep_implementation``):
+    each lr a tensor on ``device``, the state there."""
     for group in optimizer.param_groups:
         lr = group["lr"]
         if not (torch.is_tensor(lr) and lr.device == device):
             group["lr"] = torch.tensor(float(lr), device=device)
-        group.update(capturable=capture, foreach=capture, fused=None)
     for state in optimizer.state.values():
         for key, value in state.items():
             if torch.is_tensor(value) and value.device != device:
