@@ -2,6 +2,8 @@
 plain."""
 
 import dataclasses
+import sys
+import types
 from pathlib import PurePath
 
 import lightning as L
@@ -23,9 +25,12 @@ def flatten(tree, prefix: str = "", sep: str = "/") -> dict:
 
 def plain_data(value: object) -> object:
     """``value`` as data a weights-only ``torch.load`` reads without allow-listing a class: a dataclass (an
-    ``OptimConfig``) as a dict of its fields, a path as its string, containers element by element."""
+    ``OptimConfig``) as a dict of its fields, a class or function (a network given as ``net``) as its dotted
+    name (:func:`imported` finds it again), a path as its string, containers element by element."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: plain_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, type | types.FunctionType):
+        return f"{value.__module__}.{value.__qualname__}"
     if isinstance(value, PurePath):
         return str(value)
     if isinstance(value, dict):
@@ -33,6 +38,20 @@ def plain_data(value: object) -> object:
     if isinstance(value, list | tuple):
         return (list if isinstance(value, list) else tuple)(plain_data(item) for item in value)
     return value
+
+
+def imported(name: str) -> object | None:
+    """The object a dotted name (``package.module.Class``) names in a module already imported, or None: a name
+    read from a file imports no code."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is not None:
+            found = module
+            for attribute in parts[cut:]:
+                found = getattr(found, attribute, None)
+            return found
+    return None
 
 
 def per_device_batch_size(trainer: L.Trainer) -> int:

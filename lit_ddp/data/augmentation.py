@@ -17,6 +17,7 @@ from torch import Tensor
 from lit_ddp.data.batch_transforms import SampleRandom, random_crop_flip
 from lit_ddp.data.jpeg import sample_augmentation
 from lit_ddp.errors import UserError
+from lit_ddp.utils import imported
 
 __all__ = ["Augmentation", "CropFlip", "RandomResizedCropFlip", "describe"]
 
@@ -87,18 +88,14 @@ def describe(augmentation: Augmentation | None) -> dict | None:
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": dict(vars(augmentation))}
 
 
-def _subclasses(cls: type) -> list[type]:
-    return [cls, *(sub for direct in cls.__subclasses__() for sub in _subclasses(direct))]
-
-
 def rebuild(description: dict) -> Augmentation:
     """The augmentation ``describe`` wrote (a checkpoint's hyperparameters, which ``load_from_checkpoint``
     passes back), of a class already imported: a name in a file imports no code."""
     name = description["class_path"]
-    for cls in _subclasses(Augmentation):
-        if f"{cls.__module__}.{cls.__qualname__}" == name:
-            return cls(**description.get("init_args", {}))
-    raise UserError(
-        f"the checkpoint's augmentation is {name}, which is not imported: import its module first, or pass"
-        " augmentation= yourself"
-    )
+    cls = imported(name)
+    if not (isinstance(cls, type) and issubclass(cls, Augmentation)):
+        raise UserError(
+            f"the checkpoint's augmentation is {name}, which is not imported: import its module first, or"
+            " pass augmentation= yourself"
+        )
+    return cls(**description.get("init_args", {}))

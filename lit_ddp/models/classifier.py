@@ -40,7 +40,7 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import global_batch_size, plain_data
+from lit_ddp.utils import global_batch_size, imported, plain_data
 
 STAGES = ("train", "val", "test")
 
@@ -145,6 +145,8 @@ class ImageClassifier(LightningModule):
             raise UserError(
                 f"--model.label_smoothing={label_smoothing} must be between 0 and 1 (0.1 is usual)"
             )
+        if isinstance(net, str):  # as a checkpoint holds a network class given from Python
+            net = self._imported_net(net)
         if not isinstance(net, nn.Module):
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
             self.save_hyperparameters()
@@ -167,6 +169,18 @@ class ImageClassifier(LightningModule):
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
             setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
             setattr(self, f"{stage}_loss", LossMean())
+
+    @staticmethod
+    def _imported_net(name: str) -> NetFactory:
+        """The network class (or factory) a checkpoint names, from a module already imported: a name read
+        from a file imports no code."""
+        found = imported(name)
+        if not callable(found):
+            raise UserError(
+                f"the checkpoint's network is {name}, which is not imported: import its module first, or pass"
+                " net= yourself"
+            )
+        return found
 
     @property
     def automatic_optimization(self) -> bool:
