@@ -48,7 +48,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
-from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
+from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, with_atomic_checkpoint_io
 from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.eval_limits import EvenEvalLimits
 from lit_ddp.runtime.failed_run import RemoveFailedRunDir
@@ -385,6 +385,7 @@ class LitDDPCLI(LightningCLI):
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:
+    allow_checkpoint_globals()  # --ckpt_path of an older checkpoint, which LightningCLI loads itself
     return LitDDPCLI(
         model_class=ImageClassifier,
         datamodule_class=ImageDataModule,

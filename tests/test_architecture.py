@@ -175,13 +175,16 @@ def test_models_and_data_know_nothing_above_them(part: str) -> None:
 
 
 def test_importing_the_cli_changes_no_process_wide_state() -> None:
-    """Warning and logger filters are set by main() (runtime/quiet.py), not by importing lit_ddp.cli."""
+    """Warning and logger filters are set by main() (runtime/quiet.py), torch's weights-only allow-list by
+    build_cli, not by importing lit_ddp.cli."""
     import subprocess
     import sys
 
     code = (
-        "import logging, warnings\n"
+        "import logging, warnings, torch\n"
+        "safe = lambda: [g for g in torch.serialization.get_safe_globals() if 'lit_ddp' in str(g)]\n"
         "import lit_ddp.cli as cli\n"
+        "assert not safe(), safe()\n"
         "logger = logging.getLogger('lightning.pytorch.utilities.rank_zero')\n"
         "from lit_ddp.runtime import quiet\n"
         "patterns = [q.pattern for q in quiet.EVERY_FILTER]\n"
@@ -190,6 +193,8 @@ def test_importing_the_cli_changes_no_process_wide_state() -> None:
         "quiet.quiet_console(); quiet.quiet_console()\n"
         "warns = [q for q in quiet.CONSOLE if q.kind == 'warning']\n"
         "assert len(ours()) == len(warns) and len(logger.filters) == 1\n"
+        "cli.build_cli(['--data.train_size=64'], run=False)\n"
+        "assert safe(), 'the CLI allow-lists OptimConfig for older checkpoints'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

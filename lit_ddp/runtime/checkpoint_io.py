@@ -27,10 +27,15 @@ from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.runtime.write_errors import checkpoint_write_error, os_error_in
 
-# Types that may appear in saved hyperparameters (a frozen OptimConfig passed from Python, a Path passed as
-# a data directory). Everything else in a Lightning checkpoint is tensors and plain containers.
+# Types that the hyperparameters of older checkpoints hold (an OptimConfig or a Path passed from Python);
+# lit_ddp now writes them as plain data (utils.plain_data). Everything else is tensors and plain containers.
 SAFE_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
-torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def allow_checkpoint_globals() -> None:
+    """Lets every weights-only load of this process read those types: LightningCLI's own ``torch.load`` of
+    ``--ckpt_path``'s hyperparameters among them. Process-wide, so the CLI does it, not an import."""
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)
 
 
 def is_local_path(path) -> bool:
@@ -97,9 +102,10 @@ def load_checkpoint_file(
     # pickle holds can be read from the zip without running it.
     is_zip = zipfile.is_zipfile(path)
     try:
-        checkpoint = torch.load(
-            path, map_location=map_location, weights_only=weights_only, mmap=mmap and is_zip
-        )
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            checkpoint = torch.load(
+                path, map_location=map_location, weights_only=weights_only, mmap=mmap and is_zip
+            )
     except pickle.UnpicklingError as err:
         unsafe = _unsafe_globals(path) if is_zip and weights_only else []
         if unsafe:
