@@ -4,7 +4,8 @@ benchmarks). Skipped where torch sees no GPU, so CI, which is CPU-only, collects
 The tests run the real command line in a subprocess, as a user would on a GPU node: mixed precision,
 channels-last and compile; DDP on NCCL with one rank; torch's SyncBatchNorm and its conversion back;
 preemption, the atomic checkpoint and resume; the NaN guard's late read; EMA's buffer all-reduce and the
-predictions gather on NCCL; and no host sync in a training step outside the logging steps. The last one
+predictions gather on NCCL; clipping under mixed precision and its resume without clipping (fused); and
+no host sync in a training step outside the logging steps. The last one
 runs in process: the per-sample draws reach the GPU in one copy from pinned memory (its copy recorder is
 checked on CPU by test_augment.py). ResNet from
 JPEG files and FSDP are in test_cuda_resnet.py (the ResNet family's).
@@ -190,3 +191,27 @@ def test_the_replayed_lenet_step_trains_as_the_usual_one_and_resumes_exactly(tmp
     first = tmp_path / "first" / "last.ckpt"
     resumed = fit(lenet("auto"), trainer(tmp_path / "resumed", accelerator="gpu"), ckpt_path=first)
     assert_close(resumed, got, atol=3e-4)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_clipping_under_mixed_precision_trains_and_its_resume_without_clipping_steps_fused(
+    tmp_path: Path, precision: str
+) -> None:
+    """Lightning's mixed precision refuses to clip for a fused optimizer (test_optim_choice.py checks the
+    choice and the restore on a CPU): with clipping the automatic choice is unfused. Resumed without clipping,
+    the run is built fused (under 16-mixed its loss scaler then hands the fused step its scale), and the
+    checkpoint's unfused flags must not come back with the optimizer's state."""
+    clipped = lenet(False)
+    stop = StopAfterFirstEpoch()
+    fit(
+        clipped,
+        trainer(tmp_path / "clipped", "gpu", precision=precision, gradient_clip_val=1.0, callbacks=[stop]),
+    )
+    assert all(group["fused"] is None for group in clipped.trainer.optimizers[0].param_groups)
+    resumed = lenet(False)
+    weights = fit(
+        resumed, trainer(tmp_path / "resumed", "gpu", precision=precision), tmp_path / "clipped" / "last.ckpt"
+    )
+    assert resumed.trainer.global_step == 8
+    assert all(group["fused"] for group in resumed.trainer.optimizers[0].param_groups)
+    assert all(torch.isfinite(w).all() for w in weights.values())
