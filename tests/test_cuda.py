@@ -1,14 +1,14 @@
 """The CUDA paths, on one GPU: ``python -m pytest -m cuda`` (benchmarks/gpu_suite.sh runs them with the GPU
 benchmarks). Skipped where torch sees no GPU, so CI, which is CPU-only, collects and skips them.
 
-The tests run the real command line in a subprocess, as a user would on a GPU node: mixed precision,
+Most tests run the real command line in a subprocess, as a user would on a GPU node: mixed precision,
 channels-last and compile; DDP on NCCL with one rank; torch's SyncBatchNorm and its conversion back;
 preemption, the atomic checkpoint and resume; the NaN guard's late read; EMA's buffer all-reduce and the
-predictions gather on NCCL; clipping under mixed precision and its resume without clipping (fused); and
-no host sync in a training step outside the logging steps. The last one
-runs in process: the per-sample draws reach the GPU in one copy from pinned memory (its copy recorder is
-checked on CPU by test_augment.py). ResNet from
-JPEG files and FSDP are in test_cuda_resnet.py (the ResNet family's).
+predictions gather on NCCL; and no host sync in a training step outside the logging steps. These run in
+process: the per-sample draws reach the GPU in one copy from pinned memory (its copy recorder is checked on
+CPU by test_augment.py); the replayed LeNet step (``--model.cuda_graph``); clipping under mixed precision
+and its resume without clipping (fused). ResNet from JPEG files and FSDP are in test_cuda_resnet.py (the
+ResNet family's).
 """
 
 import csv
