@@ -191,6 +191,10 @@ def test_the_replayed_lenet_step_trains_as_the_usual_one_and_resumes_exactly(tmp
     first = tmp_path / "first" / "last.ckpt"
     resumed = fit(lenet("auto"), trainer(tmp_path / "resumed", accelerator="gpu"), ckpt_path=first)
     assert_close(resumed, got, atol=3e-4)
+    # And without graphs (another device count would do this): the usual fused step takes the replayed run's
+    # state, its step counters where the fused update reads them.
+    eager = fit(lenet(False), trainer(tmp_path / "eager", accelerator="gpu"), ckpt_path=first)
+    assert_close(eager, got, atol=3e-4)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])

@@ -165,6 +165,9 @@ def test_a_resumed_optimizer_keeps_this_runs_implementation_not_the_checkpoints(
     assert resumed.defaults["fused"] and not saved.defaults["fused"]
     resumed.load_state_dict(saved.state_dict())
     assert resumed.param_groups[0]["fused"] is True
+    # The step counter where a fused update reads it (the parameter's device; a GPU here would show it).
+    step = resumed.state[net.weight]["step"]
+    assert (step.device, step.dtype) == (net.weight.device, torch.float32)
     assert resumed.state_dict()["state"][0]["exp_avg"].equal(saved.state_dict()["state"][0]["exp_avg"])
     scaler = torch.amp.GradScaler("cpu")
     with torch.autocast("cpu", dtype=torch.float16):

@@ -154,13 +154,21 @@ def keep_implementation(optimizer: Optimizer) -> None:
     torch's ``load_state_dict`` takes each group's flags from the file, which describe the saving run's
     hardware: a run that chose a fused update under DDP, resumed under FSDP with channels-last weights, got
     the fused step that crashes there, and a 16-mixed run built fused (its loss scaler then hands the step
-    its scale) that resumed unfused flags failed its first step. After each load the flags are put back.
+    its scale) that resumed unfused flags failed its first step. After each load the flags are put back,
+    and each step counter where torch keeps it for them (its load placed it for the file's flags): on the
+    parameter's device as float32 for a fused or capturable update, which reads it there, else on the CPU.
     """
     chosen = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in optimizer.param_groups]
 
     def restore(loaded: Optimizer) -> None:
         for group, flags in zip(loaded.param_groups, chosen, strict=True):
             group.update(flags)
+            on_device = bool(group.get("fused") or group.get("capturable"))
+            for param in group["params"]:
+                state = loaded.state.get(param, {})
+                if torch.is_tensor(state.get("step")):
+                    step = state["step"]
+                    state["step"] = step.to(param.device, torch.float32) if on_device else step.cpu()
 
     optimizer.register_load_state_dict_post_hook(restore)
 
