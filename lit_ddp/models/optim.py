@@ -61,7 +61,9 @@ class OptimConfig:
     base_batch_size: int = 256
     no_decay_norm_and_bias: bool = True  # no weight decay on BN/LN parameters and biases
     # One fused kernel for the whole update instead of ~10 ops per tensor. None: fused wherever torch has
-    # the kernel for the parameters' device (CUDA; CPU since torch 2.4), else torch's default.
+    # the kernel for the parameters' device (CUDA; CPU since torch 2.4) and the run can take it (not when
+    # clipping under mixed precision, nor channels-last weights under FSDP), else torch's default. A resumed
+    # run keeps its own choice, whatever the checkpoint's run chose.
     fused: bool | None = None
 
     def __post_init__(self) -> None:
