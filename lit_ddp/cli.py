@@ -290,6 +290,9 @@ class LitDDPCLI(LightningCLI):
         packages = packages_of(self.default_model, self.default_data)
         check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
         if self._checkpoint is not None:
+            hparams = self._checkpoint.get("hyper_parameters") or {}
+            if hparams and "_class_path" not in hparams:
+                self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
@@ -304,6 +307,22 @@ class LitDDPCLI(LightningCLI):
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
+
+    def _read_as_the_chosen_model(self, parser, subcommand: str, hparams: dict, ckpt_path: str) -> None:
+        """A checkpoint saved from Python (``Trainer.fit``, not this CLI) names no class with its settings:
+        LightningCLI reads them next as the model's, and jsonargparse takes the parser's default class for a
+        dict without one, so the chosen model becomes that default. Settings it does not take: one line."""
+        chosen = self.config[subcommand]["model"]
+        for choice_parser in self._choice_parsers:
+            choice_parser.set_defaults({"model": chosen.as_dict()})
+        try:
+            parser.parse_object({subcommand: {"model": hparams}}, self.config)
+        except ArgumentError:
+            names = ", ".join(sorted(hparams))
+            raise UserError(
+                f"checkpoint {ckpt_path} was saved from Python, and its settings ({names}) do not fit"
+                f" {chosen['class_path']}: pass --model=<the class it was saved from>"
+            ) from None
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)

@@ -197,3 +197,33 @@ def test_a_network_class_given_from_python_is_saved_by_name_and_found_again_only
     ):
         ImageClassifier.load_from_checkpoint(elsewhere)
     assert "notebook_code" not in sys.modules
+
+
+def _saved_from_python(model, path: Path) -> Path:
+    from lightning import Trainer
+
+    trainer = Trainer(logger=False, accelerator="cpu")
+    trainer.strategy.connect(model)
+    trainer.save_checkpoint(path)
+    return path
+
+
+def test_the_cli_takes_a_checkpoint_saved_from_python_as_the_model_it_names(tmp_path: Path, capsys) -> None:
+    """A checkpoint saved by Trainer.fit in a script names no class with its settings; with --model given,
+    jsonargparse read them as the base class ImageClassifier's: a traceback ("'batch_norm' is not
+    accepted") for `validate --model=LeNetCIFAR --ckpt_path=...`."""
+    from lit_ddp.models import ImageClassifier, LeNet, LeNetCIFAR, OptimConfig
+
+    lenet = _saved_from_python(LeNetCIFAR(optim=OptimConfig(lr=2e-3)), tmp_path / "lenet.ckpt")
+    composed = _saved_from_python(ImageClassifier(net=LeNet, label_smoothing=0.1), tmp_path / "composed.ckpt")
+    root = f"--trainer.default_root_dir={tmp_path}"
+    for model in ([], ["--model=LeNetCIFAR"]):
+        cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={lenet}", *model, root])
+        assert type(cli.model) is LeNetCIFAR and cli.model.optim.lr == 2e-3
+    picks = ["--model=ImageClassifier", "--model.net=LeNet"]
+    cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={composed}", *picks, root])
+    assert isinstance(cli.model.net, LeNet) and cli.model.label_smoothing == 0.1
+
+    line = one_error_line(capsys, ["validate", *TINY_RUN, f"--ckpt_path={composed}", root])
+    assert line.startswith(f"checkpoint {composed} was saved from Python, and its settings (")
+    assert line.endswith("do not fit lit_ddp.models.LeNetCIFAR: pass --model=<the class it was saved from>")
