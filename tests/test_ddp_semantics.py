@@ -435,3 +435,52 @@ def test_a_padding_repeats_only_the_first_samples_and_only_in_each_epochs_last_g
         last = k == len(one_batches) - 1
         assert together == sorted(batch + repeated if last else batch), k
     assert sum(len(shard) for shard in shards) == size + len(repeated)
+
+
+# Trainer.fit under ddp_spawn from Python, then evaluation in the launching process, as a notebook does it.
+SPAWN_THEN_VALIDATE = """
+import sys
+from lightning import Trainer
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.models import LeNetCIFAR
+
+def quiet(**kwargs):
+    kwargs.update(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    return Trainer(accelerator="cpu", **kwargs)
+
+if __name__ == "__main__":
+    data = ShapesDataModule(train_size=128, val_size=32, test_size=32, batch_size=16)
+    model = LeNetCIFAR()
+    quiet(devices=2, strategy="ddp_spawn", max_epochs=1, default_root_dir=sys.argv[1]).fit(model, data)
+    left = {name: float(state) for name, state in model.val_loss.metric_state.items()}
+    assert left == {"mean_value": 0.0, "weight": 0.0}, left
+    first, again = (quiet(devices=1).validate(model, data, verbose=False)[0] for _ in range(2))
+    assert first == again, (first, again)
+    print("validated", first["val/acc"] * 32)
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(180)
+def test_metrics_are_not_shared_with_ddp_spawns_workers(tmp_path: Path) -> None:
+    """ddp_spawn pickles the module into its workers through shared memory: their in-place metric updates
+    were the launching process's states too, so a validate after fit counted the workers' samples with its
+    own (64 of 32 images)."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    script = tmp_path / "spawn_then_validate.py"  # a file: spawn's workers import the main module again
+    script.write_text(SPAWN_THEN_VALIDATE)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    correct = float(run.stdout.split("validated")[-1])
+    assert correct == round(correct)  # a whole number of the 32 images, not a mix with stale counts

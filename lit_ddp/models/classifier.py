@@ -231,6 +231,12 @@ class ImageClassifier(LightningModule):
         return logits
 
     def setup(self, stage: str) -> None:
+        # Every metric starts empty, in tensors of this process's own: ddp_spawn hands the module to its
+        # workers through shared memory, so a CPU state they update in place would also be the launching
+        # process's (a later trainer.validate there would count those samples again) and each other's.
+        for stage_name in STAGES:
+            getattr(self, f"{stage_name}_metrics").reset()
+            getattr(self, f"{stage_name}_loss").reset()
         if stage != "fit" or self.cuda_graph is False:
             return
         self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
