@@ -16,6 +16,7 @@
 ``--model`` and ``--data`` take any ImageClassifier / ImageDataModule subclass by short name.
 """
 
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -75,6 +76,7 @@ from lit_ddp.runtime.resume import (
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
+from lit_ddp.utils import imported
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
 # the two, and LeNetCIFAR's defaults, in agreement). A project built on lit_ddp passes its own to main().
@@ -290,14 +292,11 @@ class LitDDPCLI(LightningCLI):
         packages = packages_of(self.default_model, self.default_data)
         check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
         if self._checkpoint is not None:
-            hparams = self._checkpoint.get("hyper_parameters") or {}
-            if hparams and "_class_path" not in hparams:
-                self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
             # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
-            picks = [f"--model={chosen['class_path']}", *([f"--data={data['class_path']}"] if data else [])]
-            defaults = parser.parse_args([subcommand, *picks])[subcommand]["model"]
+            picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
+            defaults = parser.parse_object({subcommand: picks})[subcommand]["model"]
             overridden = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),
@@ -307,6 +306,9 @@ class LitDDPCLI(LightningCLI):
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
+            hparams = self._checkpoint.get("hyper_parameters") or {}
+            if hparams and "_class_path" not in hparams:
+                self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
 
     def _read_as_the_chosen_model(self, parser, subcommand: str, hparams: dict, ckpt_path: str) -> None:
         """A checkpoint saved from Python (``Trainer.fit``, not this CLI) names no class with its settings:
@@ -401,6 +403,20 @@ class LitDDPCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = _before_run
     after_fit = after_validate = after_test = after_predict = _after_run
+
+
+def _as_picked(choice) -> dict:
+    """A class chosen in the config (``model`` or ``data``) with only the arguments it cannot do without
+    (no default: the network of a composed ImageClassifier), as given: what parses to its defaults."""
+    init_args = choice.get("init_args") or {}
+    cls = imported(choice["class_path"])  # the parser imported it to build the config
+    needed = {}
+    for param in inspect.signature(cls).parameters.values() if callable(cls) else []:
+        keyword = param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+        if keyword and param.default is param.empty and param.name in init_args:
+            value = init_args[param.name]
+            needed[param.name] = value.as_dict() if hasattr(value, "as_dict") else value  # a Namespace
+    return {"class_path": choice["class_path"], "init_args": needed}
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitDDPCLI:

@@ -227,3 +227,18 @@ def test_the_cli_takes_a_checkpoint_saved_from_python_as_the_model_it_names(tmp_
     line = one_error_line(capsys, ["validate", *TINY_RUN, f"--ckpt_path={composed}", root])
     assert line.startswith(f"checkpoint {composed} was saved from Python, and its settings (")
     assert line.endswith("do not fit lit_ddp.models.LeNetCIFAR: pass --model=<the class it was saved from>")
+
+
+def test_a_composed_models_checkpoint_is_validated_with_its_model_named(tmp_path: Path) -> None:
+    """`validate --model=ImageClassifier --model.net=LeNet --ckpt_path=...` stopped on a traceback ("the
+    following arguments are required: net"): the model's defaults, for the note on replaced settings, were
+    parsed from --model alone, which a class with a required argument cannot be."""
+    from lit_ddp.models import LeNet
+
+    composed = ["--model=ImageClassifier", "--model.net=LeNet"]
+    build_cli(["fit", *TINY_RUN, *composed, f"--trainer.default_root_dir={tmp_path / 'fit'}"])
+    ckpt = next((tmp_path / "fit").rglob("last.ckpt"))
+    cli = build_cli(
+        ["validate", *TINY_RUN, *composed, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"]
+    )
+    assert isinstance(cli.model.net, LeNet) and "val/acc" in cli.trainer.callback_metrics
