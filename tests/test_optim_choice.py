@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from lenet_fits import fit, lenet, trainer
 from torch import nn
 
 from lit_ddp.errors import UserError
@@ -117,38 +118,14 @@ def test_dtensor_parameters_go_to_torchs_default(one_process_group) -> None:
     assert optimizer.defaults["fused"] is None
 
 
-def shapes_fit(
-    tmp_path, ckpt_path=None, max_epochs: int = 1, optim: OptimConfig | None = None, **trainer_args
-):
-    """LeNet on the embedded data through Trainer.fit, as a Python user runs it; the trainer afterwards."""
-    from lightning import Trainer
-
-    from lit_ddp.data import ShapesDataModule
-    from lit_ddp.models.lenet_cifar import LeNetCIFAR
-
-    model = LeNetCIFAR(optim=optim or OptimConfig(schedule="constant"))
-    data = ShapesDataModule(train_size=128, val_size=32, test_size=32, batch_size=32)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=max_epochs,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **trainer_args,
-    )
-    trainer.fit(model, data, ckpt_path=ckpt_path)
-    return trainer
-
-
 @pytest.mark.parametrize("precision", ["bf16-mixed", "32-true"])
 def test_clipping_trains_under_any_precision_with_the_automatic_choice(tmp_path, precision: str) -> None:
     # Lightning's mixed precision refuses to clip for a fused optimizer under bf16 as well as 16: the
     # automatic choice crashed the first step of bf16-mixed with --trainer.gradient_clip_val.
-    trainer = shapes_fit(tmp_path, precision=precision, gradient_clip_val=1.0, enable_checkpointing=False)
-    assert trainer.global_step == 4
-    fused = trainer.optimizers[0].defaults["fused"]
+    model = lenet(False)
+    fit(model, trainer(tmp_path, epochs=1, precision=precision, gradient_clip_val=1.0))
+    assert model.trainer.global_step == 4
+    fused = model.trainer.optimizers[0].defaults["fused"]
     assert fused is (None if precision == "bf16-mixed" else True)  # full precision clips after a fused step
 
 
@@ -177,11 +154,8 @@ def test_a_resumed_optimizer_keeps_this_runs_implementation_not_the_checkpoints(
 
 
 def test_trainer_fit_resumed_with_another_choice_steps_with_it(tmp_path) -> None:
-    first = shapes_fit(tmp_path / "a", optim=OptimConfig(schedule="constant", fused=True))
-    ckpt = tmp_path / "a.ckpt"
-    first.save_checkpoint(ckpt)
-    resumed = shapes_fit(
-        tmp_path / "b", ckpt, max_epochs=2, optim=OptimConfig(schedule="constant", fused=False)
-    )
-    assert resumed.global_step == 8
-    assert all(group["fused"] is None for group in resumed.optimizers[0].param_groups)
+    fit(lenet(False, optim=OptimConfig(schedule="constant", fused=True)), trainer(tmp_path / "a", epochs=1))
+    resumed = lenet(False, optim=OptimConfig(schedule="constant", fused=False))
+    fit(resumed, trainer(tmp_path / "b", epochs=2), ckpt_path=tmp_path / "a" / "last.ckpt")
+    assert resumed.trainer.global_step == 8
+    assert all(group["fused"] is None for group in resumed.trainer.optimizers[0].param_groups)

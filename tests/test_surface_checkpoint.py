@@ -177,28 +177,6 @@ def test_a_path_given_to_a_data_module_is_kept_as_its_string(tmp_path: Path) -> 
     assert Folder(tmp_path).hparams["data_dir"] == str(tmp_path)
 
 
-def test_a_network_class_given_from_python_is_saved_by_name_and_found_again_only_if_imported(
-    tmp_path: Path,
-) -> None:
-    from lightning import Trainer
-
-    from lit_ddp.models import ImageClassifier, LeNet
-
-    trainer = Trainer(logger=False, accelerator="cpu")
-    trainer.strategy.connect(ImageClassifier(net=LeNet, num_classes=4))
-    trainer.save_checkpoint(tmp_path / "composed.ckpt")
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "composed.ckpt") == []
-    again = ImageClassifier.load_from_checkpoint(tmp_path / "composed.ckpt")
-    assert isinstance(again.net, LeNet) and again.net(torch.zeros(1, 3, 32, 32)).shape == (1, 4)
-
-    elsewhere = _edited(tmp_path / "composed.ckpt", tmp_path / "elsewhere.ckpt", net="notebook_code.Net")
-    with pytest.raises(
-        UserError, match="^the checkpoint's network is notebook_code.Net, which is not imported"
-    ):
-        ImageClassifier.load_from_checkpoint(elsewhere)
-    assert "notebook_code" not in sys.modules
-
-
 def _saved_from_python(model, path: Path) -> Path:
     from lightning import Trainer
 
@@ -206,6 +184,24 @@ def _saved_from_python(model, path: Path) -> Path:
     trainer.strategy.connect(model)
     trainer.save_checkpoint(path)
     return path
+
+
+def test_a_network_class_given_from_python_is_saved_by_name_and_found_again_only_if_imported(
+    tmp_path: Path,
+) -> None:
+    from lit_ddp.models import ImageClassifier, LeNet
+
+    composed = _saved_from_python(ImageClassifier(net=LeNet, num_classes=4), tmp_path / "composed.ckpt")
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(composed) == []
+    again = ImageClassifier.load_from_checkpoint(composed)
+    assert isinstance(again.net, LeNet) and again.net(torch.zeros(1, 3, 32, 32)).shape == (1, 4)
+
+    elsewhere = _edited(composed, tmp_path / "elsewhere.ckpt", net="notebook_code.Net")
+    with pytest.raises(
+        UserError, match="^the checkpoint's network is notebook_code.Net, which is not imported"
+    ):
+        ImageClassifier.load_from_checkpoint(elsewhere)
+    assert "notebook_code" not in sys.modules
 
 
 def test_the_cli_takes_a_checkpoint_saved_from_python_as_the_model_it_names(tmp_path: Path, capsys) -> None:
