@@ -65,3 +65,50 @@ def test_each_recipe_logs_into_its_own_folder(tmp_path: Path) -> None:
     shapes_recipe = f"--config={REPO / 'configs' / 'lenet_shapes.yaml'}"
     cli = build_cli([shapes_recipe, *TINY, f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert Path(cli.trainer.logger.log_dir) == tmp_path / "lenet_shapes" / "version_0"
+
+
+def test_best_is_the_best_checkpoint_of_the_run_last_would_resume(tmp_path: Path, caplog) -> None:
+    """In a new process Lightning has no best (it knows it only where it trained); lit_ddp reads the run's."""
+    fitted = build_cli(["fit", *TINY, "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}/a"])
+    best = Path(fitted.trainer.checkpoint_callback.best_model_path)
+    assert best.parent.name == "checkpoints" and best.name.startswith("epoch")
+    with caplog.at_level("INFO"):
+        cli = build_cli(["validate", *TINY, "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path}/a"])
+    assert cli.trainer.ckpt_path == str(best)
+    assert f"validate: {best} (best val/acc)" in caplog.messages
+    # A folder of runs moved elsewhere keeps each run's checkpoints together: best is found beside last.ckpt.
+    (tmp_path / "a").rename(tmp_path / "b")
+    cli = build_cli(["test", *TINY, "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path}/b"])
+    assert cli.trainer.ckpt_path == str(
+        tmp_path / "b" / "lightning_logs" / "version_0" / "checkpoints" / best.name
+    )
+
+
+def test_fit_from_best_starts_a_new_run_and_leaves_the_best_runs_files(tmp_path: Path) -> None:
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, "--trainer.max_epochs=2", root])
+    run = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    cli = build_cli(["fit", *TINY, "--trainer.max_epochs=3", "--ckpt_path=best", root])
+    assert cli.trainer.logger.version == 1 and cli.trainer.current_epoch == 3
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("first_run", "expected"),
+    [
+        (None, "lit_ddp: error: validate --ckpt_path=best: no checkpoint from an earlier run under"),
+        (["--trainer.limit_val_batches=0"], "lit_ddp: error: --ckpt_path=best: the run of"),
+        ([OTHER], "lit_ddp: error: --ckpt_path=best: the runs under"),
+    ],
+    ids=["no-run", "no-validation", "another-experiment"],
+)
+def test_best_with_nothing_to_find_is_one_line(tmp_path: Path, capsys, first_run, expected) -> None:
+    root = f"--trainer.default_root_dir={tmp_path}"
+    if first_run is not None:
+        build_cli(["fit", *first_run, *TINY, root])
+    with pytest.raises(SystemExit) as stop:
+        main(["validate", *TINY, "--ckpt_path=best", root])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith(expected), err

@@ -1,4 +1,5 @@
-"""``--ckpt_path`` checked before any process starts: ``last`` finds the previous run, a bad file fails once.
+"""``--ckpt_path`` checked before any process starts: ``last`` and ``best`` find the previous run, a bad file
+fails once.
 
 Lightning resolves ``--ckpt_path=last`` inside the *new* run's directory (``version_N+1/checkpoints``),
 which is empty, so a plain ``fit --ckpt_path=last`` would silently start from scratch. Here ``last`` means
@@ -7,6 +8,10 @@ the resumed run keeps logging into that run's directory (one TensorBoard run, on
 no earlier checkpoint it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every
 (re)submission; with only other experiments' runs there it is an error naming the run and what differs,
 since resuming one would train (and overwrite) another experiment.
+
+``best`` is that same run's best checkpoint, as its ModelCheckpoint recorded it in ``last.ckpt``: Lightning
+knows the best only in the process that trained (``trainer.validate(ckpt_path="best")`` after ``fit``), so
+in a new process its ``best`` is always an error.
 
 Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``experiment_name``), so runs of
 different recipes never share the folder ``last`` searches.
@@ -82,10 +87,11 @@ def _differences(checkpoint: dict, model: LightningModule, datamodule) -> list[s
 
 
 def find_last_checkpoint(
-    trainer: Trainer, model: LightningModule | None = None, datamodule=None
+    trainer: Trainer, model: LightningModule | None = None, datamodule=None, asked: str = "last"
 ) -> Path | None:
     """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
-    or None when there is none at all; UserError when there are only other experiments' runs."""
+    or None when there is none at all; UserError when there are only other experiments' runs (``asked``:
+    the ``--ckpt_path`` value the error names)."""
     logger = _logger_with_versions(trainer)
     checkpoint = trainer.checkpoint_callback
     if logger is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
@@ -106,18 +112,53 @@ def find_last_checkpoint(
         newest_other = newest_other or (path, differs)
     path, differs = newest_other
     raise UserError(
-        f"--ckpt_path=last: the runs under {runs} are other experiments', the newest"
+        f"--ckpt_path={asked}: the runs under {runs} are other experiments', the newest"
         f" {path.parent.parent.name} with {' and '.join(differs)}: resuming it would train another model or"
         " data: pass --ckpt_path=PATH to a checkpoint of this one, or leave --ckpt_path out for a new run"
     )
 
 
-def _lightning_finds_last(trainer: Trainer) -> bool:
-    """Whether a checkpoint callback with a fixed dirpath holds a last*.ckpt (Lightning's own lookup)."""
-    return any(
-        any(Path(cb.dirpath).glob("last*.ckpt"))
+def _fixed_dir_lasts(trainer: Trainer) -> list[Path]:
+    """The last*.ckpt files in the checkpoint callbacks' fixed dirpaths, where Lightning's own lookup goes."""
+    return [
+        path
         for cb in trainer.checkpoint_callbacks
         if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None and Path(cb.dirpath).is_dir()
+        for path in Path(cb.dirpath).glob("last*.ckpt")
+        if path.is_file()
+    ]
+
+
+def _newest_last_for_best(trainer: Trainer, model: LightningModule, datamodule) -> Path | None:
+    """The ``last*.ckpt`` that ``--ckpt_path=last`` resumes: this recipe's newest run of this model and data,
+    or the newest in a checkpoint callback's fixed dirpath."""
+    found = find_last_checkpoint(trainer, model, datamodule, asked="best")
+    fixed = _fixed_dir_lasts(trainer) if found is None else []
+    return found or (max(fixed, key=lambda p: p.stat().st_mtime) if fixed else None)
+
+
+def best_of_run(last: Path) -> tuple[Path, str]:
+    """The best checkpoint of ``last``'s run and the metric it was chosen by, from the run's first
+    monitoring ModelCheckpoint's state saved in ``last`` (Lightning's own choice among several). The file is
+    looked for beside ``last`` too: a run folder that was moved or copied keeps its checkpoints together."""
+    states = (load_checkpoint_file(last, mmap=True).get("callbacks") or {}).values()
+    recorded = [
+        state
+        for state in states
+        if isinstance(state, dict) and state.get("monitor") and state.get("best_model_path")
+    ]
+    if not recorded:
+        raise UserError(
+            f"--ckpt_path=best: the run of {last} recorded no best checkpoint (no validation ran, or no"
+            " checkpoint monitors a metric): pass --ckpt_path=last, or --ckpt_path=PATH to a checkpoint"
+        )
+    best = Path(recorded[0]["best_model_path"])
+    for candidate in (best, last.parent / best.name):
+        if candidate.is_file():
+            return candidate, recorded[0]["monitor"]
+    raise UserError(
+        f"--ckpt_path=best: the run of {last} recorded {best} as its best, and it is gone (not beside"
+        f" {last.name} either): pass --ckpt_path=last, or --ckpt_path=PATH to a checkpoint"
     )
 
 
@@ -228,8 +269,9 @@ def prepare_ckpt_path(
     checkpoint: dict | None = None,
     datamodule=None,
 ) -> str | None:
-    """The path the subcommand should get: ``last`` resolved across the runs of this model and data; an
-    explicit file checked now (``checkpoint``: that file, if already loaded).
+    """The path the subcommand should get: ``last`` resolved across the runs of this model and data, ``best``
+    to that run's best checkpoint; an explicit file checked now (``checkpoint``: that file, if already
+    loaded).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights. ``validate``
@@ -247,7 +289,7 @@ def prepare_ckpt_path(
         return None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer, model, datamodule)
-        if found is None and subcommand != "fit" and not _lightning_finds_last(trainer):
+        if found is None and subcommand != "fit" and not _fixed_dir_lasts(trainer):
             raise UserError(
                 f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under"
                 f" {_runs_dir(trainer)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
@@ -258,6 +300,19 @@ def prepare_ckpt_path(
             _pin_logger_version(trainer, found.parent.parent)
         rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         ckpt_path, checkpoint = str(found), None
+    elif ckpt_path == "best":
+        last = _newest_last_for_best(trainer, model, datamodule)
+        if last is None:
+            raise UserError(
+                f"{subcommand} --ckpt_path=best: no checkpoint from an earlier run under"
+                f" {_runs_dir(trainer)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
+            )
+        best, monitor = best_of_run(last)
+        # fit starts a new run from those weights: the best run's own folder keeps its last.ckpt as it is.
+        rank_zero_info(
+            f"{'starting from' if subcommand == 'fit' else subcommand + ':'} {best} (best {monitor})"
+        )
+        ckpt_path, checkpoint = str(best), None
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path
     path = Path(ckpt_path)
