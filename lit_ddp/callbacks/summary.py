@@ -2,6 +2,8 @@
 
 from lightning import Callback, LightningModule, Trainer
 
+from lit_ddp.utils import epoch_cut_short
+
 
 def _fmt(metrics: dict, stage: str) -> str:
     loss = metrics.get(f"{stage}/loss_epoch", metrics.get(f"{stage}/loss"))
@@ -23,6 +25,7 @@ class EpochSummary(Callback):
     def __init__(self) -> None:
         self._validated = False  # whether this epoch ran validation (else val/* are last epoch's)
         self._pending: int | None = None  # the finished epoch whose line is still to print
+        self._cut_short: str | None = None  # how far an epoch max_steps or max_time ended went
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._print_pending(trainer, pl_module)
@@ -34,6 +37,13 @@ class EpochSummary(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._pending = trainer.current_epoch
+        self._cut_short = None
+        if epoch_cut_short(trainer):  # the model logs no train/* for it: the epoch is not over
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            self._cut_short = (
+                f"stopped after {done} of {trainer.num_training_batches} batches"
+                " (resume with --ckpt_path=last to train the rest)"
+            )
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._print_pending(trainer, pl_module)
@@ -47,7 +57,10 @@ class EpochSummary(Callback):
         epoch, self._pending = self._pending, None
         metrics = dict(trainer.callback_metrics)
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        parts = [f"epoch {epoch + 1}{epochs}", _fmt(metrics, "train")]
+        if self._cut_short is not None:
+            parts = [f"epoch {epoch + 1}{epochs} {self._cut_short}"]
+        else:
+            parts = [f"epoch {epoch + 1}{epochs}", _fmt(metrics, "train")]
         if self._validated:
             parts.append(_fmt(metrics, "val"))
         if "perf/images_per_s" in metrics:

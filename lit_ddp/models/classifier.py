@@ -40,7 +40,7 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import global_batch_size, imported, plain_data
+from lit_ddp.utils import epoch_cut_short, global_batch_size, imported, plain_data
 
 STAGES = ("train", "val", "test")
 
@@ -333,10 +333,19 @@ class ImageClassifier(LightningModule):
         self._shared_step(batch, "test")
 
     def on_train_epoch_start(self) -> None:
-        # A run resumed mid-epoch gets no epoch start: on_load_checkpoint opens the epoch then.
+        # A run resumed mid-epoch gets no epoch start: on_load_checkpoint opens the epoch then. A checkpoint
+        # of an epoch cut short, resumed where Lightning starts the next epoch, brings states that are not
+        # this epoch's: every epoch starts empty.
+        self.train_loss.reset()
+        self.train_metrics.reset()
         self._train_epoch_open = True
 
     def on_train_epoch_end(self) -> None:
+        # An epoch that max_steps or max_time cut short is not over: nothing is logged for it, and it stays
+        # open, so its checkpoints carry the states and a resumed run logs the whole epoch once, as after a
+        # stop signal inside an epoch.
+        if epoch_cut_short(self.trainer):
+            return
         self._log_epoch("train")
         self._train_epoch_open = False
 

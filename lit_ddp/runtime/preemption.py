@@ -26,7 +26,10 @@ still takes Lightning's path.
 A stop in the middle of an epoch loses nothing: the checkpoint carries where the epoch stands (the data
 module's batch count, lit_ddp/data/base.py) and the epoch's training metric states summed over the ranks
 (lit_ddp/models/classifier.py), so the resumed run continues at the next batch of the same order, with
-the same augmentation, and ends with the uninterrupted run's weights and metrics.
+the same augmentation, and ends with the uninterrupted run's weights and metrics. The same holds for a fit
+that ``--trainer.max_steps`` or ``--trainer.max_time`` ends inside an epoch: Lightning ends that epoch early
+and counts it as processed, and the checkpoints written there are saved as inside it instead
+(``on_save_checkpoint``), so that ``--ckpt_path=last`` with a larger budget trains the rest of it.
 """
 
 import contextlib
@@ -59,8 +62,20 @@ from lit_ddp.runtime.compat import (
 )
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
+from lit_ddp.utils import epoch_cut_short
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
+
+
+def resume_inside_epoch(checkpoint: dict) -> None:
+    """Make ``checkpoint``, saved at the end of an epoch that a stop cut short, resume inside that epoch. Its
+    fit loop's state (``Loop.state_dict``: the epoch progress counters the trainer shows as
+    ``fit_loop.epoch_progress``) counts an epoch processed before the epoch-end hooks that save checkpoints,
+    and completed after them: with the epoch not yet processed, Lightning restores it as a stop inside the
+    epoch, at the next batch."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
+    for counts in (progress["total"], progress["current"]):
+        counts["processed"] = min(counts["processed"], counts["completed"])
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
@@ -206,6 +221,12 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._unquiet()
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        # max_steps or max_time ended the fit inside this epoch: Lightning ends the epoch anyway and saves it
+        # as processed, so a resume would start the next epoch and never train the rest of this one.
+        if trainer.state.fn == TrainerFn.FITTING and epoch_cut_short(trainer):
+            resume_inside_epoch(checkpoint)
 
     def _unquiet(self) -> None:
         if self._quiet is not None:

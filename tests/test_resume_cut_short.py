@@ -1,0 +1,79 @@
+"""A fit that ``--trainer.max_steps`` or ``--trainer.max_time`` ends inside an epoch resumes inside it.
+
+Lightning ends such an epoch early, runs its epoch-end hooks and saves its checkpoints as if the epoch were
+done, and its own resume starts the next epoch: the rest of the stopped one is never trained. lit_ddp saves
+those checkpoints as inside the epoch (runtime/preemption.py), so the resumed run trains the rest, and ends
+with the uninterrupted run's weights and TensorBoard metrics.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_scalars
+from lightning import Callback
+
+from lit_ddp.cli import build_cli
+
+# 128 training images in batches of 32: 4 steps per epoch, 8 in all. A constant learning rate, so that
+# max_steps (which the schedule's length follows) changes nothing but where the run stops.
+RUN = [
+    "--data.train_size=128",
+    "--data.val_size=32",
+    "--data.test_size=16",
+    "--data.batch_size=32",
+    "--trainer.max_epochs=2",
+    "--trainer.enable_progress_bar=false",
+    "--model.optim.schedule=constant",
+]
+STOP_AT = 6  # epoch 2, after 2 of its 4 batches
+
+
+class StopAtStep(Callback):
+    """Sets ``trainer.should_stop`` after training step ``STOP_AT``, as Lightning's Timer does at
+    ``max_time`` (and EarlyStopping, or a user's callback)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == STOP_AT:
+            trainer.should_stop = True
+
+
+def fit(root: Path, *args: str):
+    return build_cli(["fit", *RUN, f"--trainer.default_root_dir={root}", *args])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reference")
+    fit(root)
+    return root / "lightning_logs" / "version_0"
+
+
+@pytest.mark.parametrize(
+    "stop", [f"--trainer.max_steps={STOP_AT}", f"--trainer.callbacks+={__name__}.StopAtStep"]
+)
+def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupted_run(
+    tmp_path: Path, reference: Path, stop: str, capsys
+) -> None:
+    stopped = fit(tmp_path, stop)
+    assert stopped.trainer.global_step == STOP_AT
+    out = capsys.readouterr().out
+    assert "epoch 2/2 stopped after 2 of 4 batches (resume with --ckpt_path=last to train the rest)" in out
+    run = tmp_path / "lightning_logs" / "version_0"
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == STOP_AT
+
+    resumed = fit(tmp_path, "--ckpt_path=last")
+    assert resumed.trainer.global_step == 8 and resumed.trainer.logger.version == 0
+    final, expected = (
+        torch.load(r / "checkpoints" / "last.ckpt", weights_only=True) for r in (run, reference)
+    )
+    for key, value in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][key], value, rtol=0, atol=0, msg=key)
+    # Each epoch's training metrics once, over the whole epoch: none for the epoch while it was cut short.
+    got, want = read_scalars(run), read_scalars(reference)
+    for key in ("train/acc", "train/loss_epoch"):
+        assert got[key] == pytest.approx(want[key], abs=1e-6), key
+    # Validation: the uninterrupted run's at each epoch end, and at a should_stop also where it stopped
+    # (Lightning validates when a callback stops the fit early: EarlyStopping, max_time).
+    assert got["val/acc"][-2:] == pytest.approx(want["val/acc"], abs=1e-6)
