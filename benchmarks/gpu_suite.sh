@@ -13,7 +13,7 @@
 # On a GPU machine's own PyTorch image (Python 3.12, its torch, torchvision and Lightning; no jsonargparse
 # and no package index), from a copy of this checkout:
 #
-#   pip download --no-deps -d .whl jsonargparse docstring-parser typeshed-client   # here, with an index;
+#   pip download --no-deps -d .whl jsonargparse docstring-parser typeshed-client cloudpickle  # here, with an index;
 #                                            # .whl/ is git-ignored: copy it along with the checkout
 #   bash benchmarks/gpu_suite.sh /tmp/gpu setup versions tests   # then the other parts, a few at a time
 #

@@ -5,6 +5,9 @@ The built-in recipes through ``python -m lit_ddp doctor``: test_doctor.py.
     python -m pytest tests/test_ddp_kit.py -q      # one 2-process and one 1-process launch for all cases
 """
 
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -209,6 +212,14 @@ def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
     assert "3 repeated on 4 devices, 7 repeated on 8 devices" in padding.measured
 
 
+class HoldsALock(ShapesDataModule):
+    """A data module with an attribute no pickler takes."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.lock = threading.Lock()
+
+
 def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="is not a lit_ddp ImageDataModule"):
         check_ddp_invariants(LeNetCIFAR(), object())
@@ -217,11 +228,8 @@ def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="steps=1 must be 2 or more"):
         check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), steps=1)
 
-    class Local(ShapesDataModule):  # defined in a function: cannot travel to the ranks
-        pass
-
-    with pytest.raises(UserError, match="define their classes at module level"):
-        check_ddp_invariants(LeNetCIFAR(), Local(**SHAPES), workdir=tmp_path)
+    with pytest.raises(UserError, match="cannot be pickled .*keep what cannot be pickled"):
+        check_ddp_invariants(LeNetCIFAR(), HoldsALock(**SHAPES), workdir=tmp_path)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(UserError, match="cannot create the workdir .*a_file/runs"):
         check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), workdir=tmp_path / "a_file" / "runs")
@@ -240,3 +248,47 @@ def test_a_kit_rank_destroys_its_process_group_at_exit(tmp_path: Path, atexit_ha
     jobs.write_bytes(pickle.dumps([]))
     worker.main(str(jobs))
     assert atexit_handlers == [faults._destroy_process_group]
+
+
+# A user's script: its classes live in its __main__, which the ranks' processes cannot import by name.
+SCRIPT = """
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.models import LeNetCIFAR
+from lit_ddp.testing import check_ddp_invariants
+
+
+class MyData(ShapesDataModule):
+    pass
+
+
+class MyModel(LeNetCIFAR):
+    pass
+
+
+if __name__ == "__main__":
+    report = check_ddp_invariants(
+        MyModel(), MyData(train_size=96, val_size=40, test_size=8, batch_size=8), checks=("grads",)
+    )
+    print(report.table())
+    assert report.ok
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_classes_defined_in_a_script_or_a_function_travel_to_the_ranks(tmp_path: Path) -> None:
+    """Pickled by name, they failed in the ranks with an AttributeError traceback (a script's) or were
+    refused (a function's); by value, the kit runs them."""
+    script = tmp_path / "check_mine.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=280
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "first-step gradients 2×b = 1×2b" in result.stdout
+
+    class Local(ShapesDataModule):  # defined in a function
+        pass
+
+    report = check_ddp_invariants(LeNetCIFAR(), Local(**SHAPES), checks=("grads",), workdir=tmp_path)
+    assert report.ok and "first-step gradients 2×b = 1×2b" in report.table(), report.table()

@@ -29,7 +29,8 @@ without SyncBatchNorm at a per-device batch under 32, a training-set size that l
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |
 measured | what to change. ``python -m lit_ddp doctor --config my.yaml`` runs the same on a config.
 
-The model and data module travel to the ranks pickled: define their classes at module level.
+The model and data module travel to the ranks pickled by value (cloudpickle): their classes may live in a
+script, a notebook or a test function.
 """
 
 from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants

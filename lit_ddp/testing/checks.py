@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cloudpickle
 import torch
 from lightning import LightningDataModule, LightningModule
 from torch import nn
@@ -129,14 +130,29 @@ def without_dropout(model: nn.Module) -> list[str]:
     return found
 
 
-def _payload(model: LightningModule, dm: ImageDataModule) -> bytes:
+def _not_picklable(err: Exception) -> UserError:
+    return UserError(
+        f"the model or data module cannot be pickled for the 2-process runs ({type(err).__name__}: {err}):"
+        " keep what cannot be pickled (open files, locks, threads, generators) out of their attributes until"
+        " setup()"
+    )
+
+
+def _copies(model: LightningModule, dm: ImageDataModule) -> tuple[LightningModule, ImageDataModule]:
+    """Deep copies for the kit to change (dropout off, the batch size): the caller's objects stay as given."""
     try:
-        return pickle.dumps((model, dm))
+        return copy.deepcopy(model), copy.deepcopy(dm)
+    except Exception as err:  # what deepcopy cannot copy, no pickler takes to the ranks either
+        raise _not_picklable(err) from err
+
+
+def _payload(model: LightningModule, dm: ImageDataModule) -> bytes:
+    # By value where pickle goes by name: classes defined in a script (its __main__), a notebook or a test
+    # function cannot be imported by the ranks' processes; pickle.loads there rebuilds them.
+    try:
+        return cloudpickle.dumps((model, dm))
     except Exception as err:
-        raise UserError(
-            f"the model or data module cannot be pickled for the 2-process runs ({err}): define their classes"
-            " at module level, not inside a function"
-        ) from err
+        raise _not_picklable(err) from err
 
 
 # ---- comparisons ----------------------------------------------------------------------------------------
@@ -382,7 +398,7 @@ class Case:
 
 def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]:
     """The case's jobs for the 2- and the 1-process launch, and what evaluating them needs."""
-    model, dm = copy.deepcopy(_model(case.model)), copy.deepcopy(_datamodule(case.datamodule))
+    model, dm = _copies(_model(case.model), _datamodule(case.datamodule))
     dropout = without_dropout(model)  # the caller's model keeps its own
     unknown = set(case.checks) - set(CHECKS)
     if unknown:
