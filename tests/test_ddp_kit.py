@@ -275,6 +275,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.ddp
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_classes_defined_in_a_script_or_a_function_travel_to_the_ranks(tmp_path: Path) -> None:
     """Pickled by name, they failed in the ranks with an AttributeError traceback (a script's) or were
