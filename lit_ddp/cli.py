@@ -27,7 +27,7 @@ from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -44,6 +44,7 @@ from lit_ddp.callbacks import (
     Throughput,
     TrainBatchImages,
 )
+from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.cli_errors import config_file_problem, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
@@ -139,6 +140,27 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
     ),
     "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),
 }
+
+
+class SaveRunConfig(SaveConfigCallback):
+    """config.yaml in the run's folder for every logger. Lightning's callback saves it in ``Trainer.log_dir``,
+    which a logger without a local folder (MLflow on a database or a server) leaves None: the run stopped
+    there on an AssertionError. Its run's folder is then the one its checkpoints go into."""
+
+    def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if self.already_saved or trainer.log_dir is not None:  # log_dir: a broadcast, on every rank
+            return super().setup(trainer, pl_module, stage)
+        if trainer.is_global_zero:
+            folder = Path(run_dir(trainer))
+            folder.mkdir(parents=True, exist_ok=True)
+            self.parser.save(
+                self.config,
+                str(folder / self.config_filename),
+                skip_none=False,
+                overwrite=self.overwrite,
+                multifile=self.multifile,
+            )
+        self.already_saved = trainer.strategy.broadcast(True)
 
 
 # Off unless named (`--KEY=CLASS_PATH`, or `KEY: {class_path: ...}` in YAML): each changes how a run goes,
@@ -431,6 +453,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitD
         # scaled lr): a generic --optimizer would silently replace all of that.
         auto_configure_optimizers=False,
         trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=SaveRunConfig,
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,

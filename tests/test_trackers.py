@@ -56,6 +56,35 @@ def test_a_fit_with_mlflow_records_val_acc_images_and_texts_in_the_file_store(
     assert "ShapesDataModule" in local.read_text()
 
 
+@pytest.mark.timeout(240)
+def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_and_best_find_them(
+    tmp_path: Path, caplog
+) -> None:
+    """The README's MLflow command (a SQLite tracking store, no local artifact folder): Lightning's config
+    callback stopped on an AssertionError (Trainer.log_dir is None for such a logger), and --ckpt_path=last
+    started from scratch with only a warning (no versioned folders to search)."""
+    pytest.importorskip("mlflow")
+    from lit_ddp.cli import build_cli
+
+    logger = [
+        "--trainer.logger=MLFlowLogger",
+        f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path}/m.db",
+        f"--trainer.logger.init_args.artifact_location={tmp_path / 'artifacts'}",  # not ./mlruns
+    ]
+    root = f"--trainer.default_root_dir={tmp_path / 'logs'}"
+    first = build_cli([*FIT, *logger, root])
+    run = Path(first.trainer.checkpoint_callback.dirpath).parent
+    assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    assert "ShapesDataModule" in (run / "config.yaml").read_text()
+
+    with caplog.at_level("INFO"):
+        resumed = build_cli([*FIT, *logger, root, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert f"resuming from {run / 'checkpoints' / 'last.ckpt'}" in caplog.messages
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 2 * first.trainer.global_step
+    scored = build_cli(["validate", *TINY_RUN, *logger, root, "--ckpt_path=best"])
+    assert Path(scored.trainer.ckpt_path).parent.parent.parent == run.parent  # a run of that experiment
+
+
 @pytest.mark.timeout(180)
 def test_a_fit_with_csv_logger_records_val_acc_and_writes_the_dashboard_as_files(tmp_path: Path) -> None:
     from PIL import Image

@@ -154,10 +154,13 @@ def sinks(trainer: Trainer) -> list[Sink]:
     return out
 
 
-def run_dir(trainer: Trainer) -> str | None:
-    """Where LightningCLI saved config.yaml: ``Trainer.log_dir``'s rule, without its broadcast (a collective
-    that would wait forever when only rank 0 asks)."""
+def run_dir(trainer: Trainer) -> str:
+    """The run's folder, where config.yaml is saved: ``Trainer.log_dir``'s rule, without its broadcast (a
+    collective that would wait forever when only rank 0 asks). A logger with no local folder (MLflow on a
+    database or a server) has none there; its run's folder is then the one its checkpoints/ go into
+    (ModelCheckpoint's rule): ``default_root_dir/<experiment>/<run>``."""
     if not trainer.loggers:
         return trainer.default_root_dir
     first = trainer.loggers[0]
-    return first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+    found = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+    return found or os.path.join(trainer.default_root_dir, str(first.name), str(first.version))

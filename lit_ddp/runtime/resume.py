@@ -23,7 +23,7 @@ import yaml
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.errors import UserError
@@ -92,13 +92,13 @@ def find_last_checkpoint(
     """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
     or None when there is none at all; UserError when there are only other experiments' runs (``asked``:
     the ``--ckpt_path`` value the error names)."""
-    logger = _logger_with_versions(trainer)
+    searched = _runs_searched(trainer)
     checkpoint = trainer.checkpoint_callback
-    if logger is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
+    if searched is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
         return None  # a fixed checkpoint dirpath or a pinned version: Lightning's own "last" is right
-    runs = Path(logger.save_dir) / (logger.name or "")
+    runs, pattern = searched
     candidates = sorted(
-        (p for p in runs.glob("*/checkpoints/last*.ckpt") if p.is_file()),
+        (p for p in runs.glob(pattern) if p.is_file() and _is_run(p.parent.parent, trainer)),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
@@ -162,7 +162,32 @@ def best_of_run(last: Path) -> tuple[Path, str]:
     )
 
 
+def _runs_searched(trainer: Trainer) -> tuple[Path, str] | None:
+    """The folder ``last`` searches and the glob of the runs' ``last*.ckpt`` there, or None where Lightning's
+    own lookup is right (a version the user pinned, a logger of another kind). A versioned logger keeps its
+    runs under ``save_dir/name``. MLflow names each run's folder after its run id, under the experiment's id
+    (ModelCheckpoint's rule: ``default_root_dir/<experiment id>/<run id>/checkpoints``), and only rank 0 knows
+    that id: every experiment's run folders are searched, so that every rank finds the same file."""
+    versioned = _logger_with_versions(trainer)
+    if versioned is not None:
+        return Path(versioned.save_dir) / (versioned.name or ""), "*/checkpoints/last*.ckpt"
+    if isinstance(trainer.logger, MLFlowLogger):
+        return Path(trainer.logger.save_dir or trainer.default_root_dir), "*/*/checkpoints/last*.ckpt"
+    return None
+
+
+def _is_run(folder: Path, trainer: Trainer) -> bool:
+    """Whether ``folder`` is a run of the trainer's logger: any, for a versioned logger; one named by an
+    MLflow run id (32 hex digits) for MLflow, not a TensorBoard run (``version_N``) in the same root."""
+    if not isinstance(trainer.logger, MLFlowLogger):
+        return True
+    return len(folder.name) == 32 and all(c in "0123456789abcdef" for c in folder.name)
+
+
 def _runs_dir(trainer: Trainer) -> Path:
+    searched = _runs_searched(trainer)
+    if searched is not None:
+        return searched[0]
     logger = trainer.logger
     if isinstance(logger, TensorBoardLogger | CSVLogger):
         return Path(logger.save_dir) / (logger.name or "")
