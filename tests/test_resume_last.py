@@ -112,3 +112,18 @@ def test_best_with_nothing_to_find_is_one_line(tmp_path: Path, capsys, first_run
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
     assert err.startswith(expected), err
+
+
+def test_last_and_best_find_the_checkpoints_of_a_run_without_a_logger(tmp_path: Path, caplog) -> None:
+    """--trainer.logger=false: ModelCheckpoint writes into default_root_dir/checkpoints. fit found them
+    (Lightning's own lookup), but validate/test/predict with last or best refused: no runs to search."""
+    root, off = f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false"
+    fitted = build_cli(["fit", *TINY, off, "--trainer.max_epochs=2", root])
+    best = fitted.trainer.checkpoint_callback.best_model_path
+    scored = build_cli(["validate", *TINY, off, "--ckpt_path=last", root])
+    assert scored.trainer.ckpt_path == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert build_cli(["test", *TINY, off, "--ckpt_path=best", root]).trainer.ckpt_path == best
+    with caplog.at_level("INFO"):
+        resumed = build_cli(["fit", *TINY, off, "--trainer.max_epochs=3", "--ckpt_path=last", root])
+    assert f"resuming from {tmp_path / 'checkpoints' / 'last.ckpt'}" in caplog.messages
+    assert resumed.trainer.current_epoch == 3

@@ -165,14 +165,17 @@ def best_of_run(last: Path) -> tuple[Path, str]:
 def _runs_searched(trainer: Trainer) -> tuple[Path, str] | None:
     """The folder ``last`` searches and the glob of the runs' ``last*.ckpt`` there, or None where Lightning's
     own lookup is right (a version the user pinned, a logger of another kind). A versioned logger keeps its
-    runs under ``save_dir/name``. MLflow names each run's folder after its run id, under the experiment's id
-    (ModelCheckpoint's rule: ``default_root_dir/<experiment id>/<run id>/checkpoints``), and only rank 0 knows
-    that id: every experiment's run folders are searched, so that every rank finds the same file."""
+    runs under ``save_dir/name``; with no logger, ModelCheckpoint writes to ``default_root_dir/checkpoints``.
+    MLflow names each run's folder after its run id, under the experiment's id (ModelCheckpoint's rule:
+    ``default_root_dir/<experiment id>/<run id>/checkpoints``), and only rank 0 knows that id: every
+    experiment's run folders are searched, so that every rank finds the same file."""
     versioned = _logger_with_versions(trainer)
     if versioned is not None:
         return Path(versioned.save_dir) / (versioned.name or ""), "*/checkpoints/last*.ckpt"
     if isinstance(trainer.logger, MLFlowLogger):
         return Path(trainer.logger.save_dir or trainer.default_root_dir), "*/*/checkpoints/last*.ckpt"
+    if trainer.logger is None:  # --trainer.logger=false: every run's checkpoints in one folder
+        return Path(trainer.default_root_dir), "checkpoints/last*.ckpt"
     return None
 
 
