@@ -61,8 +61,9 @@ def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_a
     tmp_path: Path, caplog
 ) -> None:
     """The README's MLflow command (a SQLite tracking store, no local artifact folder): Lightning's config
-    callback stopped on an AssertionError (Trainer.log_dir is None for such a logger), and --ckpt_path=last
-    started from scratch with only a warning (no versioned folders to search)."""
+    callback stopped on an AssertionError (Trainer.log_dir is None for such a logger), --ckpt_path=last
+    started from scratch with only a warning (no versioned folders to search), and predict wrote its rows
+    into the working directory."""
     pytest.importorskip("mlflow")
     from lit_ddp.cli import build_cli
 
@@ -83,6 +84,10 @@ def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_a
     assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 2 * first.trainer.global_step
     scored = build_cli(["validate", *TINY_RUN, *logger, root, "--ckpt_path=best"])
     assert Path(scored.trainer.ckpt_path).parent.parent.parent == run.parent  # a run of that experiment
+    # predict's rows go into its own run's folder, beside its config.yaml (they went to the working directory)
+    build_cli(["predict", *TINY_RUN, *logger, root, "--ckpt_path=last"])
+    (rows,) = (tmp_path / "logs").glob("*/*/predictions.csv")
+    assert (rows.parent / "config.yaml").is_file() and rows.parent.parent == run.parent
 
 
 @pytest.mark.timeout(180)

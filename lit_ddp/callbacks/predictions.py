@@ -20,6 +20,7 @@ import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.errors import UserError
 
@@ -67,9 +68,15 @@ class PredictionWriter(Callback):
             )
         return path
 
+    @staticmethod
+    def _run_dir(trainer: Trainer) -> str:
+        # Trainer.log_dir (a broadcast, so every rank asks), or for a logger without a local folder (MLflow
+        # on a database) the run's folder, beside its config.yaml.
+        return trainer.log_dir or run_dir(trainer)
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "predict":  # refused before any image is scored, on every rank alike
-            self.target(trainer.log_dir)
+            self.target(self._run_dir(trainer))
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batches = []
@@ -86,7 +93,7 @@ class PredictionWriter(Callback):
     def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         batches, self._batches = self._batches, []
         local = {key: torch.cat([b[key] for b in batches]).cpu() for key in KEYS} if batches else None
-        log_dir = trainer.log_dir  # a broadcast from rank 0: every rank asks
+        log_dir = self._run_dir(trainer)  # a broadcast from rank 0: every rank asks
         parts = [local]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             parts = [None] * dist.get_world_size()
