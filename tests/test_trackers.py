@@ -129,3 +129,19 @@ def test_two_processes_with_csv_logger_write_one_run_folder_from_rank_zero(tmp_p
     with open(run_dir / "metrics.csv") as f:
         assert [r["val/acc"] for r in csv.DictReader(f) if r.get("val/acc")] != []
     assert len(list((run_dir / "dashboard" / "val" / "confusion_matrix").glob("step_*.png"))) == 1
+
+
+def test_a_failed_runs_cleanup_leaves_a_logger_without_a_local_folder_alone(tmp_path: Path) -> None:
+    """A UserError in set-up (bad data) with MLflow on a database: the cleanup of the failed run's folder
+    raised a TypeError (Path(None)) over the user's one line; there is no local folder to remove."""
+    pytest.importorskip("mlflow")
+    import lightning as L
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.failed_run import RemoveFailedRunDir
+
+    logger = MLFlowLogger(tracking_uri=f"sqlite:///{tmp_path}/m.db", artifact_location=str(tmp_path / "a"))
+    trainer = L.Trainer(logger=logger, accelerator="cpu", default_root_dir=tmp_path)
+    RemoveFailedRunDir().on_exception(trainer, None, UserError("bad data"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db"]

@@ -26,6 +26,8 @@ class RemoveFailedRunDir(Callback):
             return
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return
+        if trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)
+            return
         run_dir = Path(trainer.logger.log_dir)
         files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
         if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):
