@@ -348,6 +348,21 @@ class LitDDPCLI(LightningCLI):
                 f" {chosen['class_path']}: pass --model=<the class it was saved from>"
             ) from None
 
+    def before_instantiate_classes(self) -> None:
+        # A "~" in the folders a run writes to, from a YAML config or a quoted argument: Lightning's
+        # TensorBoard writer expands it (fsspec) and its checkpoints do not, which split one run between
+        # ~/runs and ./~/runs, and --ckpt_path=last then found no checkpoint.
+        trainer = self._subcommand_config(self.config).get("trainer")
+        if trainer is None:
+            return
+        if isinstance(trainer.get("default_root_dir"), str):
+            trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            init_args = logger.get("init_args") if hasattr(logger, "get") else None
+            if init_args is not None and isinstance(init_args.get("save_dir"), str):
+                init_args["save_dir"] = os.path.expanduser(init_args["save_dir"])
+
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
         trainer_config = config.get("trainer", {})

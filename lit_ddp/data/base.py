@@ -134,9 +134,9 @@ class ImageDataModule(LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None  # what predict reads: test_set or predict_dir's images
-        self.predict_dir = predict_dir
+        self.predict_dir = str(Path(predict_dir).expanduser()) if predict_dir is not None else None
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
-        self.predict_files = self._list_predict_dir(predict_dir) if predict_dir is not None else []
+        self.predict_files = self._list_predict_dir(self.predict_dir) if self.predict_dir is not None else []
         self._drop_single = False  # decided in setup("fit"), from the model's layers
         self._epoch = 0  # the training epoch whose samples are being counted
         self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)

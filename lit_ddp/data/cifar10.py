@@ -180,7 +180,7 @@ class CIFAR10DataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(num_workers=num_workers, **kwargs)
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).expanduser()  # a YAML config's ~ reaches here unexpanded
         self.download = download
         self.val_size = val_size
         self._train_val: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, labels, train, val

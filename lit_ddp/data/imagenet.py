@@ -125,7 +125,7 @@ class ImageNetDataModule(ImageDataModule):
         super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).expanduser()  # a YAML config's ~ reaches here unexpanded
         self.image_size = image_size
         self.val_resize = val_resize
         self.unreadable = UnreadableFiles(strict=strict)

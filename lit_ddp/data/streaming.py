@@ -16,6 +16,7 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 """
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from lit_ddp.data.shards import (
     ShardedSamples,
     ShardError,
     chunk_window_order,
+    is_remote,
     read_image_bytes,
     read_manifest,
 )
@@ -175,6 +177,7 @@ class StreamingDataModule(ImageDataModule):
                 f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb={cache_limit_gb} and"
                 f" read_timeout={read_timeout} > 0"
             )
+        url = url if is_remote(url) else os.path.expanduser(url)  # a YAML config's ~ arrives unexpanded
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
         self.read_timeout = read_timeout
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None

@@ -1,0 +1,58 @@
+"""A ``~`` in a folder a run reads or writes means the home folder, as in a shell: YAML configs (and quoted
+arguments) pass it on unexpanded. Lightning's TensorBoard writer expanded it and its checkpoints did not,
+which split one run between ``~/runs`` and ``./~/runs``; the data modules looked for ``./~/data``."""
+
+from pathlib import Path
+
+import pytest
+from conftest import TINY_RUN
+from imagenet_tree import make_tree
+from test_cifar10 import write_cifar10
+
+from lit_ddp.cli import build_cli
+from lit_ddp.data import CIFAR10DataModule, ImageNetDataModule, ShapesDataModule
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home folder of the test's own, and a working folder beside it (where ``./~`` would appear)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+def test_a_runs_folders_under_a_tilde_are_the_home_folders(home: Path) -> None:
+    build_cli(["fit", *TINY_RUN, "--trainer.default_root_dir=~/runs"])
+    run = home / "runs" / "lightning_logs" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "config.yaml").is_file()
+    resumed = build_cli(["fit", *TINY_RUN, "--trainer.default_root_dir=~/runs", "--ckpt_path=last"])
+    assert resumed.trainer.ckpt_path == str(run / "checkpoints" / "last.ckpt")
+    csv = ["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=~/csv"]
+    build_cli(["fit", *TINY_RUN, *csv])
+    assert (home / "csv" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    assert not (home.parent / "~").exists()
+
+
+def test_the_data_modules_read_folders_under_a_tilde(home: Path) -> None:
+    write_cifar10(home / "cifar")
+    cifar = CIFAR10DataModule(data_dir="~/cifar", val_size=10)
+    cifar.setup("fit")
+    assert cifar.data_dir == home / "cifar" and len(cifar.val_set) == 10
+    make_tree(home / "tree")
+    assert ImageNetDataModule(data_dir="~/tree", index_cache=str(home / "index")).num_classes == 3
+    predict = ShapesDataModule(predict_dir="~/tree/val")
+    assert predict.predict_files and all(
+        f.startswith(str(home / "tree" / "val")) for f in predict.predict_files
+    )
+
+
+def test_shards_under_a_tilde_are_read_from_the_home_folder(home: Path) -> None:
+    pytest.importorskip("streaming")
+    from streaming_runs import make_cifar_shards
+
+    from lit_ddp.data import StreamingDataModule
+
+    make_cifar_shards(home / "c")
+    dm = StreamingDataModule(url="~/c/shards", val_size=10, cache_dir=str(home / "cache"))
+    assert dm.url == str(home / "c" / "shards") and dm.num_classes == 10
