@@ -56,3 +56,20 @@ def test_shards_under_a_tilde_are_read_from_the_home_folder(home: Path) -> None:
     make_cifar_shards(home / "c")
     dm = StreamingDataModule(url="~/c/shards", val_size=10, cache_dir=str(home / "cache"))
     assert dm.url == str(home / "c" / "shards") and dm.num_classes == 10
+
+
+def test_a_checkpoint_and_a_weights_file_under_a_tilde_are_found(home: Path) -> None:
+    import torch
+    import torchvision
+
+    from lit_ddp.models import ArchClassifier
+
+    build_cli(["fit", *TINY_RUN, "--trainer.default_root_dir=~/runs"])
+    ckpt = "~/runs/lightning_logs/version_0/checkpoints/last.ckpt"
+    scored = build_cli(["validate", *TINY_RUN, "--trainer.default_root_dir=~/runs", f"--ckpt_path={ckpt}"])
+    assert scored.trainer.ckpt_path == str(home / ckpt.removeprefix("~/"))
+    saved = torchvision.models.mobilenet_v3_small(num_classes=10).state_dict()
+    torch.save(saved, home / "w.pth")
+    model = ArchClassifier(arch="mobilenet_v3_small", num_classes=10, weights="~/w.pth")
+    loaded = model.net.state_dict()
+    assert all(torch.equal(loaded[key], value) for key, value in saved.items())

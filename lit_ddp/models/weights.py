@@ -88,7 +88,7 @@ def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) 
     network), keep their fresh initialisation. Fewer than half of ``net``'s tensors matching means the
     file is another architecture's: an error, not a silent mostly-random start.
     """
-    path = Path(path)
+    path = Path(path).expanduser()  # a YAML config's ~ arrives unexpanded
     own = net.state_dict()
     state = _strip_prefix(read_state_dict(path), set(own))
     fits = {key: value for key, value in state.items() if key in own and value.shape == own[key].shape}
