@@ -307,6 +307,8 @@ class LitDDPCLI(LightningCLI):
             raise UserError(explain(str(err), argv, keys, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
+        if subcommand:
+            _expand_home(self.config[subcommand])
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
         # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.
@@ -347,21 +349,6 @@ class LitDDPCLI(LightningCLI):
                 f"checkpoint {ckpt_path} was saved from Python, and its settings ({names}) do not fit"
                 f" {chosen['class_path']}: pass --model=<the class it was saved from>"
             ) from None
-
-    def before_instantiate_classes(self) -> None:
-        # A "~" in the folders a run writes to, from a YAML config or a quoted argument: Lightning's
-        # TensorBoard writer expands it (fsspec) and its checkpoints do not, which split one run between
-        # ~/runs and ./~/runs, and --ckpt_path=last then found no checkpoint.
-        trainer = self._subcommand_config(self.config).get("trainer")
-        if trainer is None:
-            return
-        if isinstance(trainer.get("default_root_dir"), str):
-            trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
-        loggers = trainer.get("logger")
-        for logger in loggers if isinstance(loggers, list) else [loggers]:
-            init_args = logger.get("init_args") if hasattr(logger, "get") else None
-            if init_args is not None and isinstance(init_args.get("save_dir"), str):
-                init_args["save_dir"] = os.path.expanduser(init_args["save_dir"])
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
@@ -440,6 +427,23 @@ class LitDDPCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = _before_run
     after_fit = after_validate = after_test = after_predict = _after_run
+
+
+def _expand_home(config) -> None:
+    """A ``~`` in the run's own paths (``--ckpt_path``, ``default_root_dir``, a logger's ``save_dir``), from a
+    YAML config or a quoted argument, as the home folder: Lightning's TensorBoard writer expands it (fsspec)
+    and its checkpoints do not, which split one run between ~/runs and ./~/runs, and a checkpoint path was
+    "not found". The data modules and the weights file expand their own paths."""
+    if isinstance(config.get("ckpt_path"), str):
+        config["ckpt_path"] = os.path.expanduser(config["ckpt_path"])
+    trainer = config.get("trainer") or {}
+    if isinstance(trainer.get("default_root_dir"), str):
+        trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
+    loggers = trainer.get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        init_args = logger.get("init_args") if hasattr(logger, "get") else None
+        if init_args is not None and isinstance(init_args.get("save_dir"), str):
+            init_args["save_dir"] = os.path.expanduser(init_args["save_dir"])
 
 
 def _as_picked(choice) -> dict:

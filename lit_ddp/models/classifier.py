@@ -234,9 +234,7 @@ class ImageClassifier(LightningModule):
         # Every metric starts empty, in tensors of this process's own: ddp_spawn hands the module to its
         # workers through shared memory, so a CPU state they update in place would also be the launching
         # process's (a later trainer.validate there would count those samples again) and each other's.
-        for stage_name in STAGES:
-            getattr(self, f"{stage_name}_metrics").reset()
-            getattr(self, f"{stage_name}_loss").reset()
+        self._reset_metrics(*STAGES)
         if stage != "fit" or self.cuda_graph is False:
             return
         self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
@@ -336,8 +334,7 @@ class ImageClassifier(LightningModule):
         # A run resumed mid-epoch gets no epoch start: on_load_checkpoint opens the epoch then. A checkpoint
         # of an epoch cut short, resumed where Lightning starts the next epoch, brings states that are not
         # this epoch's: every epoch starts empty.
-        self.train_loss.reset()
-        self.train_metrics.reset()
+        self._reset_metrics("train")
         self._train_epoch_open = True
 
     def on_train_epoch_end(self) -> None:
@@ -376,6 +373,11 @@ class ImageClassifier(LightningModule):
             for state, value in saved.items():
                 setattr(metric, state, value.to(getattr(metric, state).device))
         self._train_epoch_open = True
+
+    def _reset_metrics(self, *stages: str) -> None:
+        for stage in stages:
+            getattr(self, f"{stage}_metrics").reset()
+            getattr(self, f"{stage}_loss").reset()
 
     def _train_metric_objects(self) -> dict[str, Metric]:
         return {"loss": self.train_loss, **dict(self.train_metrics.items(keep_base=True, copy_state=True))}

@@ -17,7 +17,6 @@ Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``ex
 different recipes never share the folder ``last`` searches.
 """
 
-import os
 from pathlib import Path
 
 import yaml
@@ -282,15 +281,11 @@ def _hparams_summary(checkpoint: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
 
 
-def _is_file_path(ckpt_path: str | None) -> bool:
-    return bool(ckpt_path) and ckpt_path not in (*SPECIAL, UNTRAINED) and "://" not in str(ckpt_path)
-
-
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""
-    if _is_file_path(ckpt_path):
-        return load_checkpoint_file(os.path.expanduser(ckpt_path), mmap=True)
+    if ckpt_path and ckpt_path not in (*SPECIAL, UNTRAINED) and "://" not in str(ckpt_path):
+        return load_checkpoint_file(ckpt_path, mmap=True)
     return None
 
 
@@ -310,8 +305,6 @@ def prepare_ckpt_path(
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights. ``validate``
     and ``test`` with no ``ckpt_path`` refuse for the same reason, unless the model loaded ``--model.weights``
     or ``ckpt_path`` is ``untrained``: then the model as built is scored, on purpose."""
-    if _is_file_path(ckpt_path):
-        ckpt_path = os.path.expanduser(ckpt_path)  # a YAML config's ~ arrives unexpanded
     if ckpt_path == UNTRAINED:
         return None
     if ckpt_path is None:
