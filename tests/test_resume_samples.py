@@ -151,8 +151,9 @@ def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
     with pytest.raises(UserError, match="resume on a device count that divides it"):
         resumed_module(state, world_size=3, batch_size=8)
     assert resumed_module(state, world_size=4, batch_size=8).resume_point == (1, 96)
-    # At an epoch's end, or outside fit (validate, test, predict), nothing is resumed mid-epoch.
-    resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32)
+    # At an epoch's end, or outside fit (validate, test, predict), nothing is resumed mid-epoch: a finished
+    # epoch resumes at the start of the next.
+    assert resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32).resume_point == (2, 0)
     assert resumed_module(state, world_size=2, batch_size=32, fn="validate").resume_point is None
 
 
@@ -167,3 +168,30 @@ def test_a_checkpoints_classes_are_checked_against_the_datas(tmp_path: Path) -> 
     assert "\n" not in message
     torch.save({"datamodule": state}, tmp_path / "x.pt")  # plain data: a weights-only load reads it
     assert torch.load(tmp_path / "x.pt", weights_only=True)["datamodule"] == state
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_at_an_epochs_end_with_loader_workers_trains_the_next_epoch(tmp_path: Path) -> None:
+    """With DataLoader workers, the epoch after a resume at an epoch's end trained no batch (its workers took
+    their indices from the sampler still at the finished epoch's end): the run lost that epoch silently,
+    its console line "train loss nan acc 0.0000"."""
+    from lit_ddp.cli import build_cli
+
+    run = [
+        "fit",
+        "--data.train_size=64",
+        "--data.val_size=16",
+        "--data.test_size=16",
+        "--data.batch_size=32",
+        "--data.num_workers=1",
+        "--model.optim.schedule=constant",  # max_epochs changes nothing but where the run stops
+        "--trainer.enable_progress_bar=false",
+    ]
+    reference = build_cli([*run, "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path / 'ref'}"])
+    root = f"--trainer.default_root_dir={tmp_path / 'run'}"
+    build_cli([*run, "--trainer.max_epochs=1", root])
+    resumed = build_cli([*run, "--trainer.max_epochs=2", root, "--ckpt_path=last"])
+    assert resumed.trainer.global_step == reference.trainer.global_step == 4
+    got, want = (cli.trainer.lightning_module.state_dict() for cli in (resumed, reference))
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)

@@ -456,4 +456,8 @@ class ImageDataModule(LightningDataModule):
             )
         self._epoch, self._samples = epoch, samples
         self._batches = samples // step
-        self._resume = (epoch, samples) if fitting or self.trainer is None else None
+        # A finished epoch resumes at the start of the next. Lightning builds a resumed run's first training
+        # iterator before it calls set_epoch, and DataLoader workers take their first indices from the
+        # sampler right then: a sampler left at the finished epoch's end gave that next epoch no batch.
+        point = (epoch, samples) if mid_epoch else (epoch + 1 if samples > 0 else epoch, 0)
+        self._resume = point if fitting or self.trainer is None else None
