@@ -45,7 +45,7 @@ from lit_ddp.callbacks import (
     TrainBatchImages,
 )
 from lit_ddp.callbacks.sinks import run_dir
-from lit_ddp.cli_errors import config_file_problem, explain
+from lit_ddp.cli_errors import config_file_problem, constructor_failure, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
@@ -333,6 +333,15 @@ class LitDDPCLI(LightningCLI):
             hparams = self._checkpoint.get("hyper_parameters") or {}
             if hparams and "_class_path" not in hparams:
                 self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # jsonargparse's, around what a named class's constructor raised
+            failed = None if _user_error(err) else constructor_failure(err)
+            if failed is None:
+                raise
+            raise UserError(failed) from None
 
     def _read_as_the_chosen_model(self, parser, subcommand: str, hparams: dict, ckpt_path: str) -> None:
         """A checkpoint saved from Python (``Trainer.fit``, not this CLI) names no class with its settings:

@@ -279,3 +279,43 @@ def _expected(message: str, value: str) -> str:
 
 # In order: the first that recognises the message words it.
 RULES = (_invalid_yaml, _missing_file, _unknown_command, _unknown_class_option, _unknown_option, _wrong_value)
+
+
+# Packages whose classes a config names and whose constructors raise for the user's set-up, not a bug of
+# theirs: the missing package, the tracking store that needs an opt-in. A class of the user's own keeps
+# its traceback, which shows where in their code it failed.
+LIBRARIES = ("lightning", "pytorch_lightning", "lit_ddp", "torch", "torchvision", "torchmetrics")
+
+
+def constructor_failure(err: BaseException) -> str | None:
+    """One line for an exception that a library class named in the config (a logger, a callback, a plugin)
+    raised while jsonargparse created it: the class, the exception's type and its own message. None for
+    anything else, and for a class of the user's own (its traceback shows where it failed)."""
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    root = chain[-1]
+    cls = _constructed_class(root)
+    if len(chain) < 2 or cls is None:
+        return None
+    library = cls.__module__.split(".")[0] in LIBRARIES
+    if not (library or isinstance(root, ImportError)):
+        return None
+    message = " ".join(str(root).split()) or "(no message)"
+    return f"{cls.__name__} could not be created: {type(root).__name__}: {message}"
+
+
+def _constructed_class(err: BaseException) -> type | None:
+    """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the
+    outermost constructor in the traceback outside jsonargparse."""
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+            if not module.startswith("jsonargparse"):
+                return type(frame.f_locals["self"])
+        tb = tb.tb_next
+    return None

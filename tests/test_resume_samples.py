@@ -153,7 +153,8 @@ def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
     assert resumed_module(state, world_size=4, batch_size=8).resume_point == (1, 96)
     # At an epoch's end, or outside fit (validate, test, predict), nothing is resumed mid-epoch: a finished
     # epoch resumes at the start of the next.
-    assert resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32).resume_point == (2, 0)
+    finished = resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32)
+    assert finished.resume_point == (2, 0)
     assert resumed_module(state, world_size=2, batch_size=32, fn="validate").resume_point is None
 
 

@@ -1,11 +1,16 @@
 """Mistakes that were tracebacks (and left a half-made run folder): one line each, and nothing left behind."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import TINY_RUN, run_cli
+from lightning import Callback
 from test_mistakes import one_error_line
+
+from lit_ddp.cli import main
+from lit_ddp.cli_errors import constructor_failure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from imagenet_tree import make_tree  # noqa: E402
@@ -132,3 +137,45 @@ def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, m
     cli.trainer.callbacks.append(Read())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(next(tmp_path.rglob("last.ckpt"))))
     assert cli.trainer.global_step == 8 and [s.strip() for s in seen] == ["Epoch 2/2"]
+
+
+class BrokenCallback(Callback):
+    """A user's own class whose constructor has a bug: its traceback is what its author needs."""
+
+    def __init__(self) -> None:
+        raise TypeError("a bug in the user's own code")
+
+
+@pytest.mark.parametrize(
+    "logger, says",
+    [
+        ("WandbLogger", "WandbLogger could not be created: ModuleNotFoundError: Requirement 'wandb"),
+        (
+            "MLFlowLogger",  # a file store, without the opt-in MLflow 3 asks for
+            "MLFlowLogger could not be created: MlflowException: ",
+        ),
+    ],
+)
+def test_a_logger_that_cannot_be_created_is_one_line_with_its_own_reason(
+    tmp_path: Path, capsys, monkeypatch, logger: str, says: str
+) -> None:
+    """A logger whose package is missing, or whose tracking store refuses, was 88 lines of jsonargparse's
+    union errors and tracebacks."""
+    if logger == "WandbLogger" and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    if logger == "MLFlowLogger":
+        pytest.importorskip("mlflow")
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    args = [f"--trainer.logger={logger}", f"--trainer.default_root_dir={tmp_path}"]
+    if logger == "MLFlowLogger":
+        args.append(f"--trainer.logger.init_args.tracking_uri=file:{tmp_path / 'mlruns'}")
+    line = one_error_line(capsys, ["fit", *TINY_RUN, *args])
+    assert line.startswith(says), line
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(capsys) -> None:
+    with pytest.raises(ValueError) as err:
+        main(["fit", *TINY_RUN, f"--trainer.callbacks+={__name__}.BrokenCallback"])
+    assert constructor_failure(err.value) is None
+    assert isinstance(err.value.__cause__ or err.value.__context__, TypeError | ValueError)
