@@ -64,6 +64,7 @@ from lit_ddp.runtime.launch import (
     check_strategy_fits,
     check_writable,
 )
+from lit_ddp.runtime.mlflow_resume import continue_mlflow_run
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
@@ -425,6 +426,10 @@ class LitDDPCLI(LightningCLI):
         config["ckpt_path"] = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
         )
+        if self.subcommand == "fit" and ckpt_path == "last" and config["ckpt_path"] != "last":
+            # the resumed run's MLflow run goes on, as its TensorBoard version does (mlflow_resume.py)
+            logger_config = self.config[self.subcommand]["trainer"].get("logger")
+            continue_mlflow_run(self.trainer, config["ckpt_path"], logger_config)
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)

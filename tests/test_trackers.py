@@ -65,7 +65,10 @@ def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_a
     started from scratch with only a warning (no versioned folders to search), and predict wrote its rows
     into the working directory."""
     pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
     from lit_ddp.cli import build_cli
+    from lit_ddp.runtime.mlflow_resume import CHANGED_TAG
 
     logger = [
         "--trainer.logger=MLFlowLogger",
@@ -78,10 +81,21 @@ def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_a
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
     assert "ShapesDataModule" in (run / "config.yaml").read_text()
 
+    # The resume goes on in the same MLflow run (each resume made a new one, with a checkpoint folder of its
+    # own), and a setting it changes keeps the run's first value, said once: MLflow refuses a change.
+    again = [*FIT, *logger, root, "--ckpt_path=last", "--trainer.max_epochs=2", "--data.num_workers=1"]
     with caplog.at_level("INFO"):
-        resumed = build_cli([*FIT, *logger, root, "--ckpt_path=last", "--trainer.max_epochs=2"])
+        resumed = build_cli(again)
     assert f"resuming from {run / 'checkpoints' / 'last.ckpt'}" in caplog.messages
     assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 2 * first.trainer.global_step
+    assert resumed.trainer.logger.run_id == run.name
+    assert Path(resumed.trainer.checkpoint_callback.dirpath).parent == run
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    (only,) = client.search_runs([run.parent.name])
+    assert [m.step for m in client.get_metric_history(only.info.run_id, "val/acc")] == [1, 3]
+    assert only.data.params["num_workers"] == "0"
+    assert only.data.tags[CHANGED_TAG] == "num_workers: 0 -> 1"
+    assert any("this fit changed num_workers (0 -> 1)" in m for m in caplog.messages)
     scored = build_cli(["validate", *TINY_RUN, *logger, root, "--ckpt_path=best"])
     assert Path(scored.trainer.ckpt_path).parent.parent.parent == run.parent  # a run of that experiment
     # predict's rows go into its own run's folder, beside its config.yaml (they went to the working directory)
@@ -145,3 +159,51 @@ def test_a_failed_runs_cleanup_leaves_a_logger_without_a_local_folder_alone(tmp_
     trainer = L.Trainer(logger=logger, accelerator="cpu", default_root_dir=tmp_path)
     RemoveFailedRunDir().on_exception(trainer, None, UserError("bad data"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.db"]
+
+
+@pytest.mark.timeout(180)
+def test_a_resume_whose_mlflow_run_was_deleted_logs_into_a_new_run(tmp_path: Path, caplog) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from lit_ddp.cli import build_cli
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    args = [*FIT, "--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    args += [f"--trainer.logger.init_args.artifact_location={tmp_path / 'artifacts'}"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'logs'}"]
+    first = build_cli(args)
+    old = first.trainer.logger.run_id
+    MlflowClient(uri).delete_run(old)
+    with caplog.at_level("INFO"):
+        resumed = build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    said = f"MLflow run {old}, whose folder holds"
+    assert any(said in m and "new MLflow run" in m for m in caplog.messages)
+    assert resumed.trainer.logger.run_id != old and resumed.trainer.current_epoch == 2
+
+
+def test_a_resumed_mlflow_run_compares_parameters_flattened_as_mlflow_logger_logs_them() -> None:
+    """ResumedMLFlowLogger tells a changed parameter by its key as MLFlowLogger flattens it: should
+    Lightning flatten otherwise, a changed value would reach MLflow again (and stop the run)."""
+    from argparse import Namespace
+    from dataclasses import dataclass
+
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    from lit_ddp.runtime.mlflow_resume import flat_params
+
+    @dataclass
+    class Optim:
+        lr: float = 0.1
+        betas: tuple = (0.9, 0.999)
+
+    params = {
+        "optim": Optim(),
+        "data": Namespace(batch_size=32, sizes=[1, 2], none=None),
+        "groups": [{"a": 1}, {"b": {"c": 2}}],
+        "empty": {},
+        "top_k": [1, 5],
+        3: "int key",
+    }
+    assert flat_params(params) == _flatten_dict(_convert_params(params))
+    assert flat_params(Namespace(**{"x": {"y": 1}})) == {"x/y": 1}

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
 from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
+from lit_ddp.runtime.mlflow_resume import is_mlflow_run_id
 from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
@@ -184,7 +185,7 @@ def _is_run(folder: Path, trainer: Trainer) -> bool:
     MLflow run id (32 hex digits) for MLflow, not a TensorBoard run (``version_N``) in the same root."""
     if not isinstance(trainer.logger, MLFlowLogger):
         return True
-    return len(folder.name) == 32 and all(c in "0123456789abcdef" for c in folder.name)
+    return is_mlflow_run_id(folder.name)
 
 
 def _runs_dir(trainer: Trainer) -> Path:
