@@ -78,7 +78,7 @@ from lit_ddp.runtime.resume import (
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
-from lit_ddp.utils import imported
+from lit_ddp.utils import imported, local_path
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
 # the two, and LeNetCIFAR's defaults, in agreement). A project built on lit_ddp passes its own to main().
@@ -309,7 +309,7 @@ class LitDDPCLI(LightningCLI):
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
         if subcommand:
-            _expand_home(self.config[subcommand])
+            _expand_paths(self.config[subcommand])
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
         # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.
@@ -443,21 +443,22 @@ class LitDDPCLI(LightningCLI):
     after_fit = after_validate = after_test = after_predict = _after_run
 
 
-def _expand_home(config) -> None:
-    """A ``~`` in the run's own paths (``--ckpt_path``, ``default_root_dir``, a logger's ``save_dir``), from a
-    YAML config or a quoted argument, as the home folder: Lightning's TensorBoard writer expands it (fsspec)
-    and its checkpoints do not, which split one run between ~/runs and ./~/runs, and a checkpoint path was
-    "not found". The data modules and the weights file expand their own paths."""
+def _expand_paths(config) -> None:
+    """``~`` and ``$VAR`` in the run's own paths (``--ckpt_path``, ``default_root_dir``, a logger's
+    ``save_dir``), from a YAML config or a quoted argument, as a shell expands them: Lightning's TensorBoard
+    writer expands ``~`` (fsspec) and its checkpoints do not, which split one run between ~/runs and
+    ./~/runs, and a checkpoint path was "not found". The data modules and the weights file expand their own
+    paths (``utils.local_path``)."""
     if isinstance(config.get("ckpt_path"), str):
-        config["ckpt_path"] = os.path.expanduser(config["ckpt_path"])
+        config["ckpt_path"] = local_path(config["ckpt_path"], "--ckpt_path")
     trainer = config.get("trainer") or {}
     if isinstance(trainer.get("default_root_dir"), str):
-        trainer["default_root_dir"] = os.path.expanduser(trainer["default_root_dir"])
+        trainer["default_root_dir"] = local_path(trainer["default_root_dir"], "--trainer.default_root_dir")
     loggers = trainer.get("logger")
     for logger in loggers if isinstance(loggers, list) else [loggers]:
         init_args = logger.get("init_args") if hasattr(logger, "get") else None
         if init_args is not None and isinstance(init_args.get("save_dir"), str):
-            init_args["save_dir"] = os.path.expanduser(init_args["save_dir"])
+            init_args["save_dir"] = local_path(init_args["save_dir"], "--trainer.logger.init_args.save_dir")
 
 
 def _as_picked(choice) -> dict:

@@ -1,12 +1,18 @@
 """Batch-size arithmetic under DDP (``batch_size`` is always per device); hyperparameter trees made flat or
-plain."""
+plain; paths expanded as a shell would."""
 
 import dataclasses
+import os
+import re
 import sys
 import types
 from pathlib import PurePath
 
 import lightning as L
+
+from lit_ddp.errors import UserError
+
+_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
 
 
 def flatten(tree, prefix: str = "", sep: str = "/") -> dict:
@@ -73,3 +79,19 @@ def per_device_batch_size(trainer: L.Trainer) -> int:
 def global_batch_size(trainer: L.Trainer) -> int:
     """Samples per optimizer step over all ranks: per-device batch × world size × accumulation."""
     return per_device_batch_size(trainer) * trainer.world_size * trainer.accumulate_grad_batches
+
+
+def local_path(value: str | os.PathLike, option: str) -> str:
+    """A path as a shell would have passed it: ``~`` the home folder, ``$VAR`` and ``${VAR}`` the
+    environment's. A YAML config's (or a quoted argument's) arrive unexpanded, and a cluster's config names
+    its folders by ``$SCRATCH`` or ``$SLURM_TMPDIR``. A variable the environment lacks is a UserError that
+    names ``option``, not a search of a folder literally called ``$SCRATCH``."""
+    expanded = os.path.expandvars(os.path.expanduser(str(value)))
+    unset = _VARIABLE.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise UserError(
+            f"{option}={value}: ${name} is not set in this environment: export {name}=<folder>, or write"
+            " the path out"
+        )
+    return expanded

@@ -20,7 +20,7 @@ UPSTREAM = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "torc
 # What each part of the package may import from lit_ddp (itself included).
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "utils": set(),
+    "utils": {"errors"},
     "models": {"models", "errors", "utils"},
     "data": {"data", "errors", "utils"},
     "callbacks": {"callbacks", "models", "data", "errors", "utils"},

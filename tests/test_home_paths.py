@@ -1,6 +1,7 @@
-"""A ``~`` in a folder a run reads or writes means the home folder, as in a shell: YAML configs (and quoted
-arguments) pass it on unexpanded. Lightning's TensorBoard writer expanded it and its checkpoints did not,
-which split one run between ``~/runs`` and ``./~/runs``; the data modules looked for ``./~/data``."""
+"""A ``~`` in a folder a run reads or writes means the home folder, and ``$VAR`` (``${VAR}``) the
+environment's, as in a shell: YAML configs (and quoted arguments) pass them on unexpanded. Lightning's
+TensorBoard writer expanded ``~`` and its checkpoints did not, which split one run between ``~/runs`` and
+``./~/runs``; the data modules looked for ``./~/data``, and for a folder literally named ``$SCRATCH``."""
 
 from pathlib import Path
 
@@ -9,8 +10,9 @@ from conftest import TINY_RUN
 from imagenet_tree import make_tree
 from test_cifar10 import write_cifar10
 
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 from lit_ddp.data import CIFAR10DataModule, ImageNetDataModule, ShapesDataModule
+from lit_ddp.errors import UserError
 
 
 @pytest.fixture
@@ -73,3 +75,39 @@ def test_a_checkpoint_and_a_weights_file_under_a_tilde_are_found(home: Path) -> 
     model = ArchClassifier(arch="mobilenet_v3_small", num_classes=10, weights="~/w.pth")
     loaded = model.net.state_dict()
     assert all(torch.equal(loaded[key], value) for key, value in saved.items())
+
+
+def test_environment_variables_in_a_configs_paths_are_the_environments(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster's config names its folders by $SCRATCH: the data, the runs and the resumed checkpoint."""
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    make_tree(tmp_path / "scratch" / "tree")
+    dm = ImageNetDataModule(data_dir="$SCRATCH/tree", index_cache="${SCRATCH}/index")
+    assert dm.data_dir == tmp_path / "scratch" / "tree" and dm.num_classes == 3
+    assert dm.index_cache == tmp_path / "scratch" / "index"
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  default_root_dir: $SCRATCH/runs\n")
+    build_cli(["fit", *TINY_RUN, f"--config={config}"])
+    run = tmp_path / "scratch" / "runs" / "lightning_logs" / "version_0"
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    ckpt = "${SCRATCH}/runs/lightning_logs/version_0/checkpoints/last.ckpt"
+    scored = build_cli(["validate", *TINY_RUN, f"--config={config}", f"--ckpt_path={ckpt}"])
+    assert scored.trainer.ckpt_path == str(run / "checkpoints" / "last.ckpt")
+    assert not list(tmp_path.glob("$*"))
+
+
+def test_a_variable_the_environment_lacks_is_one_line_naming_the_option(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.delenv("SCRATCH", raising=False)
+    with pytest.raises(UserError, match=r"^--data.data_dir=\$SCRATCH/tree: \$SCRATCH is not set in this"):
+        ImageNetDataModule(data_dir="$SCRATCH/tree")
+    with pytest.raises(SystemExit):
+        main(["fit", *TINY_RUN, "--trainer.default_root_dir=${SCRATCH}/runs"])
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "lit_ddp: error: --trainer.default_root_dir=${SCRATCH}/runs: $SCRATCH is not set in this environment:"
+        " export SCRATCH=<folder>, or write the path out"
+    )
+    assert not list(tmp_path.glob("$*")) and not list(tmp_path.glob("lightning_logs"))

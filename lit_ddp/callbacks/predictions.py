@@ -23,6 +23,7 @@ from torch import Tensor
 from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.errors import UserError
+from lit_ddp.utils import local_path
 
 KEYS = ("index", "probs", "classes", "target")
 
@@ -52,7 +53,7 @@ class PredictionWriter(Callback):
 
     def target(self, log_dir: str | None) -> Path:
         """Where the file goes, or UserError: out of the run directory, or over a file not ours."""
-        path = Path(self.filename).expanduser()
+        path = Path(local_path(self.filename, "--predictions.filename"))
         if not path.is_absolute():
             run_dir = Path(log_dir or ".").resolve()
             path = (run_dir / path).resolve()

@@ -45,7 +45,7 @@ from lit_ddp.data.samplers import (
 )
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import global_batch_size, plain_data
+from lit_ddp.utils import global_batch_size, local_path, plain_data
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -134,7 +134,7 @@ class ImageDataModule(LightningDataModule):
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None
         self.predict_set: Dataset | None = None  # what predict reads: test_set or predict_dir's images
-        self.predict_dir = str(Path(predict_dir).expanduser()) if predict_dir is not None else None
+        self.predict_dir = local_path(predict_dir, "--data.predict_dir") if predict_dir is not None else None
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(self.predict_dir) if self.predict_dir is not None else []
         self._drop_single = False  # decided in setup("fit"), from the model's layers

@@ -22,6 +22,7 @@ except ImportError:  # Windows: one machine, one download
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.datasets import TensorImageDataset, split_indices
 from lit_ddp.errors import UserError
+from lit_ddp.utils import local_path
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -180,7 +181,7 @@ class CIFAR10DataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(num_workers=num_workers, **kwargs)
-        self.data_dir = Path(data_dir).expanduser()  # a YAML config's ~ reaches here unexpanded
+        self.data_dir = Path(local_path(data_dir, "--data.data_dir"))  # a YAML config's ~, $VAR unexpanded
         self.download = download
         self.val_size = val_size
         self._train_val: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # images, labels, train, val

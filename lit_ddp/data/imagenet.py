@@ -47,6 +47,7 @@ from lit_ddp.data.folder_index import (
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.errors import UserError
+from lit_ddp.utils import local_path
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
 
@@ -125,7 +126,7 @@ class ImageNetDataModule(ImageDataModule):
         super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
-        self.data_dir = Path(data_dir).expanduser()  # a YAML config's ~ reaches here unexpanded
+        self.data_dir = Path(local_path(data_dir, "--data.data_dir"))  # a YAML config's ~, $VAR unexpanded
         self.image_size = image_size
         self.val_resize = val_resize
         self.unreadable = UnreadableFiles(strict=strict)
@@ -144,7 +145,11 @@ class ImageNetDataModule(ImageDataModule):
             )
         self.gpu_decode = gpu_decode
         self.decode_ahead = decode_ahead
-        self.index_cache = Path(index_cache).expanduser() if index_cache is not None else default_cache_dir()
+        self.index_cache = (
+            Path(local_path(index_cache, "--data.index_cache"))
+            if index_cache is not None
+            else default_cache_dir()
+        )
         # Any listing written since now was made by this run's local rank 0 (its prepare_data comes after
         # every rank has started), so every rank may use it as is, and they all see the same files.
         self._created_at = time.time()

@@ -16,7 +16,6 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 """
 
 import functools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -36,11 +35,11 @@ from lit_ddp.data.shards import (
     ShardedSamples,
     ShardError,
     chunk_window_order,
-    is_remote,
     read_image_bytes,
     read_manifest,
 )
 from lit_ddp.errors import UserError
+from lit_ddp.utils import local_path
 
 # Normalisation by what the shards were made from; ImageNet's statistics for any photo folder.
 STATS = {
@@ -177,10 +176,10 @@ class StreamingDataModule(ImageDataModule):
                 f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb={cache_limit_gb} and"
                 f" read_timeout={read_timeout} > 0"
             )
-        url = url if is_remote(url) else os.path.expanduser(url)  # a YAML config's ~ arrives unexpanded
+        url = local_path(url, "--data.url")  # a YAML config's ~ and $VAR arrive unexpanded
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
         self.read_timeout = read_timeout
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
+        self.cache_dir = Path(local_path(cache_dir, "--data.cache_dir")) if cache_dir is not None else None
         self.cache_limit_bytes = int(cache_limit_gb * (1 << 30))
         # Read here, in the launching process: the CLI links num_classes to the model, and a wrong url
         # fails before any rank is spawned.

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
+from lit_ddp.utils import local_path
 
 # Besides tensors and containers, lit_ddp's own checkpoints hold their saved hyperparameters' types
 # (runtime/checkpoint_io.py allow-lists the same ones for resuming). weights_only: loading runs no code.
@@ -88,7 +89,7 @@ def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) 
     network), keep their fresh initialisation. Fewer than half of ``net``'s tensors matching means the
     file is another architecture's: an error, not a silent mostly-random start.
     """
-    path = Path(path).expanduser()  # a YAML config's ~ arrives unexpanded
+    path = Path(local_path(path, "--model.weights"))  # a YAML config's ~ and $VAR arrive unexpanded
     own = net.state_dict()
     state = _strip_prefix(read_state_dict(path), set(own))
     fits = {key: value for key, value in state.items() if key in own and value.shape == own[key].shape}
