@@ -238,6 +238,15 @@ def test_bad_answers_are_one_clear_error_and_write_nothing(tmp_path: Path, args,
     assert not dest.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("dest", ["", " "])
+def test_an_empty_destination_is_refused_not_the_working_folder(tmp_path: Path, monkeypatch, dest) -> None:
+    """`new "$NAME"` with NAME unset generated the project into the working folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="DEST is empty: name the project's folder"):
+        new([dest, "--no-input"])
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "answer",
     ['project_name=My """ Net', "project_name=Ends in \\", 'author=A """ B', 'description=x """ \\'],

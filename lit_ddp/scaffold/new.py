@@ -104,7 +104,7 @@ def _copy_over(generated: Path, dest: Path) -> None:
 
 def new(argv: list[str]) -> Path:
     parser = argparse.ArgumentParser(prog="python -m lit_ddp new", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dest", type=Path, help="directory to create; its name is the default project slug")
+    parser.add_argument("dest", help="directory to create; its name is the default project slug")
     parser.add_argument("context", nargs="*", help="template answers as key=value")
     parser.add_argument("--no-input", action="store_true", help="do not prompt; use defaults and key=value")
     parser.add_argument(
@@ -126,7 +126,9 @@ def new(argv: list[str]) -> Path:
             f"{root} holds no cookiecutter.json: pass the root of a lit_ddp checkout as --template"
         )
     variables = json.loads((root / "cookiecutter.json").read_text())
-    dest = args.dest.expanduser().resolve()
+    if not args.dest.strip():  # `new "$NAME"` with NAME unset: it would have filled the working folder
+        raise UserError("DEST is empty: name the project's folder, e.g. python -m lit_ddp new my_project")
+    dest = Path(args.dest).expanduser().resolve()
     context = _parse_context(args.context, variables, dest)
     if args.no_input:
         problems = validate(_resolved(context, variables))
