@@ -6,11 +6,12 @@ those checkpoints as inside the epoch (runtime/preemption.py), so the resumed ru
 with the uninterrupted run's weights and TensorBoard metrics.
 """
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_scalars
+from conftest import REPO, read_scalars, run_cli
 from lightning import Callback
 
 from lit_ddp.cli import build_cli
@@ -77,3 +78,61 @@ def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupt
     # Validation: the uninterrupted run's at each epoch end, and at a should_stop also where it stopped
     # (Lightning validates when a callback stops the fit early: EarlyStopping, max_time).
     assert got["val/acc"][-2:] == pytest.approx(want["val/acc"], abs=1e-6)
+
+
+# ---- a stop inside a gradient accumulation -------------------------------------------------------------
+# A checkpoint holds no gradients: a stop after the first batch of an accumulation of 2 lost that batch's
+# gradient, while the data module counted the batch as trained, so the resumed run never trained it.
+ACCUMULATE = [*RUN, "--trainer.accumulate_grad_batches=2", "--trainer.num_sanity_val_steps=0"]
+
+
+class StopAfterFirstBatchOfEpoch2(Callback):
+    """``should_stop`` after epoch 2's first batch, the middle of an accumulation (max_time's route)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 0:
+            trainer.should_stop = True
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("accumulated")
+    build_cli(["fit", *ACCUMULATE, f"--trainer.default_root_dir={root}"])
+    return torch.load(root / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+
+
+def _same_weights(run: Path, reference: dict) -> None:
+    final = torch.load(run / "lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+    assert final["global_step"] == reference["global_step"] == 4
+    for key, value in reference["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][key], value, rtol=0, atol=0, msg=key)
+
+
+def test_a_should_stop_inside_a_gradient_accumulation_waits_for_its_step(
+    tmp_path: Path, accumulated: dict, capsys
+) -> None:
+    root = f"--trainer.default_root_dir={tmp_path}"
+    stop = f"--trainer.callbacks+={__name__}.StopAfterFirstBatchOfEpoch2"
+    stopped = build_cli(["fit", *ACCUMULATE, root, stop])
+    assert stopped.trainer.global_step == 3  # epoch 2's first step, after its 2nd batch: not after its 1st
+    assert "epoch 2/2 stopped after 2 of 4 batches" in capsys.readouterr().out
+    build_cli(["fit", *ACCUMULATE, root, "--ckpt_path=last"])
+    _same_weights(tmp_path, accumulated)
+
+
+@pytest.mark.timeout(240)
+def test_a_preemption_inside_a_gradient_accumulation_waits_for_its_step(
+    tmp_path: Path, accumulated: dict
+) -> None:
+    """SIGTERM during the first batch, with a check after every batch: the stop came after that batch, the
+    first of an accumulation. Real processes: the signal and the exit are the CLI's."""
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # fault_probe
+    args = ["fit", *ACCUMULATE, f"--trainer.default_root_dir={tmp_path}"]
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    probe += ["--trainer.callbacks.at_step=0", "--preemption.check_every_n_batches=1"]
+    stopped = run_cli([*args, *probe], cwd=tmp_path, env=env)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM at epoch 1, step 1 (mid-epoch, after 2 of 4 batches)" in stopped.stderr
+    resumed = run_cli([*args, "--ckpt_path=last"], cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _same_weights(tmp_path, accumulated)

@@ -9,7 +9,8 @@ At an epoch's end they agree at once (blocking). If any rank was signalled, all 
 stop flag at that same point: Lightning's loops raise ``SIGTERMException`` there (exit code 0), and this
 callback saves ``last.ckpt`` (``trainer.save_checkpoint``: rank 0 writes, all synchronise). So a run stops
 at most ``check_every_n_batches + 1`` batches after the signal (with 1: at the end of the batch after the
-one during which the signal arrived), or at the epoch's end; when validation follows that batch, after
+one during which the signal arrived), or at the epoch's end; inside a gradient accumulation, at the
+optimizer step that ends it (a checkpoint holds no gradients); when validation follows that batch, after
 every rank has finished it (``on_validation_start`` says why). On SIGUSR1 under SLURM, rank 0 then runs
 ``scontrol requeue``; the requeued job's ``--ckpt_path=last`` continues from the saved step.
 
@@ -67,6 +68,13 @@ from lit_ddp.utils import epoch_cut_short
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
 
 
+def steps_after(trainer: Trainer, batch_idx: int) -> bool:
+    """Whether the optimizer steps after training batch ``batch_idx``: it ends a gradient accumulation
+    (``--trainer.accumulate_grad_batches``), or the epoch, whose last batch steps whatever the count."""
+    accumulate = trainer.accumulate_grad_batches
+    return (batch_idx + 1) % accumulate == 0 or batch_idx + 1 >= trainer.num_training_batches
+
+
 def resume_inside_epoch(checkpoint: dict) -> None:
     """Make ``checkpoint``, saved at the end of an epoch that a stop cut short, resume inside that epoch. Its
     fit loop's state (``Loop.state_dict``: the epoch progress counters the trainer shows as
@@ -109,6 +117,8 @@ class PreemptionCheckpoint(Callback):
         self.stopped_by: str | None = None  # agreed by all ranks
         self._group: dist.ProcessGroup | None = None  # CPU (gloo) group for the agreement
         self._pending: tuple[dist.Work, torch.Tensor] | None = None  # the all-reduce started last batch
+        self._held = 0  # an agreed stop inside a gradient accumulation, for its optimizer step
+        self._held_should_stop = False  # a should_stop (max_time, a callback) inside one, likewise
         self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -194,7 +204,17 @@ class PreemptionCheckpoint(Callback):
             self._pending = self._start_agreement() if check else None
         else:  # one process: free, every batch; a strategy without torch.distributed: blocking, every n-th
             code = self._agree_now(trainer, pl_module) if check or trainer.world_size == 1 else 0
-        self._stop_if(trainer, code)
+        if not steps_after(trainer, batch_idx):
+            # Inside a gradient accumulation, a stop would lose the gradients of the batches since the last
+            # optimizer step (no checkpoint holds them) while the data module counts those batches as
+            # trained: every rank waits for the step that ends it (the same batch on every rank).
+            self._held = max(self._held, code)
+            self._held_should_stop |= trainer.should_stop
+            trainer.should_stop = False
+            return
+        trainer.should_stop |= self._held_should_stop
+        self._stop_if(trainer, max(code, self._held))
+        self._held, self._held_should_stop = 0, False
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The epoch's last word is blocking, so a signal seen during the epoch never waits past its end.
@@ -204,7 +224,8 @@ class PreemptionCheckpoint(Callback):
             code = self._result(self._start_agreement())
         else:
             code = self._agree_now(trainer, pl_module)
-        self._stop_if(trainer, code)
+        self._stop_if(trainer, max(code, self._held))
+        self._held = 0
 
     # A stop agreed at a training batch that validation follows (an epoch's last, or a val_check_interval's)
     # waits until every rank has run all of its validation. Lightning's evaluation loop stops after the
