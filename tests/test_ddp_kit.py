@@ -52,6 +52,16 @@ class PaddedEvaluation(ShapesDataModule):
         return DistributedSampler(dataset, kwargs["num_replicas"], kwargs["rank"], shuffle=False)
 
 
+class ResumesAFinishedEpochAtItsEnd(ShapesDataModule):
+    """lit_ddp's own data module until a finished epoch resumed at the next one's start: the sampler stayed
+    at the finished epoch's end, and with DataLoader workers the next epoch trained no batch."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        if self._resume is not None and state_dict.get("epoch_complete"):
+            self._resume = (state_dict["epoch"], state_dict["samples"])
+
+
 class ShardAccuracy(LeNetCIFAR):
     """A validation accuracy each rank computes on its own shard (never synced): rank 0 logs its shard's."""
 
@@ -106,6 +116,9 @@ with torch.random.fork_rng():
             LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}, sync_batchnorm=True
         ),
         "shard_metric": case(ShardAccuracy(), checks=("metrics",)),
+        "epoch_end_resume": case(
+            data=ResumesAFinishedEpochAtItsEnd, checks=("resume",), data_args={"num_workers": 1}
+        ),
         "dropout": case(ImageClassifier(net=DropoutNet)),
     }
 
@@ -155,6 +168,14 @@ def test_batchnorm_at_per_device_batch_2_fails_the_gradient_check_and_warns(repo
     assert not report["batchnorm"].holds and "per-device batch 2" in report["batchnorm"].measured
     synced = reports["batchnorm_synced"]  # the fix it names makes it hold
     assert synced["grads"].holds and synced["batchnorm"].holds, synced.table()
+
+
+def test_a_resume_that_loses_the_epoch_after_an_epoch_end_fails_the_resume_check(reports) -> None:
+    row = reports["epoch_end_resume"]["resume"]
+    assert not row.holds and "the next epoch's start" in row.fix, row
+    assert "differ by at most 0.0e+00 and " in row.measured and not row.measured.endswith("and 0.0e+00"), row
+    sound = reports["sound"]["resume"]
+    assert sound.holds and "at the end of epoch 1 of 2" in sound.measured, sound
 
 
 def test_a_metric_of_rank_zeros_shard_fails_the_metric_check(reports) -> None:

@@ -17,8 +17,9 @@ and checks:
   and together are the whole set; every validation sample is read exactly once;
 - augmentation same on any device count: each sample reaches the training step byte-identical on 1 and 2
   processes (MixUp/CutMix are left out: they pair samples within one device's batch);
-- stop mid-epoch + resume = uninterrupted: a 2-process fit stopped after its first step and resumed from its
-  checkpoint ends with the uninterrupted fit's weights, exactly;
+- stop mid-epoch or at an epoch's end + resume = uninterrupted: a 2-process fit stopped after its first
+  step, inside its epoch and (with one-step epochs) at the epoch's end, and resumed from its checkpoint
+  ends with the uninterrupted fit's weights, exactly;
 - same seed twice = identical: weights and augmented batches.
 
 and warns (a row of the report, and a ``DDPInvariantWarning``), with the measured number, about BatchNorm

@@ -270,14 +270,32 @@ def _augmentation(
     return Row("augmentation", "augmentation same on any device count", holds, measured, fix), differ
 
 
-def _resume(full: list[dict], resumed: list[dict], stopped: list[dict]) -> Row:
-    stop_step = stopped[0]["global_step"]
-    diff = max(max_diff(r["final"], f["final"]) for r, f in zip(resumed, full, strict=True))
-    holds = diff == 0 and resumed[0]["global_step"] == full[0]["global_step"]
-    steps = full[0]["global_step"]
-    measured = f"stopped after step {stop_step} of {steps}, resumed: weights differ by at most {diff:.1e}"
-    fix = "" if holds else "save the data module's position (state_dict) and draw augmentation per sample"
-    return Row("resume", "stop mid-epoch + resume = uninterrupted", holds, measured, fix)
+def _resumed_diff(full: list[dict], resumed: list[dict]) -> float:
+    """How far the resumed fit's final weights are from the uninterrupted fit's (inf: it stopped short)."""
+    if resumed[0]["global_step"] != full[0]["global_step"]:
+        return float("inf")
+    return max(max_diff(r["final"], f["final"]) for r, f in zip(resumed, full, strict=True))
+
+
+def _resume(mid_epoch: tuple[list[dict], ...], epoch_end: tuple[list[dict], ...]) -> Row:
+    """Each pair (uninterrupted, stopped, resumed): stopped inside an epoch, and at an epoch's end."""
+    (full, stopped, resumed), (full_e, stopped_e, resumed_e) = mid_epoch, epoch_end
+    diff, diff_e = _resumed_diff(full, resumed), _resumed_diff(full_e, resumed_e)
+    holds = diff == 0 and diff_e == 0
+    measured = (
+        f"stopped after step {stopped[0]['global_step']} of {full[0]['global_step']} (mid-epoch) and at the"
+        f" end of epoch {stopped_e[0]['global_step']} of {full_e[0]['global_step']}, resumed: weights differ"
+        f" by at most {diff:.1e} and {diff_e:.1e}"
+    )
+    fix = ""
+    if diff != 0:
+        fix = "save the data module's position (state_dict) and draw augmentation per sample"
+    elif diff_e != 0:  # DataLoader workers read the sampler when Lightning builds the resumed iterator
+        fix = (
+            "resume a finished epoch at the next epoch's start: the training sampler's epoch and start must"
+            " be right before the loader's first iterator (DataLoader workers read it then, before set_epoch)"
+        )
+    return Row("resume", "stop mid-epoch or at epoch end + resume = uninterrupted", holds, measured, fix)
 
 
 def _reproducible(first: list[dict], second: list[dict]) -> Row:
@@ -375,7 +393,7 @@ NEEDS = {
     "metrics": ("val2", "val1"),
     "shards": ("val2",),
     "augmentation": ("rng1",),
-    "resume": ("stopped", "resumed"),
+    "resume": ("stopped", "resumed", "epochs", "stopped_end", "resumed_end"),
     "reproducible": ("again",),
 }
 
@@ -419,7 +437,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     if case.sync_batchnorm:
         trainer_kwargs["sync_batchnorm"] = True
 
-    def job(name: str, world_size: int, stage: str = "fit", **kw) -> Job:
+    def job(name: str, world_size: int, stage: str = "fit", train: int = train_samples, **kw) -> Job:
         return Job(
             f"{key}_{name}",
             stage,
@@ -427,7 +445,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
             str(root),
             world_size,
             b * (3 - world_size),  # 2 × b or 1 × 2b
-            train_samples,
+            train,
             val_samples,
             case.seed,
             max_steps=case.steps if stage == "fit" else -1,
@@ -437,11 +455,16 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
 
     needed = {name for check in case.checks for name in NEEDS[check]}
     stop = root / f"{key}_stopped" / "stop.ckpt"
+    stop_end = root / f"{key}_stopped_end" / "stop.ckpt"
+    one_step = 2 * b  # epochs of one step each: the stop after step 1 is at the end of epoch 1
     every = {
         "full": job("full", 2),
         "again": job("again", 2),
         "stopped": job("stopped", 2, stop_at_step=1),
         "resumed": job("resumed", 2, ckpt_path=str(stop)),
+        "epochs": job("epochs", 2, train=one_step),
+        "stopped_end": job("stopped_end", 2, train=one_step, stop_at_step=1),
+        "resumed_end": job("resumed_end", 2, train=one_step, ckpt_path=str(stop_end)),
         "val2": job("val2", 2, "validate"),
         "full1": job("full1", 1),
         "rng1": job("rng1", 1, perturb_global_rng=True),
@@ -480,7 +503,10 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
         "metrics": lambda: _metrics(rec("val2", 2, "validate"), rec("val1", 1, "validate")[0]),
         "shards": lambda: _shards(full, rec("val2", 2, "validate"), facts["train"], facts["val"]),
         "augmentation": lambda: aug_row,
-        "resume": lambda: _resume(full, rec("resumed", 2), rec("stopped", 2)),
+        "resume": lambda: _resume(
+            (full, rec("stopped", 2), rec("resumed", 2)),
+            (rec("epochs", 2), rec("stopped_end", 2), rec("resumed_end", 2)),
+        ),
         "reproducible": lambda: _reproducible(full, rec("again", 2)),
     }
     devices = case.devices

@@ -3,7 +3,8 @@
 lit_ddp's trust kit checks the promises a DDP run must keep with your code: first-step gradients of 2 × b
 equal those of 1 × 2b, validation reports the same metrics on 1 and 2 processes, training shards are
 disjoint and cover the data and evaluation has no padded duplicates, augmentation is the same on any
-device count, a stop mid-epoch and a resume equal the uninterrupted run, and a seed reproduces a run.
+device count, a stop (mid-epoch or at an epoch's end) and a resume equal the uninterrupted run, and a seed
+reproduces a run.
 The project's `doctor` command (`python -m` the package, then `doctor --config configs/default.yaml`) prints
 the same table for any config.
 """
