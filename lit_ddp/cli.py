@@ -34,6 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_ddp.callbacks import (
     ConfusionMatrix,
     EpochSummary,
+    LastCheckpoint,
     LearningRateMonitor,
     ModelSummary,
     PredictionWriter,
@@ -139,7 +140,7 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
             "auto_insert_metric_name": False,
         },
     ),
-    "last_checkpoint": (ModelCheckpoint, {"filename": "last", "enable_version_counter": False}),
+    "last_checkpoint": (LastCheckpoint, {}),
 }
 
 

@@ -1,9 +1,11 @@
 """``--ckpt_path=last`` resumes a run of the same model and data, in that recipe's own folder."""
 
+import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_RUN
+import torch
+from conftest import REPO, TINY_RUN, run_cli
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
@@ -127,3 +129,38 @@ def test_last_and_best_find_the_checkpoints_of_a_run_without_a_logger(tmp_path: 
         resumed = build_cli(["fit", *TINY, off, "--trainer.max_epochs=3", "--ckpt_path=last", root])
     assert f"resuming from {tmp_path / 'checkpoints' / 'last.ckpt'}" in caplog.messages
     assert resumed.trainer.current_epoch == 3
+
+
+def test_last_holds_the_final_epoch_when_validation_skips_it(tmp_path: Path) -> None:
+    """With --trainer.check_val_every_n_epoch=2, last.ckpt was saved where validation ended only: after 3
+    epochs it held epoch 2's weights, and ``test --ckpt_path=last`` scored them without a word."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    fit = build_cli(["fit", *TINY, root, "--trainer.max_epochs=3", "--trainer.check_val_every_n_epoch=2"])
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, weights_only=True)
+    assert saved["global_step"] == fit.trainer.global_step == 6 and saved["epoch"] == 2
+    final = fit.trainer.lightning_module.state_dict()
+    assert all(torch.equal(saved["state_dict"][key], value) for key, value in final.items())
+    assert sorted(p.name for p in last.parent.iterdir()) == ["epoch001-step4.ckpt", "last.ckpt"]
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_run_resumes_from_its_last_validation_inside_an_epoch(tmp_path: Path) -> None:
+    """--trainer.val_check_interval=0.5: last.ckpt is saved after the validation inside the epoch too, so a
+    rank killed after it (no signal, no checkpoint of its own) resumes from there, exactly."""
+    env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # fault_probe
+    args = ["fit", *TINY, "--data.train_size=128", "--model.optim.schedule=constant"]
+    args += ["--trainer.val_check_interval=0.5", "--trainer.num_sanity_val_steps=0"]
+    assert run_cli([*args, "--trainer.default_root_dir=ref"], cwd=tmp_path, env=env).returncode == 0
+    kill = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigkill"]
+    kill += ["--trainer.callbacks.at_step=3"]  # the 4th batch: after the validation at batch 2
+    assert run_cli([*args, *kill], cwd=tmp_path, env=env).returncode == -9
+    last = tmp_path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    resumed = run_cli([*args, "--ckpt_path=last"], cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = torch.load(last, weights_only=True)
+    want = torch.load(tmp_path / "ref/lightning_logs/version_0/checkpoints/last.ckpt", weights_only=True)
+    assert got["global_step"] == want["global_step"] == 4
+    for key, value in want["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][key], value, rtol=0, atol=0, msg=key)

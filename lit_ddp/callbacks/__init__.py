@@ -1,5 +1,5 @@
-"""The TensorBoard dashboard, the console (progress bar, model and epoch summaries) and predictions.csv:
-plain callbacks on Lightning's public API.
+"""The TensorBoard dashboard, the console (progress bar, model and epoch summaries), predictions.csv and
+last.ckpt: plain callbacks on Lightning's public API.
 
 Which of them a ``python -m lit_ddp`` run gets, and in which order, is declared in one list in
 lit_ddp/cli.py (``CALLBACKS``).
@@ -9,6 +9,7 @@ from lit_ddp.callbacks.confusion import ConfusionMatrix
 from lit_ddp.callbacks.console import ModelSummary, ProgressBar
 from lit_ddp.callbacks.ema import EMA
 from lit_ddp.callbacks.images import TrainBatchImages
+from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
 from lit_ddp.callbacks.predictions import PredictionWriter
 from lit_ddp.callbacks.run_info import RunInfo
@@ -21,6 +22,7 @@ __all__ = [
     "ConfusionMatrix",
     "EMA",
     "EpochSummary",
+    "LastCheckpoint",
     "LearningRateMonitor",
     "ModelSummary",
     "PredictionWriter",

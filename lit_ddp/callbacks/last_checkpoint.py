@@ -1,0 +1,31 @@
+"""``last.ckpt``: the newest state of a fit, which ``--ckpt_path=last`` resumes, after every training epoch.
+
+A ModelCheckpoint saves where validation ends once validation does not come with every epoch
+(``--trainer.check_val_every_n_epoch=2``, or ``None`` with a step ``val_check_interval``): the epochs
+after the last validation never reached ``last.ckpt``, so a 3-epoch fit validated every 2nd epoch left
+the weights of epoch 2 there, and ``test --ckpt_path=last`` scored them without a word. This one saves at
+the end of every training epoch (after that epoch's validation, when it has one), and after a validation
+inside an epoch too (``val_check_interval`` < 1), as a ModelCheckpoint does.
+"""
+
+import os
+
+from lightning import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+
+class LastCheckpoint(ModelCheckpoint):
+    def __init__(self, filename: str = "last", enable_version_counter: bool = False, **kwargs) -> None:
+        # One file, rewritten (never last-v1.ckpt), at every epoch's end whatever the validation schedule.
+        kwargs["save_on_train_epoch_end"] = True
+        super().__init__(filename=filename, enable_version_counter=enable_version_counter, **kwargs)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        if trainer.sanity_checking or progress.is_last_batch or trainer.state.fn != TrainerFn.FITTING:
+            return  # the epoch's end saves it, after every epoch-end hook has run
+        path = os.path.join(self.dirpath, f"{self.filename}{self.FILE_EXTENSION}")
+        trainer.save_checkpoint(path, self.save_weights_only)
+        self.last_model_path = path
