@@ -207,3 +207,21 @@ def test_a_resumed_mlflow_run_compares_parameters_flattened_as_mlflow_logger_log
     }
     assert flat_params(params) == _flatten_dict(_convert_params(params))
     assert flat_params(Namespace(**{"x": {"y": 1}})) == {"x/y": 1}
+
+
+def test_a_resumed_csv_run_keeps_the_rows_of_its_earlier_epochs(tmp_path: Path) -> None:
+    """Lightning's CSV writer deletes metrics.csv when it opens an existing run folder: the resumed run,
+    which goes on in its own version_N, kept only its own epoch's rows."""
+    from lit_ddp.cli import build_cli
+
+    logger = ["--trainer.logger=CSVLogger", f"--trainer.logger.init_args.save_dir={tmp_path / 'csv'}"]
+    args = [*FIT, *logger, f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(args)
+    metrics = tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv"
+    first = list(csv.DictReader(metrics.open()))
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    rows = list(csv.DictReader(metrics.open()))
+    assert sorted({r["epoch"] for r in rows}) == ["0", "1"]
+    assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]  # one validation per epoch
+    # The first run's rows as they were (a column added later is empty in them).
+    assert [{k: r[k] for k in first[0]} for r in rows[: len(first)]] == first

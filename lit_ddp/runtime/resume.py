@@ -17,6 +17,8 @@ Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``ex
 different recipes never share the folder ``last`` searches.
 """
 
+import csv
+import io
 from pathlib import Path
 
 import yaml
@@ -24,7 +26,7 @@ from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
@@ -205,6 +207,23 @@ def _pin_logger_version(trainer: Trainer, run_dir: Path) -> None:
         pin_logger_version(
             logger, int(name.removeprefix("version_")) if name.startswith("version_") else name
         )
+        if isinstance(logger, CSVLogger):
+            _keep_csv_metrics(logger)
+
+
+def _keep_csv_metrics(logger: CSVLogger) -> None:
+    """Lightning's CSV writer deletes ``metrics.csv`` when it opens a run folder that exists ("Previous log
+    files in this directory will be deleted"): the resumed run kept only its own epochs' rows. The file is
+    put back as it was, and the writer starts from its columns, so the new rows are appended (a new column
+    rewrites the file with the old rows in it, as Lightning does within one process)."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    if rank_zero_only.rank != 0 or not path.is_file():
+        return
+    saved = path.read_bytes()
+    header = next(csv.reader(io.StringIO(saved.decode())), [])
+    writer = logger.experiment  # opens the folder, deleting the file
+    path.write_bytes(saved)
+    writer.metrics_keys = list(header)
 
 
 def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> None:
