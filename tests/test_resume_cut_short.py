@@ -59,7 +59,9 @@ def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupt
     stopped = fit(tmp_path, stop)
     assert stopped.trainer.global_step == STOP_AT
     out = capsys.readouterr().out
-    assert "epoch 2/2 stopped after 2 of 4 batches (resume with --ckpt_path=last to train the rest)" in out
+    # The budget that stopped it must be raised to go on: the same max_steps would stop the resume at once.
+    budget = " and a larger --trainer.max_steps" if "max_steps" in stop else ""
+    assert f"epoch 2/2 stopped after 2 of 4 batches (resume with --ckpt_path=last{budget} to train" in out
     run = tmp_path / "lightning_logs" / "version_0"
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == STOP_AT
@@ -136,3 +138,20 @@ def test_a_preemption_inside_a_gradient_accumulation_waits_for_its_step(
     resumed = run_cli([*args, "--ckpt_path=last"], cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _same_weights(tmp_path, accumulated)
+
+
+def test_the_stop_line_names_the_budget_a_resume_must_raise() -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import Timer
+
+    from lit_ddp.callbacks.summary import _budget_to_raise
+
+    def trainer(max_steps: int = -1, callbacks=()) -> SimpleNamespace:
+        return SimpleNamespace(max_steps=max_steps, global_step=6, callbacks=list(callbacks))
+
+    assert _budget_to_raise(trainer(max_steps=6)) == " and a larger --trainer.max_steps"
+    spent, left = Timer(duration=timedelta(0)), Timer(duration=timedelta(hours=1))
+    assert _budget_to_raise(trainer(callbacks=[spent])) == " and a larger --trainer.max_time"
+    assert _budget_to_raise(trainer(max_steps=100, callbacks=[left])) == ""  # a callback's should_stop

@@ -1,6 +1,8 @@
 """One console line per epoch, printed by rank 0 only: epoch, losses, accuracies, images/s, time."""
 
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.trainer.states import RunningStage
 
 from lit_ddp.utils import epoch_cut_short
 
@@ -11,6 +13,18 @@ def _fmt(metrics: dict, stage: str) -> str:
     accs = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{stage}/acc")}
     parts += [f"{name} {float(v):.4f}" for name, v in accs.items()]
     return " ".join(parts)
+
+
+def _budget_to_raise(trainer: Trainer) -> str:
+    """The budget that ended the fit, which a resume must raise to train on (the same budget would stop it
+    at once): max_steps, or max_time, which Lightning's Timer counts over the resumed runs too."""
+    if 0 <= trainer.max_steps <= trainer.global_step:
+        return " and a larger --trainer.max_steps"
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    remaining = [t.time_remaining(RunningStage.TRAINING) for t in timers]
+    if any(seconds is not None and seconds <= 0 for seconds in remaining):
+        return " and a larger --trainer.max_time"
+    return ""
 
 
 class EpochSummary(Callback):
@@ -42,7 +56,7 @@ class EpochSummary(Callback):
             done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
             self._cut_short = (
                 f"stopped after {done} of {trainer.num_training_batches} batches"
-                " (resume with --ckpt_path=last to train the rest)"
+                f" (resume with --ckpt_path=last{_budget_to_raise(trainer)} to train the rest)"
             )
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
