@@ -381,6 +381,8 @@ class LitDDPCLI(LightningCLI):
         for flag, kind in OFF_SWITCHES.items():
             if trainer_config.get(flag) is False:
                 ours = [c for c in ours if not isinstance(c, kind)]
+        if trainer_config.get("limit_val_batches") == 0:  # no validation: no val/acc for the best checkpoint
+            ours = [c for c in ours if c is not config.get("checkpoint")]
         kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
         for callback in kwargs["callbacks"]:
             if isinstance(callback, FaultMonitor):

@@ -1,6 +1,7 @@
 """``--ckpt_path=last`` resumes a run of the same model and data, in that recipe's own folder."""
 
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,17 @@ def test_last_holds_the_final_epoch_when_validation_skips_it(tmp_path: Path) -> 
     final = fit.trainer.lightning_module.state_dict()
     assert all(torch.equal(saved["state_dict"][key], value) for key, value in final.items())
     assert sorted(p.name for p in last.parent.iterdir()) == ["epoch001-step4.ckpt", "last.ckpt"]
+
+
+def test_a_fit_without_validation_has_no_best_checkpoint_to_warn_about(tmp_path: Path) -> None:
+    """--trainer.limit_val_batches=0 turns validation off: the best checkpoint, which monitors val/acc, is
+    left out (Lightning warned that it could not find val/acc); last.ckpt is still written."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.limit_val_batches=0"])
+    assert not [w for w in caught if "monitored key" in str(w.message)], [str(w.message) for w in caught]
+    checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt"]
 
 
 @pytest.mark.timeout(240)
