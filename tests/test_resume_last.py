@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_RUN, run_cli
+from lightning import Callback
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
@@ -154,6 +155,30 @@ def test_a_fit_without_validation_has_no_best_checkpoint_to_warn_about(tmp_path:
     assert not [w for w in caught if "monitored key" in str(w.message)], [str(w.message) for w in caught]
     checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt"]
+
+
+class SavedSteps(Callback):
+    """The global step of every checkpoint the fit writes."""
+
+    steps: list[int] = []
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        SavedSteps.steps.append(checkpoint["global_step"])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "saved"),
+    [([], [1, 2, 3, 4]), (["--last_checkpoint.every_n_train_steps=3"], [3])],
+    ids=["after-each-validation-and-epoch", "the-users-schedule-alone"],
+)
+def test_last_is_saved_after_each_validation_unless_the_user_set_a_schedule(
+    tmp_path: Path, schedule: list[str], saved: list[int]
+) -> None:
+    SavedSteps.steps = []
+    args = ["fit", *TINY, "--data.train_size=128", "--trainer.val_check_interval=0.25", "--checkpoint=null"]
+    args += [f"--trainer.callbacks+={__name__}.SavedSteps", f"--trainer.default_root_dir={tmp_path}"]
+    build_cli([*args, *schedule])
+    assert SavedSteps.steps == saved
 
 
 @pytest.mark.timeout(240)

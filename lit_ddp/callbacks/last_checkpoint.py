@@ -19,6 +19,9 @@ class LastCheckpoint(ModelCheckpoint):
     def __init__(self, filename: str = "last", enable_version_counter: bool = False, **kwargs) -> None:
         # One file, rewritten (never last-v1.ckpt), at every epoch's end whatever the validation schedule.
         kwargs["save_on_train_epoch_end"] = True
+        # A schedule of the user's own (--last_checkpoint.every_n_train_steps=1000, ...) decides alone.
+        scheduled = ("every_n_train_steps", "train_time_interval", "every_n_epochs")
+        self._at_validations = not any(kwargs.get(key) for key in scheduled)
         super().__init__(filename=filename, enable_version_counter=enable_version_counter, **kwargs)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -26,6 +29,8 @@ class LastCheckpoint(ModelCheckpoint):
         progress = trainer.fit_loop.epoch_loop.batch_progress
         if trainer.sanity_checking or progress.is_last_batch or trainer.state.fn != TrainerFn.FITTING:
             return  # the epoch's end saves it, after every epoch-end hook has run
+        if not self._at_validations:
+            return
         path = os.path.join(self.dirpath, f"{self.filename}{self.FILE_EXTENSION}")
         trainer.save_checkpoint(path, self.save_weights_only)
         self.last_model_path = path
