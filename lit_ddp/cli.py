@@ -46,7 +46,7 @@ from lit_ddp.callbacks import (
     TrainBatchImages,
 )
 from lit_ddp.callbacks.sinks import run_dir
-from lit_ddp.cli_errors import config_file_problem, constructor_failure, explain
+from lit_ddp.cli_errors import config_file_problem, constructor_failure, exception_chain, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
@@ -65,7 +65,6 @@ from lit_ddp.runtime.launch import (
     check_strategy_fits,
     check_writable,
 )
-from lit_ddp.runtime.mlflow_resume import continue_mlflow_run
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
@@ -426,13 +425,10 @@ class LitDDPCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
+        logger_config = self.config[self.subcommand]["trainer"].get("logger")  # as given: MLflow's run_id
         config["ckpt_path"] = prepare_ckpt_path(
-            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule
+            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
         )
-        if self.subcommand == "fit" and ckpt_path == "last" and config["ckpt_path"] != "last":
-            # the resumed run's MLflow run goes on, as its TensorBoard version does (mlflow_resume.py)
-            logger_config = self.config[self.subcommand]["trainer"].get("logger")
-            continue_mlflow_run(self.trainer, config["ckpt_path"], logger_config)
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
@@ -501,13 +497,8 @@ def build_cli(args: list[str] | None = None, run: bool = True, **kwargs) -> LitD
 def _user_error(exc: BaseException | None) -> BaseException | None:
     """The UserError (or Lightning misconfiguration) behind ``exc``: jsonargparse wraps errors raised while
     it instantiates the data module in its own ValueError, keeping ours in the exception chain."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (UserError, MisconfigurationException)):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    ours = (e for e in exception_chain(exc) if isinstance(e, UserError | MisconfigurationException))
+    return next(ours, None)
 
 
 def main(

@@ -287,15 +287,21 @@ RULES = (_invalid_yaml, _missing_file, _unknown_command, _unknown_class_option, 
 LIBRARIES = ("lightning", "pytorch_lightning", "lit_ddp", "torch", "torchvision", "torchmetrics")
 
 
-def constructor_failure(err: BaseException) -> str | None:
-    """One line for an exception that a library class named in the config (a logger, a callback, a plugin)
-    raised while jsonargparse created it: the class, the exception's type and its own message. None for
-    anything else, and for a class of the user's own (its traceback shows where it failed)."""
+def exception_chain(err: BaseException | None) -> list[BaseException]:
+    """``err``, then what caused it (``__cause__``, else ``__context__``), down to the first exception."""
     chain, seen = [], set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         chain.append(err)
         err = err.__cause__ or err.__context__
+    return chain
+
+
+def constructor_failure(err: BaseException) -> str | None:
+    """One line for an exception that a library class named in the config (a logger, a callback, a plugin)
+    raised while jsonargparse created it: the class, the exception's type and its own message. None for
+    anything else, and for a class of the user's own (its traceback shows where it failed)."""
+    chain = exception_chain(err)
     root = chain[-1]
     cls = _constructed_class(root)
     if len(chain) < 2 or cls is None:

@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
 from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
-from lit_ddp.runtime.mlflow_resume import is_mlflow_run_id
+from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
@@ -200,7 +200,10 @@ def _runs_dir(trainer: Trainer) -> Path:
     return Path(trainer.default_root_dir)
 
 
-def _pin_logger_version(trainer: Trainer, run_dir: Path) -> None:
+def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
+    """A fit resumed from ``found`` goes on in that checkpoint's run: a versioned logger's ``version_N``
+    (with the CSV rows it holds), an MLflow logger's run (mlflow_resume.py)."""
+    run_dir = found.parent.parent
     logger = _logger_with_versions(trainer)
     if logger is not None:
         name = run_dir.name
@@ -209,6 +212,7 @@ def _pin_logger_version(trainer: Trainer, run_dir: Path) -> None:
         )
         if isinstance(logger, CSVLogger):
             _keep_csv_metrics(logger)
+    continue_mlflow_run(trainer, found, logger_config)
 
 
 def _keep_csv_metrics(logger: CSVLogger) -> None:
@@ -316,10 +320,12 @@ def prepare_ckpt_path(
     subcommand: str = "fit",
     checkpoint: dict | None = None,
     datamodule=None,
+    logger_config=None,
 ) -> str | None:
     """The path the subcommand should get: ``last`` resolved across the runs of this model and data, ``best``
     to that run's best checkpoint; an explicit file checked now (``checkpoint``: that file, if already
-    loaded).
+    loaded). A fit resumed from ``last`` goes on in that run (``logger_config``: the CLI's
+    ``trainer.logger`` as given, which MLflow's run is rebuilt from).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights. ``validate``
@@ -344,8 +350,8 @@ def prepare_ckpt_path(
             )
         if found is None:
             return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
-        if subcommand == "fit":  # a resumed run goes on in its own directory; an evaluation gets a new one
-            _pin_logger_version(trainer, found.parent.parent)
+        if subcommand == "fit":  # a resumed run goes on in its own run; an evaluation gets a new one
+            _continue_run(trainer, found, logger_config)
         rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         ckpt_path, checkpoint = str(found), None
     elif ckpt_path == "best":
