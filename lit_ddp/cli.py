@@ -74,6 +74,7 @@ from lit_ddp.runtime.resume import (
     experiment_name,
     load_ckpt_file,
     prepare_ckpt_path,
+    share_run_folder,
 )
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
@@ -432,6 +433,7 @@ class LitDDPCLI(LightningCLI):
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
+        share_run_folder(self.trainer)  # TensorBoard + CSV under one name: one version_N folder (resume.py)
         self._run_lock = hold_run_dir(self.trainer)  # a second run on this directory refuses (run_lock.py)
 
     def _after_run(self) -> None:

@@ -225,3 +225,30 @@ def test_a_resumed_csv_run_keeps_the_rows_of_its_earlier_epochs(tmp_path: Path) 
     assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]  # one validation per epoch
     # The first run's rows as they were (a column added later is empty in them).
     assert [{k: r[k] for k in first[0]} for r in rows[: len(first)]] == first
+
+
+@pytest.mark.timeout(240)
+def test_tensorboard_and_csv_loggers_under_one_name_write_one_run_folder_and_a_resume_continues_it(
+    tmp_path: Path,
+) -> None:
+    """Each versioned logger picked its own next version_N: TensorBoard made version_0 and CSV, finding it,
+    took version_1, and a resume continued TensorBoard's folder while CSV started version_2."""
+    from lit_ddp.cli import build_cli
+
+    config = tmp_path / "loggers.yaml"
+    config.write_text(
+        "trainer:\n  logger:\n"
+        + "".join(
+            f"    - class_path: lightning.pytorch.loggers.{kind}\n"
+            f"      init_args: {{save_dir: {tmp_path / 'logs'}, name: run}}\n"
+            for kind in ("TensorBoardLogger", "CSVLogger")
+        )
+    )
+    args = [*FIT, f"--config={config}", f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(args)
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    (run_dir,) = (tmp_path / "logs" / "run").iterdir()
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2  # the first run and its resume
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]

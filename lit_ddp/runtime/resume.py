@@ -200,18 +200,45 @@ def _runs_dir(trainer: Trainer) -> Path:
     return Path(trainer.default_root_dir)
 
 
+def _loggers_of_the_run(trainer: Trainer) -> list[TensorBoardLogger | CSVLogger]:
+    """The versioned loggers after the first that write under the first's ``save_dir/name`` and would pick
+    their version themselves."""
+    first = trainer.logger
+    if not isinstance(first, TensorBoardLogger | CSVLogger):
+        return []
+    return [
+        logger
+        for logger in trainer.loggers[1:]
+        if isinstance(logger, TensorBoardLogger | CSVLogger)
+        and logger_version_unset(logger)
+        and Path(logger.root_dir) == Path(first.root_dir)
+    ]
+
+
+def share_run_folder(trainer: Trainer) -> None:
+    """Versioned loggers under one ``save_dir/name`` (TensorBoard and CSV, say) write one run folder, the
+    first logger's. Each picked its own next ``version_N``: TensorBoard made version_0 and CSV, finding it,
+    took version_1, so a run's files were split over two folders and a resume continued only the first."""
+    others = _loggers_of_the_run(trainer)
+    if others:
+        version = trainer.logger.version
+        for logger in others:
+            pin_logger_version(logger, version)
+
+
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
     """A fit resumed from ``found`` goes on in that checkpoint's run: a versioned logger's ``version_N``
-    (with the CSV rows it holds), an MLflow logger's run (mlflow_resume.py)."""
+    (with the CSV rows it holds; every logger that shares the folder), an MLflow logger's run
+    (mlflow_resume.py)."""
     run_dir = found.parent.parent
     logger = _logger_with_versions(trainer)
     if logger is not None:
         name = run_dir.name
-        pin_logger_version(
-            logger, int(name.removeprefix("version_")) if name.startswith("version_") else name
-        )
-        if isinstance(logger, CSVLogger):
-            _keep_csv_metrics(logger)
+        version = int(name.removeprefix("version_")) if name.startswith("version_") else name
+        for each in (logger, *_loggers_of_the_run(trainer)):
+            pin_logger_version(each, version)
+            if isinstance(each, CSVLogger):
+                _keep_csv_metrics(each)
     continue_mlflow_run(trainer, found, logger_config)
 
 
