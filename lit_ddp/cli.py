@@ -184,6 +184,12 @@ OFF_SWITCHES = {
     "enable_progress_bar": ProgressBar,
     "enable_model_summary": ModelSummary,
 }
+BAREBONES_OFF = {
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "log_every_n_steps": 0,
+    "num_sanity_val_steps": 0,
+}
 
 
 def _as_default(choice: str | type | dict) -> dict:
@@ -378,8 +384,14 @@ class LitDDPCLI(LightningCLI):
         ours = [config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)]
         # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
         # a progress bar callback with enable_progress_bar=false).
+        # Lightning's raw-speed mode refuses the features it turns off: a recipe's logging cadence or our
+        # callbacks for them would make it a refusal, so they are turned off with it (its opt-ins, such as
+        # a profiler, stay the user's to drop).
+        barebones = bool(trainer_config.get("barebones"))
+        if barebones:
+            kwargs.update(BAREBONES_OFF)
         for flag, kind in OFF_SWITCHES.items():
-            if trainer_config.get(flag) is False:
+            if trainer_config.get(flag) is False or barebones:
                 ours = [c for c in ours if not isinstance(c, kind)]
         if trainer_config.get("limit_val_batches") == 0:  # no validation: no val/acc for the best checkpoint
             ours = [c for c in ours if c is not config.get("checkpoint")]
@@ -391,7 +403,7 @@ class LitDDPCLI(LightningCLI):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
         check_writable(trainer_config.get("default_root_dir") or os.getcwd())
-        if trainer_config.get("logger") in (None, True):
+        if trainer_config.get("logger") in (None, True) and not barebones:
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
             # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
             # recipe (logs/lenet_cifar/version_N), so `--ckpt_path=last` never finds another experiment's run.

@@ -306,6 +306,18 @@ def test_checkpointing_can_be_turned_off(tmp_path: Path, switch: str) -> None:
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_barebones_runs_without_the_default_logger_and_the_features_it_turns_off(tmp_path: Path) -> None:
+    """Lightning's raw-speed mode refuses a logger, checkpointing, a progress bar and a model summary: the
+    default TensorBoard logger and our callbacks for them made every --trainer.barebones=true a refusal."""
+    from lightning.pytorch.callbacks import ModelCheckpoint, ModelSummary, ProgressBar
+
+    cli = build_cli(["fit", *QUICK, "--trainer.barebones=true", f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.logger is None and cli.trainer.global_step > 0
+    kinds = (ModelCheckpoint, ModelSummary, ProgressBar)
+    assert not any(isinstance(c, kinds) for c in cli.trainer.callbacks)
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("events.out.tfevents.*"))
+
+
 def test_last_ckpt_is_the_newest_state_and_best_is_kept_beside_it(tmp_path: Path) -> None:
     """last.ckpt is rewritten at every epoch end (not only when the best improves), best by val/acc too."""
     cli = build_cli(["fit", *QUICK, "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}"])
