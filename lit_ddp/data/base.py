@@ -424,6 +424,7 @@ class ImageDataModule(LightningDataModule):
             "samples": self._samples,
             "samples_per_step": self._samples_per_step(),
             "epoch_complete": bool(complete),
+            "seed": self.seed,
             "batches": self._batches,
             "class_names": list(self.class_names),
         }
@@ -453,6 +454,16 @@ class ImageDataModule(LightningDataModule):
                 f"cannot resume mid-epoch exactly: the checkpoint took {saved_step} training samples per step"
                 f" over all devices ({samples} of epoch {epoch} done), this run takes {step}"
                 f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
+            )
+        saved_seed = state_dict.get("seed", self.seed)
+        if fitting and saved_seed != self.seed:
+            # The seed orders every epoch and draws any held-out split: another one would train the rest of
+            # the epoch on another permutation (samples twice, others never) and could validate on images
+            # the checkpoint's model trained on.
+            raise UserError(
+                f"the checkpoint's run shuffled (and split) its data with --data.seed={saved_seed}, this run"
+                f" has --data.seed={self.seed}: resume with --data.seed={saved_seed}, or train with another"
+                " seed in a new run (no --ckpt_path)"
             )
         self._epoch, self._samples = epoch, samples
         self._batches = samples // step
