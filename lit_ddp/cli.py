@@ -59,6 +59,7 @@ from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, FaultMonitor, LostRan
 from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
+    check_accumulation,
     check_devices_exist,
     check_launcher_world,
     check_precision,
@@ -373,6 +374,7 @@ class LitDDPCLI(LightningCLI):
         check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
         check_strategy_fits(trainer_config.get("strategy"))
         check_precision(trainer_config.get("precision"))
+        check_accumulation(trainer_config.get("accumulate_grad_batches"))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
         # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.

@@ -76,6 +76,8 @@ def test_a_last_training_batch_of_one_image_is_left_out_under_batchnorm(tmp_path
         (["--trainer.precision=64"], "--trainer.precision=64 keeps the weights in float64, and lit_ddp's"),
         (["--model.optim.lr=-1"], "--model.optim.lr=-1.0 must be a finite number ≥ 0 (try 0.1 for sgd"),
         (["--model.optim.weight_decay=-0.1"], "--model.optim.weight_decay=-0.1 must be a finite number ≥ 0"),
+        (["--trainer.accumulate_grad_batches=0"], "--trainer.accumulate_grad_batches=0 must be 1 or more"),
+        (["--trainer.accumulate_grad_batches=-1"], "--trainer.accumulate_grad_batches=-1 must be 1 or more"),
     ],
 )
 def test_a_precision_the_batches_cannot_take_and_a_negative_lr_are_one_line(

@@ -192,6 +192,17 @@ def check_strategy_fits(strategy) -> None:
         )
 
 
+def check_accumulation(accumulate_grad_batches) -> None:
+    """UserError for fewer than one batch per optimizer step: Lightning takes 0 into a ZeroDivisionError
+    while counting the schedule's steps, and a negative count as 1 (a step after every batch), while the
+    global batch line multiplied by it."""
+    if accumulate_grad_batches is not None and accumulate_grad_batches < 1:
+        raise UserError(
+            f"--trainer.accumulate_grad_batches={accumulate_grad_batches} must be 1 or more (the batches"
+            " whose gradients add up before each optimizer step; 1 steps after every batch)"
+        )
+
+
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
 # gives it, uint8 here, before the data module normalises it on the device into float32).
 WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "float64", "64": "float64"}
