@@ -165,6 +165,15 @@ def test_top_1_and_top_5_stay_apart_when_their_first_batch_counts_agree() -> Non
     assert (computed["train/acc"], computed["train/acc_top5"]) == (0.5, 1.0)
 
 
+def test_top_k_is_left_out_where_the_classes_are_k_or_fewer() -> None:
+    """With 3 classes the label is always among the top 5: acc_top5 stuck at 1.0 on every dashboard."""
+    from lit_ddp.models.classifier import build_metrics
+
+    assert set(build_metrics(3, (1, 5))) == {"acc"}
+    assert set(build_metrics(5, (1, 5))) == {"acc"}
+    assert set(build_metrics(6, (1, 5))) == {"acc", "acc_top5"}
+
+
 def test_a_mid_epoch_checkpoint_with_torchmetrics_accuracy_states_resumes_with_their_counts() -> None:
     """A checkpoint written mid-epoch while the accuracy was torchmetrics' MulticlassAccuracy (its tp, fp, tn,
     fn states) resumes with its counts: train/acc over the whole epoch, not only after the resume."""

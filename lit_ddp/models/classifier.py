@@ -54,7 +54,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 
 
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
-    """``acc`` (top-1) plus ``acc_top{k}`` for each extra k; k is capped at num_classes (never crashes).
+    """``acc`` (top-1) plus ``acc_top{k}`` for each extra k below num_classes: with k classes or fewer the
+    label is always among the top k, and a metric stuck at 1.0 (top-5 of 3 classes) says nothing.
 
     The update does not check its inputs: the step computes the cross-entropy first, which already rejects
     a label outside [0, num_classes), and the logits' shape is the network's. No compute groups: the
@@ -63,8 +64,8 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     """
     metrics = {"acc": TopKAccuracy(top_k=1)}
     for k in top_k:
-        if k > 1:
-            metrics[f"acc_top{k}"] = TopKAccuracy(top_k=k)  # the metric caps k at the logits' classes
+        if 1 < k < num_classes:
+            metrics[f"acc_top{k}"] = TopKAccuracy(top_k=k)
     return MetricCollection(metrics, compute_groups=False)
 
 
