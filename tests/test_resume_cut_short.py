@@ -155,3 +155,16 @@ def test_the_stop_line_names_the_budget_a_resume_must_raise() -> None:
     spent, left = Timer(duration=timedelta(0)), Timer(duration=timedelta(hours=1))
     assert _budget_to_raise(trainer(callbacks=[spent])) == " and a larger --trainer.max_time"
     assert _budget_to_raise(trainer(max_steps=100, callbacks=[left])) == ""  # a callback's should_stop
+
+
+def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, capsys) -> None:
+    """Lightning skips the training loop of a run that has reached its max_epochs and says so; the line
+    now also says how to train on, as for a run cut short."""
+    fit(tmp_path, "--trainer.max_epochs=1")
+    capsys.readouterr()
+    cli = fit(tmp_path, "--trainer.max_epochs=1", "--ckpt_path=last")
+    assert cli.trainer.global_step == 4  # the checkpoint's: nothing trained
+    out = capsys.readouterr().out
+    assert "ends a finished run (resume it with --ckpt_path=last and a larger --trainer.max_epochs" in out
+    fit(tmp_path, "--trainer.max_epochs=2", "--ckpt_path=last")  # trains on: no such line
+    assert "nothing to train" not in capsys.readouterr().out

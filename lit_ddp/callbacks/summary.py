@@ -40,6 +40,24 @@ class EpochSummary(Callback):
         self._validated = False  # whether this epoch ran validation (else val/* are last epoch's)
         self._pending: int | None = None  # the finished epoch whose line is still to print
         self._cut_short: str | None = None  # how far an epoch max_steps or max_time ended went
+        self._trained = False  # whether this fit ran its training loop at all
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._trained = True
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # A fit resumed from a finished run trains nothing (Lightning skips its training loop and says
+        # which budget is reached): name the budget to raise, as for a run cut short.
+        if self._trained or not trainer.ckpt_path:
+            return
+        budget = _budget_to_raise(trainer)
+        if not budget and trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:
+            budget = " and a larger --trainer.max_epochs"
+        if budget:
+            pl_module.print(
+                f"nothing to train: {trainer.ckpt_path} ends a finished run (resume it with"
+                f" --ckpt_path=last{budget} to train on)"
+            )
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._print_pending(trainer, pl_module)
