@@ -76,6 +76,17 @@ class ShardAccuracy(LeNetCIFAR):
         return logits
 
 
+class ShardAccuracyNamedValAcc(ShardAccuracy):
+    """The same shard's accuracy logged as ``val_acc``, the name Lightning's examples use: it passed the
+    metric check, which read only ``val/*`` metrics."""
+
+    def validation_step(self, batch, batch_idx):
+        logits = LeNetCIFAR.validation_step(self, batch, batch_idx)
+        self.shard_acc(logits.argmax(1), batch[1])
+        self.log("val_acc", self.shard_acc)
+        return logits
+
+
 class DropoutNet(torch.nn.Module):
     """A user's network with dropout before its classifier (issue 32: it failed the gradient and resume
     checks, which blamed the data module)."""
@@ -116,6 +127,7 @@ with torch.random.fork_rng():
             LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}, sync_batchnorm=True
         ),
         "shard_metric": case(ShardAccuracy(), checks=("metrics",)),
+        "shard_metric_val_acc": case(ShardAccuracyNamedValAcc(), checks=("metrics",)),
         "epoch_end_resume": case(
             data=ResumesAFinishedEpochAtItsEnd, checks=("resume",), data_args={"num_workers": 1}
         ),
@@ -181,6 +193,11 @@ def test_a_resume_that_loses_the_epoch_after_an_epoch_end_fails_the_resume_check
 def test_a_metric_of_rank_zeros_shard_fails_the_metric_check(reports) -> None:
     row = reports["shard_metric"]["metrics"]
     assert not row.holds and "val/shard_acc" in row.measured and "sync_dist=True" in row.fix, row
+
+
+def test_a_shard_metric_fails_the_metric_check_whatever_its_name(reports) -> None:
+    row = reports["shard_metric_val_acc"]["metrics"]
+    assert not row.holds and "val_acc:" in row.measured and "sync_dist=True" in row.fix, row
 
 
 def test_a_dropout_network_holds_with_dropout_named_as_the_cause(reports) -> None:

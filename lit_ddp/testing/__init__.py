@@ -11,8 +11,8 @@ and checks:
 
 - first-step gradients 2×b = 1×2b: two processes with per-device batch b compute the gradients one process
   computes with batch 2b, to 1e-4 in ‖Δg‖/‖g‖ (README: what "the same model" means);
-- validation metrics 1 = 2 processes: every ``val/*`` metric of a 2-process validation equals the
-  1-process one, on every rank;
+- validation metrics 1 = 2 processes: every metric a 2-process validation logs (``val/acc``,
+  ``val_acc``, whatever its name) equals the 1-process one, on every rank;
 - training shards disjoint and covering, evaluation unpadded: the ranks' training samples do not overlap
   and together are the whole set; every validation sample is read exactly once;
 - augmentation same on any device count: each sample reaches the training step byte-identical on 1 and 2

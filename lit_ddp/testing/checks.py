@@ -201,10 +201,10 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], aug_differs: i
 
 
 def _metrics(two: list[dict], one: dict) -> Row:
-    reference = one["val"][-1]
+    reference = one["val_logged"][-1]  # every metric the validation logged, not only lit_ddp's val/*
     worst, name = 0.0, ""
     for rank in two:
-        got = rank["val"][-1]
+        got = rank["val_logged"][-1]
         for key in reference.keys() | got.keys():
             if key not in got or key not in reference:
                 worst, name = math.inf, f"{key} logged on one run only"

@@ -4,7 +4,8 @@ Used by the trust kit (checks.py) and by lit_ddp's own DDP tests (tests/helpers/
 few fields): weights at set-up, after each of the first optimizer steps and after every epoch; the first
 step's gradients as the optimizer applies them (after DDP's all-reduce); the indices the training sampler
 yields each epoch; each epoch's first training batch as the step saw it, with its samples' indices; the
-indices each evaluation loader reads; the epoch-level metrics; the BatchNorm classes trained with.
+indices each evaluation loader reads; the epoch-level metrics (a validate run's: every one it logged,
+whatever its name); the BatchNorm classes trained with.
 Saved as ``<out_dir>/<stage>_rank<r>.pt`` (``load`` reads every rank's).
 """
 
@@ -132,6 +133,10 @@ class Recorder(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking:
             self.record["val"].append(metrics(trainer, "val/"))
+            if trainer.state.fn == "validate":
+                # A validate run's metrics are all its validation's, whatever their names: a user's model
+                # may log "val_acc" or "valid/acc" (Lightning's examples do), not only lit_ddp's "val/*".
+                self.record.setdefault("val_logged", []).append(metrics(trainer, ""))
             self.record.setdefault("val_batches", []).append(list(trainer.num_val_batches))
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
