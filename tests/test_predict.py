@@ -110,6 +110,29 @@ def test_predict_dir_reads_every_image_under_it_unlabelled(ckpt: Path, tmp_path:
     assert f"1 unreadable image(s) left out: {images / 'broken.jpg'}" in out
 
 
+def test_images_a_predict_limit_left_unread_are_not_called_unreadable(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """`--trainer.limit_predict_batches=2` left the last images unread, and the report named them as
+    "unreadable image(s) left out": a user would go looking for broken files that are not."""
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("a.png", "b.png", "c.png", "d.png"):
+        Image.new("RGB", (40, 30), (len(name) * 40, 90, 10)).save(images / name)
+    (images / "aa.jpg").write_bytes(b"\xff\xd8\xff not really a JPEG")  # read in the 1st batch, left out
+    data = [a for a in DATA if not a.startswith("--data.batch_size")]
+    build_cli(
+        ["predict", *data, *QUIET, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path / 'run'}",
+         f"--data.predict_dir={images}", "--data.batch_size=2", "--trainer.limit_predict_batches=2"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    rows = read_rows(tmp_path / "run")
+    assert [Path(r["path"]).name for r in rows] == ["a.png", "b.png", "c.png"]  # batches a, aa.jpg / b, c
+    assert "predictions: 3 rows" in out
+    assert "1 image(s) not predicted: --trainer.limit_predict_batches=2" in out
+    assert f"1 unreadable image(s) left out: {images / 'aa.jpg'}" in out and "d.png" not in out
+
+
 @pytest.mark.parametrize("make", ["missing", "empty", "junk only"])
 def test_a_predict_dir_without_images_is_one_line(tmp_path: Path, capsys, make: str) -> None:
     folder = tmp_path / "images"

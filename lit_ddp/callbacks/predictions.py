@@ -12,6 +12,7 @@ of its batch. Here each batch keeps its top-k only, and the indices come with th
 """
 
 import csv
+import itertools
 import os
 from pathlib import Path
 
@@ -95,11 +96,12 @@ class PredictionWriter(Callback):
         batches, self._batches = self._batches, []
         local = {key: torch.cat([b[key] for b in batches]).cpu() for key in KEYS} if batches else None
         log_dir = self._run_dir(trainer)  # a broadcast from rank 0: every rank asks
-        parts = [local]
+        gathered = [(local, self._not_read(trainer))]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            parts = [None] * dist.get_world_size()
-            dist.all_gather_object(parts, local)
-        parts = [p for p in parts if p is not None]
+            mine, gathered = gathered[0], [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+        parts = [p for p, _ in gathered if p is not None]
+        not_read = {i for _, rank_not_read in gathered for i in rank_not_read}
         if not trainer.is_global_zero or not parts:
             return
         rows = {key: torch.cat([p[key] for p in parts]) for key in KEYS}
@@ -115,9 +117,33 @@ class PredictionWriter(Callback):
         report += f" → {path}"
         dataset = getattr(dm, "predict_set", None)
         if dataset is not None and count < len(dataset):
-            missing = sorted(set(range(len(dataset))) - set(rows["index"].tolist()))
-            report += f"; {len(missing)} unreadable image(s) left out: {self._names(missing, dataset)}"
+            # A sample missing from the rows was either never read (past --trainer.limit_predict_batches)
+            # or read and left out as unreadable: only the second is the file's fault.
+            missing = set(range(len(dataset))) - set(rows["index"].tolist())
+            unreadable = sorted(missing - not_read)
+            if not_read:
+                report += (
+                    f"; {len(not_read)} image(s) not predicted: --trainer.limit_predict_batches="
+                    f"{trainer.limit_predict_batches} stopped each device before them"
+                )
+            if unreadable:
+                report += (
+                    f"; {len(unreadable)} unreadable image(s) left out: {self._names(unreadable, dataset)}"
+                )
         pl_module.print(report)  # rank 0 only
+
+    @staticmethod
+    def _not_read(trainer: Trainer) -> list[int]:
+        """The indices of this rank's samples that ``--trainer.limit_predict_batches`` kept it from reading:
+        the batches of its loader after the first ``num_predict_batches`` (none without a limit)."""
+        loaders = trainer.predict_dataloaders
+        loader = loaders[0] if isinstance(loaders, list | tuple) else loaders
+        limits = trainer.num_predict_batches
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if not limits or batch_sampler is None or limits[0] >= len(batch_sampler):
+            return []
+        rest = itertools.islice(batch_sampler, int(limits[0]), None)
+        return [int(i[0]) if isinstance(i, tuple) else int(i) for batch in rest for i in batch]
 
     def _write(self, path: Path, rows: dict[str, Tensor], datamodule) -> int:
         """Writes the CSV via a temporary file and a rename: a reader never sees half a file. Returns the
