@@ -265,6 +265,9 @@ def test_bad_arguments_are_one_line_naming_the_fix(tmp_path: Path) -> None:
         check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), checks=("speed",))
     with pytest.raises(UserError, match="steps=1 must be 2 or more"):
         check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), steps=1)
+    for batch_size in (0, -2):  # -2 was a traceback from the ranks' samplers, 0 the default batch
+        with pytest.raises(UserError, match=f"batch_size={batch_size} must be 1 or more"):
+            check_ddp_invariants(LeNetCIFAR(), ShapesDataModule(**SHAPES), batch_size=batch_size)
 
     with pytest.raises(UserError, match="cannot be pickled .*keep what cannot be pickled"):
         check_ddp_invariants(LeNetCIFAR(), HoldsALock(**SHAPES), workdir=tmp_path)

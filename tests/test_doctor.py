@@ -132,3 +132,16 @@ def test_the_check_runs_batch_is_smaller_for_large_images(monkeypatch, image_siz
     )
     assert doctor_module.main(["--config", "x.yaml"], lambda a: cli) == 0
     assert got["batch_size"] == expected
+
+
+@pytest.mark.parametrize("batch_size", ["0", "-2"])
+def test_a_batch_size_under_1_is_one_line(capsys, batch_size: str) -> None:
+    """--batch-size=0 ran the checks at the default batch in silence; -2 ended in the ranks' tracebacks."""
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", f"--batch-size={batch_size}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.splitlines() == [
+        f"lit_ddp: error: batch_size={batch_size} must be 1 or more: the per-device batch of the checks"
+    ], err

@@ -423,6 +423,8 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         raise UserError(f"unknown check(s) {sorted(unknown)}: choose from {list(CHECKS)}")
     if case.steps < 2:
         raise UserError(f"steps={case.steps} must be 2 or more: the resume check stops after the first step")
+    if case.batch_size is not None and case.batch_size < 1:  # else a rank's sampler fails with a traceback
+        raise UserError(f"batch_size={case.batch_size} must be 1 or more: the per-device batch of the checks")
     configured_batch = dm.batch_size
     b = case.batch_size or min(configured_batch, 16)
     mixing = dm.mixup_alpha > 0 or dm.cutmix_alpha > 0
