@@ -334,3 +334,21 @@ def test_classes_defined_in_a_script_or_a_function_travel_to_the_ranks(tmp_path:
 
     report = check_ddp_invariants(LeNetCIFAR(), Local(**SHAPES), checks=("grads",), workdir=tmp_path)
     assert report.ok and "first-step gradients 2×b = 1×2b" in report.table(), report.table()
+
+
+@pytest.mark.parametrize("accumulate", [1, 2, 3])
+def test_the_mid_epoch_stop_is_mid_epoch_under_gradient_accumulation(tmp_path: Path, accumulate: int) -> None:
+    """With accumulate_grad_batches=2 an epoch of 2·b·steps samples held one optimizer step: the resume
+    check's stop "mid-epoch" after step 1 fell at the epoch's end, and a mid-epoch resume went unchecked."""
+    from lit_ddp.testing.checks import _jobs
+
+    jobs, _ = _jobs(case(accumulate_grad_batches=accumulate), "k", tmp_path)
+    runs = {j.name: j for j in jobs[2]}
+    b = runs["k_full"].batch_size
+
+    def steps_per_epoch(job) -> int:  # a rank's batches of one epoch, over the batches of one step
+        return job.train_samples // (2 * b) // accumulate
+
+    assert steps_per_epoch(runs["k_stopped"]) == runs["k_stopped"].max_steps == 2  # step 1 of 2: mid-epoch
+    assert runs["k_stopped"].stop_at_step == 1
+    assert steps_per_epoch(runs["k_stopped_end"]) == 1  # step 1 ends epoch 1

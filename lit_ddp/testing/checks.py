@@ -431,7 +431,10 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     dm.mixup_alpha = dm.cutmix_alpha = 0.0  # they pair samples within a device's batch: left out (README)
     payload = root / f"{key}_payload.pkl"
     payload.write_bytes(_payload(model, dm))
-    train_samples, val_samples = 2 * b * case.steps, 2 * b + 1  # an odd evaluation set: uneven shards
+    # An optimizer step takes accumulate_grad_batches batches: `steps` steps, and one-step epochs, need that
+    # many times the samples (else the "mid-epoch" stop after step 1 fell at the epoch's end).
+    batches_per_step = max(1, case.accumulate_grad_batches)
+    train_samples, val_samples = 2 * b * case.steps * batches_per_step, 2 * b + 1  # odd: uneven val shards
     trainer_kwargs = {
         "accumulate_grad_batches": case.accumulate_grad_batches,
         "gradient_clip_val": case.gradient_clip_val,
@@ -458,7 +461,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     needed = {name for check in case.checks for name in NEEDS[check]}
     stop = root / f"{key}_stopped" / "stop.ckpt"
     stop_end = root / f"{key}_stopped_end" / "stop.ckpt"
-    one_step = 2 * b  # epochs of one step each: the stop after step 1 is at the end of epoch 1
+    one_step = 2 * b * batches_per_step  # epochs of one step each: the stop after step 1 ends epoch 1
     every = {
         "full": job("full", 2),
         "again": job("again", 2),
@@ -576,11 +579,11 @@ def check_ddp_invariants(
     ``model``: a LightningModule, its class, or a ``{"class_path", "init_args"}`` dict; ``datamodule``: a
     lit_ddp ImageDataModule (or its class). ``batch_size``: the per-device batch b of the runs (default: the
     data module's, at most 16, so the runs stay small); ``steps``: optimizer steps of the 2-process fit, one
-    epoch of 2·b·steps training samples. ``sync_batchnorm``, ``accumulate_grad_batches`` and
-    ``gradient_clip_val`` as the real run will use them; ``devices``: the device count it will use (the
-    padding warning considers it). ``checks``: a subset of ``CHECKS`` to run (fewer runs). ``workdir``:
-    keep the runs' records and logs there. Warnings come back as rows of the report and as
-    ``DDPInvariantWarning``.
+    epoch of 2·b·steps·accumulate_grad_batches training samples. ``sync_batchnorm``,
+    ``accumulate_grad_batches`` and ``gradient_clip_val`` as the real run will use them; ``devices``: the
+    device count it will use (the padding warning considers it). ``checks``: a subset of ``CHECKS`` to run
+    (fewer runs). ``workdir``: keep the runs' records and logs there. Warnings come back as rows of the
+    report and as ``DDPInvariantWarning``.
     """
     case = Case(
         model,
