@@ -386,6 +386,39 @@ def test_a_shard_unreadable_in_a_dataloader_worker_stops_the_run_in_one_line(
     assert "Traceback" not in failed.stderr and "worker process" not in failed.stderr + failed.stdout
 
 
+@pytest.mark.parametrize("damage", ["offsets", "image_size"])
+def test_a_shard_of_the_right_size_holding_garbage_is_named_in_one_line(
+    tmp_path: Path, cifar_shards: Path, damage: str
+) -> None:
+    """A disk or copy error keeps a shard's size: its offsets (or a sample's sizes) point outside the
+    shard or its sample. The read names the shard (a ShardError: one line from the CLI, also out of a
+    DataLoader worker), not numpy's ValueError or a batch of the wrong shape."""
+    import numpy as np
+
+    from lit_ddp.data.convert import convert
+
+    make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "folder"), shard_mb=0.05)
+    shutil.copytree(cifar_shards, tmp_path / "cifar")
+    for root, split in ((tmp_path / "cifar", "train"), (tmp_path / "folder", "val")):
+        shard = root / split / "shard.00000.mds"
+        data = bytearray(shard.read_bytes())
+        if damage == "offsets":
+            data[4:64] = b"\xff" * 60  # the first samples' offsets: far beyond the shard
+        else:  # the first sample's image size, one byte short: its columns no longer meet its end
+            begin = int(np.frombuffer(data, np.uint32, 1, 4)[0])
+            data[begin : begin + 4] = (int(np.frombuffer(data, np.uint32, 1, begin)[0]) - 1).to_bytes(
+                4, "little"
+            )
+        shard.write_bytes(data)
+        samples = ShardedSamples(str(root), split)
+        with pytest.raises(ShardError) as err:
+            samples[0]
+        message = str(err.value)
+        assert message.startswith(f"shard {shard} is corrupt") and "\n" not in message
+        assert "python -m lit_ddp shard" in message
+
+
 @pytest.mark.ddp
 @pytest.mark.slow
 @pytest.mark.timeout(600)

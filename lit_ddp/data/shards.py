@@ -339,18 +339,35 @@ class ShardedSamples:
         s = bisect.bisect_right(self.starts, index) - 1
         data = self._shard(s)
         j = index - self.starts[s]
-        begin, end = np.frombuffer(data, np.uint32, 2, 4 + 4 * j)
-        size = int(np.frombuffer(data, np.uint32, 1, begin)[0])
+        # A shard of the right size can still hold garbage (a disk or copy error): every offset is checked
+        # against the shard and the sample's own layout (the variable columns' sizes, the two int64s, the
+        # path), so damage is one line naming the shard, not numpy's error from deep in a DataLoader.
+        if 4 + 4 * (j + 2) > len(data):
+            raise self._corrupt(s, j)
+        begin, end = (int(v) for v in np.frombuffer(data, np.uint32, 2, 4 + 4 * j))
+        if not begin + self.header <= end <= len(data):
+            raise self._corrupt(s, j)
+        sizes = np.frombuffer(data, np.uint32, self.header // 4, begin).tolist()
+        size, length = sizes[0], sizes[1] if self.header == 8 else 0  # image; ImageFolder's path
         first = begin + self.header
+        if end - first != size + 16 + length:
+            raise self._corrupt(s, j)
         image = data[first : first + size]
-        if first + size + 16 > end:
-            raise ShardError(f"shard {self.store.name(self.split + '/' + self.shards[s][0])} is corrupt")
         sample_index, label = np.frombuffer(data, np.int64, 2, first + size)
         path = ""
         if self.header == 8:  # ImageFolder shards: the file's relative path after the fixed columns
-            length = int(np.frombuffer(data, np.uint32, 1, begin + 4)[0])
-            path = bytes(data[first + size + 16 : first + size + 16 + length]).decode()
+            try:
+                path = bytes(data[first + size + 16 : end]).decode()
+            except UnicodeDecodeError:
+                raise self._corrupt(s, j) from None
         return Sample(image, int(label), int(sample_index), path)
+
+    def _corrupt(self, s: int, j: int) -> ShardError:
+        return ShardError(
+            f"shard {self.store.name(self.split + '/' + self.shards[s][0])} is corrupt (its sample {j} does"
+            " not fit the shard's layout): re-run `python -m lit_ddp shard` into an empty DEST, then resume"
+            " with --ckpt_path=last"
+        )
 
 
 def read_image_bytes(image: memoryview) -> np.ndarray:
