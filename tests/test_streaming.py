@@ -261,6 +261,29 @@ def test_shards_on_a_slow_s3_server_train_the_same_weights_as_the_folder_and_fil
     assert cached == {p.name: p.read_bytes() for p in (cifar_shards / "train").glob("*.mds")}
 
 
+@pytest.mark.parametrize("problem", ["no_credentials", "no_bucket", "server_down"])
+def test_shard_to_an_s3_store_it_cannot_use_names_the_problem_in_one_line(
+    tmp_path: Path, s3_server, cifar_shards: Path, problem: str
+) -> None:
+    """Credentials missing, a bucket that does not exist, an endpoint that does not answer: the command
+    names the store's problem and its fix (exit 2), not botocore's traceback."""
+    src, url = cifar_shards.parent / "src", f"s3://{s3_server.bucket}/cifar"
+    env = {**s3_server.env, "AWS_EC2_METADATA_DISABLED": "true"}  # no instance-metadata lookups
+    env |= {"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none")}
+    if problem == "no_credentials":
+        env |= {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+        expected = "no S3 credentials for s3://shards/cifar: set AWS_ACCESS_KEY_ID"
+    elif problem == "no_bucket":
+        url = "s3://nobucket/cifar"
+        expected = "the S3 store has no bucket 'nobucket' (s3://nobucket/cifar): create it"
+    else:
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{s3.free_port()}"
+        expected = f"cannot connect to the S3 endpoint {env['AWS_ENDPOINT_URL']} for {url}: check"
+    proc = shard(src, url, env=env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"lit_ddp: error: {expected}") and proc.stderr.count("\n") == 1
+
+
 def s3_samples(
     s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2, read_timeout: float = 30.0
 ) -> ShardedSamples:

@@ -15,6 +15,7 @@ that holds anything else is refused.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,7 +30,16 @@ from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.cifar10 import CLASS_NAMES, TEST_BATCH, TRAIN_BATCHES, find_folder, read_split
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
-from lit_ddp.data.shards import COLUMNS, FOLDER_COLUMNS, INDEX, MANIFEST, SPLITS, S3Store, is_remote
+from lit_ddp.data.shards import (
+    COLUMNS,
+    FOLDER_COLUMNS,
+    INDEX,
+    MANIFEST,
+    SPLITS,
+    S3Store,
+    is_remote,
+    store_problem,
+)
 from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
 
@@ -131,11 +141,32 @@ def _write_split(
     return {"samples": done, "bytes": size, "shards": len(list((out / split).glob("*.mds")))}
 
 
+@contextlib.contextmanager
+def _s3_errors(dest: str) -> Iterator[None]:
+    """botocore's and boto3's errors while listing or writing DEST, as one line: the store's problem and
+    its fix (credentials, endpoint, bucket), else the error itself; nothing is published without the
+    manifest, so running the command again starts over."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError, Boto3Error) as err:
+        problem = store_problem(err, dest)
+        if problem is None:
+            problem = (
+                f"cannot write the shards to {dest} ({type(err).__name__}: {err}): check that the store is"
+                " up, then run the command again"
+            )
+        raise UserError(problem) from err
+
+
 def _check_dest(dest: str) -> None:
     """Refuse a DEST holding finished shards or anything not written by an earlier, interrupted run."""
     ours = {PARTIAL, *SPLITS}
     if is_remote(dest):
-        keys = S3Store(dest).keys()
+        with _s3_errors(dest):
+            keys = S3Store(dest).keys()
         if MANIFEST in keys:
             raise UserError(
                 f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
@@ -157,11 +188,12 @@ def _check_dest(dest: str) -> None:
 def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
     if is_remote(dest):
         store = S3Store(dest)
-        for split in splits:  # shards first, each split's index after its shards, the manifest last
-            for shard in sorted((work / split).glob("*.mds")):
-                store.upload(f"{split}/{shard.name}", str(shard))
-            store.upload(f"{split}/{INDEX}", str(work / split / INDEX))
-        store.write(MANIFEST, manifest)
+        with _s3_errors(dest):
+            for split in splits:  # shards first, each split's index after its shards, the manifest last
+                for shard in sorted((work / split).glob("*.mds")):
+                    store.upload(f"{split}/{shard.name}", str(shard))
+                store.upload(f"{split}/{INDEX}", str(work / split / INDEX))
+            store.write(MANIFEST, manifest)
         return
     for split in splits:
         target = Path(dest) / split

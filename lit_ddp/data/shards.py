@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -166,6 +167,51 @@ def _why(err: BaseException) -> str:
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", "?")
         return f"{type(err).__name__} {code}, HTTP {status}"
     return f"{type(err).__name__}: {err}"
+
+
+def store_problem(err: BaseException, url: str) -> str | None:
+    """The line for an error of the S3 store itself, which no retry and no other key mends (credentials
+    missing or refused, endpoint unreachable, bucket missing), read from ``err`` or what it was raised
+    from (boto3's upload wraps botocore's ClientError); None for any other error."""
+    try:
+        from botocore.exceptions import (
+            ClientError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+    except ImportError:
+        return None
+    bucket = url[len("s3://") :].partition("/")[0]
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, NoCredentialsError | PartialCredentialsError):
+            return (
+                f"no S3 credentials for {url}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or"
+                " AWS_PROFILE), and AWS_ENDPOINT_URL for a store other than AWS"
+            )
+        if isinstance(err, EndpointConnectionError):
+            endpoint = urlsplit(err.kwargs.get("endpoint_url", ""))  # the request's URL: its server
+            return (
+                f"cannot connect to the S3 endpoint {endpoint.scheme}://{endpoint.netloc} for {url}: check"
+                " AWS_ENDPOINT_URL and that the store is up"
+            )
+        if isinstance(err, ClientError):
+            code = err.response.get("Error", {}).get("Code", "")
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket":
+                return (
+                    f"the S3 store has no bucket {bucket!r} ({url}): create it, or fix the bucket's name"
+                    " (and AWS_ENDPOINT_URL)"
+                )
+            if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                return (
+                    f"the S3 store refused {url} ({code or 'HTTP 403'}): check AWS_ACCESS_KEY_ID and"
+                    " AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's permissions"
+                )
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def read_with_retries(store, key: str, size: int | None, retries: int, backoff: float = 0.2) -> bytes:
