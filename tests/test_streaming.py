@@ -284,6 +284,35 @@ def test_shard_to_an_s3_store_it_cannot_use_names_the_problem_in_one_line(
     assert proc.stderr.startswith(f"lit_ddp: error: {expected}") and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("problem", ["no_credentials", "no_bucket", "server_down"])
+def test_training_from_an_s3_store_it_cannot_use_names_the_store_not_the_url(
+    tmp_path: Path, s3_server, cifar_shards: Path, monkeypatch, problem: str
+) -> None:
+    """The manifest is read first: a store that cannot be used says so, with its fix, instead of 'no
+    readable lit_ddp.json: point --data.url at ...' for a url that is right."""
+    client = s3_server.client()
+    for p in sorted(cifar_shards.rglob("*")):
+        if p.is_file():
+            client.upload_file(str(p), s3_server.bucket, f"cifar/{p.relative_to(cifar_shards)}")
+    url = f"s3://{s3_server.bucket}/cifar"
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    if problem == "no_credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+        expected = f"no S3 credentials for {url}: set AWS_ACCESS_KEY_ID"
+    elif problem == "no_bucket":
+        url = "s3://nobucket/cifar"
+        expected = "the S3 store has no bucket 'nobucket' (s3://nobucket/cifar): create it"
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{s3.free_port()}")
+        expected = f"cannot connect to the S3 endpoint {os.environ['AWS_ENDPOINT_URL']} for {url}: check"
+    with pytest.raises(UserError) as err:
+        StreamingDataModule(url=url, val_size=40, retries=1)
+    assert str(err.value).startswith(expected) and "\n" not in str(err.value)
+
+
 def s3_samples(
     s3_server, tmp_path: Path, cifar_shards: Path, retries: int = 2, read_timeout: float = 30.0
 ) -> ShardedSamples:

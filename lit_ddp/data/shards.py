@@ -234,17 +234,20 @@ def read_with_retries(store, key: str, size: int | None, retries: int, backoff: 
         f"cannot read shard {store.name(key)} after {attempts} ({_why(last)}): check that the"
         " store is up and the shard is whole (re-run `python -m lit_ddp shard` into an empty DEST), then"
         " resume with --ckpt_path=last"
-    )
+    ) from last  # the last reason, for read_manifest's line
 
 
 def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT) -> dict:
     store = open_store(url, read_timeout)
     try:
         data = read_with_retries(store, MANIFEST, None, retries)
-    except ShardError:
+    except ShardError as err:
+        # The store's own problem (credentials, endpoint, bucket) is not fixed by another --data.url.
+        problem = store_problem(err.__cause__, url) if is_remote(url) else None
         raise ShardError(
-            f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or s3:// prefix"
-            " written by `python -m lit_ddp shard SRC DEST`"
+            problem
+            or f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or s3://"
+            " prefix written by `python -m lit_ddp shard SRC DEST`"
         ) from None
     return json.loads(data)
 
