@@ -153,6 +153,36 @@ def test_the_splits_sampler_and_resume_are_the_base_modules_hooks(cifar_shards: 
         StreamingDataModule(url=str(cifar_shards), val_size=40, augmentation=RandomResizedCropFlip())
 
 
+def test_a_mid_epoch_resume_over_another_order_is_refused_in_one_line(
+    tmp_path: Path, cifar_shards: Path
+) -> None:
+    """The checkpoint counts the samples its order had taken: over shards written again with another
+    --shard-mb, another hold-out or another window, the same count skips other samples. Refused; the
+    same shards and settings resume, and an epoch-end checkpoint starts the next epoch over any."""
+    from lit_ddp.data.convert import convert
+
+    convert(str(cifar_shards.parent / "src"), str(tmp_path / "resharded"), shard_mb=0.02)
+
+    def module(url: Path = cifar_shards, **kwargs) -> StreamingDataModule:
+        dm = StreamingDataModule(url=str(url), **{"val_size": 40, "batch_size": 8, **kwargs})
+        dm.setup("fit")
+        return dm
+
+    stopped = module()
+    stopped._epoch, stopped._samples, stopped._batches = 1, 32, 4  # 4 batches of epoch 1 trained
+    state = stopped.state_dict()
+    for changed in (dict(url=tmp_path / "resharded"), dict(window=2), dict(val_size=30)):
+        with pytest.raises(UserError, match="cannot resume mid-epoch exactly") as err:
+            module(**changed).load_state_dict(state)
+        assert "\n" not in str(err.value) and "or from an epoch-end checkpoint" in str(err.value)
+    same = module()
+    same.load_state_dict(state)
+    assert same.resume_point == (1, 32)
+    epoch_end = module(url=tmp_path / "resharded")
+    epoch_end.load_state_dict({**state, "epoch_complete": True})
+    assert epoch_end.resume_point == (2, 0)
+
+
 def test_encoded_shards_crop_in_the_workers_and_refuse_a_val_size(tmp_path: Path) -> None:
     from lit_ddp.data.convert import convert
 
