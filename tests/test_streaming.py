@@ -64,6 +64,15 @@ def test_shard_converts_cifar_and_imagefolder_byte_identically_and_refuses_a_use
     assert refused.returncode == 2 and "holds other files (notes.txt)" in refused.stderr
 
 
+@pytest.mark.parametrize("option", ["--shard-mb=-1", "--workers=-1"])
+def test_shard_refuses_a_negative_size_or_thread_count_in_one_line(tmp_path: Path, option: str) -> None:
+    make_tree(tmp_path / "tree")
+    proc = shard(tmp_path / "tree", str(tmp_path / "dest"), option)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("lit_ddp: error: --shard-mb=") and "cannot be negative" in proc.stderr
+    assert not (tmp_path / "dest").exists()  # refused before DEST is touched
+
+
 def test_an_interrupted_conversion_leaves_no_manifest_and_a_rerun_completes(tmp_path: Path) -> None:
     from lit_ddp.data.convert import PARTIAL, convert
 

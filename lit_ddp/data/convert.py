@@ -206,6 +206,13 @@ def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
 
 def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = None) -> dict:
     """Shard ``src`` into ``dest``; returns the manifest."""
+    # Checked before DEST is touched: MDSWriter and the thread pool refuse them only with a traceback.
+    # (0 stays what it was: no size limit, one shard per split, as MDSWriter takes it; the default pool.)
+    if shard_mb < 0 or (workers is not None and workers < 0):
+        raise UserError(
+            f"--shard-mb={shard_mb} and --workers={workers} cannot be negative: pass a shard size in MiB (64"
+            " by default) and a count of reading threads, or leave them out"
+        )
     root = Path(src)
     if not root.is_dir():
         raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
