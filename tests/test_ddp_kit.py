@@ -352,3 +352,18 @@ def test_the_mid_epoch_stop_is_mid_epoch_under_gradient_accumulation(tmp_path: P
     assert steps_per_epoch(runs["k_stopped"]) == runs["k_stopped"].max_steps == 2  # step 1 of 2: mid-epoch
     assert runs["k_stopped"].stop_at_step == 1
     assert steps_per_epoch(runs["k_stopped_end"]) == 1  # step 1 ends epoch 1
+
+
+def test_kit_settings_are_the_trainer_settings_the_config_trains_with() -> None:
+    """A project's generated test passed the config's seed and SyncBatchNorm only: a config with gradient
+    accumulation or clipping was checked without them, while doctor checked it with them."""
+    from lit_ddp.testing import kit_settings
+
+    trainer = {"sync_batchnorm": True, "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
+    config = {"seed_everything": 7, "trainer": {**trainer, "devices": 8, "num_nodes": 2}}
+    assert kit_settings(config) == {"seed": 7, **trainer, "devices": 16}
+    # The machine decides the count (auto, -1), or the seed is drawn at random (true): the kit's defaults.
+    drawn = kit_settings({"seed_everything": True, "trainer": {"devices": "auto"}})
+    defaults = {"sync_batchnorm": False, "accumulate_grad_batches": 1, "gradient_clip_val": None}
+    assert drawn == {"seed": 0, **defaults}
+    assert kit_settings({"trainer": {"devices": [0, 1]}})["devices"] == 2

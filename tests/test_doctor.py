@@ -92,8 +92,11 @@ def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -
     cli = SimpleNamespace(
         model=LeNetCIFAR(),
         datamodule=ShapesDataModule(batch_size=2),
-        trainer=SimpleNamespace(num_devices=4, num_nodes=2, accumulate_grad_batches=3, gradient_clip_val=1.0),
-        config={"trainer": {"sync_batchnorm": False}, "seed_everything": 7},
+        trainer=SimpleNamespace(num_devices=1, num_nodes=1),  # the checks' CPU trainer: the config counts
+        config={
+            "trainer": {"devices": 4, "num_nodes": 2, "accumulate_grad_batches": 3, "gradient_clip_val": 1.0},
+            "seed_everything": 7,
+        },
     )
     seen_args = []
     code = doctor_module.main(
@@ -127,7 +130,6 @@ def test_the_check_runs_batch_is_smaller_for_large_images(monkeypatch, image_siz
     cli = SimpleNamespace(
         model=LeNetCIFAR(),
         datamodule=data,
-        trainer=SimpleNamespace(num_devices=1, num_nodes=1, accumulate_grad_batches=1, gradient_clip_val=0),
         config={"trainer": {}, "seed_everything": 0},
     )
     assert doctor_module.main(["--config", "x.yaml"], lambda a: cli) == 0

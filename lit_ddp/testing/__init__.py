@@ -28,14 +28,16 @@ without SyncBatchNorm at a per-device batch under 32, a training-set size that l
 
 ``report.ok`` is True when every check holds (warnings aside); ``report["augmentation same on any device
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |
-measured | what to change. ``python -m lit_ddp doctor --config my.yaml`` runs the same on a config.
+measured | what to change. ``python -m lit_ddp doctor --config my.yaml`` runs the same on a config;
+``kit_settings(config)`` gives a test the arguments doctor takes from it (seed, SyncBatchNorm, accumulation,
+clipping, device count).
 
 The model and data module travel to the ranks pickled by value (cloudpickle): their classes may live in a
 script, a notebook or a test function.
 """
 
 from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants
-from lit_ddp.testing.config import build, instantiate, resolved_config
+from lit_ddp.testing.config import build, instantiate, kit_settings, resolved_config
 from lit_ddp.testing.conflicts import conflict_markers
 
 __all__ = [
@@ -46,5 +48,6 @@ __all__ = [
     "check_ddp_invariants",
     "conflict_markers",
     "instantiate",
+    "kit_settings",
     "resolved_config",
 ]

@@ -69,3 +69,34 @@ def build(config: dict, num_classes: int | None = None) -> tuple[LightningModule
     if num_classes is not None and _takes_num_classes(model_config["class_path"]):
         model_config["init_args"]["num_classes"] = num_classes
     return instantiate(model_config, LightningModule), data
+
+
+def _device_count(devices, num_nodes) -> int | None:
+    """Processes a config's ``trainer.devices`` × ``num_nodes`` start; None where the machine decides
+    (``auto``, -1)."""
+    if isinstance(devices, list | tuple):
+        return len(devices) * num_nodes
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        return devices * num_nodes
+    return None
+
+
+def kit_settings(config) -> dict:
+    """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed,
+    and the settings the real run trains with (SyncBatchNorm, gradient accumulation and clipping, and the
+    device count where the config gives one), so that a test of the config checks what ``doctor`` does.
+
+        check_ddp_invariants(model, data, **kit_settings(config))
+    """
+    trainer = config.get("trainer") or {}
+    seed = config.get("seed_everything")
+    settings = {
+        "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+        "sync_batchnorm": bool(trainer.get("sync_batchnorm")),
+        "accumulate_grad_batches": int(trainer.get("accumulate_grad_batches") or 1),
+        "gradient_clip_val": trainer.get("gradient_clip_val"),
+    }
+    devices = _device_count(trainer.get("devices"), int(trainer.get("num_nodes") or 1))
+    return {**settings, **({"devices": devices} if devices is not None else {})}

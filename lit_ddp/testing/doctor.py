@@ -27,6 +27,7 @@ from pathlib import Path
 
 from lit_ddp.runtime.quiet import quiet_args_given
 from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
+from lit_ddp.testing.config import kit_settings
 
 PROG = "python -m lit_ddp doctor"
 DEFAULT_BATCH = 8
@@ -84,18 +85,13 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
     with quiet_args_given(), _without_lightning_info():  # args given while sys.argv holds the doctor's
         cli = parse([*rest, "--trainer.accelerator=cpu"])
-    trainer, config = cli.trainer, cli.config
+    config = cli.config
     dm = cli.datamodule
     default = LARGE_IMAGE_BATCH if dm.image_size > LARGE_IMAGE else DEFAULT_BATCH
     # --batch-size=0 is the kit's one-line refusal, not the default batch in silence.
     batch = options.batch_size if options.batch_size is not None else min(dm.batch_size, default)
-    world = trainer.num_devices * trainer.num_nodes
-    seed = config.get("seed_everything")
-    settings = {
-        "sync_batchnorm": bool(config["trainer"].get("sync_batchnorm")),
-        "accumulate_grad_batches": trainer.accumulate_grad_batches,
-        "gradient_clip_val": trainer.gradient_clip_val,
-    }
+    settings = kit_settings(config)  # what a project's test passes too
+    seed = settings.pop("seed")
     print(
         f"{prog}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
         f" {options.steps} steps, seed {seed}; " + ", ".join(f"{k}={v}" for k, v in settings.items()),
@@ -109,8 +105,7 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
             dm,
             batch_size=batch,
             steps=options.steps,
-            seed=int(seed) if isinstance(seed, int) else 0,
-            devices=world,
+            seed=seed,
             checks=tuple(c.strip() for c in options.checks.split(",") if c.strip()),
             workdir=options.workdir,
             **settings,

@@ -10,18 +10,14 @@ the same table for any config.
 """
 
 import pytest
-from lit_ddp.testing import build, check_ddp_invariants
+from lit_ddp.testing import build, check_ddp_invariants, kit_settings
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(300)
 def test_the_network_and_data_keep_the_ddp_invariants(default_config: dict, in_tmp) -> None:
-    # The kit runs on the head of each split, with configs/default.yaml's model, data and seed.
+    # The kit runs on the head of each split, with configs/default.yaml's model, data, seed and the trainer
+    # settings the run trains with (SyncBatchNorm, gradient accumulation and clipping), as doctor does.
     model, data = build(default_config)
-    report = check_ddp_invariants(
-        model,
-        data,
-        seed=default_config["seed_everything"],
-        sync_batchnorm=bool(default_config["trainer"].get("sync_batchnorm")),
-    )
+    report = check_ddp_invariants(model, data, **kit_settings(default_config))
     assert report.ok, "\n" + report.table()
