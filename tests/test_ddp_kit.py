@@ -367,3 +367,15 @@ def test_kit_settings_are_the_trainer_settings_the_config_trains_with() -> None:
     defaults = {"sync_batchnorm": False, "accumulate_grad_batches": 1, "gradient_clip_val": None}
     assert drawn == {"seed": 0, **defaults}
     assert kit_settings({"trainer": {"devices": [0, 1]}})["devices"] == 2
+
+
+def test_a_validation_that_logs_no_metric_is_a_warning_not_a_yes() -> None:
+    """The metric check said "yes: 0 val metrics" for a model whose validation logs nothing: a pass that
+    vouched for metrics nobody logged."""
+    from lit_ddp.testing.checks import _metrics
+
+    row = _metrics([{"rank": r, "val_logged": [{}]} for r in (0, 1)], {"val_logged": [{}]})
+    assert (row.holds, row.warning) == (False, True) and "no validation metric logged" in row.measured
+    assert Report([row]).ok and Report([row]).warnings == [row]
+    logged = _metrics([{"rank": 0, "val_logged": [{"val_acc": 0.5}]}], {"val_logged": [{"val_acc": 0.5}]})
+    assert logged.holds and not logged.warning and logged.measured.startswith("1 val metrics")

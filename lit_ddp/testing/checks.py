@@ -202,6 +202,15 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], aug_differs: i
 
 def _metrics(two: list[dict], one: dict) -> Row:
     reference = one["val_logged"][-1]  # every metric the validation logged, not only lit_ddp's val/*
+    if not reference:  # a "yes" here would vouch for metrics nobody logged
+        return Row(
+            "metrics",
+            "validation metrics 1 = 2 processes",
+            False,  # with warning=True: WARN in the table, never a failure (a model may log none)
+            "no validation metric logged: nothing to compare",
+            "log the validation metrics with self.log in validation_step to have them checked",
+            warning=True,
+        )
     worst, name = 0.0, ""
     for rank in two:
         got = rank["val_logged"][-1]
