@@ -3,6 +3,7 @@ real S3-compatible server on 127.0.0.1 (tests/helpers/s3.py)."""
 
 import http.server
 import os
+import pickle
 import shutil
 import threading
 from pathlib import Path
@@ -296,7 +297,8 @@ def test_shards_on_a_slow_s3_server_train_the_same_weights_as_the_folder_and_fil
     local = fit(tmp_path / "local", cifar_shards, *one_epoch)
     assert local.returncode == 0, local.stderr[-3000:]
     assert_same_weights(weights(tmp_path / "s3"), weights(tmp_path / "local"), atol=0)
-    cached = {p.name: p.read_bytes() for p in cache.rglob("*.mds") if "train" in p.parts}
+    # Each copy is named by its shard's SHA-1 (16 hex digits), then the shard's own name.
+    cached = {p.name[17:]: p.read_bytes() for p in cache.rglob("*.mds") if "train" in p.parts}
     assert cached == {p.name: p.read_bytes() for p in (cifar_shards / "train").glob("*.mds")}
 
 
@@ -518,3 +520,31 @@ def test_doctor_holds_on_the_streaming_cifar_recipe(tmp_path: Path, cifar_shards
 
     args = ["--config", str(REPO / "configs" / "lenet_cifar_streaming.yaml"), f"--data.url={cifar_shards}"]
     assert_every_check_holds(*doctor([*args, "--data.val_size=30"], tmp_path))
+
+
+def test_shards_written_again_under_the_same_url_are_not_read_from_the_node_cache(
+    tmp_path: Path, s3_server
+) -> None:
+    """Labels fixed and sharded again under the same prefix: the shards keep their byte sizes, and the node
+    cache, which knew its copies by name and size, trained on the old labels."""
+    from lit_ddp.data.convert import convert
+
+    src = tmp_path / "cifar"
+    write_cifar10(src, per_batch=8)
+    url = f"s3://{s3_server.bucket}/relabelled"  # a prefix of its own: the server outlives a test
+    convert(str(src), url, shard_mb=0.05)
+    first = ShardedSamples(url, "test", tmp_path / "cache")
+    old_labels = [first[i].label for i in range(len(first))]
+    # The same images with each label moved to the next class: every shard the same size as before.
+    batch = src / "cifar-10-batches-py" / "test_batch"
+    entries = pickle.loads(batch.read_bytes(), encoding="bytes")
+    entries[b"labels"] = [(label + 1) % 10 for label in entries[b"labels"]]
+    batch.write_bytes(pickle.dumps(entries, protocol=2))  # as the original batches
+    client = s3_server.client()
+    listed = client.list_objects_v2(Bucket=s3_server.bucket, Prefix="relabelled/")["Contents"]
+    for key in [o["Key"] for o in listed]:  # the prefix emptied, as `shard` asks
+        client.delete_object(Bucket=s3_server.bucket, Key=key)
+    convert(str(src), url, shard_mb=0.05)
+    again = ShardedSamples(url, "test", tmp_path / "cache")
+    assert again.shard_sizes() == first.shard_sizes()
+    assert [again[i].label for i in range(len(again))] == [(label + 1) % 10 for label in old_labels]

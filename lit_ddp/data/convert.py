@@ -128,7 +128,7 @@ def _write_split(
         columns=columns,
         size_limit=int(shard_mb * (1 << 20)),
         compression=None,
-        hashes=[],
+        hashes=["sha1"],  # in the index: a node's cache tells a re-written shard from the one it holds
         progress_bar=False,
     ) as writer:
         for row in rows:

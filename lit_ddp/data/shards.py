@@ -282,8 +282,13 @@ class ChunkCache:
         self.root = root / hashlib.sha1(url.encode()).hexdigest()[:16]
         self.limit_bytes = limit_bytes
 
-    def path(self, store, key: str, size: int, retries: int) -> Path:
+    def path(self, store, key: str, size: int, retries: int, digest: str | None = None) -> Path:
+        """The local copy of shard ``key``, downloaded if missing. A shard with a ``digest`` (its SHA-1) is
+        cached under it: shards written again under the same URL (labels fixed, say) have other contents at
+        the same byte sizes, and a copy known only by name and size was read in their place."""
         target = self.root / key
+        if digest is not None:
+            target = target.with_name(f"{digest[:16]}.{target.name}")
         if target.is_file() and target.stat().st_size == size:
             os.utime(target)  # recently used
             return target
@@ -350,6 +355,8 @@ class ShardedSamples:
             4 * sum(size is None for size in index["shards"][0]["column_sizes"]) if self.shards else 4
         )
         self.starts = np.cumsum([0] + [n for *_, n in self.shards]).tolist()
+        # Each shard's SHA-1, which `shard` writes into the index (None in shards written before it did).
+        self.digests = [(s["raw_data"].get("hashes") or {}).get("sha1") for s in index["shards"]]
         self.cache = (
             ChunkCache(cache_dir or default_cache_dir(), url, cache_limit_bytes) if is_remote(url) else None
         )
@@ -372,7 +379,7 @@ class ShardedSamples:
         name, size, _ = self.shards[s]
         key = f"{self.split}/{name}"
         if self.cache is not None:
-            path = self.cache.path(self.store, key, size, self.retries)
+            path = self.cache.path(self.store, key, size, self.retries, self.digests[s])
         else:
             path = Path(self.store.name(key))
             if not path.is_file() or path.stat().st_size != size:
