@@ -74,6 +74,20 @@ def test_shard_refuses_a_negative_size_or_thread_count_in_one_line(tmp_path: Pat
     assert not (tmp_path / "dest").exists()  # refused before DEST is touched
 
 
+def test_a_src_of_neither_kind_is_one_line_and_an_incomplete_cifar_folder_is_named(tmp_path: Path) -> None:
+    """A CIFAR-10 folder missing a batch was 'neither a CIFAR-10 folder nor an ImageFolder tree', and every
+    refusal of SRC left DEST/.lit_ddp-partial behind."""
+    write_cifar10(tmp_path / "cifar")
+    (tmp_path / "cifar" / "cifar-10-batches-py" / "data_batch_3").unlink()
+    proc = shard(tmp_path / "cifar", str(tmp_path / "dest"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert "cifar-10-batches-py is an incomplete CIFAR-10 folder: data_batch_3 missing" in proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = shard(tmp_path / "empty", str(tmp_path / "dest"))
+    assert proc.returncode == 2 and "is neither a CIFAR-10 folder (cifar-10-batches-py) nor" in proc.stderr
+    assert not (tmp_path / "dest").exists()  # refused before DEST is touched
+
+
 def test_an_interrupted_conversion_leaves_no_manifest_and_a_rerun_completes(tmp_path: Path) -> None:
     from lit_ddp.data.convert import PARTIAL, convert
 

@@ -27,7 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from lit_ddp.data.ahead import started_ahead
-from lit_ddp.data.cifar10 import CLASS_NAMES, TEST_BATCH, TRAIN_BATCHES, find_folder, read_split
+from lit_ddp.data.cifar10 import (
+    ARCHIVE,
+    CLASS_NAMES,
+    FOLDER,
+    TEST_BATCH,
+    TRAIN_BATCHES,
+    find_folder,
+    missing_files,
+    read_split,
+)
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
 from lit_ddp.data.shards import (
@@ -81,13 +90,24 @@ def _samples_cifar(folder: Path) -> tuple[dict, dict[str, Iterator[dict]], dict[
     return meta, {n: rows(*d) for n, d in data.items()}, {n: len(d[1]) for n, d in data.items()}
 
 
+def _not_a_source(root: Path) -> UserError:
+    """SRC is neither kind: a CIFAR-10 folder with batches missing is named as such (re-extracting it mends
+    it), anything else gets both layouts."""
+    for folder in (root / FOLDER, root):
+        missing = missing_files(folder)
+        if len(missing) < len((*TRAIN_BATCHES, TEST_BATCH)):
+            return UserError(
+                f"SRC {folder} is an incomplete CIFAR-10 folder: {', '.join(missing)} missing; extract"
+                f" {ARCHIVE} again there"
+            )
+    return UserError(
+        f"{root} is neither a CIFAR-10 folder ({FOLDER}) nor an ImageFolder tree with at least two class"
+        " folders under train/: pass one of those as SRC"
+    )
+
+
 def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], dict[str, int]]:
     folders = find_classes(root / "train")
-    if len(folders) < 2:
-        raise UserError(
-            f"{root} is neither a CIFAR-10 folder (cifar-10-batches-py) nor an ImageFolder tree with at least"
-            " two class folders under train/: pass one of those as SRC"
-        )
     names = [class_key(f) for f in folders]
     class_to_idx = {f: i for i, f in enumerate(folders)}
     listings = {}
@@ -216,6 +236,9 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     root = Path(src)
     if not root.is_dir():
         raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
+    cifar = find_folder(root)
+    if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
+        raise _not_a_source(root)
     _check_dest(dest)
     if is_remote(dest):
         tmp = tempfile.TemporaryDirectory(prefix="lit_ddp-shard-")
@@ -225,7 +248,6 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
         work = Path(dest) / PARTIAL
         shutil.rmtree(work, ignore_errors=True)  # an interrupted run's: started over
         work.mkdir(parents=True)
-    cifar = find_folder(root)
     # CIFAR's pickles are read whole in this process; an ImageFolder tree's files by a pool of readers.
     pool = None if cifar is not None else ThreadPoolExecutor(workers or 4 * available_cpus())
     try:
