@@ -292,3 +292,43 @@ def test_a_checkpoint_of_another_model_class_than_the_explicit_one_is_one_line(
         " checkpoint decides the model) or pass a ResNetImageNet checkpoint"
     ]
     assert not (tmp_path / "eval").exists()
+
+
+def test_a_mid_epoch_resume_over_other_training_files_is_refused_in_one_line(tmp_path: Path) -> None:
+    """The checkpoint counts the samples of its (seed, epoch) order taken; that order is a permutation of
+    the training files. Files added, removed or moved to another class since would make the same count skip
+    other samples (some trained twice, others never): refused. The same files resume; an epoch-end
+    checkpoint starts the next epoch over any files."""
+    root = tmp_path / "tree"
+    make_tree(root, train_per_class=4, val_per_class=1)
+    cache = str(tmp_path / "index")
+
+    def stopped_state() -> dict:
+        dm = ImageNetDataModule(
+            data_dir=str(root), image_size=16, val_resize=16, batch_size=4, index_cache=cache
+        )
+        dm.setup("fit")
+        dm._epoch, dm._samples, dm._batches = 1, 8, 2  # 2 batches of epoch 1 trained
+        return dm.state_dict()
+
+    def resumed(state: dict) -> ImageNetDataModule:
+        dm = ImageNetDataModule(
+            data_dir=str(root), image_size=16, val_resize=16, batch_size=4, index_cache=cache
+        )
+        dm.setup("fit")
+        dm.load_state_dict(state)
+        return dm
+
+    state = stopped_state()
+    assert resumed(state).resume_point == (1, 8)
+    added = root / "train" / CLASSES[1] / "new.JPEG"
+    shutil.copy(root / "train" / CLASSES[0] / f"{CLASSES[0]}_0.JPEG", added)
+    with pytest.raises(UserError, match="cannot resume mid-epoch exactly") as err:
+        resumed(state)
+    assert "\n" not in str(err.value) and "or from an epoch-end checkpoint" in str(err.value)
+    assert resumed({**state, "epoch_complete": True}).resume_point == (2, 0)
+
+    state = stopped_state()
+    added.rename(root / "train" / CLASSES[2] / "new.JPEG")  # as many files, one of them in another class
+    with pytest.raises(UserError, match="cannot resume mid-epoch exactly"):
+        resumed(state)
