@@ -92,6 +92,37 @@ def test_a_changed_tree_is_listed_again_not_served_from_the_cache(
     assert fi.load_or_scan(split, cache)[0].source == "cache"  # and that listing is kept
 
 
+def test_images_in_sub_folders_of_a_class_belong_to_it_and_their_changes_are_seen(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """torchvision's ImageFolder (and predict_dir) take a class's images from its sub-folders too: they were
+    left out without a word, so a train/cat/2020/*.jpg tree trained and validated on a fraction of itself.
+    A change inside a sub-folder moves only that folder's timestamps: it must list the split again."""
+    monkeypatch.setattr(fi, "SETTLE_NS", 0)
+    split, cache = tmp_path / "split", tmp_path / "cache"
+    touch_files(split / "cat", ["1.jpg"])
+    touch_files(split / "cat" / "2020", ["2.jpg", "notes.txt"])
+    touch_files(split / "cat" / "2020" / "deep", ["3.png"])
+    touch_files(split / "cat" / "__MACOSX", ["4.jpg"])
+    touch_files(split / "cat" / ".thumbs", ["5.jpg"])
+    touch_files(split / "dog" / "only here", ["6.jpg"])
+    os.symlink(split / "cat", split / "cat" / "2020" / "loop")  # a link back up is followed once, not forever
+    settle()
+    first, _ = fi.load_or_scan(split, cache)
+    expected = [
+        ("cat/1.jpg", 0),
+        ("cat/2020/2.jpg", 0),
+        ("cat/2020/deep/3.png", 0),
+        ("dog/only here/6.jpg", 1),
+    ]
+    assert [(os.path.relpath(p, split), y) for p, y in first.samples([0, 1])] == expected
+    assert fi.load_or_scan(split, cache)[0].source == "cache"
+    settle()
+    (split / "cat" / "2020" / "deep" / "7.jpg").write_bytes(b"")
+    after, _ = fi.load_or_scan(split, cache)
+    assert after.source == "listed" and len(after) == len(expected) + 1
+
+
 def test_a_folder_replaced_by_one_of_the_same_name_is_listed_again(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(fi, "SETTLE_NS", 0)
     split, cache = tmp_path / "split", tmp_path / "cache"

@@ -12,9 +12,11 @@ At ImageNet's size (1.28 M files) three things about that list matter:
   keeps the listing in a cache file, keyed on the split's path and checked against the tree's state; the
   data module lists in ``prepare_data`` (local rank 0 only) and every rank reads that file in ``setup``.
 
-The tree's state is ``(st_mtime_ns, st_ctime_ns, st_ino)`` of the split folder and of each class folder.
-Adding, removing or renaming a file changes its folder's mtime and ctime; adding or removing a class folder
-changes the split folder's; replacing a folder changes its inode. ctime cannot be set back by tools that
+A class's images are the image files in its folder and in that folder's sub-folders at any depth, as
+torchvision's ``ImageFolder`` takes them. The tree's state is ``(st_mtime_ns, st_ctime_ns, st_ino)`` of the
+split folder, of each class folder and of each of their sub-folders. Adding, removing or renaming a file
+changes its folder's mtime and ctime; adding or removing a class folder changes the split folder's (a
+sub-folder, its parent's); replacing a folder changes its inode. ctime cannot be set back by tools that
 restore mtimes (``rsync -a``, ``tar``, ``touch -d``). Editing a file in place changes none of these, and
 need not: the listing holds names, not contents. A cached listing is used only while every one of these
 values is unchanged; otherwise the tree is listed again.
@@ -39,7 +41,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 # torchvision's image extensions and .gif (decoded as its first frame): "every image file".
 IMAGE_EXTENSIONS = (*IMG_EXTENSIONS, ".gif")
-FORMAT = 1  # of the cache file; part of its name, so a new format never reads an old file
+FORMAT = 2  # of the cache file; part of its name, so a new format never reads an old file (1: no sub-folders)
 MAGIC = b"LITDDPIX"
 SETTLE_NS = 2_000_000_000  # folders changed this close to the listing are not trusted by later runs
 
@@ -116,39 +118,77 @@ def _state(path: str) -> list[int]:
     return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def scan_split(root: str) -> tuple[list[str], list[list[int]] | None, np.ndarray, np.ndarray, np.ndarray]:
-    """List ``root/<class>/<image file>``: (class folders, their state, blob, offsets, folder index per
-    file), sorted by folder then name; paths in the blob are relative to ``root``. Each folder's state is
-    read before the folder is listed, so a change during the scan shows as a changed state later. The state
-    is None if a folder vanished during the scan."""
-    state: list[list[int]] | None = []
-    try:
-        state.append(_state(root))
-    except OSError:
-        state = None
-    folders = find_classes(root)
-    chunks, counts = [], []
-    for name in folders:
-        folder = os.path.join(root, name)
+def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[int]]] | None]:
+    """The image files of class folder ``root/name`` and of its sub-folders at any depth, as torchvision's
+    ImageFolder takes them (symbolic links followed, each folder once, so a link back up cannot loop):
+    "class/a\\0class/sub/b\\0" chunks, one per folder, sorted by folder then name; and each folder's
+    path (relative to ``root``, the class folder's first) with its state, read before it is listed: a
+    change inside a sub-folder moves only that folder's timestamps. None for the states if a folder
+    vanished during the scan. Junk (is_junk) is neither descended into nor listed."""
+    chunks: list[tuple[str, str]] = []
+    states: list[tuple[str, list[int]]] | None = []
+    seen, pending = set(), [name]
+    while pending:
+        rel = pending.pop()
         try:
-            if state is not None:
-                state.append(_state(folder))
-            with os.scandir(folder) as entries:
-                # is_file() reads the entry's type from the directory listing: no stat on ext4, xfs, NFS.
-                names = [e.name for e in entries if e.is_file()]
-            # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
-            files = sorted(n for n in names if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
-        except FileNotFoundError:  # removed since find_classes: list it as empty, keep nothing
-            files, state = [], None
+            st = os.stat(os.path.join(root, rel))
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(os.path.join(root, rel)) as it:
+                entries = list(it)
+            # is_file() and is_dir() read the entry's type from the directory listing: no stat on ext4, xfs,
+            # NFS (but for a symbolic link, which is followed). A folder of files only is one pass.
+            files = [e.name for e in entries if e.is_file()]
+            dirs = (
+                [e.name for e in entries if not e.is_file() and e.is_dir()]
+                if len(files) < len(entries)
+                else []
+            )
+        except FileNotFoundError:  # removed since it was found: list it as empty, keep nothing
+            states = None
+            continue
+        if states is not None:
+            states.append((rel, [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]))  # as _state
+        pending += [os.path.join(rel, d) for d in sorted(dirs, reverse=True) if not is_junk(d)]
+        # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
+        files = sorted(n for n in files if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
         if files:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
-            prefix = name + os.sep
-            chunks.append(prefix + ("\0" + prefix).join(files) + "\0")
-        counts.append(len(files))
+            prefix = rel + os.sep
+            chunks.append((rel, prefix + ("\0" + prefix).join(files) + "\0"))
+    return [chunk for _, chunk in sorted(chunks)], states
+
+
+def scan_split(
+    root: str,
+) -> tuple[list[str], list[str], list[list[int]] | None, np.ndarray, np.ndarray, np.ndarray]:
+    """List ``root/<class>/`` and its sub-folders' image files: (class folders, their sub-folders (paths
+    relative to ``root``), the state of root, of the class folders and of the sub-folders in that order,
+    blob, offsets, folder index per file), sorted by class folder, then by folder and name; paths in the
+    blob are relative to ``root``. Each folder's state is read before the folder is listed, so a change
+    during the scan shows as a changed state later. The state is None if a folder vanished during the scan."""
+    try:
+        root_state: list[int] | None = _state(root)
+    except OSError:
+        root_state = None
+    folders = find_classes(root)
+    chunks, counts, class_states, sub_states, complete = [], [], [], [], root_state is not None
+    for name in folders:
+        found, states = _list_class(root, name)
+        chunks += found
+        counts.append(sum(chunk.count("\0") for chunk in found))
+        if states is None:
+            complete = False
+        else:
+            class_states.append(states[0][1])  # the class folder's, listed first
+            sub_states += states[1:]
     blob = np.frombuffer(os.fsencode("".join(chunks)), np.uint8)
     ends = np.flatnonzero(blob == 0) + 1  # a NUL byte never occurs inside a UTF-8 or fs-encoded name
     offsets = np.concatenate([np.zeros(1, np.int64), ends.astype(np.int64)])
     folder_of_file = np.repeat(np.arange(len(folders), dtype=np.int32), counts)
-    return folders, state, blob, offsets, folder_of_file
+    subfolders = [rel for rel, _ in sub_states]
+    state = [root_state, *class_states, *(s for _, s in sub_states)] if complete else None
+    return folders, subfolders, state, blob, offsets, folder_of_file
 
 
 # ---- the cache file ---------------------------------------------------------------------------------
@@ -251,7 +291,8 @@ def _unchanged(header: dict, root: str, trusted_since: float | None) -> bool:
         return False
     if trusted_since is not None and header.get("listed_at", 0) >= trusted_since:
         return True  # listed during this run (by local rank 0): every rank uses that same listing
-    folders = [root] + [os.path.join(root, f) for f in header.get("folders", [])]
+    watched = [*header.get("folders", []), *header.get("subfolders", [])]
+    folders = [root] + [os.path.join(root, f) for f in watched]
     saved = header.get("state") or []
     if len(saved) != len(folders):
         return False
@@ -276,7 +317,7 @@ def load_or_scan(
         if arrays is not None:
             return SplitListing(root, found[0]["folders"], arrays, "cache"), None
     listed_at, started = time.time(), time.time_ns()
-    folders, state, *arrays = scan_split(root)
+    folders, subfolders, state, *arrays = scan_split(root)
     listing = SplitListing(root, folders, arrays, "listed")
     if path is None:
         return listing, None
@@ -285,6 +326,7 @@ def load_or_scan(
     if state is not None:
         state = [s if abs(started - max(s[0], s[1])) > SETTLE_NS else None for s in state]
     header = {"root": root, "extensions": list(IMAGE_EXTENSIONS), "folders": folders, "listed_at": listed_at}
+    header["subfolders"] = subfolders
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, {**header, "state": state or []}, arrays)
