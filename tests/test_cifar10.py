@@ -373,3 +373,28 @@ def test_nodes_sharing_a_filesystem_download_once(tmp_path: Path, monkeypatch) -
         node.join(timeout=30)
     assert len(downloads) == 1
     assert sorted(p.name for p in data_dir.iterdir()) == ["cifar-10-batches-py"]  # no lock file left
+
+
+def test_a_resume_with_another_val_size_is_refused_in_one_line(cifar_root: Path) -> None:
+    """val_size draws the held-out split from the training batches: a fit resumed with another one trained
+    the rest of the epoch on a permutation of other images (some twice, others never) and, larger,
+    validated on images the model had trained on. Refused, as another seed is; evaluation reads it."""
+    stopped = CIFAR10DataModule(data_dir=str(cifar_root), val_size=20, batch_size=8)
+    stopped._epoch, stopped._samples, stopped._batches = 1, 16, 2  # 2 batches of epoch 1 trained
+    state = stopped.state_dict()
+    for epoch_complete in (False, True):
+        resumed = CIFAR10DataModule(data_dir=str(cifar_root), val_size=30, batch_size=8)
+        with pytest.raises(UserError) as err:
+            resumed.load_state_dict({**state, "epoch_complete": epoch_complete})
+        assert str(err.value).startswith(
+            "the checkpoint's run held out --data.val_size=20 training images for validation, this run"
+            " holds out --data.val_size=30: resume with --data.val_size=20"
+        )
+        assert "\n" not in str(err.value)
+    same = CIFAR10DataModule(data_dir=str(cifar_root), val_size=20, batch_size=8)
+    same.load_state_dict(state)
+    assert same.resume_point == (1, 16)
+    del state["val_size"]  # a checkpoint from before val_size was saved: resumed as before
+    assert (
+        CIFAR10DataModule(data_dir=str(cifar_root), val_size=30, batch_size=8).load_state_dict(state) is None
+    )
