@@ -1,5 +1,6 @@
 """The ImageFolder file list: numpy-held, cached per tree state, made once per node (folder_index.py)."""
 
+import functools
 import json
 import os
 import shutil
@@ -121,6 +122,26 @@ def test_images_in_sub_folders_of_a_class_belong_to_it_and_their_changes_are_see
     (split / "cat" / "2020" / "deep" / "7.jpg").write_bytes(b"")
     after, _ = fi.load_or_scan(split, cache)
     assert after.source == "listed" and len(after) == len(expected) + 1
+
+
+def test_a_link_to_an_image_that_is_gone_is_listed_and_reported_unreadable(tmp_path: Path) -> None:
+    """A dangling link was left out of a fresh listing without a word, but reported as unreadable when it
+    broke after the listing was cached: now it is listed either way, and its read names it."""
+    split = tmp_path / "split"
+    touch_files(split / "a", ["1.jpg"])
+    touch_files(split / "b", ["1.jpg"])
+    os.symlink(tmp_path / "moved_away.jpg", split / "a" / "2.jpg")
+    listing, _ = fi.load_or_scan(split, cache_dir=None)
+    assert [os.path.relpath(p, split) for p, _ in listing.samples([0, 1])] == [
+        "a/1.jpg",
+        "a/2.jpg",
+        "b/1.jpg",
+    ]
+    dataset = ImageFileDataset(
+        listing.samples([0, 1]), functools.partial(load_eval_crop, size=8, resize=8), 8
+    )
+    _, _, bad = dataset.__getitems__([1])
+    assert bad[0][0] == str(split / "a" / "2.jpg") and bad[0][1].startswith("FileNotFoundError")
 
 
 def test_a_folder_replaced_by_one_of_the_same_name_is_listed_again(tmp_path: Path, monkeypatch) -> None:

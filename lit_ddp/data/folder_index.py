@@ -140,11 +140,12 @@ def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[i
             # is_file() and is_dir() read the entry's type from the directory listing: no stat on ext4, xfs,
             # NFS (but for a symbolic link, which is followed). A folder of files only is one pass.
             files = [e.name for e in entries if e.is_file()]
-            dirs = (
-                [e.name for e in entries if not e.is_file() and e.is_dir()]
-                if len(files) < len(entries)
-                else []
-            )
+            dirs, dangling = [], []
+            if len(files) < len(entries):
+                dirs = [e.name for e in entries if not e.is_file() and e.is_dir()]
+                # A link to a file that is gone is listed, so it is reported as unreadable (as it is when it
+                # breaks after the listing was cached), not left out without a word.
+                dangling = [e.name for e in entries if e.is_symlink() and not e.is_file() and not e.is_dir()]
         except FileNotFoundError:  # removed since it was found: list it as empty, keep nothing
             states = None
             continue
@@ -152,7 +153,7 @@ def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[i
             states.append((rel, [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]))  # as _state
         pending += [os.path.join(rel, d) for d in sorted(dirs, reverse=True) if not is_junk(d)]
         # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
-        files = sorted(n for n in files if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
+        files = sorted(n for n in files + dangling if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
         if files:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
             prefix = rel + os.sep
             chunks.append((rel, prefix + ("\0" + prefix).join(files) + "\0"))
