@@ -12,6 +12,7 @@ import time
 
 import torch
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 
@@ -56,7 +57,9 @@ class Throughput(Callback):
         self._images += batch_length(batch)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.training:  # validation inside a training epoch: restart the data-wait clock after it
+        # Validation inside a fit: restart the data-wait clock after it. Not ``trainer.training``: Lightning
+        # sets the stage to validating for the whole validation loop, hooks included, so that was never true.
+        if trainer.state.fn == TrainerFn.FITTING:
             self._last_end = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
