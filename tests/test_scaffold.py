@@ -46,16 +46,20 @@ def text_files(root: Path):
             yield path
 
 
-def run(cmd: list[str], cwd: Path, timeout: float = 300, **env) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], cwd: Path, timeout: float = 300, stdin: str | None = None, **env
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+        cmd, cwd=cwd, input=stdin, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
     )
 
 
-def new_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def new_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m lit_ddp new ARGS``; ``stdin``: the text typed at its prompts (EOF after it)."""
     # PYTHONPATH: this checkout's lit_ddp, whatever is installed; the caller's entries kept after it.
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return run([sys.executable, "-m", "lit_ddp", "new", *args], cwd=cwd, timeout=120, PYTHONPATH=pythonpath)
+    command = [sys.executable, "-m", "lit_ddp", "new", *args]
+    return run(command, cwd=cwd, timeout=120, stdin=stdin, PYTHONPATH=pythonpath)
 
 
 def python_lines(project: Path) -> int:
@@ -433,6 +437,41 @@ def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
     result = new_cli(str(tmp_path / "bad"), "--no-input", "package_name=1bad-name", cwd=tmp_path)
     assert result.returncode == 2 and "1bad-name" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_bad_answer_at_a_prompt_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    # Project name, slug, then package name "torch"; Enter (the default) for the other seven questions.
+    result = new_cli(str(tmp_path / "torchy"), cwd=tmp_path, stdin="Torchy\ntorchy\ntorch\n" + "\n" * 7)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("lit_ddp new: error: package_name 'torch' would shadow the installed module torch")
+    assert line.endswith("e.g. package_name=torch_classifier")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prompts_without_a_reader_are_one_line_naming_no_input(tmp_path: Path) -> None:
+    # A CI job or a pipe: stdin at its end before the first answer.
+    result = new_cli(str(tmp_path / "proj"), cwd=tmp_path, stdin="")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        "lit_ddp new: error: the template's questions got no answer (stdin is closed): pass --no-input,"
+        " with key=value for the answers that are not the defaults"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_answers_typed_at_the_prompts_make_the_project(tmp_path: Path) -> None:
+    # Project name, then Enter for the slug and the package, the rest typed: lenet_cifar (2), MIT (2).
+    typed = "Cat Dog\n\n\n\n\n\n\n2\n2\n\n"
+    result = new_cli(str(tmp_path / "cat-dog"), cwd=tmp_path, stdin=typed)
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "cat-dog"
+    answers = json.loads((project / ".cruft.json").read_text())["context"]["cookiecutter"]
+    assert (answers["project_name"], answers["package_name"]) == ("Cat Dog", "cat_dog")
+    assert (answers["model_families"], answers["license"]) == ("lenet_cifar", "MIT")
+    assert (project / "configs" / "lenet_cifar.yaml").is_file()
+    assert not (project / "configs" / "resnet_imagenet.yaml").exists()
+    assert (project / "LICENSE").read_text().startswith("MIT License")
 
 
 def venv_with_this_environment(tmp_path: Path) -> str:

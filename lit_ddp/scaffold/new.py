@@ -74,6 +74,25 @@ def _resolved(context: dict, variables: dict) -> dict:
     return resolved
 
 
+def _prompted(root: Path, context: dict) -> dict:
+    """Every answer, asked here as cookiecutter asks (the given ones as defaults), so that they are checked
+    like --no-input's before anything is generated: a bad answer at a prompt is then one line, not the
+    template hook's refusal under cookiecutter's logged traceback."""
+    from cookiecutter.generate import generate_context
+    from cookiecutter.prompt import prompt_for_config
+
+    full = generate_context(context_file=str(root / "cookiecutter.json"), extra_context=context)
+    try:
+        answers = prompt_for_config(full)
+    except EOFError:  # stdin closed or not a terminal (a CI job, a pipe): input() has nothing to read
+        print()  # ends the question's line, which input() left open
+        raise UserError(
+            "the template's questions got no answer (stdin is closed): pass --no-input, with key=value for"
+            " the answers that are not the defaults"
+        ) from None
+    return {key: value for key, value in answers.items() if not key.startswith("_")}
+
+
 def _check_destination(dest: Path, overwrite: bool) -> None:
     if dest.exists() and not dest.is_dir():
         raise UserError(f"{dest} is a file: choose a directory for the new project")
@@ -130,11 +149,12 @@ def new(argv: list[str]) -> Path:
         raise UserError("DEST is empty: name the project's folder, e.g. python -m lit_ddp new my_project")
     dest = Path(args.dest).expanduser().resolve()
     context = _parse_context(args.context, variables, dest)
-    if args.no_input:
-        problems = validate(_resolved(context, variables))
-        if problems:
-            raise UserError("; ".join(problems))
     _check_destination(dest, args.overwrite)
+    if not args.no_input:
+        context = _prompted(root, context)
+    problems = validate(_resolved(context, variables))
+    if problems:
+        raise UserError("; ".join(problems))
 
     from cookiecutter.exceptions import CookiecutterException, FailedHookException
     from cookiecutter.main import cookiecutter
@@ -147,7 +167,7 @@ def new(argv: list[str]) -> Path:
             generated = Path(
                 cookiecutter(
                     str(root),
-                    no_input=args.no_input,
+                    no_input=True,  # every answer is in the context: given, default, or prompted above
                     extra_context=context,
                     output_dir=str(Path(tmp) / "out"),
                     default_config={"replay_dir": str(replay)},
