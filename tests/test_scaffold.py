@@ -355,6 +355,19 @@ def test_package_names_that_shadow_a_module_are_refused(tmp_path: Path, capfd, n
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["tests", "configs", "scripts"])
+def test_a_package_named_like_a_folder_of_the_project_is_one_line(tmp_path: Path, name: str) -> None:
+    # tests/ and configs/ failed in cookiecutter ("<temp dir>/out/tests/tests directory already exists");
+    # scripts/ got the cluster scripts inside the package.
+    result = new_cli(str(tmp_path / "proj"), "--no-input", f"package_name={name}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines() == [
+        f"lit_ddp new: error: package_name '{name}' is the name of the project's {name}/ folder: pass another"
+        f" name, e.g. package_name={name}_classifier"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_invalid_choice_is_one_line_listing_the_choices_and_writes_nothing(tmp_path: Path) -> None:
     result = new_cli(str(tmp_path / "proj"), "--no-input", "license=GPL", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -40,6 +40,10 @@ SHARED = (
     "scripts/sbatch_single_node.sh",
     "scripts/sbatch_multi_node.sh",
 )
+# The project's own top-level folders: a package of the same name would be generated into one of them.
+PROJECT_FOLDERS = frozenset(
+    rel.split("/")[0] for rel in (*SHARED, *(f for fs in FAMILIES.values() for f in fs))
+)
 # cookiecutter renders every answer as a Jinja template: "{{ 7 * 7 }}" would become "49".
 JINJA_SYNTAX = re.compile(r"\{\{|\{%|\{#")
 
@@ -74,6 +78,11 @@ def validate(context: dict) -> list[str]:
         problems.append(
             f"package_name {package!r} is not a valid Python identifier: use letters, digits and"
             " underscores, not starting with a digit (e.g. package_name=my_project)"
+        )
+    elif package in PROJECT_FOLDERS:  # else cookiecutter's "directory already exists", in a temp path
+        problems.append(
+            f"package_name {package!r} is the name of the project's {package}/ folder: pass another name,"
+            f" e.g. package_name={package}_classifier"
         )
     elif clash := _shadowed(package):
         problems.append(
