@@ -387,14 +387,14 @@ def test_a_resume_with_another_val_size_is_refused_in_one_line(cifar_root: Path)
         with pytest.raises(UserError) as err:
             resumed.load_state_dict({**state, "epoch_complete": epoch_complete})
         assert str(err.value).startswith(
-            "the checkpoint's run held out --data.val_size=20 training images for validation, this run"
-            " holds out --data.val_size=30: resume with --data.val_size=20"
+            "the checkpoint's run shuffled (and split) its data with --data.val_size=20, this run has"
+            " --data.val_size=30: resume with --data.val_size=20"
         )
         assert "\n" not in str(err.value)
     same = CIFAR10DataModule(data_dir=str(cifar_root), val_size=20, batch_size=8)
     same.load_state_dict(state)
     assert same.resume_point == (1, 16)
-    del state["val_size"]  # a checkpoint from before val_size was saved: resumed as before
+    del state["split_options"]  # a checkpoint from before they were saved: resumed as before
     assert (
         CIFAR10DataModule(data_dir=str(cifar_root), val_size=30, batch_size=8).load_state_dict(state) is None
     )

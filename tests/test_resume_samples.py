@@ -161,7 +161,8 @@ def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
 def test_a_resume_with_another_data_seed_is_refused_in_one_line() -> None:
     """The seed orders every epoch (and draws a held-out split): a fit resumed mid-epoch with another one
     trained the rest of the epoch on another permutation, some samples twice and others never."""
-    state = {"epoch": 1, "samples": 96, "samples_per_step": 32, "epoch_complete": False, "seed": 1}
+    state = {"epoch": 1, "samples": 96, "samples_per_step": 32, "epoch_complete": False}
+    state["split_options"] = {"seed": 1}
     with pytest.raises(UserError) as err:
         resumed_module(state, world_size=1, batch_size=32)  # --data.seed=0
     assert str(err.value).startswith(
@@ -171,9 +172,9 @@ def test_a_resume_with_another_data_seed_is_refused_in_one_line() -> None:
     with pytest.raises(UserError):  # at an epoch's end too: the held-out split would change
         resumed_module({**state, "epoch_complete": True}, world_size=1, batch_size=32)
     assert resumed_module(state, world_size=1, batch_size=32, fn="test").resume_point is None
-    del state["seed"]  # a checkpoint from before the seed was saved: resumed as before
+    del state["split_options"]  # a checkpoint from before they were saved: resumed as before
     assert resumed_module(state, world_size=1, batch_size=32).resume_point == (1, 96)
-    assert ShapesDataModule(seed=7).state_dict()["seed"] == 7
+    assert ShapesDataModule(seed=7).state_dict()["split_options"] == {"seed": 7}
 
 
 def test_a_checkpoints_classes_are_checked_against_the_datas(tmp_path: Path) -> None:

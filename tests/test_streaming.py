@@ -195,10 +195,14 @@ def test_a_mid_epoch_resume_over_another_order_is_refused_in_one_line(
     stopped = module()
     stopped._epoch, stopped._samples, stopped._batches = 1, 32, 4  # 4 batches of epoch 1 trained
     state = stopped.state_dict()
-    for changed in (dict(url=tmp_path / "resharded"), dict(window=2), dict(val_size=30)):
+    for changed in (dict(url=tmp_path / "resharded"), dict(window=2)):
         with pytest.raises(UserError, match="cannot resume mid-epoch exactly") as err:
             module(**changed).load_state_dict(state)
         assert "\n" not in str(err.value) and "or from an epoch-end checkpoint" in str(err.value)
+    # Another hold-out is refused at an epoch's end too: it could validate on trained samples.
+    for epoch_complete in (False, True):
+        with pytest.raises(UserError, match="has --data.val_size=30: resume with --data.val_size=40"):
+            module(val_size=30).load_state_dict({**state, "epoch_complete": epoch_complete})
     same = module()
     same.load_state_dict(state)
     assert same.resume_point == (1, 32)

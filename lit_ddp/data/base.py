@@ -414,20 +414,58 @@ class ImageDataModule(LightningDataModule):
         """Training samples one batch takes over all ranks: per-device batch × processes."""
         return self.batch_size * (self.trainer.world_size if self.trainer is not None else 1)
 
+    def split_options(self) -> dict:
+        """The ``--data`` options that order every epoch and draw any held-out split, by name: a fit resumed
+        with other values is refused at any point (another order trains some samples twice and others never
+        in the resumed epoch; another split can validate on images the model trained on). A subclass adds
+        its own (CIFAR-10's ``val_size``)."""
+        return {"seed": self.seed}
+
+    def order_inputs(self) -> dict | None:
+        """What the training order is made of besides those options and the global batch (the training
+        samples as a count and a digest, a shuffle window), saved with each checkpoint and compared when a
+        fit resumes inside an epoch: the same number of samples skipped in an order of other samples are
+        not the ones trained. ``{"samples": N, ...}``, or None: nothing to compare (the default)."""
+        return None
+
     def state_dict(self) -> dict:
         # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands, in
-        # samples over all ranks, and the classes the model learnt (checked on any later use of it).
+        # samples over all ranks, what made its order, and the classes the model learnt (checked on any
+        # later use of it).
         trainer = self.trainer
         complete = trainer is not None and self._batches >= trainer.num_training_batches
+        order = self.order_inputs()
         return {
             "epoch": self._epoch,
             "samples": self._samples,
             "samples_per_step": self._samples_per_step(),
             "epoch_complete": bool(complete),
-            "seed": self.seed,
+            "split_options": self.split_options(),
+            **({"order": order} if order is not None else {}),
             "batches": self._batches,
             "class_names": list(self.class_names),
         }
+
+    def _check_same_order(self, state_dict: dict, mid_epoch: bool) -> None:
+        """UserError where a fit resumed from ``state_dict`` would not continue its order (split_options,
+        order_inputs); a checkpoint without these fields resumes as before."""
+        now = self.split_options()
+        changed = [k for k, v in (state_dict.get("split_options") or {}).items() if k in now and now[k] != v]
+        if changed:
+            then = " ".join(f"--data.{k}={state_dict['split_options'][k]}" for k in changed)
+            this = " ".join(f"--data.{k}={now[k]}" for k in changed)
+            raise UserError(
+                f"the checkpoint's run shuffled (and split) its data with {then}, this run has {this}: resume"
+                f" with {then}, or train with other values in a new run (no --ckpt_path)"
+            )
+        saved, order = state_dict.get("order"), self.order_inputs()
+        if mid_epoch and saved is not None and order is not None and saved != order:
+            count = "as many, but other samples or settings" if saved["samples"] == order["samples"] else None
+            raise UserError(
+                f"cannot resume mid-epoch exactly: the checkpoint stopped in an order of {saved['samples']:,}"
+                f" training samples, this run's data gives {count or format(order['samples'], ',')}: resume"
+                " over the data and --data options it was trained with, or from an epoch-end checkpoint"
+            )
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = tuple(state_dict.get("class_names") or ())
@@ -455,20 +493,13 @@ class ImageDataModule(LightningDataModule):
                 f" over all devices ({samples} of epoch {epoch} done), this run takes {step}"
                 f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
             )
-        saved_seed = state_dict.get("seed", self.seed)
-        if fitting and saved_seed != self.seed:
-            # The seed orders every epoch and draws any held-out split: another one would train the rest of
-            # the epoch on another permutation (samples twice, others never) and could validate on images
-            # the checkpoint's model trained on.
-            raise UserError(
-                f"the checkpoint's run shuffled (and split) its data with --data.seed={saved_seed}, this run"
-                f" has --data.seed={self.seed}: resume with --data.seed={saved_seed}, or train with another"
-                " seed in a new run (no --ckpt_path)"
-            )
+        resumes = fitting or self.trainer is None  # validate, test and predict read any checkpoint
+        if resumes:
+            self._check_same_order(state_dict, mid_epoch)
         self._epoch, self._samples = epoch, samples
         self._batches = samples // step
         # A finished epoch resumes at the start of the next. Lightning builds a resumed run's first training
         # iterator before it calls set_epoch, and DataLoader workers take their first indices from the
         # sampler right then: a sampler left at the finished epoch's end gave that next epoch no batch.
         point = (epoch, samples) if mid_epoch else (epoch + 1 if samples > 0 else epoch, 0)
-        self._resume = point if fitting or self.trainer is None else None
+        self._resume = point if resumes else None

@@ -240,22 +240,8 @@ class CIFAR10DataModule(ImageDataModule):
                 f" {self.data_dir} yourself, or check the network"
             ) from None
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "val_size": self.val_size}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        # val_size draws the held-out split from the training batches, as the seed does (which the base
-        # checks): another one trains the rest of an epoch on a permutation of other images, and a larger
-        # one validates on images the checkpoint's model trained on. Refused when fit resumes, as another
-        # seed is; validate, test and predict read the checkpoint with any.
-        saved = state_dict.get("val_size", self.val_size)
-        if self.resume_point is not None and saved != self.val_size:
-            raise UserError(
-                f"the checkpoint's run held out --data.val_size={saved} training images for validation, this"
-                f" run holds out --data.val_size={self.val_size}: resume with --data.val_size={saved}, or"
-                " train with another in a new run (no --ckpt_path)"
-            )
+    def split_options(self) -> dict:
+        return {**super().split_options(), "val_size": self.val_size}  # held out of train by the seed
 
     def load_split(self, split: str) -> TensorImageDataset:
         folder = find_folder(self.data_dir)

@@ -157,7 +157,7 @@ class ImageNetDataModule(ImageDataModule):
         self._created_at = time.time()
         self.index_source: dict[str, str] = {}  # split → "listed" or "cache": how its last list was got
         self.scans: dict[str, int] = {}  # split → how often this process listed its folder
-        self._order: tuple[SampleIndex, dict] | None = None  # the training files' digest (_order_inputs)
+        self._order: tuple[SampleIndex, dict] | None = None  # the training files' digest (order_inputs)
         # Classes come from the training folder, here in the launching process: the CLI links
         # num_classes to the model, and a missing folder fails before any rank is spawned. Compared and
         # shown in NFC (folder_index.class_key); the folders keep their names on disk.
@@ -262,10 +262,10 @@ class ImageNetDataModule(ImageDataModule):
             return self._split(self.test_split, train=False)
         return self._split(split, train=split == "train")
 
-    def _order_inputs(self) -> dict | None:
-        """What the training order depends on besides (seed, epoch): the training files and their labels,
-        as their count and a digest (paths relative to train/, so a moved data_dir resumes); None before
-        setup or for a split someone replaced."""
+    def order_inputs(self) -> dict | None:
+        """The training files and their labels, as their count and a digest (paths relative to train/, so a
+        moved data_dir resumes): a file added, removed or moved to another class folder is another order;
+        None before setup or for a split someone replaced."""
         samples = getattr(self.train_set, "samples", None)
         if not isinstance(samples, SampleIndex):
             return None
@@ -275,27 +275,6 @@ class ImageNetDataModule(ImageDataModule):
             digest.update(samples.labels.tobytes())
             self._order = (samples, {"samples": len(samples), "digest": digest.hexdigest()})
         return self._order[1]
-
-    def state_dict(self) -> dict:
-        order = self._order_inputs()
-        return {**super().state_dict(), **({"order": order} if order is not None else {})}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        # A mid-epoch resume skips the samples the checkpoint's permutation had taken. A permutation of
-        # other files (added, removed, or moved to another class folder since) skips others: some would be
-        # trained twice in the epoch and some never. Refused, as the base refuses another global batch.
-        saved = state_dict.get("order")
-        if self.resume_point is None or self.resume_point[1] == 0 or saved is None:
-            return
-        now = self._order_inputs()
-        if now is not None and saved != now:
-            change = "" if saved["samples"] != now["samples"] else " (as many, but other files or labels)"
-            raise UserError(
-                f"cannot resume mid-epoch exactly: the checkpoint stopped in an order of {saved['samples']:,}"
-                f" training files, {self.data_dir / 'train'} now holds {now['samples']:,}{change}: resume"
-                " over the training files it was trained on, or from an epoch-end checkpoint"
-            )
 
     def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
         if self.gpu_decode and self.decode_ahead:

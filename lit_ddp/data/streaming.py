@@ -255,9 +255,13 @@ class StreamingDataModule(ImageDataModule):
             train, (train_idx if split == "train" else val_idx).numpy(), train=split == "train"
         )
 
-    def _order_inputs(self) -> dict | None:
-        """What the training order depends on besides (seed, epoch): the train split's shards, its samples
-        (the held-out val_size) and the window; None for a split someone wrapped."""
+    def split_options(self) -> dict:
+        return {**super().split_options(), "val_size": self.val_size}  # held out of train by the seed
+
+    def order_inputs(self) -> dict | None:
+        """The train split's shards (their sizes: sharded again with another --shard-mb is another order),
+        its samples (the held-out val_size) and the window; None for a split someone wrapped. Other pixels
+        in shards of the same sizes are not told apart: nothing here reads them."""
         train = self.train_set
         if not isinstance(train, ShardImageDataset):
             return None
@@ -266,33 +270,6 @@ class StreamingDataModule(ImageDataModule):
         digest.update(np.asarray(train.positions, np.int64).tobytes())
         shards, samples = len(sizes), len(train.positions)
         return {"shards": shards, "samples": samples, "window": self.window, "digest": digest.hexdigest()}
-
-    def state_dict(self) -> dict:
-        order = self._order_inputs()
-        return {**super().state_dict(), **({"order": order} if order is not None else {})}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        # A mid-epoch resume skips the samples the checkpoint's order had taken: over other shards (sharded
-        # again with another --shard-mb, another tree), another hold-out or window, that order is another,
-        # and the skipped samples are not the ones trained. Refused, as the base refuses another global
-        # batch. (Other pixels in shards of the same sizes are not told apart: nothing here reads them.)
-        saved = state_dict.get("order")
-        if self.resume_point is None or self.resume_point[1] == 0 or saved is None:
-            return
-        now = self._order_inputs()
-        if now is not None and saved != now:
-
-            def said(o: dict) -> str:
-                return f"{o['samples']} samples in {o['shards']} shards, window {o['window']}"
-
-            raise UserError(
-                f"cannot resume mid-epoch exactly: the checkpoint stopped in an order of {said(saved)}; the"
-                f" shards at {self.url} give {said(now)}"
-                + (", split otherwise" if said(saved) == said(now) else "")
-                + ": resume with the shards, --data.val_size, --data.seed and --data.window it was trained"
-                " with, or from an epoch-end checkpoint"
-            )
 
     def train_sampler(self, dataset: Dataset, num_replicas: int, rank: int) -> Sampler:
         """The shards' windowed (seed, epoch) order (``ShardOrderSampler``), started at ``resume_point``."""
