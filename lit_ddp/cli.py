@@ -539,7 +539,7 @@ def main(
         if argv[:1] == ["shard"]:  # not a Lightning subcommand: data → shards (lit_ddp/data/convert.py)
             from lit_ddp.data.convert import main as shard
 
-            return shard(argv[1:])
+            return shard(argv[1:], prog=f"{prog} shard")
         if argv[:1] == ["doctor"]:  # not a Lightning subcommand: the trust kit (lit_ddp/testing)
             from lit_ddp.testing.doctor import main as doctor
 

@@ -468,3 +468,13 @@ def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
         f"lit_ddp: note: {ckpt} keeps the model settings it was trained with, over --model.batch_norm=True"
         " (the checkpoint's: False), --model.optim.lr=0.1 (the checkpoint's: 0.003)"
     ) in caplog.messages
+
+
+def test_a_projects_shard_command_names_the_project_in_its_usage(capsys) -> None:
+    """A generated project's `python -m my_project shard --help` printed `usage: python -m lit_ddp shard`."""
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["shard", "--help"], prog="python -m my_project")
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: python -m my_project shard ")

@@ -273,8 +273,9 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     return manifest
 
 
-def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m lit_ddp shard", description=__doc__.split("\n\n")[0])
+def main(argv: list[str], prog: str = "python -m lit_ddp shard") -> None:
+    """``prog``: the name in its usage and errors (a project's own: ``python -m my_project shard``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("src", help="a CIFAR-10 folder (cifar-10-batches-py) or an ImageFolder tree")
     parser.add_argument("dest", help="an empty folder, or s3://bucket/prefix")
     parser.add_argument("--shard-mb", type=float, default=64, help="shard size limit in MiB (default 64)")
