@@ -350,3 +350,29 @@ def test_a_composed_network_takes_num_classes_first() -> None:
     system = ImageClassifier(net=LeNet, num_classes=3)
     assert system(torch.randn(2, 3, 32, 32)).shape == (2, 3)
     assert system.hparams.net is LeNet and system.hparams.num_classes == 3
+
+
+class _CatBug(nn.Module):
+    """A network of the user's own whose forward has a bug of its own (torch.cat of a 2-D and a 3-D tensor),
+    whatever the image size."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.head = nn.Linear(5, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = x.mean(dim=(2, 3))
+        return self.head(torch.cat([features, torch.zeros(x.shape[0], 1, 2)], dim=1))
+
+
+def test_an_error_in_a_users_own_network_keeps_its_traceback_and_a_library_network_is_one_line() -> None:
+    """Only an error of a library's network (LeNet, torchvision's) is surely the data's image size; one in the
+    user's own network may be a bug in its forward, which their traceback shows, not a one-line size hint."""
+    with pytest.raises(RuntimeError, match="same number of dimensions") as caught:
+        ImageClassifier(net=_CatBug, num_classes=3)(torch.randn(2, 3, 32, 32))
+    assert not isinstance(caught.value, UserError)
+    assert any(entry.name == "forward" and entry.path.name == "test_models.py" for entry in caught.traceback)
+    if hasattr(caught.value, "add_note"):  # Python 3.11: the size hint comes as a note, for a size mismatch
+        assert any("--data.image_size" in note for note in caught.value.__notes__)
+    with pytest.raises(UserError, match="LeNet cannot take the data's 3×64×64 images"):
+        ImageClassifier(net=LeNet, num_classes=3)(torch.randn(2, 3, 64, 64))

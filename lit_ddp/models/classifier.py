@@ -52,6 +52,10 @@ NetFactory = Callable[[int], nn.Module]
 # steps too short to hide their kernel launches (LeNet's on a GPU: docs/gpu.md).
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 
+# Packages whose networks have no bug of the user's in their forward: an error in their first batch is the
+# data's image size, reported in one line. Any other network's error keeps its traceback.
+LIBRARY_NETWORKS = ("lit_ddp", "torchvision", "timm")
+
 
 def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     """``acc`` (top-1) plus ``acc_top{k}`` for each extra k below num_classes: with k classes or fewer the
@@ -222,11 +226,18 @@ class ImageClassifier(LightningModule):
         except RuntimeError as err:
             if isinstance(err, torch.OutOfMemoryError):
                 raise
+            name, size = type(self.net).__name__, "×".join(map(str, x.shape[1:]))
+            hint = "give the data the image size the network is built for (--data.image_size)"
+            if type(self.net).__module__.split(".")[0] not in LIBRARY_NETWORKS:
+                # The user's own network: the error may be a bug in its forward (a torch.cat of the wrong
+                # shapes fails the same way), which only its traceback locates. Kept, with the hint beside it.
+                if hasattr(err, "add_note"):  # Python 3.11+
+                    err.add_note(f"lit_ddp: if {name} is not built for the data's {size} images: {hint}")
+                raise
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise UserError(
-                f"{type(self.net).__name__} cannot take the data's {'×'.join(map(str, x.shape[1:]))} images"
-                f" ({first}): give the data the image size the network is built for (--data.image_size),"
-                " or choose a network for this size"
+                f"{name} cannot take the data's {size} images ({first}): {hint}, or choose a network for"
+                " this size"
             ) from err
         self._input_fits = True
         return logits
