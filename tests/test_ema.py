@@ -176,3 +176,23 @@ def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_wei
     for key in ("state_dict", "current_model_state", "averaging_state"):
         assert_equal_states(final[key], expected[key])
     assert final["callbacks"]["EMA"] == expected["callbacks"]["EMA"] == {"last_update_step": 8}
+
+
+def test_the_average_is_made_on_the_device_the_module_will_train_on() -> None:
+    """In ``setup`` the module's parameters are still where it was built (the CPU); Lightning moves them to
+    the trainer's device after the callbacks' setup, and ``pl_module.device`` already names that device. An
+    average left on the CPU costs a GPU run a device-to-host copy of every weight each step, and under NCCL
+    (2+ GPUs) its BatchNorm statistics' all-reduce would get CPU tensors, which NCCL refuses."""
+    from lit_ddp.models import LeNetCIFAR
+
+    class OnMeta(LeNetCIFAR):
+        @property
+        def device(self) -> torch.device:  # what Lightning's setup reports for a GPU run: its root device
+            return torch.device("meta")
+
+    module = OnMeta(batch_norm=True)
+    ema = EMA()
+    ema.setup(None, module, "fit")
+    tensors = [*ema.average.module.parameters(), *ema.average.module.buffers(), ema.average.n_averaged]
+    assert {t.device.type for t in tensors} == {"meta"}
+    assert {p.device.type for p in module.parameters()} == {"cpu"}  # the module itself is left alone

@@ -49,8 +49,15 @@ class EMA(Callback):
         if stage == "fit":
             # A copy of the LightningModule (same state_dict keys), on its device. Made before
             # configure_model compiles the network and before DDP wraps it: the copy is never run.
+            # The parameters are still on the CPU here (the strategy moves them after the callbacks'
+            # setup); pl_module.device already names the trainer's device, where the average belongs: on
+            # the CPU it would cost a GPU run a copy of every weight to the host each step, and NCCL
+            # refuses its CPU buffers in _sync_buffers.
             self.average = AveragedModel(
-                pl_module, multi_avg_fn=get_ema_multi_avg_fn(self.decay), use_buffers=True
+                pl_module,
+                device=pl_module.device,
+                multi_avg_fn=get_ema_multi_avg_fn(self.decay),
+                use_buffers=True,
             )
 
     def on_train_batch_end(
