@@ -2,6 +2,7 @@
 plain; paths expanded as a shell would."""
 
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -32,7 +33,11 @@ def flatten(tree, prefix: str = "", sep: str = "/") -> dict:
 def plain_data(value: object) -> object:
     """``value`` as data a weights-only ``torch.load`` reads without allow-listing a class: a dataclass (an
     ``OptimConfig``) as a dict of its fields, a class or function (a network given as ``net``) as its dotted
-    name (:func:`imported` finds it again), a path as its string, containers element by element."""
+    name (:func:`imported` finds it again), a ``functools.partial`` of one with keyword arguments (a network
+    given with its own arguments) as ``{"class_path": name, "init_args": {...}}``, jsonargparse's form, a path
+    as its string, containers element by element."""
+    if isinstance(value, functools.partial) and not value.args:
+        return {"class_path": plain_data(value.func), "init_args": plain_data(value.keywords)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: plain_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, type | types.FunctionType):

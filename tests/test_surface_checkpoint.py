@@ -238,3 +238,27 @@ def test_a_composed_models_checkpoint_is_validated_with_its_model_named(tmp_path
         ["validate", *TINY_RUN, *composed, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"]
     )
     assert isinstance(cli.model.net, LeNet) and "val/acc" in cli.trainer.callback_metrics
+
+
+def test_a_network_given_with_its_arguments_from_python_is_saved_as_data_and_rebuilt(tmp_path: Path) -> None:
+    """``net=functools.partial(Net, width=...)`` is how Python passes a network's own arguments; the
+    checkpoint pickled the partial, which a weights-only load refuses ("Unsupported global:
+    functools.partial")."""
+    from functools import partial
+
+    from lit_ddp.models import ImageClassifier, LeNet
+
+    system = ImageClassifier(net=partial(LeNet, batch_norm=True), num_classes=4)
+    composed = _saved_from_python(system, tmp_path / "partial.ckpt")
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(composed) == []
+    hparams = torch.load(composed, weights_only=True)["hyper_parameters"]
+    assert hparams["net"] == {"class_path": "lit_ddp.models.lenet.LeNet", "init_args": {"batch_norm": True}}
+    again = ImageClassifier.load_from_checkpoint(composed)
+    for key, value in system.state_dict().items():
+        assert torch.equal(again.state_dict()[key], value), key
+    assert isinstance(again.net, LeNet) and again.net(torch.zeros(2, 3, 32, 32)).shape == (2, 4)
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in again.net.modules())
+
+    posing = _edited(composed, tmp_path / "posing.ckpt", net={"class_path": "os.system", "init_args": {}})
+    with pytest.raises(UserError, match="^the checkpoint.s network is os.system with arguments"):
+        ImageClassifier.load_from_checkpoint(posing)

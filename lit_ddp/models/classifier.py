@@ -17,6 +17,7 @@ Every metric is a torchmetrics object updated locally on each rank and reduced o
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Literal, get_args
@@ -152,6 +153,15 @@ class ImageClassifier(LightningModule):
             )
         if isinstance(net, str):  # as a checkpoint holds a network class given from Python
             net = self._imported_net(net)
+        if isinstance(net, dict) and "class_path" in net:  # as it holds a functools.partial of one
+            found = self._imported_net(net["class_path"])
+            # Arguments read from a file go to a network class only, never to any other imported callable.
+            if not (isinstance(found, type) and issubclass(found, nn.Module)):
+                raise UserError(
+                    f"the checkpoint's network is {net['class_path']} with arguments, which is not an"
+                    " nn.Module class: pass net= yourself"
+                )
+            net = functools.partial(found, **net.get("init_args", {}))
         if not isinstance(net, nn.Module):
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
             self.save_hyperparameters()
