@@ -13,6 +13,7 @@ from lightning import Callback, LightningModule, Trainer
 
 from lit_ddp.callbacks import EMA
 from lit_ddp.cli import build_cli
+from lit_ddp.models import LeNetCIFAR
 
 PRESET = str(REPO / "configs" / "presets" / "ema.yaml")
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
@@ -52,6 +53,10 @@ def test_fit_validates_and_saves_the_average_and_evaluation_uses_it(tmp_path: Pa
     # After fit the module holds the average, as loading the checkpoint would give.
     for key, value in fit.model.state_dict().items():
         assert torch.equal(value, average[key]), key
+    # From Python, the model's class loads the average (docs/configuration.md, EMA).
+    loaded = LeNetCIFAR.load_from_checkpoint(path).state_dict()
+    for key, value in average.items():
+        assert torch.equal(loaded[key], value), key
 
     # validate --ckpt_path scores state_dict, the average: the numbers fit logged for its last epoch. With
     # the preset stacked too (users repeat their configs), the callback changes nothing outside fit.
@@ -183,7 +188,6 @@ def test_the_average_is_made_on_the_device_the_module_will_train_on() -> None:
     the trainer's device after the callbacks' setup, and ``pl_module.device`` already names that device. An
     average left on the CPU costs a GPU run a device-to-host copy of every weight each step, and under NCCL
     (2+ GPUs) its BatchNorm statistics' all-reduce would get CPU tensors, which NCCL refuses."""
-    from lit_ddp.models import LeNetCIFAR
 
     class OnMeta(LeNetCIFAR):
         @property

@@ -5,9 +5,9 @@
 After every optimizer step, ``average = decay × average + (1 − decay) × weights`` (the first step copies
 the weights), parameters and buffers alike (BatchNorm's running statistics). Validation runs on the
 average; checkpoints keep it as ``state_dict``, so ``validate``/``test``/``predict --ckpt_path=X`` (and
-``ImageClassifier.load_from_checkpoint``) use the averaged weights with or without this callback; the raw
-weights go to ``current_model_state``, the average's update count to ``averaging_state`` (the layout of
-Lightning's ``WeightAveraging``). ``fit --ckpt_path`` restores both.
+the model class's ``load_from_checkpoint``: ``LeNetCIFAR.load_from_checkpoint``) use the averaged weights
+with or without this callback; the raw weights go to ``current_model_state``, the average's update count to
+``averaging_state`` (the layout of Lightning's ``WeightAveraging``). ``fit --ckpt_path`` restores both.
 
 Why not Lightning's ``EMAWeightAveraging`` (2.6) itself:
 
