@@ -260,5 +260,23 @@ def test_a_network_given_with_its_arguments_from_python_is_saved_as_data_and_reb
     assert any(isinstance(m, torch.nn.BatchNorm2d) for m in again.net.modules())
 
     posing = _edited(composed, tmp_path / "posing.ckpt", net={"class_path": "os.system", "init_args": {}})
-    with pytest.raises(UserError, match="^the checkpoint.s network is os.system with arguments"):
+    with pytest.raises(UserError, match="^the checkpoint.s network os.system is not an nn.Module class:"):
         ImageClassifier.load_from_checkpoint(posing)
+
+
+@pytest.mark.parametrize("net", ["os.system", "builtins.exec", "subprocess.run"])
+def test_a_checkpoint_naming_another_callable_as_its_network_runs_nothing(tmp_path: Path, net: str) -> None:
+    """A crafted checkpoint named os.system as its network and a shell command as num_classes: a
+    weights-only load_from_checkpoint ran the command."""
+    from lit_ddp.models import ImageClassifier, LeNet
+
+    saved = _saved_from_python(ImageClassifier(net=LeNet, num_classes=4), tmp_path / "net.ckpt")
+    witness = tmp_path / "ran"
+    command = f"open({str(witness)!r}, 'w')" if net == "builtins.exec" else f"touch {witness}"
+    crafted = _edited(saved, tmp_path / "crafted.ckpt", net=net, num_classes=command)
+    with pytest.raises(UserError):
+        ImageClassifier.load_from_checkpoint(crafted, weights_only=True)
+    crafted = _edited(saved, tmp_path / "crafted_int.ckpt", net=net)  # a valid num_classes: still refused
+    with pytest.raises(UserError, match="is not an nn.Module class or a network function"):
+        ImageClassifier.load_from_checkpoint(crafted, weights_only=True)
+    assert not witness.exists()

@@ -19,6 +19,8 @@ over all ranks, so reported values are those of the whole dataset, not of rank 0
 
 import functools
 import math
+import sys
+import types
 from collections.abc import Callable
 from typing import Literal, get_args
 
@@ -151,16 +153,13 @@ class ImageClassifier(LightningModule):
             raise UserError(
                 f"--model.label_smoothing={label_smoothing} must be between 0 and 1 (0.1 is usual)"
             )
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise UserError(f"num_classes={num_classes!r} must be a whole number of classes, 1 or more")
         if isinstance(net, str):  # as a checkpoint holds a network class given from Python
             net = self._imported_net(net)
         if isinstance(net, dict) and "class_path" in net:  # as it holds a functools.partial of one
-            found = self._imported_net(net["class_path"])
-            # Arguments read from a file go to a network class only, never to any other imported callable.
-            if not (isinstance(found, type) and issubclass(found, nn.Module)):
-                raise UserError(
-                    f"the checkpoint's network is {net['class_path']} with arguments, which is not an"
-                    " nn.Module class: pass net= yourself"
-                )
+            # Arguments read from a file go to a network class only, never to a function.
+            found = self._imported_net(net["class_path"], classes_only=True)
             net = functools.partial(found, **net.get("init_args", {}))
         if not isinstance(net, nn.Module):
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
@@ -186,15 +185,23 @@ class ImageClassifier(LightningModule):
             setattr(self, f"{stage}_loss", LossMean())
 
     @staticmethod
-    def _imported_net(name: str) -> NetFactory:
-        """The network class (or factory) a checkpoint names, from a module already imported: a name read
-        from a file imports no code."""
+    def _imported_net(name: str, classes_only: bool = False) -> NetFactory:
+        """The network class (or factory function) a checkpoint names, from a module already imported: a
+        name read from a file imports no code, and is called only if it is an nn.Module class or a function
+        written in Python outside the standard library (a crafted checkpoint named ``os.system`` with a
+        command as ``num_classes``, and loading it ran the command)."""
         found = imported(name)
-        if not callable(found):
+        if found is None:
             raise UserError(
                 f"the checkpoint's network is {name}, which is not imported: import its module first, or pass"
                 " net= yourself"
             )
+        network_class = isinstance(found, type) and issubclass(found, nn.Module)
+        stdlib = str(getattr(found, "__module__", "")).split(".")[0] in sys.stdlib_module_names
+        function = isinstance(found, types.FunctionType) and not stdlib  # subprocess.run is Python too
+        if not (network_class or (not classes_only and function)):
+            kind = "an nn.Module class" if classes_only else "an nn.Module class or a network function"
+            raise UserError(f"the checkpoint's network {name} is not {kind}: pass net= yourself")
         return found
 
     @property
