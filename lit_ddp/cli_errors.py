@@ -103,7 +103,50 @@ def config_file_problem(argv: list[str]) -> str | None:
                 f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
                 f" --config {path}"
             )
+        problem = _trainer_not_a_mapping(path, content)
+        if problem:
+            return problem
     return None
+
+
+def _trainer_not_a_mapping(path: Path, content: object) -> str | None:
+    """The line for a ``trainer:`` that holds no mapping of settings: left empty (its lines commented out),
+    a value, or a list. jsonargparse takes it as the whole trainer group, dropping every trainer setting of
+    the files before it, and the run then failed on it with an AttributeError traceback."""
+    if not isinstance(content, dict):
+        return None
+    # A config for the root parser holds each subcommand's settings under its name.
+    sections = [((), content)] + [
+        ((cmd,), content[cmd]) for cmd in COMMANDS if isinstance(content.get(cmd), dict)
+    ]
+    for keys, section in sections:
+        if "trainer" in section and not isinstance(section["trainer"], dict):
+            value = section["trainer"]
+            flow = (
+                yaml.safe_dump(value, default_flow_style=True).partition("\n...")[0].strip()
+            )  # no end marker
+            shown = "" if value is None else f" {flow}"
+            line = _key_line(path, (*keys, "trainer"))
+            at = f", line {line}" if line else ""
+            return (
+                f"{path}{at}: trainer:{shown} holds no Trainer settings: write them on the lines below it,"
+                " indented (`  max_epochs: 3`), or remove the line"
+            )
+    return None
+
+
+def _key_line(path: Path, keys: tuple[str, ...]) -> int | None:
+    """The line (from 1) of the mapping key reached through ``keys`` in the YAML file ``path``."""
+    node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
+    line = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = next(((k, v) for k, v in node.value if getattr(k, "value", None) == key), None)
+        if found is None:
+            return None
+        line, node = found[0].start_mark.line + 1, found[1]
+    return line
 
 
 def _command(argv: list[str]) -> str:

@@ -99,6 +99,13 @@ def test_a_precision_the_batches_cannot_take_and_a_negative_lr_are_one_line(
         ),
         ("", "my.yaml holds no settings (it is empty or only comments): put settings in it, or leave out"),
         ("# a recipe to write\n", "my.yaml holds no settings (it is empty or only comments)"),
+        # trainer's settings all commented out, a value, a list: an AttributeError traceback
+        (
+            "trainer:\n  # max_epochs: 3\nseed_everything: 1\n",
+            "my.yaml, line 1: trainer: holds no Trainer settings: write them on the lines below it, indented",
+        ),
+        ("seed_everything: 1\ntrainer: 5\n", "my.yaml, line 2: trainer: 5 holds no Trainer settings"),
+        ("trainer:\n- max_epochs\n", "my.yaml, line 1: trainer: [max_epochs] holds no Trainer settings"),
     ],
 )
 def test_a_duplicate_key_or_an_empty_config_file_is_one_clear_line(
