@@ -10,6 +10,7 @@ from lit_ddp.cli import build_cli
 
 RECIPE = str(REPO / "configs" / "lenet_shapes.yaml")
 DEBUG = str(REPO / "configs" / "presets" / "debug.yaml")
+EMA = str(REPO / "configs" / "presets" / "ema.yaml")
 
 
 def test_a_yaml_alias_bomb_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -40,6 +41,30 @@ def test_an_option_before_a_config_that_replaces_it_is_refused(tmp_path: Path, c
     root = f"--trainer.default_root_dir={tmp_path}"
     cli = build_cli(["--config", RECIPE, *TINY_RUN, root], run=False)
     assert cli.trainer.max_epochs == 1 and cli.config["data"]["init_args"]["train_size"] == 64
+
+
+def test_a_callback_added_before_a_config_that_replaces_the_list_is_refused(tmp_path: Path, capsys) -> None:
+    """`fit --trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor=val/loss --config
+    presets/ema.yaml` ran without EarlyStopping: the preset's list replaced the one the option appended to."""
+    added = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+    args = ["fit", added, "--trainer.callbacks.monitor=val/loss", "--config", EMA]
+    assert one_error_line(capsys, args) == (
+        f"--config {EMA} sets trainer.callbacks after {added} did, and the later one wins: put {added} after"
+        f" --config {EMA} (later arguments override earlier ones)"
+    )
+    # An argument of an entry of that list is replaced with it.
+    line = one_error_line(capsys, ["fit", "--trainer.callbacks.decay=0.5", "--config", EMA])
+    assert line.startswith(f"--config {EMA} sets trainer.callbacks after --trainer.callbacks.decay=0.5 did")
+    # After the config, the callback is appended to the preset's, as asked.
+    args = [
+        "--config",
+        EMA,
+        added,
+        "--trainer.callbacks.monitor=val/loss",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    names = [type(c).__name__ for c in build_cli(args, run=False).trainer.callbacks]
+    assert "EMA" in names and "EarlyStopping" in names
 
 
 def test_a_recipe_after_a_preset_is_refused_and_a_preset_after_a_recipe_adjusts_it(

@@ -6,7 +6,8 @@
   without expanding anything) and refused past ``MAX_NODES``.
 - jsonargparse applies arguments left to right, the later winning: ``--trainer.max_epochs=1 --config
   recipe.yaml`` runs the recipe's 12 epochs, and ``--config presets/debug.yaml --config recipe.yaml`` the
-  recipe's 30. An option replaced by a later ``--config``, and a preset's setting replaced by a recipe
+  recipe's 30. An option replaced by a later ``--config`` (``--trainer.callbacks+=X`` too: a file's
+  ``trainer.callbacks`` list replaces the list it appended to), and a preset's setting replaced by a recipe
   given after it, are refused in one line that says which order does what was asked. A preset given after
   the recipe adjusts it, as designed.
 """
@@ -84,11 +85,32 @@ def _settings(tree, prefix: str = "") -> set[str]:
     return keys
 
 
+def _lists(tree, prefix: str = "") -> set[str]:
+    """The keys of ``_settings(tree)`` whose value is a list (``trainer.callbacks``): a file replaces the
+    whole list, so also every option that set an entry of it (``--trainer.callbacks.decay``)."""
+    if isinstance(tree, list):
+        return {prefix} if prefix else set()
+    if not isinstance(tree, dict):
+        return set()
+    keys = set()
+    for key, value in tree.items():
+        keys |= _lists(value, prefix if key == "init_args" else f"{prefix}.{key}" if prefix else str(key))
+    return keys
+
+
+def _replaced(key: str, settings: set[str], lists: set[str]) -> str | None:
+    """The setting of a file that replaces the option ``key`` given before it, or None."""
+    if key in settings:
+        return key
+    return next((s for s in sorted(lists) if key.startswith(f"{s}.")), None)
+
+
 def _flag_key(argv: list[str], i: int) -> str | None:
     arg = argv[i]
     if not arg.startswith("--") or arg.split("=", 1)[0] in NOT_SETTINGS:
         return None
-    return arg[2:].partition("=")[0].replace(".init_args.", ".")
+    # `--trainer.callbacks+=X` appends to trainer.callbacks: the same setting, for a later file to replace.
+    return arg[2:].partition("=")[0].removesuffix("+").replace(".init_args.", ".")
 
 
 def check_arguments(argv: list[str]) -> None:
@@ -128,8 +150,12 @@ def _check_order(argv: list[str]) -> dict[str, str]:
             # A preset after the recipe adjusts it (stacked presets are the design); a recipe, which chooses
             # the model or data, after a preset replaces the preset's settings instead.
             recipe = isinstance(content, dict) and bool({"model", "data"} & set(content))
-            for key in sorted(_settings(content) & set(given)):
-                earlier = given[key]
+            settings, lists = _settings(content), _lists(content)
+            for given_key in sorted(given):
+                key = _replaced(given_key, settings, lists)
+                if key is None:
+                    continue
+                earlier = given[given_key]
                 if not (recipe or earlier.startswith("--")):
                     continue
                 if earlier.startswith("--"):
