@@ -27,6 +27,8 @@ from lightning import Callback, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
+from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
@@ -404,6 +406,15 @@ class LitDDPCLI(LightningCLI):
         if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
+        for flag, kind in (
+            ("enable_progress_bar", AnyProgressBar),
+            ("enable_model_summary", AnyModelSummary),
+        ):
+            # Likewise `--progress_bar=null` means no bar, and `--model_summary=null` no summary: Lightning
+            # would add its own default in their place (a bar counting epochs from 0, with v_num; a table
+            # with a FLOPs column of zeros). A bar or summary of the user's, or the flag set to true, stays.
+            if trainer_config.get(flag) is None and not any(isinstance(c, kind) for c in kwargs["callbacks"]):
+                kwargs[flag] = False
         check_writable(trainer_config.get("default_root_dir") or os.getcwd())
         if trainer_config.get("logger") in (None, True) and not barebones:
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which

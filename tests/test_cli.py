@@ -295,6 +295,27 @@ def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(
 
 
 @pytest.mark.parametrize(
+    ("key", "kind", "own"),
+    [("progress_bar", "ProgressBar", "TQDMProgressBar"), ("model_summary", "ModelSummary", "ModelSummary")],
+)
+def test_a_bar_or_summary_turned_off_gets_no_lightning_default_in_its_place(
+    tmp_path: Path, key: str, kind: str, own: str
+) -> None:
+    """`--progress_bar=null` showed Lightning's own bar (epochs from 0, v_num), `--model_summary=null` its
+    summary (a FLOPs column of zeros): Lightning adds a default where no callback of the kind is left."""
+    from lightning.pytorch import callbacks
+
+    base = getattr(callbacks, kind)
+    args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}", f"--{key}=null"]
+    assert not any(isinstance(c, base) for c in build_cli(args, run=False).trainer.callbacks)
+    # Lightning's own, asked for by its flag, or a callback of the user's, stays.
+    asked = build_cli([*args, f"--trainer.enable_{key}=true"], run=False).trainer.callbacks
+    assert any(isinstance(c, base) for c in asked)
+    added = build_cli([*args, f"--trainer.callbacks+=lightning.pytorch.callbacks.{own}"], run=False)
+    assert any(isinstance(c, base) for c in added.trainer.callbacks)
+
+
+@pytest.mark.parametrize(
     "switch", ["--trainer.enable_checkpointing=false", "--checkpoint=null --last_checkpoint=null"]
 )
 def test_checkpointing_can_be_turned_off(tmp_path: Path, switch: str) -> None:
