@@ -279,6 +279,41 @@ def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) ->
     return None
 
 
+def _class_not_importable(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    # `--trainer.callbacks+=lit_ddp.callbacks.EMAA` or `class_path: nosuchpkg.Model`: jsonargparse's union
+    # ends on `Expected a <class 'NoneType'>`, which read as "expected null". Whether the path imports is
+    # checked here, not read from the message.
+    owner = _PHRASE["parser_key"].search(message)
+    class_path = _PHRASE["class_path"].search(message)
+    if not (owner and class_path) or "." not in class_path.group(1):
+        return None
+    path = class_path.group(1)
+    module_name, _, name = path.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        problem, match = f"no module {err.name or module_name}", ""
+    else:
+        if hasattr(module, name):
+            return None  # it imports: another rule says what is wrong with it
+        problem = f"{module_name} has no {name}"
+        classes = [n for n in dir(module) if not n.startswith("_") and isinstance(getattr(module, n), type)]
+        match = next((n for n in classes if n.lower() == name.lower()), "") or _closest(name, classes)
+    key = owner.group(1)
+    where = _where(key, argv)
+    setting = f"{key}: {path}" if where else f"--{key}={path}"
+    hint = (
+        f": did you mean {module_name}.{match}?"
+        if match
+        else ": check the import path (package.module.Class)"
+    )
+    base = CLASS_OPTIONS.get(key)
+    choices = (
+        f" (the choices are {', '.join(_subclass_names(base))})" if base is not None and not match else ""
+    )
+    return f"{where}{setting}: no such class ({problem}){hint}{choices}"
+
+
 def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
     keys = _PHRASE["parser_key"].findall(message)
     value = _PHRASE["value"].search(message)
@@ -321,7 +356,15 @@ def _expected(message: str, value: str) -> str:
 
 
 # In order: the first that recognises the message words it.
-RULES = (_invalid_yaml, _missing_file, _unknown_command, _unknown_class_option, _unknown_option, _wrong_value)
+RULES = (
+    _invalid_yaml,
+    _missing_file,
+    _unknown_command,
+    _unknown_class_option,
+    _unknown_option,
+    _class_not_importable,
+    _wrong_value,
+)
 
 
 # Packages whose classes a config names and whose constructors raise for the user's set-up, not a bug of

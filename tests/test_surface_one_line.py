@@ -78,6 +78,40 @@ def test_a_class_path_naming_something_else_says_why_it_is_refused(
     assert line.startswith(f"{option}=os.system: not an {base} subclass, so it is not used (nothing was run)")
 
 
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        (
+            "--trainer.callbacks+=lit_ddp.callbacks.EMAA",
+            "--trainer.callbacks=lit_ddp.callbacks.EMAA: no such class (lit_ddp.callbacks has no EMAA):"
+            " did you mean lit_ddp.callbacks.EMA?",
+        ),
+        (
+            "--checkpoint=lightning.pytorch.callbacks.ModelCheckpointt",
+            "--checkpoint=lightning.pytorch.callbacks.ModelCheckpointt: no such class"
+            " (lightning.pytorch.callbacks has no ModelCheckpointt): did you mean"
+            " lightning.pytorch.callbacks.ModelCheckpoint?",
+        ),
+        (
+            "--trainer.callbacks+=nosuchpkg.Probe",
+            "--trainer.callbacks=nosuchpkg.Probe: no such class (no module nosuchpkg): check the import path"
+            " (package.module.Class)",
+        ),
+        (
+            "--model=lit_ddp.models.LeNetCifar",
+            "--model=lit_ddp.models.LeNetCifar: no such class (lit_ddp.models has no LeNetCifar): did you"
+            " mean lit_ddp.models.LeNetCIFAR?",
+        ),
+    ],
+)
+def test_a_class_path_that_does_not_import_is_named_with_the_closest_class(
+    tmp_path: Path, capsys, arg: str, expected: str
+) -> None:
+    """A misspelt callback class was "--trainer.callbacks=lit_ddp.callbacks.EMAA: expected null", and a
+    misspelt model class "not an ImageClassifier subclass": neither said that no such class exists."""
+    assert one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"]) == expected
+
+
 def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, capsys) -> None:
     """`doctor --workdir PATH` on a path it could not create was a traceback from inside the check runs."""
     (tmp_path / "a_file").write_text("")
