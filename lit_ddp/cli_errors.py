@@ -23,6 +23,8 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.models import ImageClassifier
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
+# Every command `main` takes, the two it hands to their own parsers included (cli.main).
+ALL_COMMANDS: tuple[str, ...] = (*COMMANDS, "shard", "doctor")
 # The options whose value is a class chosen by short name.
 CLASS_OPTIONS = {"model": ImageClassifier, "data": ImageDataModule}
 # Options that other LightningCLI programs have and lit_ddp leaves out on purpose.
@@ -237,9 +239,9 @@ def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -
     found = _PHRASE["command"].search(message)
     if not found:
         return None
-    match = _closest(found.group(1), COMMANDS)
+    match = _closest(found.group(1), ALL_COMMANDS)
     hint = f": did you mean {match}?" if match else ""
-    return f"unknown command {found.group(1)!r}{hint} (the commands are {', '.join(COMMANDS)})"
+    return f"unknown command {found.group(1)!r}{hint} (the commands are {', '.join(ALL_COMMANDS)})"
 
 
 def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:

@@ -151,6 +151,12 @@ def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys)
         "lit_ddp: error: unknown command 'fiit': did you mean fit?"
         " (the commands are fit, validate, test, predict"
     )
+    with pytest.raises(SystemExit) as stop:  # the commands with parsers of their own are named too
+        main(["shardd"])
+    assert capsys.readouterr().err.startswith(
+        "lit_ddp: error: unknown command 'shardd': did you mean shard? (the commands are fit, validate, test,"
+        " predict, new, shard, doctor)"
+    )
     with pytest.raises(SystemExit) as stop:
         main(["--help"])
     out = capsys.readouterr().out
