@@ -55,6 +55,7 @@ JSONARGPARSE_PHRASES = {
     "import_path": r"dot import path",
     "literal": r"Literal\[(.*?)\]",
     "type": r"Expected a <class '(\w+)'>",
+    "group": r"Unable to load config ['\"](.*?)['\"]",
 }
 _PHRASE = {name: re.compile(pattern) for name, pattern in JSONARGPARSE_PHRASES.items()}
 
@@ -329,6 +330,18 @@ def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> st
         message = message[message.rfind(f'Parser key "{keys[-1]}"') :]
         message = message[: _PHRASE["value"].search(message).start()]
     where = _where(key, argv)
+    group = _PHRASE["group"].search(message)
+    if group:  # a group of settings (--model.optim) given one value: jsonargparse read it as a file name
+        listed = f"{prog} {_command(argv)} --help lists them"
+        if where:
+            return (
+                f"{where}{key}: {group.group(1)}: {key} is a group of settings, not one value: write them on"
+                f" the lines below it, indented ({listed})"
+            )
+        return (
+            f"--{key}={group.group(1)}: {key} is a group of settings, not one value: set them one by one,"
+            f" --{key}.FIELD=VALUE ({listed}), or give a YAML file of them"
+        )
     setting = f"{key}: {value}" if where else f"--{key}={value}"
     base = CLASS_OPTIONS.get(key)
     if base is not None and _PHRASE["import_path"].search(message):

@@ -28,6 +28,7 @@ TRIGGERS = {
     "import_path": ["fit", "--model=LeNetCifar"],
     "literal": ["fit", "--model.optim.name=adamx"],
     "type": ["fit", "--trainer.max_epochs=abc"],
+    "group": ["fit", "--model.optim=adam"],
 }
 # Phrases that the CLI's own paths do not reach on this version: (module, its source's text, a message).
 IN_SOURCE = {

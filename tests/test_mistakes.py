@@ -174,3 +174,18 @@ def test_the_stop_message_counts_epochs_as_the_progress_bar_does(
         cli = build_cli(["fit", *args, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
     assert cli.trainer.global_step == 8
     assert not [w for w in caught if "not resumable" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_a_group_of_settings_given_one_value_is_one_line_naming_how_to_set_it(tmp_path: Path, capsys) -> None:
+    """`--model.optim=adam` (meant: --model.optim.name=adam) said `--model.optim=NestedArg(key='optim',
+    val='adam'): expected null`, and `optim: adam` in a config the same."""
+    line = one_error_line(capsys, ["fit", "--model.optim=adam", f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(
+        "--model.optim=adam: model.optim is a group of settings, not one value: set them"
+    ), line
+    assert "--model.optim.FIELD=VALUE (python -m lit_ddp fit --help lists them)" in line
+    config = tmp_path / "my.yaml"
+    config.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\n  init_args:\n    optim: adam\n")
+    line = one_error_line(capsys, ["fit", f"--config={config}", f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith(f"{config}, line 4: model.optim: adam: model.optim is a group of settings"), line
+    assert "write them on the lines below it, indented" in line
