@@ -386,14 +386,14 @@ class LitDDPCLI(LightningCLI):
         callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
         ours = [config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)]
-        # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
-        # a progress bar callback with enable_progress_bar=false).
         # Lightning's raw-speed mode refuses the features it turns off: a recipe's logging cadence or our
         # callbacks for them would make it a refusal, so they are turned off with it (its opt-ins, such as
         # a profiler, stay the user's to drop).
         barebones = bool(trainer_config.get("barebones"))
         if barebones:
             kwargs.update(BAREBONES_OFF)
+        # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
+        # a progress bar callback with enable_progress_bar=false).
         for flag, kind in OFF_SWITCHES.items():
             if trainer_config.get(flag) is False or barebones:
                 ours = [c for c in ours if not isinstance(c, kind)]
