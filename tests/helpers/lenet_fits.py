@@ -2,6 +2,8 @@
 (test_step_graph.py) and the CUDA one (test_cuda.py) compare the two."""
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -54,6 +56,19 @@ def assert_close(a: dict[str, Tensor], b: dict[str, Tensor], atol: float) -> Non
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@contextmanager
+def full_fp32() -> Iterator[None]:
+    """Convolutions and matmuls in full float32 (no TF32) while inside: a captured step and an eager one may
+    run different kernels, and TF32's rounding of their gradients, through AdamW's division by each weight's
+    own gradient scale, moves the weights whose gradients are near zero by up to a few steps' lr."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 class GradsBeforeUpdate(Callback):
