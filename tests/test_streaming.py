@@ -2,8 +2,10 @@
 real S3-compatible server on 127.0.0.1 (tests/helpers/s3.py)."""
 
 import http.server
+import multiprocessing
 import os
 import pickle
+import random
 import shutil
 import threading
 from pathlib import Path
@@ -25,7 +27,7 @@ from streaming_runs import (
 from test_cifar10 import write_cifar10
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
-from lit_ddp.data.shards import ShardedSamples, ShardError, chunk_window_order
+from lit_ddp.data.shards import ChunkCache, LocalStore, ShardedSamples, ShardError, chunk_window_order, fcntl
 from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
 from lit_ddp.errors import UserError
 
@@ -566,3 +568,44 @@ def test_shards_written_again_under_the_same_url_are_not_read_from_the_node_cach
     again = ShardedSamples(url, "test", tmp_path / "cache")
     assert again.shard_sizes() == first.shard_sizes()
     assert [again[i].label for i in range(len(again))] == [(label + 1) % 10 for label in old_labels]
+
+
+def _open_shards_at_random(args: tuple[Path, int]) -> int:
+    """One rank of a node: 300 shards opened at random through a cache that holds one and a half."""
+    root, seed = args
+    cache = ChunkCache(root / "cache", "s3://bucket/node", limit_bytes=1500)
+    store, draw = LocalStore(str(root / "store")), random.Random(seed)
+    for _ in range(300):
+        n = draw.randrange(8)
+        assert bytes(cache.open(store, f"train/{n}.mds", 1000, retries=1)) == bytes([n]) * 1000
+    return seed
+
+
+def test_ranks_sharing_a_small_node_cache_never_lose_a_shard_to_each_others_eviction(tmp_path: Path) -> None:
+    """A rank's eviction deleted the shard another rank had just downloaded and not yet opened (or had not
+    yet counted), and that rank died on FileNotFoundError: with a `cache_limit_gb` below a few shards per
+    rank, within seconds. A shard is now mapped under its lock, and eviction passes over a locked one."""
+    (tmp_path / "store" / "train").mkdir(parents=True)
+    for n in range(8):
+        (tmp_path / "store" / "train" / f"{n}.mds").write_bytes(bytes([n]) * 1000)
+    with multiprocessing.get_context("spawn").Pool(4) as ranks:
+        assert ranks.map(_open_shards_at_random, [(tmp_path, seed) for seed in range(4)]) == [0, 1, 2, 3]
+    assert sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*.mds")) <= 1500
+
+
+@pytest.mark.skipif(fcntl is None, reason="file locks are POSIX")
+def test_the_node_cache_keeps_a_shard_whose_lock_another_rank_holds_and_an_evicted_one_stays_readable(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "store" / "train").mkdir(parents=True)
+    for name in "ab":
+        (tmp_path / "store" / "train" / f"{name}.mds").write_bytes(name.encode() * 100)
+    store, cache = LocalStore(str(tmp_path / "store")), ChunkCache(tmp_path / "cache", "s3://b/p", 150)
+    a = cache.open(store, "train/a.mds", 100, retries=1)
+    copy_of_a = next((tmp_path / "cache").rglob("a.mds"))
+    with open(copy_of_a.with_name("a.mds.lock"), "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another rank, between a's download and its mapping
+        cache.open(store, "train/b.mds", 100, retries=1)
+        assert copy_of_a.is_file()
+    cache.open(store, "train/b.mds", 100, retries=1)  # the next eviction, the lock released
+    assert not copy_of_a.exists() and bytes(a) == b"a" * 100

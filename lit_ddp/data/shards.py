@@ -261,56 +261,79 @@ def default_cache_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """Holds ``path``'s lock while inside; yields False, holding nothing, where ``wait`` is off and another
+    process holds it."""
     with open(path, "a+") as f:
         if fcntl is not None:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
         try:
-            yield
+            yield True
         finally:
             if fcntl is not None:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def map_file(path: Path) -> memoryview:
+    with open(path, "rb") as f:
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
 class ChunkCache:
     """Whole shards copied from a remote store to ``root`` (one folder per store URL), at most
     ``limit_bytes`` in all; the least recently opened shards are deleted first. A shard another rank of the
     node is downloading is waited for (its lock file), never fetched twice; a download lands under a
-    temporary name and is renamed into place, so a reader never sees part of one."""
+    temporary name and is renamed into place, so a reader never sees part of one. A shard is mapped while
+    its lock is held and eviction passes over a locked shard, so another rank's eviction cannot delete a
+    shard between its download and its mapping (a mapped shard stays readable once deleted: POSIX)."""
 
     def __init__(self, root: Path, url: str, limit_bytes: int) -> None:
         self.root = root / hashlib.sha1(url.encode()).hexdigest()[:16]
         self.limit_bytes = limit_bytes
 
-    def path(self, store, key: str, size: int, retries: int, digest: str | None = None) -> Path:
-        """The local copy of shard ``key``, downloaded if missing. A shard with a ``digest`` (its SHA-1) is
-        cached under it: shards written again under the same URL (labels fixed, say) have other contents at
-        the same byte sizes, and a copy known only by name and size was read in their place."""
+    def open(self, store, key: str, size: int, retries: int, digest: str | None = None) -> memoryview:
+        """Shard ``key`` mapped from its local copy, downloaded if missing. A shard with a ``digest`` (its
+        SHA-1) is cached under it: shards written again under the same URL (labels fixed, say) have other
+        contents at the same byte sizes, and a copy known only by name and size was read in their place."""
         target = self.root / key
         if digest is not None:
             target = target.with_name(f"{digest[:16]}.{target.name}")
-        if target.is_file() and target.stat().st_size == size:
-            os.utime(target)  # recently used
-            return target
         target.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(target.with_name(target.name + ".lock")):
-            if not (target.is_file() and target.stat().st_size == size):
+        with _locked(self._lock(target)):
+            if target.is_file() and target.stat().st_size == size:
+                os.utime(target)  # recently used
+            else:
                 data = read_with_retries(store, key, size, retries)
                 partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
                 partial.write_bytes(data)
                 os.replace(partial, target)
+            view = map_file(target)
         self._evict(keep=target)
-        return target
+        return view
+
+    @staticmethod
+    def _lock(shard: Path) -> Path:
+        return shard.with_name(shard.name + ".lock")
 
     def _evict(self, keep: Path) -> None:
+        """Deletes the least recently opened shards but ``keep`` (this process's newest) until the rest fit;
+        ``keep`` may be gone already, evicted by another rank once its lock was released."""
         with _locked(self.root / ".evict.lock"):
-            shards = [p for p in self.root.rglob("*.mds") if p != keep]
-            total = sum(p.stat().st_size for p in shards) + keep.stat().st_size
-            for p in sorted(shards, key=lambda p: p.stat().st_mtime):
+            shards = sorted(((p.stat(), p) for p in self.root.rglob("*.mds")), key=lambda s: s[0].st_mtime)
+            total = sum(stat.st_size for stat, _ in shards)
+            for stat, p in shards:
                 if total <= self.limit_bytes:
                     break
-                total -= p.stat().st_size
-                p.unlink(missing_ok=True)  # open mmaps of it stay valid (POSIX)
+                if p == keep:
+                    continue
+                with _locked(self._lock(p), wait=False) as free:
+                    if free:  # else being opened by another process: the next eviction looks again
+                        p.unlink()
+                        total -= stat.st_size
 
 
 # ---- samples by global index ---------------------------------------------------------------------------
@@ -379,13 +402,12 @@ class ShardedSamples:
         name, size, _ = self.shards[s]
         key = f"{self.split}/{name}"
         if self.cache is not None:
-            path = self.cache.path(self.store, key, size, self.retries, self.digests[s])
+            view = self.cache.open(self.store, key, size, self.retries, self.digests[s])
         else:
             path = Path(self.store.name(key))
             if not path.is_file() or path.stat().st_size != size:
                 read_with_retries(self.store, key, size, self.retries)  # retries, then names the shard
-        with open(path, "rb") as f:
-            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            view = map_file(path)
         self._open[s] = view
         while len(self._open) > self.open_shards:
             self._open.popitem(last=False)
