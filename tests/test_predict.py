@@ -82,6 +82,24 @@ def test_two_processes_write_the_same_rows_in_the_same_order(ckpt: Path, tmp_pat
     assert result.stdout.count("predictions: 63 rows (test split)") == 1  # rank 0 alone reports
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_fractional_predict_limit_runs_on_uneven_shards(ckpt: Path, tmp_path: Path) -> None:
+    """`--trainer.limit_predict_batches=0.5` on 2 processes over 33 images in batches of 16 (shards of 17
+    and 16: 2 batches and 1) raised on rank 1 (0.5 × 1 is no batch) and left rank 0 "lost contact with
+    another rank". The fraction is taken of the largest shard, as for validation and test: 1 batch each."""
+    ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    data = [*(a for a in DATA if not a.startswith("--data.test_size")), "--data.test_size=33"]
+    args = ["predict", *data, *QUIET, f"--ckpt_path={ckpt}", *ddp, "--trainer.limit_predict_batches=0.5"]
+    result = run_cli(args, cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_rows(tmp_path / "logs")
+    assert [int(r["index"]) for r in rows] == list(range(32))  # rank 0: 0, 2, .., 30; rank 1: 1, 3, .., 31
+    assert "limit_predict_batches=0.5: 1 batch(es) per device, the same on every rank" in result.stderr
+    assert "1 image(s) not predicted" in result.stdout and "unreadable" not in result.stdout
+
+
 def write_images(root: Path) -> list[Path]:
     """Images of several sizes and formats, nested; returns those predict must read, in their order."""
     rng = np.random.default_rng(0)

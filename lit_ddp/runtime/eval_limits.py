@@ -1,4 +1,5 @@
-"""``--trainer.limit_val_batches`` / ``limit_test_batches`` as a fraction: the same count on every rank.
+"""A fractional ``--trainer.limit_val_batches`` / ``limit_test_batches`` / ``limit_predict_batches``: the
+same batch count on every rank.
 
 Lightning applies a fraction to each rank's own loader. Evaluation shards are uneven here (every sample
 counts once, no padding: data/samplers.py), so 0.5 of 65 images in batches of 32 on 2 ranks is 1 batch on
@@ -20,12 +21,24 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 
-# stage → (the Trainer's limit, the data module's split it limits)
+# stage → (the Trainer's limit, the data module's split it limits: predict's is the test split or predict_dir)
 LIMITS = {
     "fit": (("limit_val_batches", "val_set"),),
     "validate": (("limit_val_batches", "val_set"),),
     "test": (("limit_test_batches", "test_set"),),
+    "predict": (("limit_predict_batches", "predict_set"),),
 }
+
+
+def split_samples(dm: ImageDataModule, split: str) -> int | None:
+    """The samples of ``split``, or None where the data module has none. ``predict_set`` is built with the
+    predict loader, after the callbacks' setup: its size is predict_dir's file count or the test split's."""
+    if split == "predict_set":
+        if dm.predict_dir is not None:
+            return len(dm.predict_files)
+        split = "test_set"
+    dataset = getattr(dm, split, None)
+    return len(dataset) if dataset is not None else None
 
 
 def batches_of_fraction(limit: str, fraction: float, samples: int, world_size: int, batch_size: int) -> int:
@@ -70,10 +83,10 @@ class EvenEvalLimits(Callback):
         if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
             return  # one process: Lightning's own rule is the same; another data module: its own sampler
         for limit, split in LIMITS.get(stage, ()):
-            fraction, dataset = getattr(trainer, limit), getattr(dm, split, None)
-            if not isinstance(fraction, float) or not 0.0 < fraction < 1.0 or dataset is None:
+            fraction, samples = getattr(trainer, limit), split_samples(dm, split)
+            if not isinstance(fraction, float) or not 0.0 < fraction < 1.0 or samples is None:
                 continue
-            batches = batches_of_fraction(limit, fraction, len(dataset), trainer.world_size, dm.batch_size)
+            batches = batches_of_fraction(limit, fraction, samples, trainer.world_size, dm.batch_size)
             self._given[limit] = fraction
             setattr(trainer, limit, batches)
             rank_zero_info(f"{limit}={fraction}: {batches} batch(es) per device, the same on every rank")
