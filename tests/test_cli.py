@@ -436,6 +436,21 @@ def test_step_loss_is_written_on_the_steps_lightning_writes_and_can_be_turned_of
     assert "train/loss_step" not in read_scalars(assert_single_run(tmp_path / "off"))
 
 
+def test_the_step_loss_under_gradient_accumulation_is_the_batch_loss_not_a_share_of_it(
+    tmp_path: Path,
+) -> None:
+    """With --trainer.accumulate_grad_batches=2, train/loss_step (TensorBoard and the progress bar) showed
+    half the batch loss, 1.15 beside a train/loss_epoch of 2.30: Lightning hands on_train_batch_end the loss
+    it divided by the accumulation for the backward pass."""
+    args = [*QUICK, "--trainer.accumulate_grad_batches=2", f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(["fit", *args])
+    scalars = read_scalars(assert_single_run(tmp_path))
+    (epoch_loss,) = scalars["train/loss_epoch"]
+    assert len(scalars["train/loss_step"]) == 4  # 8 batches of 32, 2 per optimizer step
+    # An untrained 10-class model: every batch's cross-entropy is near ln 10 = 2.30, as is their mean.
+    assert all(abs(v - epoch_loss) < 0.2 * epoch_loss for v in scalars["train/loss_step"])
+
+
 def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Path) -> None:
     fit = run_cli(["fit", *TINY_SHAPES, "--trainer.max_epochs=1"], cwd=tmp_path, timeout=180)
     assert fit.returncode == 0, fit.stderr[-2000:]

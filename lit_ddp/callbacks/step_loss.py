@@ -28,5 +28,10 @@ class StepLoss(Callback):
         if every <= 0 or (trainer.global_step % every != 0 and not trainer.should_stop):
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if isinstance(loss, Tensor):
-            pl_module.log(STEP_LOSS, loss.detach(), on_step=True, on_epoch=False)
+        if not isinstance(loss, Tensor):
+            return
+        if pl_module.automatic_optimization:
+            # Lightning passes on the loss it divided by accumulate_grad_batches for the backward pass: the
+            # batch's own loss is that times the accumulation (a manual step's output is not divided).
+            loss = loss * trainer.accumulate_grad_batches
+        pl_module.log(STEP_LOSS, loss.detach(), on_step=True, on_epoch=False)
