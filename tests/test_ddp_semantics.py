@@ -407,6 +407,23 @@ def test_a_fractional_limit_val_and_test_batches_run_on_uneven_shards(tmp_path: 
     assert records[0]["test"] == records[1]["test"] and "test/acc" in records[0]["test"][-1]
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_mistake_found_inside_the_spawned_ranks_is_one_line(tmp_path: Path) -> None:
+    """Under ddp_spawn the ranks check the evaluation set and the limits (here 0.01 of 2 batches): the
+    UserError reached the user as torch's ProcessRaisedException, a 60-line traceback and exit code 1."""
+    spawn = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    args = ["validate", *spawn, "--data.val_size=40", "--data.batch_size=16", "--ckpt_path=untrained"]
+    run = run_cli([*args, "--trainer.limit_val_batches=0.01", "--data.num_workers=0"], tmp_path, timeout=240)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if line.startswith("lit_ddp: error: ")]
+    assert lines == [
+        "lit_ddp: error: --trainer.limit_val_batches=0.01 of 2 batch(es) per device is no batch: pass at"
+        " least 0.5, or a number of batches (an integer)"
+    ]
+
+
 # ---- a: a training set that is not a multiple of the world size -------------------------------------
 
 

@@ -39,7 +39,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -281,11 +283,15 @@ class PreemptionCheckpoint(Callback):
             _requeue_slurm_job()
 
 
-def _run_rank(function: Callable, *args, **kwargs):
+def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
     """What a ddp_spawn rank runs: ``trainer.fit``'s work, where a stop agreed by the ranks (Lightning's
     SIGTERMException) reaches the callbacks' on_exception, as in the main process of any other strategy
     (PreemptionCheckpoint saves last.ckpt there), and then ends the rank normally: its results go back to
-    the main process, which exits 0."""
+    the main process, which exits 0.
+
+    A UserError (bad input the rank found: a fractional limit of no batch, an evaluation set smaller than
+    the world) is also written to ``user_error_file``: torch hands the main process a rank's exception as
+    traceback text only, which would reach the user as a wall of it instead of the one line."""
     try:
         return function(*args, **kwargs)
     except SIGTERMException as stop:
@@ -295,6 +301,25 @@ def _run_rank(function: Callable, *args, **kwargs):
         for logger in trainer.loggers:
             logger.finalize("interrupted")
         return None
+    except UserError as err:
+        Path(user_error_file).write_text(str(err))
+        raise
+
+
+@contextlib.contextmanager
+def _ranks_running(user_error_file: str, procs: Callable[[], list]):
+    """In ddp_spawn's main process while its ranks run: stop signals go to every rank
+    (``_hand_stop_signals_to``), and a rank's UserError is raised here as itself (main() prints its line)."""
+    try:
+        with _hand_stop_signals_to(procs):
+            yield
+    except Exception:
+        error = Path(user_error_file)
+        if error.is_file():
+            message = error.read_text()
+            error.unlink()
+            raise UserError(message) from None
+        raise
 
 
 @contextlib.contextmanager
@@ -324,8 +349,12 @@ def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
     to one rank stops every rank at the same batch with last.ckpt, and the job exits 0."""
     if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
         return False
-    wrap = functools.partial(functools.partial, _run_rank)
-    return wrap_spawn_launch(trainer.strategy, wrap, _hand_stop_signals_to)
+    # A path, not a queue: the trainer holding it is pickled into the ranks (and may be pickled again).
+    user_error_file = os.path.join(
+        tempfile.gettempdir(), f"lit_ddp_user_error_{os.getpid()}_{uuid.uuid4().hex}"
+    )
+    wrap = functools.partial(functools.partial, _run_rank, user_error_file)
+    return wrap_spawn_launch(trainer.strategy, wrap, functools.partial(_ranks_running, user_error_file))
 
 
 def _requeue_slurm_job() -> None:
