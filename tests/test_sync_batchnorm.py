@@ -181,3 +181,27 @@ def test_eval_mode_runs_no_collective(two_rank_results: list[dict]) -> None:
     # Rank 0 alone ran an eval forward; had it waited for rank 1 the worker would have hung.
     assert two_rank_results[0]["eval_only_rank0"].shape == (3, 4, 2, 2)
     assert "eval_only_rank0" not in two_rank_results[1]
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_syncbn_keeps_a_last_batch_of_one_image_per_device_as_one_process_keeps_it(
+    tmp_path: Path,
+) -> None:
+    """66 training images, 2 × 32 with SyncBatchNorm against 1 × 64: the last global batch holds 2 images,
+    1 per device, which synchronised BatchNorm normalises together. The 2-process run left it out (as plain
+    BatchNorm must), took 1 step where one process took 2, and trained another model."""
+    from conftest import run_cli
+
+    common = ["--model.batch_norm=true", "--data.train_size=66", "--data.val_size=16", "--data.num_workers=0"]
+    common += ["--model.optim.name=sgd", "--model.optim.lr=0.05", "--trainer.max_epochs=1"]
+    common += ["--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false"]
+    two = ["fit", *common, "--data.batch_size=32", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    run = run_cli([*two, "--trainer.sync_batchnorm=true"], tmp_path / "two", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    build_cli(["fit", *common, "--data.batch_size=64", f"--trainer.default_root_dir={tmp_path / 'one'}"])
+    two_ckpt, one_ckpt = (torch.load(next((tmp_path / r).rglob("last.ckpt"))) for r in ("two", "one"))
+    assert two_ckpt["global_step"] == one_ckpt["global_step"] == 2
+    for name, value in one_ckpt["state_dict"].items():
+        torch.testing.assert_close(two_ckpt["state_dict"][name], value, rtol=0, atol=1e-5, msg=name)

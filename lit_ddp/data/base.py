@@ -204,6 +204,18 @@ class ImageDataModule(LightningDataModule):
             )
         self._drop_single = has_bn
 
+    def _batch_norm_spans_devices(self) -> bool:
+        """Whether every BatchNorm of the model normalises over all devices' batches: with
+        ``--trainer.sync_batchnorm`` on several processes the strategy has replaced them (before it builds the
+        training loader) by layers that carry the ``process_group`` they normalise over (torch's SyncBatchNorm
+        and lit_ddp's CPU one), and N devices' one-image batches are N images to them, as to one process."""
+        trainer = self.trainer
+        model = trainer.lightning_module if trainer is not None and trainer.world_size > 1 else None
+        if model is None:
+            return False
+        layers = [m for m in model.modules() if isinstance(m, BATCH_NORM_TYPES)]
+        return all(hasattr(m, "process_group") for m in layers)
+
     # ---- loaders -------------------------------------------------------------------------------
 
     def _replicas(self) -> tuple[int, int]:
@@ -281,6 +293,8 @@ class ImageDataModule(LightningDataModule):
         model with BatchNorm cannot normalise one image in training. Shards are equal on every rank, so
         every rank decides alike and takes the same steps."""
         if shard % self.batch_size != 1 or shard == 1 or not self._drop_single:
+            return False
+        if self._batch_norm_spans_devices():
             return False
         rank_zero_info(
             f"the last training batch of each epoch would hold 1 image per device ({shard} ="
