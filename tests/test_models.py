@@ -376,3 +376,37 @@ def test_an_error_in_a_users_own_network_keeps_its_traceback_and_a_library_netwo
         assert any("--data.image_size" in note for note in caught.value.__notes__)
     with pytest.raises(UserError, match="LeNet cannot take the data's 3×64×64 images"):
         ImageClassifier(net=LeNet, num_classes=3)(torch.randn(2, 3, 64, 64))
+
+
+class _NumClassesLater(nn.Module):
+    """timm's form: ``VisionTransformer(img_size=224, patch_size=16, in_chans=3, num_classes=1000, ...)``."""
+
+    def __init__(self, img_size: int = 32, in_chans: int = 3, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.img_size = img_size
+        self.head = nn.Linear(in_chans, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_network_taking_num_classes_after_another_argument_is_refused_in_one_line() -> None:
+    """ImageClassifier builds the network as Net(num_classes, ...): a timm-like class whose num_classes is not
+    its first argument trained silently with img_size=3 and a 1000-class head on 3-class data (and the
+    printed config said num_classes: 1000). Given from Python or as a class_path with init_args (the config
+    form, which jsonargparse builds), it is one line naming the argument and the fix."""
+    from lightning import LightningModule
+
+    from lit_ddp.testing import instantiate
+
+    with pytest.raises(UserError, match=r"_NumClassesLater takes num_classes after img_size"):
+        ImageClassifier(net=_NumClassesLater, num_classes=3)
+    section = {
+        "class_path": "lit_ddp.models.ImageClassifier",
+        "init_args": {
+            "num_classes": 3,
+            "net": {"class_path": f"{__name__}._NumClassesLater", "init_args": {"in_chans": 3}},
+        },
+    }
+    with pytest.raises(UserError, match=r"_NumClassesLater takes num_classes after img_size"):
+        instantiate(section, LightningModule)

@@ -18,6 +18,7 @@ over all ranks, so reported values are those of the whole dataset, not of rank 0
 """
 
 import functools
+import inspect
 import math
 import sys
 import types
@@ -108,6 +109,39 @@ def _summed_states(metric: Metric) -> dict[str, Tensor]:
         return {name: value.detach().cpu().clone() for name, value in metric.metric_state.items()}
 
 
+def _network_class(net: object) -> type | None:
+    """The nn.Module class a network factory builds: the class itself, or the one a ``functools.partial``
+    holds (a class given with arguments; jsonargparse builds a YAML class_path with init_args as one)."""
+    if isinstance(net, type) and issubclass(net, nn.Module):
+        return net
+    if isinstance(net, functools.partial):
+        for part in (net.func, *net.args):
+            if (found := _network_class(part)) is not None:
+                return found
+    return None
+
+
+def _check_num_classes_first(net: object) -> None:
+    """UserError for a network class with a ``num_classes`` argument that is not its first (timm's form:
+    ``VisionTransformer(img_size, ..., num_classes=1000)``): ``net(num_classes)`` would hand the number of
+    classes to its first argument and leave the head at its own default, a model that trains silently."""
+    found = _network_class(net)
+    if found is None:
+        return
+    try:
+        names = list(inspect.signature(found).parameters)
+    except (TypeError, ValueError):  # a class whose signature Python cannot read: nothing to check
+        return
+    if "num_classes" in names and names[0] != "num_classes":
+        name = f"{found.__module__}.{found.__qualname__}"
+        raise UserError(
+            f"{name} takes num_classes after {names[0]}: ImageClassifier builds a network as"
+            f" Net(num_classes, ...), which would give {names[0]} the number of classes and leave the head"
+            f" at its default; give a network whose first argument is num_classes (a subclass with"
+            f" `def __init__(self, num_classes: int, **kwargs)`)"
+        )
+
+
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
@@ -162,6 +196,7 @@ class ImageClassifier(LightningModule):
             found = self._imported_net(net["class_path"], classes_only=True)
             net = functools.partial(found, **net.get("init_args", {}))
         if not isinstance(net, nn.Module):
+            _check_num_classes_first(net)
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
             self.save_hyperparameters()
             net = net(num_classes)
