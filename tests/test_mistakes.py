@@ -54,6 +54,17 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled
         check_training_batch_fits(33, range(63), world_size=2)
 
 
+def test_an_empty_training_split_is_named_not_answered_with_a_batch_size_of_zero() -> None:
+    """A data module of the user's own whose load_split("train") returned no sample was told to "pass
+    --data.batch_size=0 or less", a batch size the data module itself refuses."""
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.eval_limits import check_training_batch_fits
+
+    with pytest.raises(UserError) as err:
+        check_training_batch_fits(8, range(0), world_size=2)
+    assert "training split holds no sample" in str(err.value) and "batch_size=0" not in str(err.value)
+
+
 def test_a_last_training_batch_of_one_image_is_left_out_under_batchnorm(tmp_path: Path, caplog) -> None:
     """65 training images in batches of 32 with BatchNorm: the epoch's third batch held 1 image and
     BatchNorm raised "Expected more than 1 value per channel when training" (a 40-line traceback)."""

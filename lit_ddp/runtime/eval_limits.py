@@ -58,6 +58,11 @@ def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> No
     """UserError when ``batch_size`` is more than the training images one device gets (its padded shard)."""
     if train_set is None:
         return
+    if len(train_set) == 0:  # no batch size fits: name the split, not a batch size of 0
+        raise UserError(
+            "the training split holds no sample: the data module's load_split('train') returned an empty"
+            " split; check the data it reads (its data_dir, its files, its size options)"
+        )
     shard = math.ceil(len(train_set) / world_size)
     if batch_size > shard:
         on = f" on each of {world_size} devices" if world_size > 1 else ""
