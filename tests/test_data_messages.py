@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from lit_ddp.cli import main
-from lit_ddp.data import CIFAR10DataModule, ImageNetDataModule, ShapesDataModule
+from lit_ddp.data import CIFAR10DataModule, ImageDataModule, ImageNetDataModule, ShapesDataModule
 from lit_ddp.data.cifar10 import FOLDER
 from lit_ddp.errors import UserError
 from lit_ddp.models.weights import read_state_dict
@@ -114,3 +114,25 @@ def test_predict_on_renamed_class_folders_is_refused_before_any_row(tmp_path: Pa
         " with --model.weights=<checkpoint> instead of --ckpt_path"
     )
     assert not list(tmp_path.rglob("predictions.csv"))
+
+
+class _OwnData(ImageDataModule):
+    """A data module of the user's own: 32 random images per split, labels 0..9 plus ``label_offset``."""
+
+    def __init__(self, channels: int = 3, label_offset: int = 0, **kwargs) -> None:
+        super().__init__(num_workers=0, **kwargs)
+        self.channels, self.label_offset = channels, label_offset
+
+    def load_split(self, split: str):
+        g = torch.Generator().manual_seed(len(split))
+        images = torch.randint(0, 256, (32, self.channels, 32, 32), generator=g, dtype=torch.uint8)
+        return images, torch.arange(32) % 10 + self.label_offset
+
+
+def test_labels_outside_the_classes_are_one_line_naming_the_split_and_the_fix(capsys, tmp_path: Path) -> None:
+    """Labels 1..10 for num_classes=10: cross-entropy raised "Target 10 is out of bounds" with a traceback on
+    a CPU (a device-side assert on a GPU)."""
+    args = ["fit", f"--data={__name__}._OwnData", "--data.label_offset=1", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_OwnData's val split has label 10, outside 0..9 (num_classes=10)" in line
+    assert "map them to 0..num_classes-1 in load_split" in line

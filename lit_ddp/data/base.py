@@ -369,12 +369,30 @@ class ImageDataModule(LightningDataModule):
             if bad:
                 self.on_unreadable_files(bad)
         trainer = self.trainer
+        if trainer is not None and not trainer.predicting:  # predict_dir's images carry label -1: unlabelled
+            self._check_labels(batch[1])
         if trainer is not None and trainer.training and self._augments_on_device() and len(batch) > 2:
             # The draws' hashing (a few dozen integer ops on (B,) tensors) here, on the host: on a GPU each
             # op would be a kernel launch per step. The draws travel to the device with the batch.
             x, y, index, *rest = batch
             batch = (x, y, self.augmentation_random(index, trainer.current_epoch), *rest)
         return batch
+
+    def _check_labels(self, y: Tensor) -> None:
+        """UserError for a label outside [0, num_classes): cross-entropy fails on it with a traceback on a CPU
+        and a device-side assert on a GPU. Checked here, on the host before the copy: (B,) values, no device
+        sync."""
+        if not isinstance(y, Tensor) or y.ndim != 1 or y.is_floating_point() or y.numel() == 0:
+            return
+        low, high = (int(v) for v in torch.aminmax(y))
+        if low >= 0 and high < self.num_classes:
+            return
+        split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "") if self.trainer is not None else ""
+        raise UserError(
+            f"{type(self).__name__}'s {split} split has label {low if low < 0 else high}, outside"
+            f" 0..{self.num_classes - 1} (num_classes={self.num_classes}): labels are class indices; map them"
+            " to 0..num_classes-1 in load_split, or set num_classes to the number of classes"
+        )
 
     def _augments_on_device(self) -> bool:
         return self.augmentation is not None and self.augmentation.on_device
