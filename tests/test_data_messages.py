@@ -136,3 +136,12 @@ def test_labels_outside_the_classes_are_one_line_naming_the_split_and_the_fix(ca
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
     assert "_OwnData's val split has label 10, outside 0..9 (num_classes=10)" in line
     assert "map them to 0..num_classes-1 in load_split" in line
+
+
+def test_grayscale_images_with_the_default_three_channel_mean_are_one_line(capsys, tmp_path: Path) -> None:
+    """1-channel images with the base's 3-value mean and std: normalisation failed with a broadcast
+    traceback ("output with shape [8, 1, 32, 32] doesn't match the broadcast shape [8, 3, 32, 32]")."""
+    args = ["fit", f"--data={__name__}._OwnData", "--data.channels=1", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_OwnData's images have 1 channel(s), but its mean has 3 values and its std 3" in line
+    assert "mean = (0.5,)" in line

@@ -425,6 +425,12 @@ class ImageDataModule(LightningDataModule):
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 h, w = x.shape[-2:]
                 mix = draw_mix(h, w, self.mixup_alpha, self.cutmix_alpha, self.mixing_rng(*key))
+        if x.ndim == 4 and {len(self.mean), len(self.std)} - {1, x.shape[1]}:  # else a broadcast traceback
+            raise UserError(
+                f"{type(self).__name__}'s images have {x.shape[1]} channel(s), but its mean has"
+                f" {len(self.mean)} values and its std {len(self.std)}: give one value per channel (class"
+                f" attributes mean = {(0.5,) * x.shape[1]}, std = ...)"
+            )
         x = normalize(x, self.mean, self.std)
         if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
