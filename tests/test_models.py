@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -410,3 +411,31 @@ def test_a_network_taking_num_classes_after_another_argument_is_refused_in_one_l
     }
     with pytest.raises(UserError, match=r"_NumClassesLater takes num_classes after img_size"):
         instantiate(section, LightningModule)
+
+
+class _Outputs(nn.Module):
+    """A network of the user's own that returns ``kind``: a tuple (aux logits), a dict, or 1000 columns."""
+
+    def __init__(self, num_classes: int, kind: str = "tuple") -> None:
+        super().__init__()
+        self.kind = kind
+        self.head = nn.Linear(3, 1000 if kind == "wide" else num_classes)
+
+    def forward(self, x: torch.Tensor):
+        logits = self.head(x.mean(dim=(2, 3)))
+        return {"tuple": (logits, logits), "dict": {"logits": logits}, "wide": logits}[self.kind]
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"), [("tuple", "a tuple"), ("dict", "a dict"), ("wide", "shape (2, 1000)")]
+)
+def test_a_network_that_does_not_return_one_logits_tensor_per_class_is_one_line(kind: str, said: str) -> None:
+    """A tuple or a dict reached cross_entropy as a TypeError traceback; 1000 outputs for 3 classes trained
+    silently (until the confusion matrix failed to reshape)."""
+    import functools
+
+    system = ImageClassifier(net=functools.partial(_Outputs, kind=kind), num_classes=3)
+    with pytest.raises(
+        UserError, match=rf"_Outputs returned {re.escape(said)}, not \(batch, num_classes=3\)"
+    ):
+        system(torch.randn(2, 3, 32, 32))

@@ -291,6 +291,15 @@ class ImageClassifier(LightningModule):
                 f"{name} cannot take the data's {size} images ({first}): {hint}, or choose a network for"
                 " this size"
             ) from err
+        if not isinstance(logits, Tensor) or logits.ndim != 2 or logits.shape[1] != self.num_classes:
+            # A tuple (aux logits) or a dict reached cross_entropy as a TypeError traceback; another head
+            # width (1000 outputs for 10 classes) trained silently.
+            tensor = isinstance(logits, Tensor)
+            got = f"shape {tuple(logits.shape)}" if tensor else f"a {type(logits).__name__}"
+            raise UserError(
+                f"{type(self.net).__name__} returned {got}, not (batch, num_classes={self.num_classes})"
+                " logits: return one tensor of logits from forward, its last layer with num_classes outputs"
+            )
         self._input_fits = True
         return logits
 
