@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from lit_ddp.cli import main
 from lit_ddp.data import CIFAR10DataModule, ImageDataModule, ImageNetDataModule, ShapesDataModule
@@ -145,3 +146,48 @@ def test_grayscale_images_with_the_default_three_channel_mean_are_one_line(capsy
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
     assert "_OwnData's images have 1 channel(s), but its mean has 3 values and its std 3" in line
     assert "mean = (0.5,)" in line
+
+
+class _Samples(Dataset):
+    """32 random images whose samples are ``kind``: dicts, or (image, label, extra) triples."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.images = torch.randint(
+            0, 256, (32, 3, 32, 32), generator=torch.Generator().manual_seed(0)
+        ).byte()
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        if self.kind == "dict":
+            return {"image": self.images[i], "label": i % 10}
+        return self.images[i], i % 10, i // 4
+
+
+class _SampleData(_OwnData):
+    def __init__(self, kind: str = "dict", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
+
+    def load_split(self, split: str):
+        return _Samples(self.kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"), [("dict", "dict samples (keys image, label)"), ("triple", "samples of 3 items")]
+)
+@pytest.mark.parametrize("sanity", [True, False])
+def test_a_dataset_of_dicts_or_triples_is_one_line_for_training_and_validation(
+    capsys, tmp_path: Path, kind: str, said: str, sanity: bool
+) -> None:
+    """Dict samples failed with "'str' object has no attribute 'device'" (the training loader unpacked the
+    dict into its keys); (image, label, extra) samples failed validation with a traceback and, in training,
+    had the extra taken for the sample indices that key the augmentation, in silence."""
+    args = ["fit", f"--data={__name__}._SampleData", f"--data.kind={kind}", "--data.batch_size=8"]
+    args += [f"--trainer.num_sanity_val_steps={2 if sanity else 0}"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    split = "val" if sanity else "train"
+    assert f"_SampleData's {split} split yields {said}" in line, line
+    assert "not (image, label) pairs" in line

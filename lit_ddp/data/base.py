@@ -369,6 +369,7 @@ class ImageDataModule(LightningDataModule):
             if bad:
                 self.on_unreadable_files(bad)
         trainer = self.trainer
+        self._check_samples(batch)
         if trainer is not None and not trainer.predicting:  # predict_dir's images carry label -1: unlabelled
             self._check_labels(batch[1])
         if trainer is not None and trainer.training and self._augments_on_device() and len(batch) > 2:
@@ -377,6 +378,28 @@ class ImageDataModule(LightningDataModule):
             x, y, index, *rest = batch
             batch = (x, y, self.augmentation_random(index, trainer.current_epoch), *rest)
         return batch
+
+    def _check_samples(self, batch: tuple | dict) -> None:
+        """UserError for a batch that is not (images, labels), plus the indices the loader adds to training
+        batches augmented on the device and to predict batches: a dataset yielding dicts failed with a
+        traceback far from it, and one yielding (image, label, extra) had its extra taken for the indices
+        that key each sample's augmentation, in silence."""
+        trainer = self.trainer
+        added = trainer is not None and (
+            trainer.predicting or (trainer.training and self._augments_on_device())
+        )
+        items = list(batch[: len(batch) - added]) if isinstance(batch, tuple | list) else [batch]
+        if len(items) == 2 and all(isinstance(t, Tensor) for t in batch):
+            return
+        if isinstance(items[0], dict):
+            what = f"dict samples (keys {', '.join(map(str, items[0]))})"
+        else:
+            what = f"samples of {len(items)} items ({', '.join(type(t).__name__ for t in items)})"
+        split = SPLIT_OF_STAGE.get(trainer.state.stage, "") if trainer is not None else ""
+        raise UserError(
+            f"{type(self).__name__}'s {split} split yields {what}, not (image, label) pairs: load_split must"
+            " return a Dataset whose samples are a (C, H, W) uint8 image tensor and its int label"
+        )
 
     def _check_labels(self, y: Tensor) -> None:
         """UserError for a label outside [0, num_classes): cross-entropy fails on it with a traceback on a CPU

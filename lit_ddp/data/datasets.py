@@ -80,6 +80,8 @@ class IndexedDataset(Dataset):
             batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
         if isinstance(batch, WorkerError):
             return batch
+        if not isinstance(batch, tuple | list):  # dict samples: kept whole, not unpacked into their keys
+            batch = (batch,)
         return (*batch, torch.as_tensor(indices, dtype=torch.long))
 
 
