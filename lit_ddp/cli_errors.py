@@ -12,6 +12,7 @@ the file; a duplicate key or an empty file by our own loader, before jsonargpars
 
 import difflib
 import importlib
+import inspect
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -193,6 +194,15 @@ def _class_keys(class_path: str) -> set[str]:
     return set(parser.get_defaults().keys())
 
 
+def _first_argument(class_path: str) -> str | None:
+    module, _, name = class_path.rpartition(".")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return None
+    return next(iter(params), None)
+
+
 def _subclass_names(base: type) -> list[str]:
     names, stack = [], list(base.__subclasses__())
     while stack:
@@ -255,6 +265,16 @@ def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: s
     prefix, option = owner.group(1), inner.group(1) or inner.group(2)
     if nested := _nested_class(message):  # refused by a class inside the model's own arguments
         prefix, refused_by = nested
+        if option == _first_argument(refused_by):
+            # The network's first argument is not an option: the model calls Net(num_classes, ...) with the
+            # data's classes. It was "did you mean <the same key>?".
+            key = f"{prefix}.{option}"
+            where = _where(key, argv)
+            what = f"unknown key {key}" if where else f"unknown option --{key}"
+            return (
+                f"{where}{what}: {option} is the first argument of {refused_by}, which the model passes"
+                " itself (the number of classes, from the data): leave it out"
+            )
         # Compared by name: the long common prefix would make any argument look close.
         close = difflib.get_close_matches(option, _class_keys(refused_by), n=1, cutoff=0.6)
         return _unknown(f"{prefix}.{option}", (f"{prefix}.{k}" for k in close), argv, prog)

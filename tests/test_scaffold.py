@@ -791,6 +791,33 @@ def test_a_stale_network_argument_names_its_full_key(tmp_path: Path, stale: str,
     ), err.value
 
 
+@pytest.mark.parametrize("given", ["config", "command line"])
+def test_the_networks_num_classes_given_in_its_arguments_says_the_model_passes_it(
+    tmp_path: Path, given: str
+) -> None:
+    """num_classes set under the network's init_args (the model passes it, from the data) was answered
+    "unknown option --model.init_args.net.init_args.num_classes: did you mean
+    --model.init_args.net.init_args.num_classes?"."""
+    from lit_ddp.cli import build_cli
+
+    config = tmp_path / "default.yaml"
+    config.write_text(
+        "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args:\n    net:\n"
+        "      class_path: lit_ddp.models.lenet.LeNet\n      init_args:\n        num_classes: 5\n"
+    )
+    flags = ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.num_classes=5"]
+    args = ["--config", str(config)] if given == "config" else flags
+    with pytest.raises(UserError) as err:
+        build_cli(["fit", *args, "--print_config"], prog="python -m proj")
+    where = f"{config}, line 7: unknown key " if given == "config" else "unknown option --"
+    assert re.fullmatch(
+        re.escape(f"{where}model.init_args.net.init_args.num_classes: num_classes is the first argument of ")
+        + r"lit_ddp\.models(\.lenet)?\.LeNet"
+        + re.escape(", which the model passes itself (the number of classes, from the data): leave it out"),
+        str(err.value),
+    ), err.value
+
+
 def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -> None:
     """`cruft update` leaves git's markers where it could not merge, exits 0 and `cruft check` passes: the
     project's tests (and its .ci/run, through lit_ddp.testing.conflicts) stop on them, naming the file."""
