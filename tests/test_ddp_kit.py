@@ -379,3 +379,29 @@ def test_a_validation_that_logs_no_metric_is_a_warning_not_a_yes() -> None:
     assert Report([row]).ok and Report([row]).warnings == [row]
     logged = _metrics([{"rank": 0, "val_logged": [{"val_acc": 0.5}]}], {"val_logged": [{"val_acc": 0.5}]})
     assert logged.holds and not logged.warning and logged.measured.startswith("1 val metrics")
+
+
+class _ForwardingClassifier(ImageClassifier):
+    """A user's system that forwards ImageClassifier's arguments with **kwargs: jsonargparse (so fit) sees
+    num_classes through them."""
+
+    def __init__(self, extra: float = 0.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.extra = extra
+
+
+def test_build_gives_a_model_that_forwards_its_arguments_the_datas_classes_as_fit_does() -> None:
+    """build() asked Python's signature whether the model takes num_classes: a system taking it through
+    **kwargs got the default 10 classes while fit (jsonargparse) linked the data's 3, so the project's tests
+    and the trust kit checked another model than the one fit trains."""
+    from lit_ddp.testing import build
+
+    config = {
+        "model": {
+            "class_path": f"{__name__}._ForwardingClassifier",
+            "init_args": {"net": {"class_path": "lit_ddp.models.LeNet"}},
+        },
+        "data": {"class_path": "lit_ddp.data.ShapesDataModule", "init_args": {"train_size": 8}},
+    }
+    model, _ = build(config, num_classes=3)
+    assert model.num_classes == 3 and model.net.classifier[-1].out_features == 3

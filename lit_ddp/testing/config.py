@@ -12,7 +12,6 @@ new network or data module with other constructor arguments keeps them green.
 
 import contextlib
 import importlib
-import inspect
 import io
 from collections.abc import Callable
 
@@ -55,9 +54,13 @@ def instantiate(section: dict, base: type = object):
 
 
 def _takes_num_classes(class_path: str) -> bool:
+    """Whether the class takes ``num_classes`` as ``fit`` sees it: jsonargparse's parameters, which follow
+    ``**kwargs`` into the parent's constructor (a system forwarding ImageClassifier's arguments), where
+    Python's signature stops at ``**kwargs``."""
     module, _, name = class_path.rpartition(".")
-    params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    return "num_classes" in params
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(getattr(importlib.import_module(module), name), fail_untyped=False)
+    return "num_classes" in parser.get_defaults()
 
 
 def build(config: dict, num_classes: int | None = None) -> tuple[LightningModule, LightningDataModule]:
