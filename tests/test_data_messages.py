@@ -191,3 +191,17 @@ def test_a_dataset_of_dicts_or_triples_is_one_line_for_training_and_validation(
     split = "val" if sanity else "train"
     assert f"_SampleData's {split} split yields {said}" in line, line
     assert "not (image, label) pairs" in line
+
+
+class _ChannelsLast(_OwnData):
+    def load_split(self, split: str):
+        images, labels = super().load_split(split)
+        return images.permute(0, 2, 3, 1).contiguous(), labels  # (N, H, W, C), as numpy arrays come
+
+
+def test_channels_last_images_are_named_as_such_not_as_32_channels(capsys, tmp_path: Path) -> None:
+    """(N, H, W, C) images from numpy were called images of 32 channels, with a 32-value mean to set."""
+    args = ["fit", f"--data={__name__}._ChannelsLast", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_ChannelsLast's images arrive as (8, 32, 32, 3), channels last (B, H, W, C)" in line
+    assert "permute(0, 3, 1, 2)" in line

@@ -449,15 +449,25 @@ class ImageDataModule(LightningDataModule):
                 h, w = x.shape[-2:]
                 mix = draw_mix(h, w, self.mixup_alpha, self.cutmix_alpha, self.mixing_rng(*key))
         if x.ndim == 4 and {len(self.mean), len(self.std)} - {1, x.shape[1]}:  # else a broadcast traceback
-            raise UserError(
-                f"{type(self).__name__}'s images have {x.shape[1]} channel(s), but its mean has"
-                f" {len(self.mean)} values and its std {len(self.std)}: give one value per channel (class"
-                f" attributes mean = {(0.5,) * x.shape[1]}, std = ...)"
-            )
+            self._refuse_channels(x.shape)
         x = normalize(x, self.mean, self.std)
         if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
         return x, y, *index
+
+    def _refuse_channels(self, shape: torch.Size) -> None:
+        """UserError for a (B, C, H, W) batch whose C is not the length of ``mean`` and ``std``."""
+        name = type(self).__name__
+        if shape[-1] == len(self.mean):  # (B, H, W, C): numpy/PIL images, never permuted
+            raise UserError(
+                f"{name}'s images arrive as {tuple(shape)}, channels last (B, H, W, C): load_split must give"
+                " (C, H, W) images (from numpy's (N, H, W, C): torch.from_numpy(a).permute(0, 3, 1, 2))"
+            )
+        raise UserError(
+            f"{name}'s images have {shape[1]} channel(s), but its mean has {len(self.mean)} values and its"
+            f" std {len(self.std)}: give one value per channel (class attributes mean = {(0.5,) * shape[1]},"
+            " std = ...)"
+        )
 
     def _count_training_batch(self, epoch: int, world_size: int) -> int:
         """This batch's index in its epoch; counts its samples over all ranks. Counted here, where each
