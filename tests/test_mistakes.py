@@ -200,3 +200,20 @@ def test_a_group_of_settings_given_one_value_is_one_line_naming_how_to_set_it(tm
     line = one_error_line(capsys, ["fit", f"--config={config}", f"--trainer.default_root_dir={tmp_path}"])
     assert line.startswith(f"{config}, line 4: model.optim: adam: model.optim is a group of settings"), line
     assert "write them on the lines below it, indented" in line
+
+
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_validating_or_testing_an_empty_split_is_one_line_not_a_silent_success(stage: str) -> None:
+    """A data module of the user's own with an empty test split: `test` logged no metric, printed only
+    Lightning's "Total length of DataLoader across ranks is zero" and exited 0."""
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from lit_ddp.errors import UserError
+    from lit_ddp.runtime.eval_limits import check_split_evaluated
+
+    check_split_evaluated(stage, range(1))
+    split = "val" if stage == "validate" else "test"
+    with pytest.raises(
+        UserError, match=rf"^the {split} split holds no sample: {stage} would report no metric"
+    ):
+        check_split_evaluated(TrainerFn(stage), range(0))  # as Lightning's hooks pass it

@@ -73,6 +73,17 @@ def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> No
         )
 
 
+def check_split_evaluated(stage: str, dataset) -> None:
+    """UserError when ``validate`` or ``test`` would read an empty split: it logged no metric and exited 0."""
+    if dataset is not None and len(dataset) == 0:
+        stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn (a str enum)
+        split = "val" if stage == "validate" else "test"
+        raise UserError(
+            f"the {split} split holds no sample: {stage} would report no metric; check the data the data"
+            f" module reads for it (its load_split('{split}'), data_dir, files, size options)"
+        )
+
+
 class EvenEvalLimits(Callback):
     """Turns a fractional evaluation limit into one batch count for all ranks, for the run; restores it."""
 
@@ -85,6 +96,8 @@ class EvenEvalLimits(Callback):
         dm = trainer.datamodule
         if stage == "fit" and isinstance(dm, ImageDataModule):
             check_training_batch_fits(dm.batch_size, getattr(dm, "train_set", None), trainer.world_size)
+        if stage in ("validate", "test") and isinstance(dm, ImageDataModule):
+            check_split_evaluated(stage, getattr(dm, LIMITS[stage][0][1], None))
         if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
             return  # one process: Lightning's own rule is the same; another data module: its own sampler
         for limit, split in LIMITS.get(stage, ()):
