@@ -205,3 +205,35 @@ def test_channels_last_images_are_named_as_such_not_as_32_channels(capsys, tmp_p
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
     assert "_ChannelsLast's images arrive as (8, 32, 32, 3), channels last (B, H, W, C)" in line
     assert "permute(0, 3, 1, 2)" in line
+
+
+class _TensorSplit(_OwnData):
+    def __init__(self, mistake: str = "float", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.mistake = mistake
+
+    def load_split(self, split: str):
+        images, labels = super().load_split(split)
+        if self.mistake == "float":
+            return images.float() / 255, labels
+        if self.mistake == "no channel":
+            return images[:, 0], labels
+        return images, labels[:-1]
+
+
+@pytest.mark.parametrize(
+    ("mistake", "says"),
+    [
+        ("float", "dtype torch.float32: give uint8 images in 0..255 (from floats in [0, 1]"),
+        ("no channel", "shape (32, 32, 32) and dtype torch.uint8: give (N, C, H, W) images (grayscale"),
+        ("labels", "give one label per image (31 labels for 32 images)"),
+    ],
+)
+def test_a_tensor_split_of_another_form_is_one_line_naming_the_conversion(
+    capsys, tmp_path: Path, mistake: str, says: str
+) -> None:
+    """Float images in [0, 1], grayscale (N, H, W) images or one label short were a ValueError traceback
+    from TensorImageDataset ("expected (N, C, H, W) uint8 images and N labels")."""
+    args = ["fit", f"--data={__name__}._TensorSplit", f"--data.mistake={mistake}", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_TensorSplit.load_split('train') returned images of shape" in line and says in line, line

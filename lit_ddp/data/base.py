@@ -189,8 +189,28 @@ class ImageDataModule(LightningDataModule):
         for split in splits:
             data = self.load_split(split)
             if isinstance(data, tuple):
+                self._check_tensor_split(split, *data)
                 data = TensorImageDataset(*data)
             setattr(self, f"{split}_set", data)
+
+    def _check_tensor_split(self, split: str, images: Tensor, labels: Tensor) -> None:
+        """UserError for a (images, labels) split that is not (N, C, H, W) uint8 and N labels, naming the
+        conversion; TensorImageDataset's own refusal was a ValueError traceback."""
+        shape, dtype = tuple(getattr(images, "shape", ())), getattr(images, "dtype", type(images).__name__)
+        if dtype != torch.uint8:
+            fix = "uint8 images in 0..255 (from floats in [0, 1]: (x * 255).round().to(torch.uint8))"
+        elif len(shape) == 3:
+            fix = "(N, C, H, W) images (grayscale (N, H, W): x.unsqueeze(1), with one-value mean and std)"
+        elif len(shape) != 4:
+            fix = "(N, C, H, W) images"
+        elif len(labels) != shape[0]:
+            fix = f"one label per image ({len(labels)} labels for {shape[0]} images)"
+        else:
+            return
+        raise UserError(
+            f"{type(self).__name__}.load_split('{split}') returned images of shape {shape} and dtype {dtype}:"
+            f" give {fix}"
+        )
 
     def _check_batch_norm(self, model: nn.Module | None) -> None:
         """Training batches of one image cannot pass torch's BatchNorm layers (here, before the strategy
