@@ -237,3 +237,17 @@ def test_a_tensor_split_of_another_form_is_one_line_naming_the_conversion(
     args = ["fit", f"--data={__name__}._TensorSplit", f"--data.mistake={mistake}", "--data.batch_size=8"]
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
     assert "_TensorSplit.load_split('train') returned images of shape" in line and says in line, line
+
+
+class _FewNames(_OwnData):
+    class_names = ("cat", "dog")
+
+
+def test_fewer_class_names_than_classes_is_one_line_not_a_half_named_predictions_file(
+    capsys, tmp_path: Path
+) -> None:
+    """class_names for 2 of 10 classes: predictions.csv named labels 0 and 1 and numbered the rest, in
+    silence."""
+    args = ["predict", f"--data={__name__}._FewNames", "--data.batch_size=8", "--ckpt_path=untrained"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_FewNames has 2 class_names for num_classes=10: give one name per class" in line

@@ -183,6 +183,12 @@ class ImageDataModule(LightningDataModule):
                 f" = {global_batch_size(t)} images per optimizer step"
             )
             self._check_batch_norm(t.lightning_module)
+        if self.class_names and len(self.class_names) != self.num_classes:
+            # Else predictions.csv names the classes that have a name and numbers the others, in silence.
+            raise UserError(
+                f"{type(self).__name__} has {len(self.class_names)} class_names for num_classes="
+                f"{self.num_classes}: give one name per class (or none: classes are then numbered)"
+            )
         splits = SPLITS_OF_STAGE[stage]
         if stage == "predict" and self.predict_dir is not None:
             splits = ()  # predict reads predict_dir's files, not the test split
