@@ -139,6 +139,12 @@ def test_labels_outside_the_classes_are_one_line_naming_the_split_and_the_fix(ca
     assert "map them to 0..num_classes-1 in load_split" in line
 
 
+def test_labels_already_on_a_device_are_not_read_back_to_check_them() -> None:
+    """Reading a device's labels on the host waits for the device at every step; a dataset that yields its
+    batches on the device is left to cross-entropy (a meta tensor stands in: reading it raises)."""
+    _OwnData()._check_labels(torch.tensor([99], device="meta"))
+
+
 def test_grayscale_images_with_the_default_three_channel_mean_are_one_line(capsys, tmp_path: Path) -> None:
     """1-channel images with the base's 3-value mean and std: normalisation failed with a broadcast
     traceback ("output with shape [8, 1, 32, 32] doesn't match the broadcast shape [8, 3, 32, 32]")."""

@@ -433,6 +433,8 @@ class ImageDataModule(LightningDataModule):
         sync."""
         if not isinstance(y, Tensor) or y.ndim != 1 or y.is_floating_point() or y.numel() == 0:
             return
+        if y.device.type != "cpu":  # a dataset already on the device: reading its labels would wait for it
+            return
         low, high = (int(v) for v in torch.aminmax(y))
         if low >= 0 and high < self.num_classes:
             return
