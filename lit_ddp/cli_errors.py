@@ -49,9 +49,12 @@ JSONARGPARSE_PHRASES = {
     "command": r"invalid choice: '([^']*)'",
     "parser_key": r'Parser key "([\w.]+)"',
     "class_path": r"Problem with given class_path '([\w.]+)'",
-    "class_option": r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)",
+    "class_option": (
+        r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)"
+        r"|Group '([\w.]+)' does not accept option '([\w.]+)'"
+    ),
     "unrecognized": r"unrecognized arguments: (\S+)",
-    "not_accepted": r"does not accept option '([\w.]+)'",
+    "not_accepted": r"(?:Group '([\w.]+)'|Subcommand '\w+') does not accept option '([\w.]+)'",
     "value": r"(?:Given value|Got value): (.*)",
     "import_path": r"dot import path",
     "literal": r"Literal\[(.*?)\]",
@@ -262,7 +265,9 @@ def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: s
     inner = _PHRASE["class_option"].search(message)
     if not (owner and class_path and inner):
         return None
-    prefix, option = owner.group(1), inner.group(1) or inner.group(2)
+    # A key inside a group of the class's settings (YAML `optim: {lrr: ...}`) is named by group and key.
+    option = inner.group(1) or inner.group(2) or f"{inner.group(3)}.{inner.group(4)}"
+    prefix = owner.group(1)
     if nested := _nested_class(message):  # refused by a class inside the model's own arguments
         prefix, refused_by = nested
         if option == _first_argument(refused_by):
@@ -284,12 +289,16 @@ def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: s
 
 def _nested_class(message: str) -> tuple[str, str] | None:
     """For an option refused by a class given as another class's argument (the network in
-    ``model.init_args.net``): the full key of that class's arguments and its class_path, else None."""
+    ``model.init_args.net``, the augmentation in ``data.init_args.augmentation``): the full key of that
+    class's arguments and its class_path, else None."""
     keys = re.findall(r'Parser key "([\w.]+)"', message)
+    # A callable argument (the network) names its class in the value it got; a subclass argument (the
+    # augmentation) in its own "Problem with given class_path", after its owner's.
     refused_by = re.search(r"Got value: Namespace\(class_path='([\w.]+)'", message)
-    if len(keys) < 2 or not refused_by:
+    class_paths = _PHRASE["class_path"].findall(message)
+    if len(keys) < 2 or not (refused_by or len(class_paths) > 1):
         return None
-    return ".init_args.".join(keys) + ".init_args", refused_by.group(1)
+    return ".init_args.".join(keys) + ".init_args", refused_by.group(1) if refused_by else class_paths[-1]
 
 
 def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
@@ -297,7 +306,10 @@ def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) ->
     if found:
         return _unknown(found.group(1).partition("=")[0].lstrip("-"), keys, argv, prog)
     found = _PHRASE["not_accepted"].search(message)
-    if found:
+    if found:  # a group's message names the key inside the group: the full key is group.key
+        return _unknown(".".join(filter(None, found.groups())), keys, argv, prog)
+    found = _PHRASE["class_option"].search(message)
+    if found and found.group(1) and not _PHRASE["parser_key"].search(message):  # a top-level key
         return _unknown(found.group(1), keys, argv, prog)
     return None
 

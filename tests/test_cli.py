@@ -74,6 +74,7 @@ def test_a_mistyped_option_is_one_line_naming_the_closest_option(tmp_path: Path)
 TYPO_YAML = "trainer:\n  max_epochz: 1\n"
 BROKEN_YAML = "trainer:\n  max_epochs: [1\n"
 MODEL_TYPO_YAML = "model:\n  class_path: LeNetCIFAR\n  init_args:\n    lrr: 3\n"
+OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
 
 
 @pytest.mark.parametrize(
@@ -122,6 +123,28 @@ MODEL_TYPO_YAML = "model:\n  class_path: LeNetCIFAR\n  init_args:\n    lrr: 3\n"
             "typo.yaml, line 2: unknown key trainer.max_epochz: did you mean trainer.max_epochs?",
         ),
         (["--config", "m.yaml"], {"m.yaml": MODEL_TYPO_YAML}, "m.yaml, line 4: unknown key model.lrr"),
+        # A typo inside a group of settings names the group and its closest key, as on the command line.
+        (
+            ["--config", "o.yaml"],
+            {"o.yaml": OPTIM_TYPO_YAML},
+            "o.yaml, line 4: unknown key model.optim.lrr: did you mean model.optim.lr?",
+        ),
+        (
+            ["--config", "typo.yaml", "--print_config"],
+            {"typo.yaml": TYPO_YAML},
+            "typo.yaml, line 2: unknown key trainer.max_epochz: did you mean trainer.max_epochs?",
+        ),
+        (
+            ["--config", "top.yaml", "--print_config"],
+            {"top.yaml": "trainerr:\n  max_epochs: 1\n"},
+            "top.yaml, line 2: unknown key trainerr.max_epochs: did you mean trainer.max_epochs?",
+        ),
+        (
+            ["--data.augmentation.paddin=3"],
+            {},
+            "unknown option --data.init_args.augmentation.init_args.paddin: did you mean"
+            " --data.init_args.augmentation.init_args.padding?",
+        ),
         (
             ["--config", "bad.yaml"],
             {"bad.yaml": BROKEN_YAML},
