@@ -59,6 +59,7 @@ JSONARGPARSE_PHRASES = {
     "import_path": r"dot import path",
     "literal": r"Literal\[(.*?)\]",
     "type": r"Expected a <class '(\w+)'>",
+    "subtypes": r"Subtypes: \[(.*)\]",
     "group": r"Unable to load config ['\"](.*?)['\"]",
 }
 _PHRASE = {name: re.compile(pattern) for name, pattern in JSONARGPARSE_PHRASES.items()}
@@ -392,14 +393,46 @@ def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> st
 
 
 def _expected(message: str, value: str) -> str:
-    """What the message's `Expected a ...` lines allow: types, and the choices of Literal types."""
+    """What the message's `Expected a ...` lines allow: types, the choices of Literal types, and the classes
+    of a union (`--checkpoint` takes a ModelCheckpoint or null, not only the null its last line names)."""
     choices = [c.strip(" '\"") for group in _PHRASE["literal"].findall(message) for c in group.split(",")]
+    kinds, classes = _union_classes(message)
     types = [TYPE_NAMES.get(t, t) for t in _PHRASE["type"].findall(message)]
+    if any(kind.startswith("a list of") for kind in kinds):
+        types = [t for t in types if t != "list"]  # said as "a list of X" already
     allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
-    allowed += [t for t in dict.fromkeys(types) if t not in allowed]
-    match = _closest(value, choices)
+    allowed += kinds + [t for t in dict.fromkeys(types) if t not in allowed]
+    match = _closest(value, choices) or _closest(value.rpartition(".")[2], _class_names(classes))
     hint = f" (did you mean {match}?)" if match and match != value else ""
     return f"{' or '.join(allowed) or 'another value'}{hint}"
+
+
+def _union_classes(message: str) -> tuple[list[str], list[str]]:
+    """The classes a union option takes, as words (``a ModelCheckpoint (or a subclass)``, ``a list of
+    Callback``), and their import paths; empty for a union of plain types."""
+    found = _PHRASE["subtypes"].search(message)
+    kinds, classes = [], []
+    for single, item in re.findall(r"<class '([\w.]+)'>|[\w.]+\[([\w.]+)\]", found.group(1) if found else ""):
+        path = single or item
+        if "." not in path:
+            continue  # a builtin type: its own `Expected a <class ...>` line names it
+        name = path.rpartition(".")[2]
+        kinds.append(f"a list of {name}" if item else f"a {name} (or a subclass)")
+        classes.append(path)
+    return kinds, classes
+
+
+def _class_names(paths: list[str]) -> list[str]:
+    """The short names of the classes at ``paths`` and of their imported subclasses."""
+    names = []
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        names += [cls.__name__, *_subclass_names(cls)]
+    return names
 
 
 # In order: the first that recognises the message words it.

@@ -29,6 +29,7 @@ TRIGGERS = {
     "literal": ["fit", "--model.optim.name=adamx"],
     "type": ["fit", "--trainer.max_epochs=abc"],
     "group": ["fit", "--model.optim=adam"],
+    "subtypes": ["fit", "--checkpoint=lit_ddp.callbacks.EMA"],
 }
 # Phrases that the CLI's own paths do not reach on this version: (module, its source's text, a message).
 IN_SOURCE = {

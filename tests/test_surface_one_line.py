@@ -112,6 +112,38 @@ def test_a_class_path_that_does_not_import_is_named_with_the_closest_class(
     assert one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"]) == expected
 
 
+@pytest.mark.parametrize(
+    ("arg", "expected"),
+    [
+        (
+            "--checkpoint=lit_ddp.callbacks.EMA",
+            "--checkpoint=lit_ddp.callbacks.EMA: expected a ModelCheckpoint (or a subclass) or null",
+        ),
+        (
+            "--checkpoint=ModelCheckpointt",
+            "--checkpoint=ModelCheckpointt: expected a ModelCheckpoint (or a subclass) or null"
+            " (did you mean ModelCheckpoint?)",
+        ),
+        (
+            "--trainer.logger=lit_ddp.callbacks.EMA",
+            "--trainer.logger=lit_ddp.callbacks.EMA: expected a Logger (or a subclass) or a list of"
+            " Logger or true or false or null",
+        ),
+        (
+            "--trainer.callbacks=lit_ddp.models.LeNet",
+            "--trainer.callbacks=lit_ddp.models.LeNet: expected a list of Callback or a Callback (or a"
+            " subclass) or null",
+        ),
+    ],
+)
+def test_a_class_of_the_wrong_kind_names_the_kinds_accepted(
+    tmp_path: Path, capsys, arg: str, expected: str
+) -> None:
+    """`--checkpoint=lit_ddp.callbacks.EMA` (a class that imports but is no ModelCheckpoint) said only
+    "expected null", as if null were the one thing the option takes."""
+    assert one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"]) == expected
+
+
 def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, capsys) -> None:
     """`doctor --workdir PATH` on a path it could not create was a traceback from inside the check runs."""
     (tmp_path / "a_file").write_text("")
