@@ -209,6 +209,34 @@ def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
     assert tags["images"] == [] and "perf/images_per_s" in tags["scalars"]
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        # validation after a batch that accumulates (no optimizer step): at global_step, not one before
+        ["--trainer.accumulate_grad_batches=2", "--trainer.val_check_interval=3"],
+    ],
+)
+def test_the_confusion_matrix_is_at_the_step_of_its_validations_scalars(tmp_path: Path, extra) -> None:
+    """TensorBoard showed the confusion matrix of a validation one step after that validation's val/acc
+    (Lightning logs epoch-end metrics at the step before the count of optimizer steps): its image and
+    table sat beside the next validation's curves' points."""
+    from lit_ddp.cli import build_cli
+
+    args = ["fit", *TINY_SHAPES, "--data.batch_size=16", "--trainer.max_epochs=2"]
+    args += ["--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1"]
+    args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}", *extra]
+    build_cli(args)
+    (run_dir,) = run_dirs(tmp_path)
+    acc = read_run(run_dir)
+    val_steps = [e.step for e in acc.Scalars("val/acc")]
+    assert len(val_steps) == 2, val_steps
+    assert [e.step for e in acc.Images("val/confusion_matrix")] == val_steps
+    assert [e.step for e in acc.Tensors("val/confusion_matrix/text_summary")] == val_steps
+    assert [e.step for e in acc.Scalars("val_class_acc/disc")] == val_steps
+
+
 @pytest.mark.timeout(120)
 def test_a_run_without_logger_still_trains_and_prints(tmp_path: Path, capsys) -> None:
     from lit_ddp.cli import build_cli

@@ -6,6 +6,7 @@ Needs ``validation_step`` to return the logits (ImageClassifier does): the matri
 """
 
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
@@ -38,6 +39,14 @@ class ConfusionMatrix(Callback):
     def __init__(self, max_classes: int = 32) -> None:
         self.max_classes = max_classes
         self.metric: MulticlassConfusionMatrix | None = None
+        self.batch_start_step: int | None = None
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        # A validation inside fit runs after a training batch, whose optimizer step global_step already
+        # counts, while Lightning logs val/* at the count of steps before that batch: this is that count.
+        self.batch_start_step = trainer.global_step
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         num_classes = getattr(pl_module, "num_classes", None) or trainer.datamodule.num_classes
@@ -75,7 +84,10 @@ class ConfusionMatrix(Callback):
 
     @rank_zero_only
     def _write(self, trainer: Trainer, matrix: Tensor, per_class: Tensor, names: list[str]) -> None:
-        targets, step = sinks(trainer), trainer.global_step
+        targets = sinks(trainer)
+        # The step of this validation's val/* scalars, so that the figure sits beside their points.
+        fitting = trainer.state.fn == TrainerFn.FITTING and self.batch_start_step is not None
+        step = self.batch_start_step if fitting else trainer.global_step
         if not targets:
             return
         if len(names) > self.max_classes:
