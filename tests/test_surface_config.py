@@ -79,6 +79,33 @@ def test_a_recipe_after_a_preset_is_refused_and_a_preset_after_a_recipe_adjusts_
     assert cli.trainer.max_epochs == 1 and cli.trainer.limit_train_batches == 10
 
 
+def test_a_preset_of_model_or_data_settings_adjusts_the_recipe_before_it(tmp_path: Path, capsys) -> None:
+    """A file of the user's own that only adjusts the model's or the data's settings (`data: {init_args:
+    {batch_size: 64}}`) after a recipe was taken for a recipe and refused, and the fix the line gave (the
+    recipe after it) was refused too: no order of the two ran."""
+    bs = tmp_path / "bs.yaml"
+    bs.write_text(
+        "data:\n  init_args:\n    batch_size: 16\nmodel:\n  init_args:\n    optim:\n      lr: 0.01\n"
+    )
+    root = f"--trainer.default_root_dir={tmp_path}"
+    cli = build_cli(["--config", RECIPE, "--config", str(bs), "--data.train_size=64", root], run=False)
+    assert cli.datamodule.batch_size == 16 and cli.model.hparams.optim["lr"] == 0.01
+    # Before the recipe it would be replaced: refused, with the order that works.
+    line = one_error_line(capsys, ["fit", "--config", str(bs), "--config", RECIPE])
+    assert line.startswith(f"--config {RECIPE} sets data.batch_size after {bs} did")
+    assert f"give --config {bs} after --config {RECIPE}" in line
+
+
+def test_two_recipes_are_refused_without_advice_to_swap_them(capsys) -> None:
+    """Two recipes (each chooses the model and the data) were refused in either order, each time advising
+    the other order."""
+    other = str(REPO / "configs" / "lenet_cifar.yaml")
+    for first, second in ((RECIPE, other), (other, RECIPE)):
+        line = one_error_line(capsys, ["fit", "--config", first, "--config", second])
+        assert line.startswith(f"--config {second} sets "), line
+        assert "give --config" not in line and f"{first} and {second} are both recipes" in line, line
+
+
 @pytest.mark.parametrize("command", ["fit", "doctor"])
 def test_a_num_classes_the_data_would_replace_is_refused(tmp_path: Path, capsys, command: str) -> None:
     """`--model.num_classes=5` was accepted and ignored: the data's 10 classes won, in fit and in doctor."""

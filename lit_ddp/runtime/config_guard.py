@@ -139,6 +139,7 @@ def _check_order(argv: list[str]) -> dict[str, str]:
     """Each setting given -> the option or file that gives it last; UserError where a later file replaces
     an option, or a recipe a preset."""
     given: dict[str, str] = {}  # in command-line order
+    recipes: set[str] = set()
     at = dict(config_files(argv))
     for i, arg in enumerate(argv):
         if i in at:
@@ -148,9 +149,10 @@ def _check_order(argv: list[str]) -> dict[str, str]:
             except yaml.YAMLError:
                 continue  # jsonargparse reports invalid YAML itself
             # A preset after the recipe adjusts it (stacked presets are the design); a recipe, which chooses
-            # the model or data, after a preset replaces the preset's settings instead.
-            recipe = isinstance(content, dict) and bool({"model", "data"} & set(content))
+            # the model or data class, after a preset replaces the preset's settings instead. A file that
+            # only sets the model's or the data's arguments (`data: {init_args: ...}`) is a preset.
             settings, lists = _settings(content), _lists(content)
+            recipe = bool({"model", "data"} & settings)
             for given_key in sorted(given):
                 key = _replaced(given_key, settings, lists)
                 if key is None:
@@ -160,13 +162,20 @@ def _check_order(argv: list[str]) -> dict[str, str]:
                     continue
                 if earlier.startswith("--"):
                     fix = f"put {earlier} after --config {path}"
+                elif earlier in recipes:  # either order replaces one recipe's settings with the other's
+                    fix = (
+                        f"{earlier} and {path} are both recipes (each chooses the model or the data): give"
+                        " one of them, and the settings to change after it (--KEY=VALUE or a preset file)"
+                    )
                 else:
                     fix = f"give --config {earlier} after --config {path}"
                 raise UserError(
                     f"--config {path} sets {key} after {earlier} did, and the later one wins: {fix}"
                     " (later arguments override earlier ones)"
                 )
-            given.update({key: str(path) for key in _settings(content)})
+            given.update({key: str(path) for key in settings})
+            if recipe:
+                recipes.add(str(path))
         elif (key := _flag_key(argv, i)) is not None:
             given[key] = arg if "=" in arg or i + 1 >= len(argv) else f"{arg} {argv[i + 1]}"
     return given
