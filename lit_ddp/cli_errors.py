@@ -60,6 +60,7 @@ JSONARGPARSE_PHRASES = {
     "literal": r"Literal\[(.*?)\]",
     "type": r"Expected a <class '(\w+)'>",
     "subtypes": r"Subtypes: \[(.*)\]",
+    "required": r"the following arguments are required: ([\w.]+(?:, [\w.]+)*)",
     "group": r"Unable to load config ['\"](.*?)['\"]",
 }
 _PHRASE = {name: re.compile(pattern) for name, pattern in JSONARGPARSE_PHRASES.items()}
@@ -315,6 +316,22 @@ def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) ->
     return None
 
 
+def _required_argument(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    # `--model=ImageClassifier` without --model.net: jsonargparse's union ends on the whole namespace and
+    # `Expected a <class 'NoneType'>`, which read as a class of the wrong kind.
+    found = _PHRASE["required"].search(message)
+    owner = _PHRASE["parser_key"].search(message)
+    class_path = _PHRASE["class_path"].search(message)
+    if not (found and owner and class_path):
+        return None
+    key, name = owner.group(1), class_path.group(1).rpartition(".")[2]
+    missing = [arg.strip() for arg in found.group(1).split(",")]
+    where = _where(key, argv)
+    if where:
+        return f"{where}{key}: {name} needs {', '.join(missing)}: set it under its init_args"
+    return f"--{key}={name} needs {', '.join(missing)}: add {' '.join(f'--{key}.{a}=VALUE' for a in missing)}"
+
+
 def _class_not_importable(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
     # `--trainer.callbacks+=lit_ddp.callbacks.EMAA` or `class_path: nosuchpkg.Model`: jsonargparse's union
     # ends on `Expected a <class 'NoneType'>`, which read as "expected null". Whether the path imports is
@@ -442,6 +459,7 @@ RULES = (
     _unknown_command,
     _unknown_class_option,
     _unknown_option,
+    _required_argument,
     _class_not_importable,
     _wrong_value,
 )

@@ -30,6 +30,7 @@ TRIGGERS = {
     "type": ["fit", "--trainer.max_epochs=abc"],
     "group": ["fit", "--model.optim=adam"],
     "subtypes": ["fit", "--checkpoint=lit_ddp.callbacks.EMA"],
+    "required": ["--model=ImageClassifier"],
 }
 # Phrases that the CLI's own paths do not reach on this version: (module, its source's text, a message).
 IN_SOURCE = {

@@ -144,6 +144,43 @@ def test_a_class_of_the_wrong_kind_names_the_kinds_accepted(
     assert one_error_line(capsys, ["fit", arg, f"--trainer.default_root_dir={tmp_path}"]) == expected
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            ["--model=ImageClassifier"],
+            "--model=ImageClassifier needs net: add --model.net=VALUE",
+        ),
+        (
+            ["--trainer.logger=CSVLogger"],
+            "--trainer.logger=CSVLogger needs save_dir: add --trainer.logger.save_dir=VALUE",
+        ),
+        (
+            ["--trainer.callbacks+=EarlyStopping"],
+            "--trainer.callbacks=EarlyStopping needs monitor: add --trainer.callbacks.monitor=VALUE",
+        ),
+    ],
+)
+def test_a_class_without_an_argument_it_requires_names_the_argument(
+    tmp_path: Path, capsys, args: list[str], expected: str
+) -> None:
+    """`--model=ImageClassifier` without `--model.net` said "--model=Namespace(class_path=..., <every
+    argument>): not an ImageClassifier subclass", and `--trainer.logger=CSVLogger` without a save_dir the
+    same dump ending in "expected ... or null": neither named the missing argument."""
+    line = one_error_line(capsys, ["fit", *args, *TINY_RUN, f"--trainer.default_root_dir={tmp_path}"])
+    assert line == expected
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_class_in_a_config_file_without_an_argument_it_requires_names_the_file_and_line(
+    tmp_path: Path, capsys
+) -> None:
+    config = tmp_path / "csv.yaml"
+    config.write_text("trainer:\n  logger:\n    class_path: CSVLogger\n")
+    line = one_error_line(capsys, ["fit", "--config", str(config), *TINY_RUN])
+    assert line == f"{config}, line 2: trainer.logger: CSVLogger needs save_dir: set it under its init_args"
+
+
 def test_doctor_with_a_workdir_it_cannot_create_is_one_line(tmp_path: Path, capsys) -> None:
     """`doctor --workdir PATH` on a path it could not create was a traceback from inside the check runs."""
     (tmp_path / "a_file").write_text("")
