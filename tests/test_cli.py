@@ -111,6 +111,8 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             "there is no --optimizer: the models build their optimizer from --model.optim.*",
         ),
         (["--trainer.devices=0"], {}, "--trainer.devices=0 asks for no device: pass a count"),
+        # Lightning raised a TypeError traceback for a value that is no count, list or auto.
+        (["--trainer.devices=abc"], {}, "--trainer.devices=abc is not a number of devices: pass a count"),
         (
             ["--trainer.default_root_dir=a_file/logs"],
             {"a_file": ""},

@@ -160,6 +160,15 @@ def check_devices_exist(accelerator, devices) -> None:
             f"--trainer.devices={devices} asks for no device: pass a count (--trainer.devices=2),"
             " -1 or auto for all of them, or a list of indices (--trainer.devices=[0,1])"
         )
+    # Lightning takes a count, "auto", a list of indices or a text of them ("0,1"); other text was a
+    # TypeError traceback from deep inside the Trainer.
+    if isinstance(devices, str) and not re.fullmatch(
+        r"\s*(auto|-?\d+|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*", devices
+    ):
+        raise UserError(
+            f"--trainer.devices={devices} is not a number of devices: pass a count (--trainer.devices=2),"
+            " -1 or auto for all of them, or a list of indices (--trainer.devices=[0,1])"
+        )
     if str(accelerator) not in ("gpu", "cuda"):
         return
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
