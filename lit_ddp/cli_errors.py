@@ -46,6 +46,7 @@ TYPE_NAMES = {
 JSONARGPARSE_PHRASES = {
     "config": r"Problems parsing config",
     "missing_file": r'Parser key "([\w.]+)":\s*File does not exist: (.+)',
+    "not_a_file": r'Parser key "([\w.]+)":\s*Path is not a file: (.+)',
     "command": r"invalid choice: '([^']*)'",
     "parser_key": r'Parser key "([\w.]+)"',
     "class_path": r"Problem with given class_path '([\w.]+)'",
@@ -249,6 +250,13 @@ def _missing_file(message: str, argv: list[str], keys: set[str], prog: str) -> s
     if not found:
         return None
     return f"--{found.group(1)}: no such file {found.group(2).strip()}: check the path"
+
+
+def _not_a_file(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
+    found = _PHRASE["not_a_file"].search(message)
+    if not found:
+        return None
+    return f"--{found.group(1)}: {found.group(2).strip()} is a folder, not a file: pass the YAML file in it"
 
 
 def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
@@ -456,6 +464,7 @@ def _class_names(paths: list[str]) -> list[str]:
 RULES = (
     _invalid_yaml,
     _missing_file,
+    _not_a_file,
     _unknown_command,
     _unknown_class_option,
     _unknown_option,

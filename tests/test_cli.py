@@ -119,6 +119,7 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             "--trainer.default_root_dir=a_file/logs cannot be",
         ),
         (["--config", "nofile.yaml"], {}, "--config: no such file"),
+        (["--config", "/"], {}, "--config: '/' is a folder, not a file: pass the YAML file in it"),
         (
             ["--config", "typo.yaml"],
             {"typo.yaml": TYPO_YAML},

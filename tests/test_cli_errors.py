@@ -20,6 +20,7 @@ from lit_ddp.cli_errors import JSONARGPARSE_PHRASES
 TRIGGERS = {
     "config": ["fit", "--config", "{tmp}/broken.yaml"],
     "missing_file": ["fit", "--config", "{tmp}/absent.yaml"],
+    "not_a_file": ["fit", "--config", "{tmp}"],
     "parser_key": ["fit", "--trainer.max_epochs=abc"],
     "class_path": ["fit", "--model.lrr=3"],
     "class_option": ["fit", "--model.lrr=3"],
