@@ -334,6 +334,24 @@ def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at
     assert not list(tmp_path.glob("logs/**/*.ckpt"))
 
 
+@pytest.mark.timeout(180)
+def test_b_ctrl_c_during_the_sanity_check_leaves_no_run_folder_and_says_why(tmp_path: Path) -> None:
+    """Ctrl-C before the first training step has nothing to save: Lightning stopped (exit 1) and left the
+    run's version_0 (config.yaml, an event file) holding nothing, so the next run became version_1 and
+    `--ckpt_path=last` had a run without a checkpoint to skip. The folder goes, with one line saying so."""
+    args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false"]
+    args += [*fault(tmp_path / "probe", "sigint"), "--trainer.callbacks.in_sanity_check=true"]
+    stopped = run_cli(args, cwd=tmp_path, env=ENV, timeout=120)
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    assert (tmp_path / "probe" / "fired").is_file()
+    assert "Traceback" not in stopped.stderr
+    run = Path("logs") / "lightning_logs" / "version_0"
+    assert f"lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep, {run} removed" in (
+        stopped.stderr
+    )
+    assert not list(tmp_path.glob("logs/**/version_*")) and not list(tmp_path.glob("logs/**/.*.lock"))
+
+
 @pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(300)

@@ -1,11 +1,13 @@
-"""A run that stops on bad input before it has produced anything leaves no run directory behind.
+"""A run stopped by bad input or Ctrl-C before it has produced anything leaves no run directory behind.
 
 Lightning creates ``version_N`` (the TensorBoard writer, config.yaml) before the data module's ``setup``,
-where unreadable data or an impossible ``val_size`` are found. Left behind, that empty run takes a version
-number: the next run is ``version_1`` and the paths in README and in the user's notes stop being true.
+where unreadable data or an impossible ``val_size`` are found, and before the sanity check, where a user who
+sees a wrong setting presses Ctrl-C. Left behind, that empty run takes a version number: the next run is
+``version_1`` and the paths in README and in the user's notes stop being true.
 """
 
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -15,14 +17,18 @@ from lit_ddp.errors import UserError
 
 
 class RemoveFailedRunDir(Callback):
-    """On a UserError, rank 0 deletes the run directory if this run created every file in it and no
-    checkpoint is among them: never a resumed run's directory, never a file from before this run."""
+    """On a UserError or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C), rank 0
+    deletes the run directory if this run created every file in it and no checkpoint is among them: never a
+    resumed run's directory, never a file from before this run."""
 
     def __init__(self) -> None:
         self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if not isinstance(exception, UserError) or not trainer.is_global_zero or trainer.logger is None:
+        interrupted = isinstance(exception, KeyboardInterrupt)
+        if not (isinstance(exception, UserError) or interrupted) or not trainer.is_global_zero:
+            return
+        if trainer.logger is None:
             return
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return
@@ -33,3 +39,6 @@ class RemoveFailedRunDir(Callback):
         if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):
             return
         shutil.rmtree(run_dir, ignore_errors=True)
+        if interrupted:  # Lightning says only that it shuts down: what became of the run
+            line = "lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep"
+            print(f"{line}, {run_dir} removed", file=sys.stderr, flush=True)

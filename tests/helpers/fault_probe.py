@@ -5,7 +5,8 @@ Added with ``--trainer.callbacks+=fault_probe.Fault --trainer.callbacks.init_arg
 what was lost:
 
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
-* ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint.
+* ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
+* ``in_sanity_check=True``: at the first batch of the sanity check, before any training step.
 
 With ``out_dir``, each rank records the labels of every training batch (``batches_rank<r>.txt``: epoch,
 step, labels) and appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
@@ -36,10 +37,17 @@ ACTIONS = (
 
 class Fault(Callback):
     def __init__(
-        self, action: str, rank: int = 0, at_step: int = -1, at_epoch_end: int = -1, out_dir: str = ""
+        self,
+        action: str,
+        rank: int = 0,
+        at_step: int = -1,
+        at_epoch_end: int = -1,
+        out_dir: str = "",
+        in_sanity_check: bool = False,
     ) -> None:
         assert action in ACTIONS, action
         self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
+        self.in_sanity_check = in_sanity_check
         self.out_dir = Path(out_dir) if out_dir else None
         self._batches = 0
 
@@ -87,6 +95,12 @@ class Fault(Callback):
         if self._batches == self.at_step:
             self._fire(trainer, pl_module)
         self._batches += 1
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self.in_sanity_check and trainer.sanity_checking and batch_idx == 0:
+            self._fire(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
