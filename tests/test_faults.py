@@ -520,12 +520,16 @@ def corrupt(good: Path, out: Path, kind: str) -> Path:
         ("mismatched", "does not fit LeNetCIFAR: 2 tensors of another shape (first: net."),
         ("unsafe", "holds objects that are not safe to load"),
         ("missing", "does not exist"),
+        ("folder", "is a folder, not a checkpoint file: pass --ckpt_path="),
     ],
 )
 def test_e_a_bad_checkpoint_is_one_clear_error_before_any_process_starts(
     tmp_path: Path, good_ckpt: Path, kind: str, message: str
 ) -> None:
-    path = tmp_path / "missing.ckpt" if kind == "missing" else corrupt(good_ckpt, tmp_path, kind)
+    if kind in ("missing", "folder"):  # a run's folder, where its checkpoint was meant
+        path = good_ckpt.parent.parent if kind == "folder" else tmp_path / "missing.ckpt"
+    else:
+        path = corrupt(good_ckpt, tmp_path, kind)
     result = run_cli([*DDP_FIT, f"--ckpt_path={path}"], cwd=tmp_path, env=ENV, timeout=180)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]

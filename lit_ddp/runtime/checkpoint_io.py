@@ -96,6 +96,16 @@ def load_checkpoint_file(
     ``require_state_dict=False`` accepts any dict: Lightning's own files (e.g. the bare state_dict that
     ddp_spawn hands back to the main process in ``.temp.ckpt``) go through the same CheckpointIO."""
     path = Path(path)
+    if path.is_dir():  # a run's folder or its checkpoints/, given for the checkpoint in it
+        # the places a run keeps them (never a walk of the whole tree: it may be a data folder)
+        patterns = ("*.ckpt", "checkpoints/*.ckpt", "*/checkpoints/*.ckpt")
+        found = sorted(
+            (p for pattern in patterns for p in path.glob(pattern)), key=lambda p: p.stat().st_mtime
+        )
+        raise UserError(
+            f"checkpoint {path} is a folder, not a checkpoint file: pass --ckpt_path="
+            + (f"{found[-1]} (its newest .ckpt)" if found else "PATH to a .ckpt file")
+        )
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
     # torch.save's zip format: a legacy (pre-1.6) file cannot be memory-mapped, and the names a refused
