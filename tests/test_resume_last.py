@@ -118,6 +118,21 @@ def test_best_with_nothing_to_find_is_one_line(tmp_path: Path, capsys, first_run
     assert err.startswith(expected), err
 
 
+def test_hpc_with_no_hpc_checkpoint_is_one_line_naming_last(tmp_path: Path, capsys) -> None:
+    """`--ckpt_path=hpc` is Lightning's SLURM checkpoint (hpc_ckpt_N.ckpt in default_root_dir), which
+    lit_ddp's stop never writes (it saves last.ckpt): with none there, Lightning's ValueError was a
+    traceback after the run had started."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, root])
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, "--ckpt_path=hpc", "--trainer.max_epochs=2", root])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lit_ddp: error: --ckpt_path=hpc: no hpc_ckpt_N.ckpt in {tmp_path}"), err
+    assert "--ckpt_path=last" in err
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
+
+
 def test_last_and_best_find_the_checkpoints_of_a_run_without_a_logger(tmp_path: Path, caplog) -> None:
     """--trainer.logger=false: ModelCheckpoint writes into default_root_dir/checkpoints. fit found them
     (Lightning's own lookup), but validate/test/predict with last or best refused: no runs to search."""

@@ -29,7 +29,7 @@ from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+from lit_ddp.runtime.checkpoint_io import is_local_path, load_checkpoint_file
 from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.utils import flatten
@@ -332,6 +332,12 @@ def _hparams_summary(checkpoint: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
 
 
+def _no_hpc_checkpoint(root: str) -> bool:
+    """Whether a local ``root`` holds none of Lightning's SLURM checkpoints (``hpc_ckpt_N.ckpt``); a remote
+    one is Lightning's to look in."""
+    return is_local_path(root) and not any(Path(root).glob("hpc_ckpt_*.ckpt"))
+
+
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""
@@ -394,6 +400,13 @@ def prepare_ckpt_path(
             f"{'starting from' if subcommand == 'fit' else subcommand + ':'} {best} (best {monitor})"
         )
         ckpt_path, checkpoint = str(best), None
+    elif ckpt_path == "hpc" and _no_hpc_checkpoint(trainer.default_root_dir):
+        # Lightning's SLURM checkpoint, which it looks for there (and raises a ValueError, after start-up,
+        # when there is none); lit_ddp's stop writes last.ckpt instead (preemption.py).
+        raise UserError(
+            f"--ckpt_path=hpc: no hpc_ckpt_N.ckpt in {trainer.default_root_dir} (lit_ddp saves a stopped run"
+            " as last.ckpt): pass --ckpt_path=last, or --ckpt_path=PATH to a checkpoint"
+        )
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path
     path = Path(ckpt_path)
