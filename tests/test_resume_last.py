@@ -216,3 +216,20 @@ def test_a_killed_run_resumes_from_its_last_validation_inside_an_epoch(tmp_path:
     assert got["global_step"] == want["global_step"] == 4
     for key, value in want["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][key], value, rtol=0, atol=0, msg=key)
+
+
+def test_a_resumed_fit_logs_its_config_at_the_step_it_resumes_from(tmp_path: Path) -> None:
+    """RunInfo wrote the resumed run's config and environment at step 0 again: TensorBoard's data server
+    keeps one value per step, so the Text tab showed the resumed settings as the run's from its start and
+    the first ones were gone (config.yaml is rewritten too). Each part of the run now has its own step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, root])  # 2 steps
+    build_cli(["fit", *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", root])
+    acc = EventAccumulator(str(tmp_path / "lightning_logs" / "version_0"), size_guidance={"tensors": 0})
+    acc.Reload()
+    for tag in ("config", "environment"):
+        assert [e.step for e in acc.Tensors(f"{tag}/text_summary")] == [0, 2], tag
+    first, resumed = (e.tensor_proto.string_val[0].decode() for e in acc.Tensors("config/text_summary"))
+    assert "max_epochs: 1" in first and "max_epochs: 2" in resumed

@@ -1,6 +1,9 @@
 """Once per run: the resolved hyperparameters (with the metrics that judge the run), the resolved config
-and the environment, written by rank 0 at the start of fit to every logger (TensorBoard's HParams and Text
-tabs, MLflow's parameters and artifacts, files beside a CSV log)."""
+and the environment, written by rank 0 when training starts to every logger (TensorBoard's HParams and Text
+tabs, MLflow's parameters and artifacts, files beside a CSV log).
+
+A resumed fit writes them again, at the step it resumes from: its settings may differ (more epochs, other
+devices), and TensorBoard keeps one value per step, so at step 0 they would replace the first part's."""
 
 import os
 import platform
@@ -98,7 +101,8 @@ class RunInfo(Callback):
         return ["val/loss", *(val_metrics.keys() if val_metrics is not None else ["val/acc"])]
 
     @rank_zero_only
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Not on_fit_start: a checkpoint's global_step is restored after it, before this.
         targets = sinks(trainer)
         if not targets:
             return
