@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, read_scalars, run_cli
+from conftest import REPO, TINY_SHAPES, cli_env, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
@@ -148,6 +148,44 @@ def test_b_sigterm_under_ddp_spawn_stops_every_rank_with_last_ckpt(tmp_path: Pat
     assert torch.load(last, weights_only=False, map_location="cpu")["global_step"] == stopped[0]
     ran = [[step for _, step, _ in batches(tmp_path / "probe", r)] for r in (0, 1)]
     assert ran[0] == ran[1] == list(range(stopped[0]))  # every rank trained the same steps, then stopped
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("when", ["training", "sanity_check"])
+def test_b_ctrl_c_under_ddp_spawn_stops_every_rank_as_one_process_stops(tmp_path: Path, when: str) -> None:
+    """A terminal's Ctrl-C reaches every process of the job. Under ddp_spawn the main process, waiting for
+    its ranks, stopped on it at once ("Detected KeyboardInterrupt", exit 1) while the ranks saved last.ckpt;
+    it now leaves the stop to them: the run folder keeps its files and the job exits 0. Before training
+    (the sanity check) the ranks abort, as one process does: exit 1, the empty run folder gone (the main
+    process, no longer stopped by the Ctrl-C itself, waited forever for a result that never came)."""
+    args = [*DDP_FIT, "--trainer.strategy=ddp_spawn", "--preemption.check_every_n_batches=1"]
+    if when == "training":
+        args += fault(tmp_path / "probe", "sigint_group", rank=0, at_step=5)
+    else:
+        args += [*fault(tmp_path / "probe", "sigint_group"), "--trainer.callbacks.in_sanity_check=true"]
+    result = subprocess.run(  # a process group of its own: the probe signals all of it, as a terminal does
+        [sys.executable, "-m", "lit_ddp", *args],
+        cwd=tmp_path,
+        env=cli_env(ENV),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        start_new_session=True,
+    )
+    out = result.stdout + result.stderr
+    assert "Traceback" not in out, out[-3000:]
+    if when == "sanity_check":
+        assert result.returncode == 1, out[-3000:]
+        assert "lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep" in out
+        assert not list(tmp_path.glob("logs/**/version_*"))
+        return
+    assert result.returncode == 0, out[-3000:]
+    assert "Detected KeyboardInterrupt" not in out and "lit_ddp: stopped by SIGINT at epoch 2" in out, out
+    (run,) = tmp_path.glob("logs/lightning_logs/version_*")
+    assert {"config.yaml", "hparams.yaml", "checkpoints"} <= {p.name for p in run.iterdir()}
+    assert list(run.glob("events.out.tfevents.*")) and (run / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.slow

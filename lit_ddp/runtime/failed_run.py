@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 
 from lit_ddp.errors import UserError
@@ -30,6 +31,8 @@ class RemoveFailedRunDir(Callback):
             return
         if trainer.logger is None:
             return
+        if interrupted and trainer.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+            return  # ddp_spawn's main process, which does not train: rank 0 knows whether the run did
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return
         if trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)

@@ -301,6 +301,14 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
         for logger in trainer.loggers:
             logger.finalize("interrupted")
         return None
+    except KeyboardInterrupt as abort:  # Ctrl-C before training started, or a second one: no checkpoint
+        # The callbacks hear of it as in any other strategy (an empty run folder goes, failed_run.py). The
+        # rank then exits 1: torch's spawn wrapper would end it with status 0 and no result, which the
+        # main process would wait for forever.
+        trainer = function.__self__
+        for callback in trainer.callbacks:
+            callback.on_exception(trainer, trainer.lightning_module, abort)
+        sys.exit(1)
     except UserError as err:
         Path(user_error_file).write_text(str(err))
         raise
@@ -325,7 +333,11 @@ def _ranks_running(user_error_file: str, procs: Callable[[], list]):
 @contextlib.contextmanager
 def _hand_stop_signals_to(procs: Callable[[], list]):
     """In ddp_spawn's main process: SIGTERM and SIGUSR1 go to every rank (which agree where to stop)
-    instead of killing this process alone, whose ranks torch would then interrupt at a random point."""
+    instead of killing this process alone, whose ranks torch would then interrupt at a random point.
+
+    A Ctrl-C is the terminal's, sent to every process of the job, the ranks included: they stop on it
+    themselves, so this process lets the first one pass (handed on, the ranks would count it twice and
+    abort) and waits for them; at a second Ctrl-C, which aborts the ranks, it stops too."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -335,10 +347,22 @@ def _hand_stop_signals_to(procs: Callable[[], list]):
             if proc.is_alive():
                 os.kill(proc.pid, signum)
 
+    pressed = []
+
+    def ctrl_c(signum: int, frame) -> None:
+        pressed.append(signum)
+        if len(pressed) > 1:
+            raise KeyboardInterrupt  # the second: abort now (Lightning's path), as the ranks do
+
     handled = (signal.SIGTERM, signal.SIGUSR1)
     previous = {signum: signal.signal(signum, hand_on) for signum in handled}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, ctrl_c)
     try:
         yield
+    except torch.multiprocessing.ProcessExitedException:
+        if pressed:  # the ranks stopped on that Ctrl-C before training (exit 1): this process stops too
+            raise KeyboardInterrupt from None
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -28,6 +28,7 @@ ACTIONS = (
     "sigusr1",
     "sigint",
     "sigint_twice",
+    "sigint_group",  # Ctrl-C as a terminal sends it: to every process of the job's group (start it alone)
     "nan",
     "raise",
     "hang",
@@ -73,6 +74,8 @@ class Fault(Callback):
         elif self.action == "sigint_twice":  # Ctrl-C pressed twice in a row
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
+        elif self.action == "sigint_group":
+            os.killpg(os.getpgid(0), signal.SIGINT)
         elif self.action == "should_stop":  # a stop decided as EarlyStopping or max_time decide theirs
             trainer.should_stop = True
         elif self.action == "sigterm_parent":
