@@ -47,7 +47,7 @@ def make_steps(control: bool = False) -> dict[bool, object]:
     def make(mix: bool):
         alphas = (0.2, 1.0) if mix and not control else (0.0, 0.0)
         dm = ShapesDataModule(batch_size=BATCH, mixup_alpha=alphas[0], cutmix_alpha=alphas[1])
-        dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0)
+        dm.trainer = SimpleNamespace(training=True, predicting=False, current_epoch=0, global_rank=0)
 
         def step() -> None:
             batch = batches[count[0] % len(batches)]

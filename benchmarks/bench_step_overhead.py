@@ -355,7 +355,9 @@ def print_device_ops() -> None:
     views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
     dm = ImageDataModule(batch_size=128, augmentation=CropFlip(padding=4))
     dm.mean, dm.std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
-    dm.trainer = SimpleNamespace(training=True, current_epoch=0, global_rank=0, world_size=1)
+    dm.trainer = SimpleNamespace(
+        training=True, predicting=False, current_epoch=0, global_rank=0, world_size=1
+    )
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8, generator=g), torch.zeros(128).long())
     index = torch.arange(128)

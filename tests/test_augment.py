@@ -173,7 +173,10 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     assert torch.equal(x, x_after)
     evaluating = ShapesDataModule(crop_padding=4)
     evaluating.trainer = fake_trainer(False)
-    assert torch.equal(evaluating.on_before_batch_transfer((images, labels, index), 0)[2], index)
+    unaugmented = evaluating.on_before_batch_transfer(
+        (images, labels), 0
+    )  # evaluation batches carry no index
+    assert len(unaugmented) == 2 and unaugmented[0] is images  # nothing drawn
 
 
 def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> None:
@@ -210,7 +213,9 @@ def test_the_copy_recorder_of_the_gpu_draws_test_reads_a_copy_to_another_device(
 
 
 def fake_trainer(training: bool, epoch: int = 0, rank: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(training=training, current_epoch=epoch, global_rank=rank, world_size=1)
+    return SimpleNamespace(
+        training=training, predicting=False, current_epoch=epoch, global_rank=rank, world_size=1
+    )
 
 
 def test_mixing_is_per_seed_rank_epoch_and_batch_and_survives_a_resume() -> None:

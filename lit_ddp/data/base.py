@@ -415,7 +415,8 @@ class ImageDataModule(LightningDataModule):
             trainer.predicting or (trainer.training and self._augments_on_device())
         )
         items = list(batch[: len(batch) - added]) if isinstance(batch, tuple | list) else [batch]
-        if len(items) == 2 and all(isinstance(t, Tensor) for t in batch):
+        # The first item is the images, or the loader's own batch of them (file bytes decoded on the device).
+        if len(items) == 2 and not isinstance(items[0], dict) and isinstance(items[1], Tensor):
             return
         if isinstance(items[0], dict):
             what = f"dict samples (keys {', '.join(map(str, items[0]))})"
