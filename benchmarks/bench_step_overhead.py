@@ -33,7 +33,7 @@ of the per-round ratio of steps/s to ``bare``.
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
     python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
     python benchmarks/bench_step_overhead.py --device-ops          # ops of the data path and accuracy update
-    python benchmarks/bench_step_overhead.py --procs 1 --variants bare callbacks --without nan_guard step_loss
+    python benchmarks/bench_step_overhead.py --procs 1 --variants bare callbacks --without dashboard
 """
 
 import argparse
@@ -60,11 +60,12 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, write_results  # noqa: E402
 
-from lit_ddp.callbacks import console  # noqa: E402
+from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
 from lit_ddp.cli import CALLBACKS  # noqa: E402
 from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
 from lit_ddp.models import ImageClassifier  # noqa: E402
 from lit_ddp.models.optim import OptimConfig, build_optimizer  # noqa: E402
+from lit_ddp.runtime.console import Console  # noqa: E402
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks  # noqa: E402
 
 BATCH, SIZE, CLASSES = 32, 8, 10
@@ -189,7 +190,9 @@ class Redraw(L.Callback):
 
 
 def lit_ddp_callbacks(leave_out: tuple[str, ...] = ()) -> list[L.Callback]:
-    return [cls(**init_args) for key, (cls, init_args) in CALLBACKS.items() if key not in leave_out]
+    """The CLI's default callbacks, with the progress bar and model summary the console asks for."""
+    ours = [cls(**init_args) for key, (cls, init_args) in CALLBACKS.items() if key not in leave_out]
+    return ours + [part for c in ours if isinstance(c, Console) for part in c.lightning_parts()]
 
 
 STEP_HOOKS = (
@@ -202,11 +205,17 @@ STEP_HOOKS = (
 )
 
 
-def time_step_hooks(callbacks: list[L.Callback], timer: "Timer") -> dict[str, float]:
+def time_step_hooks(
+    callbacks: list[L.Callback], timer: "Timer", spent: dict[str, float] | None = None
+) -> dict[str, float]:
     """Wrap each callback's own per-step hooks to add their wall time during the timed steps to the
     returned dict: native time, without a profiler's inflation of Python calls."""
-    spent: dict[str, float] = {}
+    spent = {} if spent is None else spent
     for callback in callbacks:
+        if isinstance(callback, CallbackGroup):  # each part of a group on its own
+            time_step_hooks(callback.members, timer, spent)
+            callback.index_hooks()
+            continue
         for hook in STEP_HOOKS:
             if getattr(type(callback), hook) is getattr(L.Callback, hook):
                 continue

@@ -33,20 +33,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_ddp.callbacks import (
-    ConfusionMatrix,
-    EpochSummary,
-    LastCheckpoint,
-    LearningRateMonitor,
-    ModelSummary,
-    PredictionWriter,
-    ProgressBar,
-    RunInfo,
-    SkippedImagesReport,
-    StepLoss,
-    Throughput,
-    TrainBatchImages,
-)
+from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
 from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.cli_errors import config_file_problem, constructor_failure, exception_chain, explain
 from lit_ddp.data import ImageDataModule
@@ -55,9 +42,8 @@ from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, with_atomic_checkpoint_io
 from lit_ddp.runtime.config_guard import check_arguments, model_given
-from lit_ddp.runtime.eval_limits import EvenEvalLimits
-from lit_ddp.runtime.failed_run import RemoveFailedRunDir
-from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, FaultMonitor, LostRankReport, set_dist_timeout
+from lit_ddp.runtime.console import Console
+from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.launch import (
     bind_rendezvous_to_loopback,
@@ -68,10 +54,10 @@ from lit_ddp.runtime.launch import (
     check_strategy_fits,
     check_writable,
 )
-from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
-from lit_ddp.runtime.preemption import PreemptionCheckpoint, stop_spawned_ranks_cleanly
-from lit_ddp.runtime.quiet import QuietConsole, quiet_console
+from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
+from lit_ddp.runtime.quiet import quiet_console
+from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
     checkpoint_model_overrides,
     experiment_name,
@@ -104,33 +90,17 @@ def description(prog: str) -> str:
     return DESCRIPTION
 
 
-# The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each shows
-# or protects something a user sees (docs/architecture.md gives the reason for each; a test compares).
-# The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML)
-# leaves the callback out. The values are each callback's defaults for lit_ddp.
+# The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each is named
+# for what a user sees or is protected from (docs/architecture.md gives the reason for each; a test compares).
+# The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML) leaves
+# the callback out. The values are each callback's defaults for lit_ddp.
 CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
-    # the console main() quiets, in every rank's process too (ddp_spawn's ranks never run main())
-    "quiet": (QuietConsole, {}),
-    # runtime: a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named
-    "preemption": (PreemptionCheckpoint, {}),
-    "nan_guard": (NanGuard, {}),
-    "fault_monitor": (FaultMonitor, {}),
-    # bad data found in setup: the run directory Lightning made before it goes too
-    "failed_run_cleanup": (RemoveFailedRunDir, {}),
-    # a fractional limit_val_batches / limit_test_batches: one batch count on every rank (uneven shards)
-    "eval_limits": (EvenEvalLimits, {}),
-    # data: unreadable image files, gathered over the ranks and reported once per epoch
-    "skipped_images": (SkippedImagesReport, {}),
-    # the TensorBoard dashboard and the console line (EpochSummary reads what Throughput logs)
-    "step_loss": (StepLoss, {}),
-    "lr_monitor": (LearningRateMonitor, {}),
-    "throughput": (Throughput, {}),
-    "batch_images": (TrainBatchImages, {}),
-    "confusion_matrix": (ConfusionMatrix, {}),
-    "run_info": (RunInfo, {}),
-    "epoch_summary": (EpochSummary, {}),
-    "progress_bar": (ProgressBar, {}),
-    "model_summary": (ModelSummary, {}),
+    # what the run prints: quieted upstream noise, unreadable files, the epoch line (+ the bar and summary)
+    "console": (Console, {}),
+    # a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named; nothing left half
+    "resilience": (Resilience, {}),
+    # TensorBoard (or the logger picked): step loss, learning rate, throughput, images, confusion, run info
+    "dashboard": (Dashboard, {}),
     # predict: predictions.csv in the run directory, one row per image, the same on any device count
     "predictions": (PredictionWriter, {}),
     # the best epoch by val/acc, and last.ckpt: always the newest state, which --ckpt_path=last resumes
@@ -182,11 +152,7 @@ def _class_path(cls: type) -> str:
     return f"{module}.{cls.__name__}"
 
 
-OFF_SWITCHES = {
-    "enable_checkpointing": ModelCheckpoint,
-    "enable_progress_bar": ProgressBar,
-    "enable_model_summary": ModelSummary,
-}
+OFF_SWITCHES = {"enable_checkpointing": ModelCheckpoint}
 BAREBONES_OFF = {
     "enable_progress_bar": False,
     "enable_model_summary": False,
@@ -399,10 +365,13 @@ class LitDDPCLI(LightningCLI):
                 ours = [c for c in ours if not isinstance(c, kind)]
         if trainer_config.get("limit_val_batches") == 0:  # no validation: no val/acc for the best checkpoint
             ours = [c for c in ours if c is not config.get("checkpoint")]
-        kwargs["callbacks"] = [*callbacks, *(c for c in ours if c is not None)]
-        for callback in kwargs["callbacks"]:
-            if isinstance(callback, FaultMonitor):
-                callback.report = self.lost_rank
+        if self.subcommand != "predict":  # predictions.csv is predict's alone
+            ours = [c for c in ours if not isinstance(c, PredictionWriter)]
+        ours = [c for c in ours if c is not None]
+        kwargs["callbacks"] = [*callbacks, *ours, *self._console_parts(ours, callbacks, trainer_config)]
+        for callback in ours:
+            if isinstance(callback, Resilience):
+                callback.report_lost_ranks_to(self.lost_rank)
         if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
             # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
             kwargs["enable_checkpointing"] = False
@@ -410,9 +379,10 @@ class LitDDPCLI(LightningCLI):
             ("enable_progress_bar", AnyProgressBar),
             ("enable_model_summary", AnyModelSummary),
         ):
-            # Likewise `--progress_bar=null` means no bar, and `--model_summary=null` no summary: Lightning
-            # would add its own default in their place (a bar counting epochs from 0, with v_num; a table
-            # with a FLOPs column of zeros). A bar or summary of the user's, or the flag set to true, stays.
+            # Likewise `--console.progress_bar=false` means no bar, and `--console.model_summary=false` no
+            # summary: Lightning would add its own default in their place (a bar counting epochs from 0, with
+            # v_num; a table with a FLOPs column of zeros). A bar or summary of the user's, or the flag set to
+            # true, stays.
             if trainer_config.get(flag) is None and not any(isinstance(c, kind) for c in kwargs["callbacks"]):
                 kwargs[flag] = False
         check_writable(trainer_config.get("default_root_dir") or os.getcwd())
@@ -442,6 +412,27 @@ class LitDDPCLI(LightningCLI):
         # in on_train_batch_end, which StepLoss must see to write that step's loss: Timer goes first.
         trainer.callbacks.sort(key=lambda callback: not isinstance(callback, Timer))
         return trainer
+
+    @staticmethod
+    def _console_parts(ours: list[Callback], theirs: list[Callback], trainer_config) -> list[Callback]:
+        """The progress bar and model summary our console shows, unless a Trainer flag turns them off or the
+        user's callbacks bring their own (Lightning takes one of each)."""
+        console = next((c for c in ours if isinstance(c, Console)), None)
+        if console is None:
+            return []
+        barebones = trainer_config.get("barebones")
+        off = {
+            AnyProgressBar: trainer_config.get("enable_progress_bar") is False or barebones,
+            AnyModelSummary: trainer_config.get("enable_model_summary") is False or barebones,
+        }
+        parts = console.lightning_parts()
+        return [
+            p
+            for p in parts
+            if not any(
+                isinstance(p, k) and (o or any(isinstance(c, k) for c in theirs)) for k, o in off.items()
+            )
+        ]
 
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world

@@ -219,7 +219,7 @@ def test_two_process_cpu_ddp_logs_metrics_and_writes_once(tmp_path: Path, strate
 def test_two_process_run_with_the_progress_bar_and_no_epoch_summary_finishes(tmp_path: Path) -> None:
     """The progress bar reads the epoch's metrics on rank 0 alone; no value it reads may still need a
     collective (Throughput reduces its own), else rank 0 waits for ranks that never join."""
-    args = [*QUICK, "--trainer.enable_progress_bar=true", "--epoch_summary=null"]
+    args = [*QUICK, "--trainer.enable_progress_bar=true", "--console.epoch_summary=false"]
     result = run_cli(
         ["fit", *args, "--trainer.accelerator=cpu", "--trainer.devices=2"], cwd=tmp_path, timeout=150
     )
@@ -312,18 +312,36 @@ def test_the_default_run_is_the_recipe_yaml_and_the_class_defaults(tmp_path: Pat
 
 
 def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(tmp_path: Path) -> None:
+    from lit_ddp.callbacks import PredictionWriter
     from lit_ddp.cli import CALLBACKS, OPT_IN_CALLBACKS
 
     root = f"--trainer.default_root_dir={tmp_path}"
     args = [*TINY_SHAPES, root]  # with the progress bar (QUICK turns it off)
     default = build_cli(args, run=False).trainer.callbacks
     ours = [type(c) for c in default if type(c) in {cls for cls, _ in CALLBACKS.values()}]
-    # Lightning moves checkpoint callbacks last; the rest keep the list's order.
-    assert ours == [cls for cls, _ in CALLBACKS.values()]
+    # Lightning moves checkpoint callbacks last; the rest keep the list's order. predictions.csv: predict's.
+    assert ours == [cls for cls, _ in CALLBACKS.values() if cls is not PredictionWriter]
     assert not any(type(c) in OPT_IN_CALLBACKS.values() for c in default)
     for key, (cls, _) in CALLBACKS.items():
+        if cls is PredictionWriter:
+            continue
         callbacks = build_cli([*args, f"--{key}=null"], run=False).trainer.callbacks
         assert sum(type(c) is cls for c in callbacks) == ours.count(cls) - 1, key
+
+
+def test_a_default_fit_runs_a_handful_of_callbacks_and_predict_adds_its_writer(tmp_path: Path) -> None:
+    """Six default callbacks at most, each named for what a user sees or is protected from; a fit's
+    trainer holds at most eight in all, Lightning's progress bar, model summary and config saver included."""
+    from lit_ddp.callbacks import PredictionWriter
+    from lit_ddp.cli import CALLBACKS
+
+    assert len(CALLBACKS) <= 6
+    args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}"]
+    fit = build_cli(args, run=False).trainer.callbacks
+    assert len(fit) <= 8, [type(c).__name__ for c in fit]
+    assert not any(isinstance(c, PredictionWriter) for c in fit)
+    predict = build_cli(["predict", *args, "--trainer.enable_progress_bar=false"]).trainer.callbacks
+    assert sum(isinstance(c, PredictionWriter) for c in predict) == 1
 
 
 @pytest.mark.parametrize(
@@ -333,12 +351,13 @@ def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(
 def test_a_bar_or_summary_turned_off_gets_no_lightning_default_in_its_place(
     tmp_path: Path, key: str, kind: str, own: str
 ) -> None:
-    """`--progress_bar=null` showed Lightning's own bar (epochs from 0, v_num), `--model_summary=null` its
-    summary (a FLOPs column of zeros): Lightning adds a default where no callback of the kind is left."""
+    """`--console.progress_bar=false` showed Lightning's own bar (epochs from 0, v_num),
+    `--console.model_summary=false` its summary (a FLOPs column of zeros): Lightning adds a default where no
+    callback of the kind is left."""
     from lightning.pytorch import callbacks
 
     base = getattr(callbacks, kind)
-    args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}", f"--{key}=null"]
+    args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}", f"--console.{key}=false"]
     assert not any(isinstance(c, base) for c in build_cli(args, run=False).trainer.callbacks)
     # Lightning's own, asked for by its flag, or a callback of the user's, stays.
     asked = build_cli([*args, f"--trainer.enable_{key}=true"], run=False).trainer.callbacks
@@ -458,7 +477,7 @@ def test_step_loss_is_written_on_the_steps_lightning_writes_and_can_be_turned_of
     lr = next(v for k, v in scalars.items() if k.startswith("lr-"))
     assert len(scalars["train/loss_step"]) == len(lr) == 4
     assert all(0 < v < 10 for v in scalars["train/loss_step"])
-    build_cli(["fit", *args, "--step_loss=null", f"--trainer.default_root_dir={tmp_path / 'off'}"])
+    build_cli(["fit", *args, "--dashboard.step_loss=false", f"--trainer.default_root_dir={tmp_path / 'off'}"])
     assert "train/loss_step" not in read_scalars(assert_single_run(tmp_path / "off"))
 
 
@@ -516,7 +535,10 @@ def test_the_step_loss_written_at_a_stop_is_that_steps_not_a_stale_one(tmp_path:
     timed = ["--trainer.max_time=00:00:10:00", f"--trainer.default_root_dir={tmp_path}"]
     cli = build_cli(timed, run=False)
     kinds = [type(c).__name__ for c in cli.trainer.callbacks]
-    assert kinds.index("Timer") < kinds.index("StepLoss")
+    assert kinds.index("Timer") < kinds.index("Dashboard")  # which runs StepLoss
+    from lit_ddp.callbacks import Dashboard, StepLoss
+
+    assert next(c for c in cli.trainer.callbacks if isinstance(c, Dashboard)).member(StepLoss) is not None
 
 
 def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(

@@ -173,7 +173,8 @@ def test_tensorboards_writer_thread_hands_a_failed_write_to_the_callback_and_liv
 
 def test_the_spawn_launch_wrap_reaches_the_ranks_function_and_keeps_the_launcher_picklable() -> None:
     """Lightning's spawn launcher runs ``launch(function, ...)`` and sets ``procs`` there; the wrap (on the
-    instance, switched off with ``--preemption=null``) survives the pickling of the trainer into the ranks.
+    instance, switched off with ``--resilience.preemption=false``) survives the pickling of the trainer into
+    the ranks.
     The 2-process outcome is tests/test_faults.py's (SIGTERM under ddp_spawn)."""
     import pickle
 

@@ -86,7 +86,7 @@ def test_ddp_on_nccl_with_torchs_syncbatchnorm_converted_back_after_fit(tmp_path
 
 def test_sigterm_mid_epoch_checkpoints_atomically_and_resumes_to_the_end(tmp_path: Path) -> None:
     fault = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
-    fault += ["--trainer.callbacks.at_step=5", "--preemption.check_every_n_batches=1"]
+    fault += ["--trainer.callbacks.at_step=5", "--resilience.check_every_n_batches=1"]
     args = [*TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.precision=bf16-mixed"]
     out = fit_ok(tmp_path, *args, *fault)
     # One process reads its own flag after every batch: it stops after the batch that saw the signal.

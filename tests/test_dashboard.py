@@ -199,9 +199,10 @@ def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
 
     args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"]
     args += ["--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]
-    args += ["--confusion_matrix=null", "--batch_images=null", f"--trainer.default_root_dir={tmp_path}"]
+    args += ["--dashboard.confusion_matrix=false", "--dashboard.batch_images=false"]
+    args += [f"--trainer.default_root_dir={tmp_path}"]
     cli = build_cli(args)
-    names = {type(cb).__name__ for cb in cli.trainer.callbacks}
+    names = {type(part).__name__ for cb in cli.trainer.callbacks for part in getattr(cb, "members", [cb])}
     assert {"Throughput", "RunInfo", "EpochSummary", "LearningRateMonitor"} <= names
     assert not {"ConfusionMatrix", "TrainBatchImages"} & names
     (run_dir,) = run_dirs(tmp_path)

@@ -69,3 +69,11 @@ def test_the_figure_pattern_finds_measured_figures_only() -> None:
 def test_measured_figures_live_in_docs_not_in_code() -> None:
     found = figures_in_code()
     assert len(found) <= MAX_FIGURES_IN_CODE, "\n".join(found)
+
+
+def test_the_map_of_the_tests_names_every_test_file() -> None:
+    """tests/README.md is how a newcomer finds the tests of a module or a command: a file left off is lost."""
+    listed = set(re.findall(r"`(test_\w+\.py)`", (REPO / "tests" / "README.md").read_text()))
+    files = {path.name for path in (REPO / "tests").glob("test_*.py")}
+    assert not files - listed, f"add to tests/README.md: {sorted(files - listed)}"
+    assert not listed - files, f"gone, still in tests/README.md: {sorted(listed - files)}"

@@ -168,7 +168,7 @@ def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_wei
 ) -> None:
     # SIGTERM on rank 0 during batch 5 (epoch 1), checked every 2nd batch: every rank stops after step 7 with
     # last.ckpt (tests/test_faults.py tests the mechanism); --ckpt_path=last runs steps 8 and on.
-    stop = ["--preemption.check_every_n_batches=2", "--trainer.callbacks+=fault_probe.Fault"]
+    stop = ["--resilience.check_every_n_batches=2", "--trainer.callbacks+=fault_probe.Fault"]
     stop += ["--trainer.callbacks.action=sigterm", "--trainer.callbacks.at_step=5"]
     stopped = ddp_fit(tmp_path, *stop)
     assert "stopped by SIGTERM at epoch 2, step 7" in stopped.stdout + stopped.stderr

@@ -117,7 +117,7 @@ def test_b_sigterm_under_ddp_spawn_stops_every_rank_with_last_ckpt(tmp_path: Pat
     result = ddp_fit(
         tmp_path,
         "--trainer.strategy=ddp_spawn",
-        "--preemption.check_every_n_batches=1",
+        "--resilience.check_every_n_batches=1",
         *fault(tmp_path / "probe", action, rank=rank, at_step=5),
         timeout=240,
     )
@@ -160,7 +160,7 @@ def test_b_ctrl_c_under_ddp_spawn_stops_every_rank_as_one_process_stops(tmp_path
     it now leaves the stop to them: the run folder keeps its files and the job exits 0. Before training
     (the sanity check) the ranks abort, as one process does: exit 1, the empty run folder gone (the main
     process, no longer stopped by the Ctrl-C itself, waited forever for a result that never came)."""
-    args = [*DDP_FIT, "--trainer.strategy=ddp_spawn", "--preemption.check_every_n_batches=1"]
+    args = [*DDP_FIT, "--trainer.strategy=ddp_spawn", "--resilience.check_every_n_batches=1"]
     if when == "training":
         args += fault(tmp_path / "probe", "sigint_group", rank=0, at_step=5)
     else:
@@ -261,7 +261,7 @@ def test_b_preemption_mid_epoch_checkpoints_exits_cleanly_and_resume_is_exact(
     same order and ends with the uninterrupted run's weights and metrics."""
     # Checks every 2nd batch (after batches 1 and 3 of an epoch): a check is started after batch 1, which
     # saw the signal, and read after batch 2, a batch without a check of its own.
-    every = "--preemption.check_every_n_batches=2"
+    every = "--resilience.check_every_n_batches=2"
     stopped = ddp_fit(tmp_path, every, *fault(tmp_path / "probe", "sigterm", rank=0, at_step=5))
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     out = stopped.stdout + stopped.stderr
@@ -349,7 +349,7 @@ def test_b_one_device_resume_is_exact_mid_epoch_and_at_an_epoch_boundary(
 def test_b_ctrl_c_saves_last_ckpt_at_the_current_step_and_a_second_one_aborts_at_once(tmp_path: Path) -> None:
     """Ctrl-C stops every rank at the same batch with last.ckpt, like SIGTERM (checked every batch here);
     pressed twice, the run aborts at once without a checkpoint."""
-    every = "--preemption.check_every_n_batches=1"
+    every = "--resilience.check_every_n_batches=1"
     stopped = ddp_fit(
         tmp_path / "once", every, *fault(tmp_path / "once" / "probe", "sigint", rank=0, at_step=5)
     )
@@ -632,8 +632,8 @@ def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path:
         (["--trainer.strategy=dpp"], "lit_ddp: error: You selected an invalid strategy name: `strategy='dp"),
         (["--trainer.no_such_key=1"], "no_such_key"),
         (
-            ["--preemption.check_every_n_batches=0"],
-            "lit_ddp: error: --preemption.check_every_n_batches=0 must be 1 or more",
+            ["--resilience.check_every_n_batches=0"],
+            "lit_ddp: error: --resilience.check_every_n_batches=0 must be 1 or more",
         ),
     ],
 )
@@ -866,7 +866,7 @@ def test_d_nan_guard_read_next_step_at_an_epochs_last_batch_writes_no_checkpoint
     from lit_ddp.runtime.nan_guard import NonFiniteLossError
 
     args = ["fit", *TINY_SHAPES, "--trainer.max_epochs=2", "--trainer.accelerator=cpu", "--trainer.devices=1"]
-    args += ["--nan_guard.read=next_step", f"--trainer.default_root_dir={tmp_path}"]
+    args += ["--resilience.nan_read=next_step", f"--trainer.default_root_dir={tmp_path}"]
     with pytest.raises(NonFiniteLossError, match=r"at step 7 \(epoch 1, batch 8\).*no checkpoint was saved"):
         build_cli([*args, *fault(tmp_path / "probe", "nan", rank=0, at_step=7)])
     assert not list(tmp_path.rglob("*.ckpt"))

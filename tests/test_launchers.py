@@ -66,7 +66,7 @@ def test_torchrun_preemption_at_an_epochs_last_batch_with_uneven_val_shards_stop
     after the batch that sees the flag unless it is that rank's last: rank 0 then saved a checkpoint while
     rank 1 waited in the metric sync, and the job failed. Every rank finishes validation, then stops."""
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
-    probe += ["--trainer.callbacks.at_step=2", "--preemption.check_every_n_batches=1"]
+    probe += ["--trainer.callbacks.at_step=2", "--resilience.check_every_n_batches=1"]
     uneven = ["--data.val_size=65", "--trainer.max_epochs=2", "--trainer.devices=2"]
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}
     result = run([*torchrun(2), *RUN, *uneven, *probe], cwd=tmp_path, env=env)
@@ -195,7 +195,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"
     two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
-    every_batch = "--preemption.check_every_n_batches=1"
+    every_batch = "--resilience.check_every_n_batches=1"
     first = run(
         ["bash", str(script), *two_epochs, *probe, "--trainer.callbacks.at_step=5", every_batch],
         tmp_path,

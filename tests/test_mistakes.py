@@ -170,7 +170,7 @@ def test_the_stop_message_counts_epochs_as_the_progress_bar_does(
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "helpers"))  # fault_probe, for --trainer.callbacks
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm", stop]
-    args = [*TINY, "--data.train_size=128", "--trainer.max_epochs=2", "--preemption.check_every_n_batches=1"]
+    args = [*TINY, "--data.train_size=128", "--trainer.max_epochs=2", "--resilience.check_every_n_batches=1"]
     with caplog.at_level("INFO"), pytest.raises(SystemExit) as exit_info:
         main(["fit", *args, *probe, f"--trainer.default_root_dir={tmp_path}"])
     assert exit_info.value.code in (0, None)

@@ -131,7 +131,7 @@ def test_a_preemption_inside_a_gradient_accumulation_waits_for_its_step(
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"}  # fault_probe
     args = ["fit", *ACCUMULATE, f"--trainer.default_root_dir={tmp_path}"]
     probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
-    probe += ["--trainer.callbacks.at_step=0", "--preemption.check_every_n_batches=1"]
+    probe += ["--trainer.callbacks.at_step=0", "--resilience.check_every_n_batches=1"]
     stopped = run_cli([*args, *probe], cwd=tmp_path, env=env)
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     assert "stopped by SIGTERM at epoch 1, step 1 (mid-epoch, after 2 of 4 batches)" in stopped.stderr

@@ -30,7 +30,7 @@ FIT = [
     "--trainer.enable_progress_bar=false",
     "--trainer.enable_model_summary=false",
     "--trainer.num_sanity_val_steps=0",
-    "--preemption.check_every_n_batches=1",  # stop at the batch after the signal: mid-epoch
+    "--resilience.check_every_n_batches=1",  # stop at the batch after the signal: mid-epoch
 ]
 ONE = ["--trainer.devices=1", "--data.batch_size=32"]
 TWO = ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=16"]

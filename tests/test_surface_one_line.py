@@ -220,7 +220,7 @@ def test_the_bar_counts_epochs_from_1_after_a_mid_epoch_resume(tmp_path: Path, m
         *TINY_RUN,
         "--data.train_size=128",
         "--trainer.max_epochs=2",
-        "--preemption.check_every_n_batches=1",
+        "--resilience.check_every_n_batches=1",
     ]
     args = [a for a in args if a != "--trainer.enable_progress_bar=false"]
     root = f"--trainer.default_root_dir={tmp_path}"

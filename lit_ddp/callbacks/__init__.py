@@ -7,7 +7,9 @@ lit_ddp/cli.py (``CALLBACKS``).
 
 from lit_ddp.callbacks.confusion import ConfusionMatrix
 from lit_ddp.callbacks.console import ModelSummary, ProgressBar
+from lit_ddp.callbacks.dashboard import Dashboard
 from lit_ddp.callbacks.ema import EMA
+from lit_ddp.callbacks.group import CallbackGroup
 from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
@@ -19,7 +21,9 @@ from lit_ddp.callbacks.summary import EpochSummary
 from lit_ddp.callbacks.throughput import Throughput
 
 __all__ = [
+    "CallbackGroup",
     "ConfusionMatrix",
+    "Dashboard",
     "EMA",
     "EpochSummary",
     "LastCheckpoint",

@@ -35,14 +35,14 @@ PRIVATE_NAMES = (
         "preemption.py",
         "a blocking broadcast of rank 0's stop flag before every batch; preemption agrees on the flag itself"
         " every N batches without blocking, and there is no switch to turn the broadcast off",
-        "--preemption=null",
+        "--resilience.preemption=false",
     ),
     PrivateName(
         "lightning.pytorch.Trainer._signal_connector.received_sigterm",
         "preemption.py",
         "Lightning's loops stop on this flag (public read-only as Trainer.received_sigterm); set it to stop"
         " every rank at the batch the ranks agreed on",
-        "--preemption=null",
+        "--resilience.preemption=false",
     ),
     PrivateName(
         "lightning.pytorch.strategies.DDPStrategy._timeout",
@@ -55,14 +55,14 @@ PRIVATE_NAMES = (
         "lightning.pytorch.strategies.launchers._SubprocessScriptLauncher",
         "faults.py, launch.py",
         "the launcher of `--trainer.strategy=ddp`: its .procs are the ranks this process started",
-        "--fault_monitor=null (launch.py: --trainer.strategy=ddp_spawn or torchrun, where it is not used)",
+        "--resilience.fault_monitor=false (launch.py: ddp_spawn or torchrun, where it is not used)",
     ),
     PrivateName(
         "lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver._terminate_all"
         " and ._child_processes",
         "faults.py",
         "the thread that SIGKILLs the job when a child rank dies; wrapped to name the lost rank first",
-        "--fault_monitor=null",
+        "--resilience.fault_monitor=false",
     ),
     PrivateName(
         "lightning.pytorch.loggers.TensorBoardLogger._version",
@@ -84,7 +84,7 @@ PRIVATE_NAMES = (
         " agreed on every rank would end them without last.ckpt, and a SIGTERM to the main process"
         " would kill it alone; its launch is wrapped on the instance to stop the ranks cleanly and to"
         " hand the main process's stop signals to them",
-        "--preemption=null",
+        "--resilience.preemption=false",
     ),
 )
 

@@ -65,7 +65,7 @@ class NanGuard(Callback):
         self, max_skipped_steps: int = 20, read: Literal["auto", "now", "next_step"] = "auto"
     ) -> None:
         if max_skipped_steps < 1:
-            raise UserError(f"--nan_guard.max_skipped_steps={max_skipped_steps} must be 1 or more")
+            raise UserError(f"--resilience.max_skipped_steps={max_skipped_steps} must be 1 or more")
         self.max_skipped_steps = max_skipped_steps
         self.read = read
         self._skipped = 0  # consecutive non-finite steps the GradScaler skipped

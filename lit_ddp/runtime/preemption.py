@@ -55,6 +55,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_ddp.callbacks.group import find_callback
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.compat import (
@@ -106,7 +107,7 @@ class PreemptionCheckpoint(Callback):
     ) -> None:
         if check_every_n_batches < 1:
             raise UserError(
-                f"--preemption.check_every_n_batches={check_every_n_batches} must be 1 or more"
+                f"--resilience.check_every_n_batches={check_every_n_batches} must be 1 or more"
                 " (training batches between the ranks' checks for a stop signal)"
             )
         self.requeue_signal = requeue_signal
@@ -371,7 +372,7 @@ def _hand_stop_signals_to(procs: Callable[[], list]):
 def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
     """Under ddp_spawn (called in the main process before the run): a stop signal to the main process or
     to one rank stops every rank at the same batch with last.ckpt, and the job exits 0."""
-    if not any(isinstance(c, PreemptionCheckpoint) for c in trainer.callbacks):
+    if find_callback(trainer.callbacks, PreemptionCheckpoint) is None:
         return False
     # A path, not a queue: the trainer holding it is pickled into the ranks (and may be pickled again).
     user_error_file = os.path.join(

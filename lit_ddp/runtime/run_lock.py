@@ -114,5 +114,10 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
     if not isinstance(logger, TensorBoardLogger | CSVLogger) or not launcher_rank_zero():
         return None
     lock = RunLock(logger.log_dir).acquire()
-    trainer.callbacks.append(lock)
+    # Resilience (resilience.py, which imports this module) releases it after its other parts on a failure.
+    holder = next((c for c in trainer.callbacks if hasattr(c, "run_lock")), None)
+    if holder is not None:
+        holder.run_lock = lock
+    else:
+        trainer.callbacks.append(lock)
     return lock

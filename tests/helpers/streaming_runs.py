@@ -69,7 +69,7 @@ def assert_same_weights(a: dict, b: dict, atol: float) -> None:
 def stop_mid_epoch(at_step: int, out: Path) -> list[str]:
     """SIGTERM at ``at_step`` (fault_probe.Fault): the run saves last.ckpt mid-epoch and exits 0."""
     return [
-        "--preemption.check_every_n_batches=1",
+        "--resilience.check_every_n_batches=1",
         "--trainer.callbacks+=fault_probe.Fault",
         "--trainer.callbacks.action=sigterm",
         f"--trainer.callbacks.at_step={at_step}",
