@@ -9,12 +9,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from conftest import TINY_SHAPES, run_cli, run_dirs
 from lightning import LightningModule, Trainer
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lit_ddp.callbacks.summary import EpochSummary
 from lit_ddp.callbacks.throughput import Throughput
 from lit_ddp.data.samplers import stable_seed
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
@@ -252,13 +254,13 @@ def test_a_run_without_logger_still_trains_and_prints(tmp_path: Path, capsys) ->
 class SlowSteps(LightningModule):
     """A linear model whose training step takes ~20 ms and whose validation takes ``val_s`` in all."""
 
-    def __init__(self, val_s: float) -> None:
+    def __init__(self, val_s: float, step_s: float = 0.02) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(4, 2)
-        self.val_s = val_s
+        self.val_s, self.step_s = val_s, step_s
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
-        time.sleep(0.02)
+        time.sleep(self.step_s)
         return self.layer(batch[0]).sum()
 
     def validation_step(self, batch, batch_idx: int) -> None:
@@ -292,3 +294,86 @@ def test_validation_inside_an_epoch_is_not_counted_as_data_wait(tmp_path: Path) 
     wait, rate = (float(trainer.callback_metrics[k]) for k in ("perf/data_wait", "perf/images_per_s"))
     assert wait < 0.5, wait
     assert rate > 32 / 1.0, rate  # 32 images in well under the validation's 1 s of step time
+
+
+class SlowData(Dataset):
+    """A loader that holds training back: each sample takes ``seconds`` to read, the step almost none."""
+
+    def __init__(self, seconds: float, n: int = 16) -> None:
+        self.seconds, self.n = seconds, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor]:
+        time.sleep(self.seconds)  # the workload of a slow reader, not a wait for an event
+        return (torch.zeros(4),)
+
+
+class SlowDataModule(L.LightningDataModule):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(SlowData(self.seconds), batch_size=4)
+
+    def loader_remedies(self) -> list[str]:
+        return ["more loader workers: --data.num_workers=3 (now 0, 4 CPUs)"]
+
+
+def _fit_with_the_epoch_line(tmp_path: Path, seconds: float, capsys, step_s: float = 0.02) -> str:
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        limit_val_batches=0,
+        callbacks=[Throughput(), EpochSummary()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(SlowSteps(val_s=0.0, step_s=step_s), datamodule=SlowDataModule(seconds))
+    return capsys.readouterr().out
+
+
+@pytest.mark.timeout(120)
+def test_the_epoch_line_shows_the_data_wait_and_a_slow_loader_gets_one_hint_naming_the_fix(
+    tmp_path: Path, capsys
+) -> None:
+    """The devices waiting for the loader were visible only as perf/data_wait in TensorBoard: the epoch line
+    shows the share, and above the threshold one line, once per fit, names the data module's remedies."""
+    out = _fit_with_the_epoch_line(tmp_path, seconds=0.05, capsys=capsys)  # 200 ms to load, 20 ms to train
+    waits = [float(w) for w in re.findall(r"\| data wait (\d+)% \|", out)]
+    assert len(waits) == 2 and all(w > 50 for w in waits), out
+    hints = [line for line in out.splitlines() if line.startswith("training waited for data")]
+    assert len(hints) == 1, out
+    assert "of each step" in hints[0] and "--data.num_workers=3" in hints[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_that_keeps_up_gets_no_hint(tmp_path: Path, capsys) -> None:
+    # Steps long enough that Lightning's own time between them stays a small share on a loaded machine.
+    out = _fit_with_the_epoch_line(tmp_path, seconds=0.0, capsys=capsys, step_s=0.25)
+    assert re.search(r"\| data wait \d+% \|", out), out
+    assert "training waited for data" not in out
+
+
+def test_an_image_data_module_names_its_own_remedies(tmp_path: Path, monkeypatch) -> None:
+    """The remedies follow the data module and the machine: spare CPUs → more workers; JPEG files decoded
+    in the workers → the GPU decoder first."""
+    from imagenet_tree import make_tree
+
+    from lit_ddp.data import ImageNetDataModule, ShapesDataModule, base
+
+    monkeypatch.setattr(base, "available_cpus", lambda: 8)
+    shapes = ShapesDataModule(num_workers=1)
+    assert shapes.loader_remedies() == ["more loader workers: --data.num_workers=7 (now 1, 8 CPUs)"]
+    make_tree(tmp_path, train_per_class=1, val_per_class=1)
+    imagenet = ImageNetDataModule(data_dir=str(tmp_path), num_workers=7)
+    assert imagenet.loader_remedies() == [
+        "decode the JPEGs on the GPU: --data.gpu_decode=true",
+        "more CPUs per device (all 8 are loader workers already)",
+    ]

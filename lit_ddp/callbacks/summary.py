@@ -1,4 +1,5 @@
-"""One console line per epoch, printed by rank 0 only: epoch, losses, accuracies, images/s, time."""
+"""One console line per epoch, printed by rank 0 only: epoch, losses, accuracies, images/s, the share of step
+time spent waiting for data, time; and once per fit, when that share is high, the likely fixes."""
 
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Timer
@@ -27,16 +28,29 @@ def _budget_to_raise(trainer: Trainer) -> str:
     return ""
 
 
+def _wait_hint(trainer: Trainer, wait: float) -> str:
+    remedies = getattr(trainer.datamodule, "loader_remedies", lambda: [])()
+    fixes = f": {'; or '.join(remedies)}" if remedies else ""
+    return f"training waited for data {wait:.0%} of each step (the devices were idle meanwhile){fixes}"
+
+
 class EpochSummary(Callback):
     """After each training epoch (and its validation), prints
 
-    ``epoch 3/12 | train loss 0.41 acc 0.86 | val loss 0.37 acc 0.88 | <img/s> (<per device>) | <time>``
+    ``epoch 3/12 | train loss 0.41 acc 0.86 | val loss 0.37 acc 0.88 | <img/s> (<per device>) | data wait
+    <share> | <time>``
 
     The line is printed at the next hook after the epoch's end: the LightningModule logs its epoch metrics
     in its own ``on_train_epoch_end``, which Lightning calls after this callback's.
+
+    The data wait is ``perf/data_wait`` (the dashboard's throughput part), the mean over the ranks of the
+    share of each training step spent before the step could start. Above ``wait_hint_above`` one line, once
+    per fit, names what would feed the devices faster: the data module's ``loader_remedies()``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wait_hint_above: float = 0.25) -> None:
+        self.wait_hint_above = wait_hint_above
+        self._hinted = False
         self._validated = False  # whether this epoch ran validation (else val/* are last epoch's)
         self._pending: int | None = None  # the finished epoch whose line is still to print
         self._cut_short: str | None = None  # how far an epoch max_steps or max_time ended went
@@ -99,6 +113,12 @@ class EpochSummary(Callback):
             rate, per_device = metrics["perf/images_per_s"], metrics.get("perf/images_per_s_per_device")
             per_device = f" ({float(per_device):.0f}/device)" if per_device is not None else ""
             parts.append(f"{float(rate):.0f} img/s{per_device}")
+        wait = metrics.get("perf/data_wait")
+        if wait is not None:
+            parts.append(f"data wait {float(wait):.0%}")
         if "perf/epoch_time_s" in metrics:
             parts.append(f"{float(metrics['perf/epoch_time_s']):.1f} s")
         pl_module.print(" | ".join(p for p in parts if p))  # rank 0 only, above the progress bar
+        if wait is not None and float(wait) > self.wait_hint_above and not self._hinted:
+            self._hinted = True
+            pl_module.print(_wait_hint(trainer, float(wait)))

@@ -292,6 +292,16 @@ class ImageDataModule(LightningDataModule):
             )
         return self._auto_workers
 
+    def loader_remedies(self) -> list[str]:
+        """What would feed the devices faster with this data module, most likely first, each as the option to
+        set: the console names them when training steps wait for data. Subclasses add their own."""
+        workers, cpus = self.workers_per_device(), available_cpus()
+        devices = self.trainer.num_devices if self.trainer is not None else 1
+        spare = cpus // max(devices, 1) - 1
+        if workers < spare:
+            return [f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)"]
+        return [f"more CPUs per device (all {cpus} are loader workers already)"]
+
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")

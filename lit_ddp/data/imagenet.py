@@ -276,6 +276,12 @@ class ImageNetDataModule(ImageDataModule):
             self._order = (samples, {"samples": len(samples), "digest": digest.hexdigest()})
         return self._order[1]
 
+    def loader_remedies(self) -> list[str]:
+        remedies = super().loader_remedies()
+        if not self.gpu_decode and self.sample_augment is None:
+            remedies.insert(0, "decode the JPEGs on the GPU: --data.gpu_decode=true")
+        return remedies
+
     def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
         if self.gpu_decode and self.decode_ahead:
             return DecodeAheadLoader(dataset, device=self._training_device, **kwargs)

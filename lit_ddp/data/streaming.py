@@ -219,6 +219,14 @@ class StreamingDataModule(ImageDataModule):
             )
         self.test_split = "test" if "test" in self.splits else "val"
 
+    def loader_remedies(self) -> list[str]:
+        remedies = super().loader_remedies()
+        if self.url.startswith("s3://"):
+            remedies.append(
+                "a node cache on a local disk that holds an epoch: --data.cache_dir, cache_limit_gb"
+            )
+        return remedies
+
     def _split_samples(self, split: str) -> ShardedSamples:
         return ShardedSamples(
             self.url,

@@ -22,7 +22,8 @@ class Console(CallbackGroup):
             (runtime/quiet.py lists each with its reason).
         skipped_images: unreadable image files, gathered over the ranks and reported once per epoch.
         epoch_summary: one line per epoch: losses, accuracies, images/s, the share of step time spent
-            waiting for data, time; and one hint when the loader holds the device back.
+            waiting for data, time; and once, when that share is above ``wait_hint_above``, what would
+            feed the devices faster.
         progress_bar: Lightning's bar, counting epochs from 1, redrawn at most ten times a second.
         model_summary: the modules that hold parameters, and the totals.
     """
@@ -32,10 +33,15 @@ class Console(CallbackGroup):
         quiet: bool = True,
         skipped_images: bool = True,
         epoch_summary: bool = True,
+        wait_hint_above: float = 0.25,
         progress_bar: bool = True,
         model_summary: bool = True,
     ) -> None:
-        parts = [(quiet, QuietConsole), (skipped_images, SkippedImagesReport), (epoch_summary, EpochSummary)]
+        parts = [
+            (quiet, QuietConsole),
+            (skipped_images, SkippedImagesReport),
+            (epoch_summary, lambda: EpochSummary(wait_hint_above=wait_hint_above)),
+        ]
         super().__init__(make() for on, make in parts if on)
         self.progress_bar = progress_bar
         self.model_summary = model_summary
