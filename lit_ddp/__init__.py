@@ -4,4 +4,4 @@ python -m lit_ddp fit                                        # LeNet on the embe
 python -m lit_ddp fit --config configs/lenet_cifar.yaml --trainer.devices=8 --trainer.strategy=ddp
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

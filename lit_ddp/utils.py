@@ -65,14 +65,6 @@ def imported(name: str) -> object | None:
     return None
 
 
-def epoch_cut_short(trainer: L.Trainer) -> bool:
-    """Whether the training epoch ending now stopped before its last batch: ``max_steps``, ``max_time`` or a
-    callback's ``should_stop`` ended the fit inside it. Lightning still ends that epoch (its epoch-end hooks
-    run, its checkpoints are written), but the epoch is not over: a resumed run goes on inside it."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    return not progress.is_last_batch and 0 < progress.current.completed < trainer.num_training_batches
-
-
 def per_device_batch_size(trainer: L.Trainer) -> int:
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and hasattr(datamodule, "batch_size"):

@@ -1,4 +1,5 @@
-"""The package's layers depend one way, and only the runtime layer touches private Lightning/torch names.
+"""The package's layers depend one way, and only lit_ddp/compat.py touches private Lightning/torch names and
+Lightning's loop internals.
 
     errors, utils  ←  models, data  ←  callbacks  ←  runtime  ←  testing  ←  cli (cli_errors: its messages)
 
@@ -21,15 +22,18 @@ UPSTREAM = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "torc
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "utils": {"errors"},
-    "models": {"models", "errors", "utils"},
+    # every private upstream name and loop-progress field, behind a function each (compat.py)
+    "compat": set(),
+    "models": {"models", "errors", "utils", "compat"},
     "data": {"data", "errors", "utils"},
-    "callbacks": {"callbacks", "models", "data", "errors", "utils"},
-    "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils"},
+    "callbacks": {"callbacks", "models", "data", "errors", "utils", "compat"},
+    "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat"},
     "scaffold": {"scaffold", "errors"},
     "cli_errors": {"models", "data"},
     "cli": {
         "cli",
         "cli_errors",
+        "compat",
         "runtime",
         "callbacks",
         "models",
@@ -40,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "testing",
     },
     # The trust kit (and doctor): runs the user's model and data with the runtime's pieces; cli calls doctor.
-    "testing": {"testing", "runtime", "callbacks", "models", "data", "errors", "utils"},
+    "testing": {"testing", "runtime", "callbacks", "models", "data", "errors", "utils", "compat"},
     "__main__": {"cli"},
     "__init__": set(),
 }
@@ -135,14 +139,35 @@ def test_layers_depend_one_way() -> None:
     )
 
 
-def test_private_upstream_names_only_in_runtime_compat() -> None:
-    """Private Lightning/torch names live in lit_ddp/runtime/compat.py, listed there with the versions they
+def test_private_upstream_names_only_in_compat() -> None:
+    """Private Lightning/torch names live in lit_ddp/compat.py, listed there with the versions they
     were checked on; every other module uses compat's functions."""
-    compat = PACKAGE / "runtime" / "compat.py"
+    compat = PACKAGE / "compat.py"
     problems = [p for path in _modules() if path != compat for p in _private_upstream_uses(path)]
-    assert not problems, "private Lightning/torch names outside lit_ddp/runtime/compat.py:\n" + "\n".join(
-        problems
-    )
+    assert not problems, "private Lightning/torch names outside lit_ddp/compat.py:\n" + "\n".join(problems)
+
+
+LOOP_INTERNALS = ("fit_loop", "epoch_loop", "batch_progress", "epoch_progress")
+
+
+def _loop_internals(path: Path) -> list[str]:
+    """Lightning's loops and their progress counters, reached as attributes or as checkpoint keys."""
+    rel = path.relative_to(PACKAGE.parent)
+    problems = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in LOOP_INTERNALS:
+            problems.append(f"{rel}:{node.lineno} reaches .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in LOOP_INTERNALS:
+            problems.append(f"{rel}:{node.lineno} names {node.value!r}")
+    return problems
+
+
+def test_lightning_loop_internals_only_in_compat() -> None:
+    """Lightning's loop objects and their progress fields change between releases with no deprecation:
+    read only through compat.py's functions, which tests/test_compat.py checks on the installed version."""
+    compat = PACKAGE / "compat.py"
+    problems = [p for path in _modules() if path != compat for p in _loop_internals(path)]
+    assert not problems, "Lightning loop internals outside lit_ddp/compat.py:\n" + "\n".join(problems)
 
 
 def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
@@ -150,9 +175,10 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
     models = PACKAGE / "models"
     planted = models / "_planted_for_test.py"
     planted.write_text(
-        "from lit_ddp.runtime.compat import request_stop\n"
+        "from lit_ddp.runtime.preemption import PreemptionCheckpoint\n"
         "from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher\n"
         "def f(trainer):\n    return trainer._signal_connector, getattr(trainer, '_results')\n"
+        "def g(trainer):\n    return trainer.fit_loop.epoch_loop\n"
     )
     try:
         assert _layer_violations(planted) == [
@@ -162,6 +188,10 @@ def test_the_checks_catch_what_they_guard(tmp_path: Path) -> None:
         assert any("_SubprocessScriptLauncher" in p for p in found)
         assert any("._signal_connector" in p for p in found)
         assert any("'_results'" in p for p in found)
+        assert [p.split(" ", 1)[1] for p in _loop_internals(planted)] == [
+            "reaches .epoch_loop",
+            "reaches .fit_loop",
+        ]
     finally:
         planted.unlink()
 

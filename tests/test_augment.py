@@ -18,7 +18,7 @@ from lightning import Callback, Trainer
 from test_ddp_semantics import DDP2, assert_identical, ckpt, final, job, launch, max_diff, records
 
 from lit_ddp.cli import build_cli
-from lit_ddp.data import ShapesDataModule
+from lit_ddp.data import CropFlip, ShapesDataModule
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, random_crop_flip
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.errors import UserError
@@ -123,7 +123,7 @@ def training_step_batches(dm: ShapesDataModule, batches, rank: int = 0, epoch: i
 def test_each_sample_is_augmented_alike_on_any_device_count_batch_and_after_a_resume() -> None:
     images, labels = draw_shapes(64, seed=0)
     order = torch.randperm(64, generator=torch.Generator().manual_seed(1))  # one epoch's global order
-    one = ShapesDataModule(crop_padding=4)
+    one = ShapesDataModule(augmentation=CropFlip(padding=4))
     # One process with batch 32: two global batches. Two processes with batch 16: rank r takes every 2nd.
     big = [(images[o], labels[o], o) for o in order.view(2, 32)]
     (a0, a1) = training_step_batches(one, big)
@@ -131,20 +131,19 @@ def test_each_sample_is_augmented_alike_on_any_device_count_batch_and_after_a_re
     seen_two = {}
     for rank in range(2):
         shard = order[rank::2].view(2, 16)
-        out = training_step_batches(
-            ShapesDataModule(crop_padding=4), [(images[o], labels[o], o) for o in shard], rank
-        )
+        dm = ShapesDataModule(augmentation=CropFlip(padding=4))
+        out = training_step_batches(dm, [(images[o], labels[o], o) for o in shard], rank)
         seen_two.update(zip(shard.flatten().tolist(), torch.cat([b[0] for b in out]), strict=True))
         assert all(len(b) == 2 for b in out)  # the step gets (x, y): the indices stay in the data module
     assert seen_one.keys() == seen_two.keys()
     assert all(torch.equal(seen_one[i], seen_two[i]) for i in seen_one)  # byte-identical
-    plain = ShapesDataModule(augment=False)
+    plain = ShapesDataModule(augmentation=None)
     (p0,) = training_step_batches(plain, big[:1])
     assert sum(not torch.equal(a, p) for a, p in zip(a0[0], p0[0], strict=True)) > 24  # augmented
-    resumed = ShapesDataModule(crop_padding=4)
+    resumed = ShapesDataModule(augmentation=CropFlip(padding=4))
     resumed.load_state_dict({"epoch": 1, "batches": 1})
     assert torch.equal(training_step_batches(resumed, big[1:])[0][0], a1[0])
-    (later,) = training_step_batches(ShapesDataModule(crop_padding=4), big[:1], epoch=2)
+    (later,) = training_step_batches(ShapesDataModule(augmentation=CropFlip(padding=4)), big[:1], epoch=2)
     assert not torch.equal(later[0], a0[0])  # a new epoch draws anew
 
 
@@ -158,7 +157,7 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
 
     images, labels = draw_shapes(32, seed=0)
     index = torch.arange(100, 132)
-    dm = ShapesDataModule(crop_padding=4)
+    dm = ShapesDataModule(augmentation=CropFlip(padding=4))
     dm.trainer = fake_trainer(True, epoch=3)
     on_host = dm.on_before_batch_transfer((images, labels, index), 0)
     assert isinstance(on_host[2], SampleRandom)
@@ -167,11 +166,11 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
         x, y = dm.on_after_batch_transfer(moved, 0)
     hashing = {"bitwise_xor", "bitwise_xor_", "bitwise_and", "bitwise_and_"}  # the hash rounds alone
     assert not hashing & set(device_ops.names), device_ops.names
-    expected = ShapesDataModule(crop_padding=4)
+    expected = ShapesDataModule(augmentation=CropFlip(padding=4))
     expected.trainer = fake_trainer(True, epoch=3)
     x_after, _ = expected.on_after_batch_transfer((images, labels, index), 0)  # drawn on the device
     assert torch.equal(x, x_after)
-    evaluating = ShapesDataModule(crop_padding=4)
+    evaluating = ShapesDataModule(augmentation=CropFlip(padding=4))
     evaluating.trainer = fake_trainer(False)
     unaugmented = evaluating.on_before_batch_transfer(
         (images, labels), 0

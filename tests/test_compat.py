@@ -1,4 +1,4 @@
-"""Every private Lightning/torch name in lit_ddp/runtime/compat.py still does what lit_ddp relies on.
+"""Every private Lightning/torch name in lit_ddp/compat.py still does what lit_ddp relies on.
 
 One test per entry of ``PRIVATE_NAMES``, against the installed versions: a Lightning release that renames
 or changes one fails here, naming it, instead of silently misbehaving in a user's run.
@@ -18,9 +18,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lit_ddp import compat
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
-from lit_ddp.runtime import compat
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,3 +210,47 @@ def test_a_removed_private_name_fails_with_the_fix(tmp_path: Path) -> None:
         mp.delattr(loop_class, "_broadcast_sigterm_tensor")
         with pytest.raises(RuntimeError, match="install a lightning version lit_ddp was checked on"):
             compat.skip_stop_flag_broadcast(trainer)
+
+
+def test_the_loop_progress_readers_follow_a_real_fit_and_a_cut_short_epoch(tmp_path: Path) -> None:
+    """Where a fit stands, read from Lightning's loop counters (compat.py's last section), against what the
+    public hooks say: the batch index, the epoch, and a max_steps stop inside the second epoch."""
+    seen = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            assert compat.batch_in_progress(trainer) == batch_idx
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            last = batch_idx + 1 == trainer.num_training_batches
+            assert compat.at_last_batch(trainer) == last
+            assert compat.epochs_started_completed(trainer) == (
+                trainer.current_epoch + 1,
+                trainer.current_epoch,
+            )
+
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            seen.append((compat.batches_done(trainer), compat.epoch_cut_short(trainer)))
+
+    trainer = _trainer(tmp_path, [Record()], max_epochs=3, max_steps=6)  # 4 batches an epoch: stops at 2 of 4
+    trainer.fit(LeNetCIFAR(), datamodule=_shapes())
+    assert seen == [(4, False), (2, True)]
+    assert compat.epochs_started_completed(trainer) == (2, 2)
+
+
+def test_the_train_loader_loads_for_a_run_without_a_length(tmp_path: Path) -> None:
+    """A warmup counted in epochs needs the epoch's length in configure_optimizers, which a run without a
+    length (max_epochs=-1) reaches before Lightning has loaded the training loader. (resume_inside_epoch:
+    tests/test_resume_cut_short.py resumes real cut-short epochs.)"""
+    from lit_ddp.models import OptimConfig
+
+    lengths = []
+
+    class Length(L.Callback):
+        def on_fit_start(self, trainer, pl_module) -> None:  # after configure_optimizers
+            lengths.append(trainer.num_training_batches)
+            trainer.should_stop = True
+
+    model = LeNetCIFAR(optim=OptimConfig(name="adamw", lr=3e-3, warmup_epochs=1.0, schedule="constant"))
+    _trainer(tmp_path, [Length()], max_epochs=-1, max_steps=-1).fit(model, datamodule=_shapes())
+    assert lengths == [4]

@@ -10,7 +10,7 @@ from conftest import REPO
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from lit_ddp.data import ShapesDataModule, TensorImageDataset
+from lit_ddp.data import CropFlip, ShapesDataModule, TensorImageDataset
 from lit_ddp.data.batch_transforms import SampleRandom, normalize, random_crop_flip, random_hflip
 from lit_ddp.data.datasets import collate_batch, split_indices
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
@@ -147,8 +147,8 @@ def test_normalize_matches_torchvision() -> None:
 
 
 def test_negative_crop_padding_is_one_clear_error() -> None:
-    with pytest.raises(UserError, match=r"crop_padding=-2 must be 0 or more"):
-        ShapesDataModule(crop_padding=-2)
+    with pytest.raises(UserError, match=r"padding=-2 must be 0 or more"):
+        ShapesDataModule(augmentation=CropFlip(padding=-2))
 
 
 def test_num_workers_none_is_resolved_for_the_trainers_devices_and_a_number_is_kept(monkeypatch) -> None:
@@ -219,7 +219,7 @@ def test_training_sampler_resumes_mid_epoch_and_only_in_that_epoch() -> None:
 
 def test_augmentation_depends_on_seed_epoch_and_sample_index_only() -> None:
     # More: tests/test_augment.py (per-sample draws, any split of the batch, any device count).
-    dm = ShapesDataModule(train_size=64, val_size=16, batch_size=16, crop_padding=4)
+    dm = ShapesDataModule(train_size=64, val_size=16, batch_size=16, augmentation=CropFlip(padding=4))
     x = draw_shapes(16, seed=0)[0]
     index = torch.arange(100, 116)
 

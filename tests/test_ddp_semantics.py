@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 
 # (a, b): 256 images, augmented (crop + flip); 2 × 32 vs 1 × 64 per step → 4 optimizer steps either way.
 # Plain SGD, and the recipes' AdamW (lenet_shapes.yaml's lr and weight decay).
-DATA_EQUIV = ["--data.train_size=256", "--data.val_size=64", "--data.augment=true", "--trainer.max_epochs=1"]
+DATA_EQUIV = ["--data.train_size=256", "--data.val_size=64", "--trainer.max_epochs=1"]
 EQUIV = [*DATA_EQUIV, "--model.optim.name=sgd", "--model.optim.lr=0.05"]
 ADAMW = [
     *DATA_EQUIV,

@@ -696,8 +696,8 @@ def test_lightnings_child_observer_names_the_lost_rank_before_it_kills_the_job(
 
     from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 
+    from lit_ddp.compat import wrap_child_observer_kill
     from lit_ddp.runtime import faults
-    from lit_ddp.runtime.compat import wrap_child_observer_kill
 
     dead = subprocess.Popen(["sh", "-c", "kill -9 $$"])
     dead.wait()

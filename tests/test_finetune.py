@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
-from lit_ddp.models import ResNetImageNet, build_net
+from lit_ddp.models import ArchClassifier, build_net
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FINETUNE = CONFIGS / "finetune_imagefolder.yaml"
@@ -48,7 +48,7 @@ def save_resnet18(path: Path, num_classes: int = 1000) -> dict[str, torch.Tensor
     return state
 
 
-def fit_steps(model: ResNetImageNet, root: Path, steps: int, **trainer_args) -> Trainer:
+def fit_steps(model: ArchClassifier, root: Path, steps: int, **trainer_args) -> Trainer:
     """``steps`` training steps on random 32×32 images, each followed by one validation batch."""
     torch.manual_seed(0)
     n = model.num_classes
@@ -75,14 +75,14 @@ def fit_steps(model: ResNetImageNet, root: Path, steps: int, **trainer_args) -> 
 
 @pytest.mark.parametrize("arch", ["mobilenet_v3_small", "squeezenet1_1", "googlenet"])
 def test_any_torchvision_classifier_builds_by_name_and_returns_logits(arch: str) -> None:
-    model = ResNetImageNet(num_classes=3, arch=arch).train()
+    model = ArchClassifier(num_classes=3, arch=arch).train()
     logits = model(torch.randn(2, 3, 64, 64))  # googlenet: a tensor, not its aux-logits tuple
     assert isinstance(logits, torch.Tensor) and logits.shape == (2, 3)
 
 
 def test_unknown_arch_is_one_line_with_the_closest_names() -> None:
     with pytest.raises(UserError, match=r"unknown arch 'convnxt_tiny': did you mean convnext_tiny") as err:
-        ResNetImageNet(num_classes=3, arch="convnxt_tiny")
+        ArchClassifier(num_classes=3, arch="convnxt_tiny")
     assert "\n" not in str(err.value) and "torchvision.models.list_models()" in str(err.value)
     with pytest.raises(UserError, match=r"unknown arch 'zzz': pass a name from"):
         build_net("zzz")
@@ -100,7 +100,7 @@ def test_zero_init_residual_works_for_resnets_and_is_refused_for_others() -> Non
 def test_timm_arch_without_timm_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` now raises ImportError
     with pytest.raises(UserError) as err:
-        ResNetImageNet(num_classes=3, arch="timm/resnet18")
+        ArchClassifier(num_classes=3, arch="timm/resnet18")
     assert str(err.value) == (
         '--model.arch=timm/resnet18 needs timm, which is not installed: pip install "lit_ddp[timm]"'
     )
@@ -111,7 +111,7 @@ def test_a_missing_timm_is_named_before_any_option_of_the_arch(monkeypatch: pyte
     line asked to turn that off, and only the next run named the missing extra."""
     monkeypatch.setitem(sys.modules, "timm", None)
     with pytest.raises(UserError) as err:
-        ResNetImageNet(num_classes=3, arch="timm/resnet18", zero_init_residual=True)
+        ArchClassifier(num_classes=3, arch="timm/resnet18", zero_init_residual=True)
     assert str(err.value) == (
         '--model.arch=timm/resnet18 needs timm, which is not installed: pip install "lit_ddp[timm]"'
     )
@@ -124,7 +124,7 @@ def test_timm_models_build_and_load_their_state_dicts(tmp_path: Path, info_lines
     timm = pytest.importorskip("timm")
     source = timm.create_model("resnet18", pretrained=False, num_classes=1000)
     torch.save(source.state_dict(), tmp_path / "timm_resnet18.pth")
-    model = ResNetImageNet(num_classes=3, arch="timm/resnet18", weights=str(tmp_path / "timm_resnet18.pth"))
+    model = ArchClassifier(num_classes=3, arch="timm/resnet18", weights=str(tmp_path / "timm_resnet18.pth"))
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 3)
     torch.testing.assert_close(model.net.conv1.weight, source.conv1.weight)
     assert "new: fc.weight, fc.bias (1000 → 3 classes)" in weights_line(info_lines)
@@ -140,7 +140,7 @@ def test_state_dict_file_loads_and_a_head_for_another_class_count_stays_fresh(
 ) -> None:
     path = tmp_path / "resnet18.pth"
     saved = save_resnet18(path)
-    model = ResNetImageNet(num_classes=3, arch="resnet18", weights=str(path), channels_last=True)
+    model = ArchClassifier(num_classes=3, arch="resnet18", weights=str(path), channels_last=True)
     own = model.net.state_dict()
     for key, value in own.items():
         if not key.startswith("fc."):
@@ -152,7 +152,7 @@ def test_state_dict_file_loads_and_a_head_for_another_class_count_stays_fresh(
     )
     # The same class count: every tensor, nothing new.
     info_lines.clear()
-    same = ResNetImageNet(num_classes=1000, arch="resnet18", weights=str(path))
+    same = ArchClassifier(num_classes=1000, arch="resnet18", weights=str(path))
     torch.testing.assert_close(same.net.fc.weight, saved["fc.weight"])
     assert weights_line(info_lines) == f"weights: {n} of {n} tensors from resnet18.pth"
 
@@ -160,11 +160,11 @@ def test_state_dict_file_loads_and_a_head_for_another_class_count_stays_fresh(
 def test_lightning_checkpoint_loads_without_its_prefix(tmp_path: Path, info_lines: list[str]) -> None:
     # A real checkpoint of a fine-tuned 3-class model (state_dict under "net.", OptimConfig in its
     # hyperparameters), started again as a 5-class model.
-    trained = ResNetImageNet(num_classes=3, arch="resnet18")
+    trained = ArchClassifier(num_classes=3, arch="resnet18")
     trainer = fit_steps(trained, tmp_path, steps=1)
     trainer.save_checkpoint(tmp_path / "run.ckpt")
     assert "weights" not in torch.load(tmp_path / "run.ckpt", weights_only=False)["hyper_parameters"]
-    model = ResNetImageNet(num_classes=5, arch="resnet18", weights=str(tmp_path / "run.ckpt"))
+    model = ArchClassifier(num_classes=5, arch="resnet18", weights=str(tmp_path / "run.ckpt"))
     torch.testing.assert_close(model.net.layer4[1].conv2.weight, trained.net.layer4[1].conv2.weight)
     torch.testing.assert_close(model.net.bn1.running_mean, trained.net.bn1.running_mean)
     assert weights_line(info_lines).endswith("from run.ckpt; new: fc.weight, fc.bias (3 → 5 classes)")
@@ -182,7 +182,7 @@ def test_weights_of_another_network_or_a_bad_file_are_one_line(tmp_path: Path) -
     }
     for name, message in cases.items():
         with pytest.raises(UserError, match=message) as err:
-            ResNetImageNet(num_classes=3, arch="resnet18", weights=str(tmp_path / name))
+            ArchClassifier(num_classes=3, arch="resnet18", weights=str(tmp_path / name))
         assert "\n" not in str(err.value)
 
 
@@ -193,7 +193,7 @@ def test_weights_of_another_network_or_a_bad_file_are_one_line(tmp_path: Path) -
 def test_freeze_backbone_trains_the_head_only_and_keeps_batchnorm_statistics(tmp_path: Path) -> None:
     path = tmp_path / "resnet18.pth"
     save_resnet18(path)
-    model = ResNetImageNet(num_classes=3, arch="resnet18", weights=str(path), freeze_backbone=True)
+    model = ArchClassifier(num_classes=3, arch="resnet18", weights=str(path), freeze_backbone=True)
     before = {key: value.clone() for key, value in model.net.state_dict().items()}
     trainer = fit_steps(model, tmp_path, steps=3)
     assert trainer.global_step == 3

@@ -17,7 +17,7 @@ from lit_ddp.data import ImageNetDataModule
 from lit_ddp.data.image_folder import drop_unreadable
 from lit_ddp.data.jpeg import _draft, center_crop_box, load_eval_crop, load_train_crop
 from lit_ddp.errors import UserError
-from lit_ddp.models import ArchClassifier, ResNetImageNet
+from lit_ddp.models import ArchClassifier
 
 CONFIG = str(REPO / "configs" / "resnet_imagenet.yaml")
 TRAIN_FILES, VAL_FILES = 3 * 8 + 3, 3 * 4 + 2  # per-class files + the special ones of each split
@@ -101,8 +101,8 @@ def test_batches_are_channels_last_and_unreadable_slots_are_dropped(tree) -> Non
 
 
 def test_resnet_system_switches() -> None:
-    plain = ResNetImageNet(num_classes=3, arch="resnet18")
-    model = ResNetImageNet(
+    plain = ArchClassifier(num_classes=3, arch="resnet18")
+    model = ArchClassifier(
         num_classes=3, arch="resnet18", zero_init_residual=True, channels_last=True, compile=True
     )
     assert model.net.layer1[0].bn2.weight.abs().sum() == 0  # each residual block starts as the identity
@@ -112,7 +112,7 @@ def test_resnet_system_switches() -> None:
     assert model.net._compiled_call_impl is not None
     assert model.state_dict().keys() == plain.state_dict().keys()  # checkpoints load either way
     with pytest.raises(UserError, match="unknown arch 'resnet19'.*resnet18"):
-        ResNetImageNet(arch="resnet19")
+        ArchClassifier(arch="resnet19")
 
 
 # ---- the data module's errors ---------------------------------------------------------------------
@@ -283,13 +283,13 @@ def test_a_checkpoint_of_another_model_class_than_the_explicit_one_is_one_line(
                 *shapes,
                 f"--trainer.default_root_dir={tmp_path / 'eval'}",
                 f"--ckpt_path={ckpt}",
-                "--model=ResNetImageNet",
+                "--model=ArchClassifier",
             ]
         )
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and err == [
-        f"lit_ddp: error: --model=ResNetImageNet, but {ckpt} holds a LeNetCIFAR: leave --model out (the"
-        " checkpoint decides the model) or pass a ResNetImageNet checkpoint"
+        f"lit_ddp: error: --model=ArchClassifier, but {ckpt} holds a LeNetCIFAR: leave --model out (the"
+        " checkpoint decides the model) or pass a ArchClassifier checkpoint"
     ]
     assert not (tmp_path / "eval").exists()
 

@@ -85,13 +85,13 @@ def test_validating_another_models_checkpoint_with_the_default_model_named_is_re
 ) -> None:
     """`validate --ckpt_path=<a ResNet checkpoint> --model=LeNetCIFAR` scored the ResNet with no word: the
     model named was the default one, which the check took for no --model at all."""
-    resnet = _edited(ckpt, tmp_path / "resnet.ckpt", _class_path="lit_ddp.models.ResNetImageNet")
+    resnet = _edited(ckpt, tmp_path / "resnet.ckpt", _class_path="lit_ddp.models.ArchClassifier")
     root = f"--trainer.default_root_dir={tmp_path}"
     line = one_error_line(
         capsys, ["validate", *TINY_RUN, f"--ckpt_path={resnet}", "--model=LeNetCIFAR", root]
     )
     assert line == (
-        f"--model=LeNetCIFAR, but {resnet} holds a ResNetImageNet: leave --model out (the checkpoint decides"
+        f"--model=LeNetCIFAR, but {resnet} holds a ArchClassifier: leave --model out (the checkpoint decides"
         " the model) or pass a LeNetCIFAR checkpoint"
     )
     # Its own class named, by short name or in full, is the checkpoint's: it is scored.

@@ -14,6 +14,8 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
+from lit_ddp.compat import at_last_batch
+
 
 class LastCheckpoint(ModelCheckpoint):
     def __init__(self, filename: str = "last", enable_version_counter: bool = False, **kwargs) -> None:
@@ -26,8 +28,7 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        progress = trainer.fit_loop.epoch_loop.batch_progress
-        if trainer.sanity_checking or progress.is_last_batch or trainer.state.fn != TrainerFn.FITTING:
+        if trainer.sanity_checking or at_last_batch(trainer) or trainer.state.fn != TrainerFn.FITTING:
             return  # the epoch's end saves it, after every epoch-end hook has run
         if not self._at_validations:
             return

@@ -5,7 +5,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.trainer.states import RunningStage
 
-from lit_ddp.utils import epoch_cut_short
+from lit_ddp.compat import batches_done, epoch_cut_short
 
 
 def _fmt(metrics: dict, stage: str) -> str:
@@ -85,7 +85,7 @@ class EpochSummary(Callback):
         self._pending = trainer.current_epoch
         self._cut_short = None
         if epoch_cut_short(trainer):  # the model logs no train/* for it: the epoch is not over
-            done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+            done = batches_done(trainer)
             self._cut_short = (
                 f"stopped after {done} of {trainer.num_training_batches} batches"
                 f" (resume with --ckpt_path=last{_budget_to_raise(trainer)} to train the rest)"

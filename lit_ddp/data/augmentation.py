@@ -47,7 +47,7 @@ class CropFlip(Augmentation):
 
     def __init__(self, padding: int = 4) -> None:
         if padding < 0:
-            raise UserError(f"crop_padding={padding} must be 0 or more (pixels of padding per side)")
+            raise UserError(f"padding={padding} must be 0 or more (pixels of padding per side)")
         self.padding = padding
 
     def augment_batch(self, x: Tensor, rand: SampleRandom) -> Tensor:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from lightning import LightningDataModule
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
-from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -79,8 +79,6 @@ class ImageDataModule(LightningDataModule):
         mixup_alpha: MixUp of the normalised training batch with Beta(α, α); 0 is off. With CutMix
             too, one of the two per batch, p = 1/2.
         cutmix_alpha: CutMix of the normalised training batch with Beta(α, α); 0 is off.
-        augment: deprecated; false is ``augmentation: null``.
-        crop_padding: deprecated; N is ``augmentation: {class_path: CropFlip, init_args: {padding: N}}``.
     """
 
     num_classes: int = 10
@@ -105,8 +103,6 @@ class ImageDataModule(LightningDataModule):
         predict_dir: str | None = None,
         mixup_alpha: float = 0.0,
         cutmix_alpha: float = 0.0,
-        augment: bool | None = None,
-        crop_padding: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -122,11 +118,11 @@ class ImageDataModule(LightningDataModule):
         self.seed = seed
         if isinstance(augmentation, dict):  # as a checkpoint holds it: load_from_checkpoint passes it back
             augmentation = rebuild(augmentation)
-        self.augmentation = self._deprecated_keys(augmentation, augment, crop_padding)
+        self.augmentation = augmentation
         # Every constructor's arguments, the subclasses' included (Lightning collects the whole chain), for
         # the checkpoint; as plain data (the augmentation described, a path as its string), which a
         # weights-only load reads without importing.
-        self.save_hyperparameters(ignore=["augmentation", "augment", "crop_padding"])
+        self.save_hyperparameters(ignore=["augmentation"])
         self.hparams["augmentation"] = describe(self.augmentation)
         self.hparams.update(plain_data(dict(self.hparams)))
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
@@ -142,24 +138,6 @@ class ImageDataModule(LightningDataModule):
         self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)
         self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
         self._resume: tuple[int, int] | None = None  # (epoch, samples) from a checkpoint
-
-    @staticmethod
-    def _deprecated_keys(
-        augmentation: Augmentation | None, augment: bool | None, crop_padding: int | None
-    ) -> Augmentation | None:
-        """The keys of older configs, still read: ``crop_padding: N`` and ``augment: false``."""
-        if crop_padding is not None:
-            rank_zero_deprecation(
-                f"--data.crop_padding={crop_padding} is deprecated: use --data.augmentation=CropFlip"
-                f" --data.augmentation.padding={crop_padding}"
-            )
-            augmentation = CropFlip(padding=crop_padding)
-        if augment is not None:
-            was = str(augment).lower()
-            rank_zero_deprecation(f"--data.augment={was} is deprecated: use --data.augmentation (null: none)")
-            if not augment:
-                augmentation = None
-        return augmentation
 
     @property
     def augment(self) -> bool:

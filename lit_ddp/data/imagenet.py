@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
@@ -54,19 +54,6 @@ from lit_ddp.utils import local_path
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
 
 
-def _deprecated_crop_keys(augmentation: Augmentation | None, old: dict) -> Augmentation | None:
-    """Older configs' ``crop_scale``, ``crop_ratio``, ``auto_augment``, ``random_erasing``: still read, into
-    ``augmentation`` (a RandomResizedCropFlip with those fields)."""
-    if not old:
-        return augmentation
-    keys = {"scale": "crop_scale", "ratio": "crop_ratio"}
-    given = ", ".join(f"--data.{keys.get(k, k)}" for k in old)
-    fields = " ".join(f"--data.augmentation.{k}=..." for k in old)
-    rank_zero_deprecation(f"{given}: deprecated, use {fields}")
-    base = augmentation if isinstance(augmentation, RandomResizedCropFlip) else RandomResizedCropFlip()
-    return RandomResizedCropFlip(**{**vars(base), **old})
-
-
 class ImageNetDataModule(ImageDataModule):
     """ImageFolder-layout JPEGs: RandomResizedCrop + flip for training, resize + centre crop for evaluation.
 
@@ -91,10 +78,6 @@ class ImageNetDataModule(ImageDataModule):
             or random_erasing, which run in the workers.
         decode_ahead: with gpu_decode, each batch is decoded on a thread while the batch before it trains;
             false: in the training loop, between steps (device_decode.py says why ahead is the default).
-        crop_scale: deprecated: ``augmentation.scale``.
-        crop_ratio: deprecated: ``augmentation.ratio``.
-        auto_augment: deprecated: ``augmentation.auto_augment``.
-        random_erasing: deprecated: ``augmentation.random_erasing``.
         **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
             num_workers None (the default), the CPU cores this process may use, shared over the node's
             devices, less one per device, as memory allows (``workers.auto_num_workers``; docs/gpu.md).
@@ -116,15 +99,8 @@ class ImageNetDataModule(ImageDataModule):
         index_cache: str | None = None,
         gpu_decode: bool = False,
         decode_ahead: bool = True,
-        crop_scale: tuple[float, float] | None = None,
-        crop_ratio: tuple[float, float] | None = None,
-        auto_augment: str | None = None,
-        random_erasing: float | None = None,
         **kwargs,
     ) -> None:
-        old = dict(scale=crop_scale, ratio=crop_ratio, auto_augment=auto_augment)
-        old = {k: v for k, v in {**old, "random_erasing": random_erasing}.items() if v is not None}
-        augmentation = _deprecated_crop_keys(augmentation, old)
         super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")

@@ -12,7 +12,6 @@ from lit_ddp.models.classifier import ImageClassifier, NetFactory
 from lit_ddp.models.lenet import LeNet
 from lit_ddp.models.lenet_cifar import LeNetCIFAR
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.models.resnet_imagenet import ResNetImageNet
 from lit_ddp.models.weights import load_weights
 
 __all__ = [
@@ -24,7 +23,6 @@ __all__ = [
     "LeNetCIFAR",
     "NetFactory",
     "OptimConfig",
-    "ResNetImageNet",
     "TopKAccuracy",
     "build_net",
     "load_weights",

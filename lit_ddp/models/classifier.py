@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
+from lit_ddp.compat import epoch_cut_short, load_train_dataloader
 from lit_ddp.errors import UserError
 from lit_ddp.models.accuracy import TopKAccuracy
 from lit_ddp.models.optim import OptimConfig, build_optimizer
@@ -44,7 +45,7 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import epoch_cut_short, global_batch_size, imported, plain_data
+from lit_ddp.utils import global_batch_size, imported, plain_data
 
 STAGES = ("train", "val", "test")
 
@@ -476,7 +477,7 @@ class ImageClassifier(LightningModule):
         steps_per_epoch = 0
         if self.optim.warmup_epochs > 0:
             if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning does)
-                trainer.fit_loop.setup_data()
+                load_train_dataloader(trainer)
             steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
         # Lightning's mixed precision (16 and bf16) refuses to clip for a fused optimizer: then no fused step.

@@ -29,7 +29,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.environments import LightningEnvironment
 from torch.distributed import DistBackendError, DistNetworkError, DistStoreError
 
-from lit_ddp.runtime.compat import (
+from lit_ddp.compat import (
     collective_timeout,
     launched_children,
     set_collective_timeout,

@@ -27,8 +27,8 @@ from lightning.fabric.plugins.environments import (
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.distributed import TCPStore
 
+from lit_ddp.compat import is_subprocess_launch
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import is_subprocess_launch
 
 LOOPBACK = ("127.0.0.1", "localhost")
 

@@ -32,13 +32,14 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 
+from lit_ddp.compat import batch_in_progress
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.preemption import last_checkpoint_path
 
 
 def _position(trainer: Trainer) -> tuple[int, int, int]:
     """(optimizer step, epoch, batch in the epoch) of the step being taken."""
-    batch = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
+    batch = batch_in_progress(trainer)
     return trainer.global_step, trainer.current_epoch, batch
 
 

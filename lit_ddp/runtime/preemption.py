@@ -56,17 +56,18 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.callbacks.group import find_callback
-from lit_ddp.data.samplers import ResumableShuffleSampler
-from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import (
+from lit_ddp.compat import (
+    epoch_cut_short,
     request_stop,
     restore_stop_flag_broadcast,
+    resume_inside_epoch,
     skip_stop_flag_broadcast,
     wrap_spawn_launch,
 )
+from lit_ddp.data.samplers import ResumableShuffleSampler
+from lit_ddp.errors import UserError
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
-from lit_ddp.utils import epoch_cut_short
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
 
@@ -76,17 +77,6 @@ def steps_after(trainer: Trainer, batch_idx: int) -> bool:
     (``--trainer.accumulate_grad_batches``), or the epoch, whose last batch steps whatever the count."""
     accumulate = trainer.accumulate_grad_batches
     return (batch_idx + 1) % accumulate == 0 or batch_idx + 1 >= trainer.num_training_batches
-
-
-def resume_inside_epoch(checkpoint: dict) -> None:
-    """Make ``checkpoint``, saved at the end of an epoch that a stop cut short, resume inside that epoch. Its
-    fit loop's state (``Loop.state_dict``: the epoch progress counters the trainer shows as
-    ``fit_loop.epoch_progress``) counts an epoch processed before the epoch-end hooks that save checkpoints,
-    and completed after them: with the epoch not yet processed, Lightning restores it as a stop inside the
-    epoch, at the next batch."""
-    progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
-    for counts in (progress["total"], progress["current"]):
-        counts["processed"] = min(counts["processed"], counts["completed"])
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:

@@ -28,9 +28,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from lit_ddp.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import is_local_path, load_checkpoint_file
-from lit_ddp.runtime.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.utils import flatten
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from lit_ddp.compat import hand_event_write_errors_to
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.compat import hand_event_write_errors_to
 
 # What to do about each kind of failed write; any other OSError gets its own text and the generic advice.
 ADVICE = {

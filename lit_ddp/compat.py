@@ -1,10 +1,15 @@
-"""Every private Lightning and torch name lit_ddp uses, and the only module that touches them.
+"""Every private Lightning and torch name lit_ddp uses, and Lightning's loop internals: the only module that
+touches them.
 
-Each one is used here, behind a small function, because no public route does the job; ``PRIVATE_NAMES``
-lists them with the module that needs each and why. They were checked on the versions in ``CHECKED_ON``
-(pyproject.toml pins lightning to that minor release). tests/test_compat.py exercises every function
-against the installed versions and fails, naming the entry, when an upgrade removes or changes one; it
-also fails when a module outside lit_ddp/runtime/ uses a private Lightning or torch name.
+Each private name is used here, behind a small function, because no public route does the job;
+``PRIVATE_NAMES`` lists them with the module that needs each and why; the patches that use them live in
+lit_ddp/runtime/. Where a fit stands (the batch of the epoch, the epochs started and completed, whether an
+epoch was cut short) is read from Lightning's loop progress counters, which are not underscored but belong
+to loop classes that are: the functions at the end read them, for the models, callbacks and runtime alike.
+All were checked on the versions in ``CHECKED_ON`` (pyproject.toml pins lightning to that minor release).
+tests/test_compat.py exercises every function against the installed versions and fails, naming the entry,
+when an upgrade removes or changes one; tests/test_architecture.py fails when another module uses a private
+Lightning or torch name or a loop's internals.
 """
 
 import threading
@@ -219,3 +224,52 @@ def _changed(name: str) -> str:
         f"lit_ddp relies on Lightning's private {name}, which this Lightning release no longer has:"
         f" install a lightning version lit_ddp was checked on ({', '.join(CHECKED_ON['lightning'])})"
     )
+
+
+# ---- where a fit stands: Lightning's loop progress ----------------------------------------------------
+
+
+def batches_done(trainer: Trainer) -> int:
+    """Training batches completed in the current epoch (kept after the epoch ends, until the next starts)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.completed
+
+
+def batch_in_progress(trainer: Trainer) -> int:
+    """The index in its epoch of the training batch being run (from ``on_train_batch_start`` on)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1
+
+
+def at_last_batch(trainer: Trainer) -> bool:
+    """Whether the batch just run was its epoch's last (the loader is exhausted, whatever its length)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
+def epochs_started_completed(trainer: Trainer) -> tuple[int, int]:
+    """(epochs started, epochs completed) of this fit, resumed ones included: an epoch in progress has
+    started and not completed."""
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.started, progress.completed
+
+
+def epoch_cut_short(trainer: Trainer) -> bool:
+    """Whether the training epoch ending now stopped before its last batch: ``max_steps``, ``max_time`` or a
+    callback's ``should_stop`` ended the fit inside it. Lightning still ends that epoch (its epoch-end hooks
+    run, its checkpoints are written), but the epoch is not over: a resumed run goes on inside it."""
+    done = batches_done(trainer)
+    return not at_last_batch(trainer) and 0 < done < trainer.num_training_batches
+
+
+def load_train_dataloader(trainer: Trainer) -> None:
+    """Build the training loader now (``num_training_batches`` set), as ``estimated_stepping_batches`` does
+    for a run with a length: for ``configure_optimizers`` in a run without one (``max_epochs=-1``)."""
+    trainer.fit_loop.setup_data()
+
+
+def resume_inside_epoch(checkpoint: dict) -> None:
+    """Make ``checkpoint``, saved at the end of an epoch that a stop cut short, resume inside that epoch. Its
+    fit loop's state (``Loop.state_dict``: the epoch progress counters) counts an epoch processed before the
+    epoch-end hooks that save checkpoints, and completed after them: with the epoch not yet processed,
+    Lightning restores it as a stop inside the epoch, at the next batch."""
+    progress = checkpoint["loops"]["fit_loop"]["epoch_progress"]
+    for counts in (progress["total"], progress["current"]):
+        counts["processed"] = min(counts["processed"], counts["completed"])
