@@ -75,8 +75,9 @@ PY
       run python benchmarks/bench_lenet_gpu.py --json "$OUT/lenet.json" 2>&1 \
         | tee "$OUT/lenet.log" ;;
     lenet_cli)  # the same with every callback and the logger `python -m lit_ddp fit` adds: what a user's run gets
-      run python benchmarks/bench_lenet_gpu.py --cli-callbacks --rounds 2 --json "$OUT/lenet_cli.json" 2>&1 \
-        | tee "$OUT/lenet_cli.log" ;;
+      # A run that hangs is stopped with SIGABRT, which faulthandler turns into every thread's stack in the log.
+      PYTHONFAULTHANDLER=1 timeout -s ABRT -k 15 "$PART_TIMEOUT" python benchmarks/bench_lenet_gpu.py \
+        --cli-callbacks --rounds 2 --json "$OUT/lenet_cli.json" 2>&1 | tee "$OUT/lenet_cli.log" ;;
     lenet_compile)  # lit_ddp compiled beside the others (each round compiles in its warm-up epoch)
       run python benchmarks/bench_lenet_gpu.py --compile --rounds 2 --json "$OUT/lenet_compile.json" 2>&1 \
         | tee "$OUT/lenet_compile.log" ;;

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TINY_SHAPES, WITH_PROBES, cli_env, last_ckpt, read_scalars, run_cli
-from test_cuda import cli_args
+from test_cuda import assert_the_recipe_trained, cli_args, lenet_recipe_args
 
 CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
 
@@ -52,3 +52,13 @@ def test_the_cuda_tests_command_lines_run_on_cpu_where_they_look(tmp_path: Path,
     )
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert list(out.rglob("predictions.csv"))
+
+
+@pytest.mark.slow
+def test_the_lenet_recipe_test_runs_its_command_line_on_cpu(tmp_path: Path) -> None:
+    """test_cuda.py's run of the LeNet recipe through the CLI, on the CPU (cuda_graph: auto trains as usual
+    there): its config, data, probe and the outcomes it reads."""
+    args = cli_args(tmp_path, "fit", *lenet_recipe_args(tmp_path / "data"), device=CPU)
+    result = run_cli(args, tmp_path, env=WITH_PROBES)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert_the_recipe_trained(tmp_path, result.stdout + result.stderr)
