@@ -8,7 +8,8 @@ sharded with `python -m lit_ddp shard`'s code, then read three ways with the sam
 + flip to 224, jpeg.py) in one process, as one DataLoader worker reads:
   shards     lit_ddp's reader (ShardImageDataset) in the (seed, epoch) order, rank 0 of 1 or 2 processes;
   folder     ImageFileDataset over the files, the ImageNetDataModule path, in a random order;
-  mosaic     Mosaic's own StreamingDataset over the same shards (its own order), decoded alike.
+  mosaic     Mosaic's own StreamingDataset over the same shards (its own order), decoded alike: only where
+             mosaicml-streaming is installed (lit_ddp does not depend on it).
 Variants run interleaved (A, B, C, A, ...) and are reported as medians with min/max.
 
 Bytes read per node per epoch are counted, not timed: the shards that the ranks of one node touch in an
@@ -16,6 +17,7 @@ epoch, for lit_ddp's order (every rank draws from every window) and for a node-l
 shards (what a library that gives each node its own shards reads), over 1, 2 and 4 nodes.
 """
 
+import importlib.util
 import sys
 import tempfile
 import time
@@ -50,7 +52,6 @@ def main() -> None:
     import functools
 
     import torch
-    from streaming import StreamingDataset
 
     from lit_ddp.data.convert import convert
     from lit_ddp.data.image_folder import ImageFileDataset, list_images, seeded_global_rng
@@ -87,6 +88,8 @@ def main() -> None:
         return rate(folder_set, torch.randperm(n).tolist())
 
     def mosaic() -> float:
+        from streaming import StreamingDataset
+
         ds = StreamingDataset(local=str(tmp / "shards" / "train"), shuffle=True, batch_size=batch)
         t = time.perf_counter()
         for i, sample in enumerate(ds):
@@ -103,8 +106,9 @@ def main() -> None:
         "folder": folder,
         "shards_1proc": lambda: shards(1),
         "shards_2proc": lambda: shards(2),
-        "mosaic": mosaic,
     }
+    if importlib.util.find_spec("streaming") is not None:
+        variants["mosaic"] = mosaic
     throughput = interleaved(variants, args.rounds)
     ttfb = {
         "shards": first_batch(

@@ -8,7 +8,7 @@ encoding (nothing to decode when training). An ImageFolder tree's files are stor
 (no re-encode), with their relative path. Every sample keeps its label and its index in the sorted split.
 
 The same input gives byte-identical shards: samples in sorted order, a shard closed at a fixed size, one
-writer (Mosaic's ``MDSWriter``) fed in order while a pool of processes reads the files. The shards are
+writer (``MDSWriter``, data/mds.py) fed in order while a pool of processes reads the files. The shards are
 written under ``DEST/.lit_ddp-partial`` (or a local temporary folder for s3://) and moved into place when
 complete, ``lit_ddp.json`` last: an interrupted run leaves no manifest, and a re-run starts over. A DEST
 that holds anything else is refused.
@@ -39,6 +39,7 @@ from lit_ddp.data.cifar10 import (
 )
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
+from lit_ddp.data.mds import MDSWriter
 from lit_ddp.data.shards import (
     COLUMNS,
     FOLDER_COLUMNS,
@@ -139,18 +140,10 @@ def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], 
 def _write_split(
     out: Path, split: str, rows: Iterable[dict], total: int, columns: dict, shard_mb: float
 ) -> dict:
-    from streaming import MDSWriter  # Mosaic's writer: the format stays theirs
-
     started = shown = time.perf_counter()
     done = 0
-    with MDSWriter(
-        out=str(out / split),
-        columns=columns,
-        size_limit=int(shard_mb * (1 << 20)),
-        compression=None,
-        hashes=["sha1"],  # in the index: a node's cache tells a re-written shard from the one it holds
-        progress_bar=False,
-    ) as writer:
+    # The index holds each shard's SHA-1: a node's cache tells a re-written shard from the one it holds.
+    with MDSWriter(out / split, columns, size_limit=int(shard_mb * (1 << 20))) as writer:
         for row in rows:
             writer.write(row)
             done += 1
