@@ -505,7 +505,10 @@ def test_a_shard_of_the_right_size_holding_garbage_is_named_in_one_line(
 ) -> None:
     """A disk or copy error keeps a shard's size: its offsets (or a sample's sizes) point outside the
     shard or its sample. The read names the shard (a ShardError: one line from the CLI, also out of a
-    DataLoader worker), not numpy's ValueError or a batch of the wrong shape."""
+    DataLoader worker), not numpy's ValueError or a batch of the wrong shape. The index here records no
+    SHA-1 (another MDS writer's), which would name the damage first (tests/test_shard_bytes.py)."""
+    import json
+
     import numpy as np
 
     from lit_ddp.data.convert import convert
@@ -515,6 +518,10 @@ def test_a_shard_of_the_right_size_holding_garbage_is_named_in_one_line(
     shutil.copytree(cifar_shards, tmp_path / "cifar")
     for root, split in ((tmp_path / "cifar", "train"), (tmp_path / "folder", "val")):
         shard = root / split / "shard.00000.mds"
+        index = json.loads((root / split / "index.json").read_text())
+        for entry in index["shards"]:
+            entry["raw_data"]["hashes"] = {}
+        (root / split / "index.json").write_text(json.dumps(index))
         data = bytearray(shard.read_bytes())
         if damage == "offsets":
             data[4:64] = b"\xff" * 60  # the first samples' offsets: far beyond the shard

@@ -14,8 +14,16 @@ byte offset of every sample, so one sample is one slice of its shard. Remote sha
 node-local cache (``ChunkCache``: bounded, least recently used out first, shared by the ranks and workers
 of a node through a lock file per shard and an atomic rename); local ones are read in place. A shard that
 cannot be read (server down, answering errors or slower than ``read_timeout`` seconds, missing, shorter
-than its index says) is tried ``retries`` times with backoff, then fails with one line naming it
-(``ShardError``).
+than its index says, other bytes than the SHA-1 its index records) is tried ``retries`` times with
+backoff, then fails with one line naming it (``ShardError``).
+
+Every byte read is checked against what the index promises, so damage is one line naming the file and
+"re-shard", never a traceback or a silent wrong: ``lit_ddp.json`` and ``index.json`` must parse and hold
+the fields lit_ddp writes; the columns must be lit_ddp's, with their encodings (bytes, int, str: any other
+is refused before a shard is read, so a ``pkl`` column is never unpickled); each sample's offsets and sizes
+must fit its shard; and each shard's bytes must match its SHA-1, verified once per node for each version
+of the file (``verified``: a seal beside the node cache's copy, or under the cache folder for local
+shards, records the file's size, times and inode with the digest).
 
 The training order (``chunk_window_order``) is a function of (seed, epoch) only: shards permuted, then
 samples shuffled inside windows of ``window`` consecutive shards of that permutation, so a worker touches
@@ -52,6 +60,12 @@ INDEX = "index.json"
 COLUMNS = {"image": "bytes", "index": "int", "label": "int"}
 FOLDER_COLUMNS = {**COLUMNS, "path": "str"}  # ImageFolder shards also keep each file's relative path
 SPLITS = ("train", "val", "test")
+# Each column's MDS encoding and fixed size (None: variable, a uint32 size leads the sample).
+LAYOUTS = {
+    tuple(columns): ([columns[c] for c in columns], [None if columns[c] != "int" else 8 for c in columns])
+    for columns in (COLUMNS, FOLDER_COLUMNS)
+}
+RESHARD = "re-shard: run `python -m lit_ddp shard` again into an empty DEST"
 
 
 class ShardError(UserError):
@@ -148,7 +162,7 @@ def open_store(url: str, read_timeout: float = READ_TIMEOUT) -> LocalStore | S3S
 
 
 def _retryable_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (OSError, _Truncated)
+    errors: tuple[type[BaseException], ...] = (OSError, _Truncated, _Altered)
     with contextlib.suppress(ImportError):
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -158,6 +172,10 @@ def _retryable_errors() -> tuple[type[BaseException], ...]:
 
 class _Truncated(Exception):
     pass
+
+
+class _Altered(Exception):
+    """A shard's bytes whose SHA-1 is not the one its index records."""
 
 
 def _why(err: BaseException) -> str:
@@ -214,9 +232,11 @@ def store_problem(err: BaseException, url: str) -> str | None:
     return None
 
 
-def read_with_retries(store, key: str, size: int | None, retries: int, backoff: float = 0.2) -> bytes:
-    """``store.read(key)``, checked against its expected ``size``; up to ``retries`` attempts, doubling waits
-    between them, then ``ShardError`` naming the shard and the last reason."""
+def read_with_retries(
+    store, key: str, size: int | None, retries: int, backoff: float = 0.2, digest: str | None = None
+) -> bytes:
+    """``store.read(key)``, checked against its expected ``size`` and SHA-1 ``digest``; up to ``retries``
+    attempts, doubling waits between them, then ``ShardError`` naming the shard and the last reason."""
     errors = _retryable_errors()
     last: BaseException | None = None
     for attempt in range(max(retries, 1)):
@@ -226,10 +246,17 @@ def read_with_retries(store, key: str, size: int | None, retries: int, backoff: 
             data = store.read(key)
             if size is not None and len(data) != size:
                 raise _Truncated(f"{len(data)} bytes where {INDEX} says {size}")
+            if digest is not None and hashlib.sha1(data).hexdigest() != digest:
+                raise _Altered()
             return data
         except errors as err:
             last = err
     attempts = f"{max(retries, 1)} attempt{'s' if retries > 1 else ''}"
+    if isinstance(last, _Altered):
+        raise ShardError(
+            f"shard {store.name(key)} does not match the SHA-1 its {INDEX} records ({attempts}): the store"
+            f" holds other bytes than `shard` wrote; {RESHARD}"
+        )
     raise ShardError(
         f"cannot read shard {store.name(key)} after {attempts} ({_why(last)}): check that the"
         " store is up and the shard is whole (re-run `python -m lit_ddp shard` into an empty DEST), then"
@@ -249,7 +276,38 @@ def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT
             or f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or s3://"
             " prefix written by `python -m lit_ddp shard SRC DEST`"
         ) from None
-    return json.loads(data)
+    manifest = parse_json(data, store.name(MANIFEST))
+    try:
+        shape = manifest["image_shape"]
+        fits = (
+            isinstance(manifest["splits"], dict)
+            and {"train"} <= set(manifest["splits"]) <= set(SPLITS)
+            and all(isinstance(s["samples"], int) for s in manifest["splits"].values())
+            and isinstance(manifest["kind"], str)
+            and len(manifest["class_names"]) > 0
+            and all(isinstance(name, str) for name in manifest["class_names"])
+            and manifest["encoding"] in ("raw", "file")
+            and (manifest["encoding"] == "file" or _is_shape(shape))
+        )
+    except (KeyError, TypeError):
+        fits = False
+    if not fits:
+        raise ShardError(
+            f"{store.name(MANIFEST)} lacks the fields `python -m lit_ddp shard` writes: {RESHARD}"
+        )
+    return manifest
+
+
+def _is_shape(shape) -> bool:
+    return isinstance(shape, list) and len(shape) == 3 and all(isinstance(n, int) and n > 0 for n in shape)
+
+
+def parse_json(data: bytes, name: str):
+    """``data`` as JSON, or one line naming the file ``name`` (a disk or copy error, an edit)."""
+    try:
+        return json.loads(data)
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ShardError(f"{name} is not valid JSON ({type(err).__name__}): {RESHARD}") from None
 
 
 # ---- the node-local chunk cache ----------------------------------------------------------------------
@@ -283,6 +341,45 @@ def map_file(path: Path) -> memoryview:
         return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 
+def _seal(path: Path, digest: str) -> str:
+    """What a seal records: the digest and this version of the file (any write changes its mtime and ctime,
+    a replacement its inode)."""
+    st = path.stat()
+    return f"{digest} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}\n"
+
+
+def _write_seal(path: Path, digest: str, seal: Path) -> None:
+    partial = seal.with_name(f"{seal.name}.{os.getpid()}.partial")
+    partial.write_text(_seal(path, digest))
+    os.replace(partial, seal)
+
+
+def verified(path: Path, digest: str, seal: Path) -> bool:
+    """Whether the file at ``path`` holds the bytes of SHA-1 ``digest``. The file is hashed only where
+    ``seal`` does not record this version of it as verified, and sealed when it matches; a seal that cannot
+    be written (a read-only cache folder) costs a hash at the next open, nothing else. The caller holds the
+    seal's lock, so one process of a node hashes while the others wait for its seal."""
+    with contextlib.suppress(OSError):
+        if seal.read_text() == _seal(path, digest):
+            return True
+    if hashlib.sha1(map_file(path)).hexdigest() != digest:
+        return False
+    with contextlib.suppress(OSError):
+        _write_seal(path, digest, seal)
+    return True
+
+
+class CacheWriteError(ShardError):
+    """The node cache's folder cannot be written (full, read-only, no permission)."""
+
+    def __init__(self, root: Path, err: OSError) -> None:
+        super().__init__(
+            f"cannot write the node cache {root} ({err.strerror or type(err).__name__}): pass"
+            " --data.cache_dir=<a writable folder with room> (or free space there, or lower"
+            " --data.cache_limit_gb)"
+        )
+
+
 class ChunkCache:
     """Whole shards copied from a remote store to ``root`` (one folder per store URL), at most
     ``limit_bytes`` in all; the least recently opened shards are deleted first. A shard another rank of the
@@ -298,22 +395,38 @@ class ChunkCache:
     def open(self, store, key: str, size: int, retries: int, digest: str | None = None) -> memoryview:
         """Shard ``key`` mapped from its local copy, downloaded if missing. A shard with a ``digest`` (its
         SHA-1) is cached under it: shards written again under the same URL (labels fixed, say) have other
-        contents at the same byte sizes, and a copy known only by name and size was read in their place."""
+        contents at the same byte sizes, and a copy known only by name and size was read in their place.
+        A download is checked against the digest before it lands; a copy whose bytes changed since (a disk
+        error, an edit) is downloaded again, and refused if the store's bytes do not match either."""
         target = self.root / key
         if digest is not None:
             target = target.with_name(f"{digest[:16]}.{target.name}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(self._lock(target)):
-            if target.is_file() and target.stat().st_size == size:
-                os.utime(target)  # recently used
-            else:
-                data = read_with_retries(store, key, size, retries)
-                partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-                partial.write_bytes(data)
-                os.replace(partial, target)
-            view = map_file(target)
-        self._evict(keep=target)
+        seal = self._seal(target)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(self._lock(target)):
+                whole = target.is_file() and target.stat().st_size == size
+                if whole and (digest is None or verified(target, digest, seal)):
+                    os.utime(target)  # recently used; its seal follows the new times
+                else:
+                    target.unlink(missing_ok=True)  # a damaged copy is never read again
+                    data = read_with_retries(store, key, size, retries, digest=digest)
+                    partial.write_bytes(data)
+                    os.replace(partial, target)
+                if digest is not None:
+                    _write_seal(target, digest, seal)
+                view = map_file(target)
+            self._evict(keep=target)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            raise CacheWriteError(self.root, err) from None
         return view
+
+    @staticmethod
+    def _seal(shard: Path) -> Path:
+        return shard.with_name(shard.name + ".sha1")
 
     @staticmethod
     def _lock(shard: Path) -> Path:
@@ -333,10 +446,57 @@ class ChunkCache:
                 with _locked(self._lock(p), wait=False) as free:
                     if free:  # else being opened by another process: the next eviction looks again
                         p.unlink()
+                        self._seal(p).unlink(missing_ok=True)
                         total -= stat.st_size
 
 
 # ---- samples by global index ---------------------------------------------------------------------------
+
+
+def _is_count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def read_index(index, name: str) -> tuple[list[tuple[str, int, int]], list[int | None], list[str | None]]:
+    """One split's ``index.json`` (parsed), checked against what lit_ddp writes: (basename, bytes, samples)
+    per shard, the column sizes, each shard's SHA-1 (None where absent). One line naming ``name`` for an
+    index of another shape, another writer's columns, or a basename that is not a plain file name (it would
+    be read, or cached, outside the split's folder)."""
+    try:
+        entries = index["shards"]
+        shards = [(e["raw_data"]["basename"], e["raw_data"]["bytes"], e["samples"]) for e in entries]
+        digests = [(e["raw_data"].get("hashes") or {}).get("sha1") for e in entries]
+        keys = ("column_names", "column_encodings", "column_sizes")
+        columns = {tuple(tuple(e[k]) for k in keys) for e in entries}
+        written = {(e.get("format"), e.get("compression")) for e in entries}
+    except (KeyError, TypeError, AttributeError):
+        raise ShardError(f"{name} lacks the fields of an MDS index: {RESHARD}") from None
+    plain = all(
+        isinstance(base, str)
+        and base == os.path.basename(base)
+        and base.endswith(".mds")
+        and not base.startswith(".")
+        and _is_count(n)
+        and _is_count(size)
+        and size >= 4 * (n + 2)  # the count and n + 1 offsets
+        for base, size, n in shards
+    ) and all(d is None or (isinstance(d, str) and len(d) == 40) for d in digests)
+    if not plain:
+        raise ShardError(f"{name} names shards or sizes `python -m lit_ddp shard` does not write: {RESHARD}")
+    if written - {("mds", None)}:
+        raise ShardError(f"{name} holds shards lit_ddp did not write (compressed, or not MDS): {RESHARD}")
+    layouts = {(names, tuple(enc), tuple(sizes)) for names, (enc, sizes) in LAYOUTS.items()}
+    if len(columns) > 1 or columns - layouts:
+        names, encodings, _ = sorted(columns, key=str)[0]
+        found = ", ".join(f"{c}: {e}" for c, e in zip(names, encodings, strict=False))
+        # Only bytes, int and str columns are read, as bytes: a pkl column (pickles) is refused here, before
+        # any shard is read, and never unpickled.
+        raise ShardError(
+            f"{name} holds columns lit_ddp does not read ({found}; it reads image: bytes, index: int, label:"
+            f" int and path: str): {RESHARD}"
+        )
+    sizes = list(next(iter(columns))[2]) if columns else [None]
+    return shards, sizes, digests
 
 
 @dataclass
@@ -366,27 +526,22 @@ class ShardedSamples:
     ) -> None:
         self.url, self.split, self.retries, self.open_shards = url, split, retries, open_shards
         self.store = open_store(url, read_timeout)
-        index = json.loads(read_with_retries(self.store, f"{split}/{INDEX}", None, retries))
-        self.shards = [
-            (s["raw_data"]["basename"], s["raw_data"]["bytes"], s["samples"]) for s in index["shards"]
-        ]
-        bad = [s for s in index["shards"] if s.get("compression") or s["column_names"][:3] != list(COLUMNS)]
-        if bad:
-            raise ShardError(f"{self.store.name(split + '/' + INDEX)} holds shards lit_ddp did not write")
+        name = self.store.name(f"{split}/{INDEX}")
+        self.shards, layout, self.digests = read_index(
+            parse_json(read_with_retries(self.store, f"{split}/{INDEX}", None, retries), name), name
+        )
         # Variable-size columns (image, and path in ImageFolder shards) lead each sample with their sizes.
-        self.header = (
-            4 * sum(size is None for size in index["shards"][0]["column_sizes"]) if self.shards else 4
-        )
+        self.header = 4 * sum(size is None for size in layout)
         self.starts = np.cumsum([0] + [n for *_, n in self.shards]).tolist()
-        # Each shard's SHA-1, which `shard` writes into the index (None in shards written before it did).
-        self.digests = [(s["raw_data"].get("hashes") or {}).get("sha1") for s in index["shards"]]
-        self.cache = (
-            ChunkCache(cache_dir or default_cache_dir(), url, cache_limit_bytes) if is_remote(url) else None
-        )
+        cache_dir = cache_dir or default_cache_dir()
+        self.cache = ChunkCache(cache_dir, url, cache_limit_bytes) if is_remote(url) else None
+        # Local shards are read in place; their seals (``verified``) live in the cache folder.
+        self.seals = cache_dir / hashlib.sha1(os.path.abspath(url).encode()).hexdigest()[:16]
         self._open: OrderedDict[int, memoryview] = OrderedDict()
+        self._checked: set[int] = set()  # local shards this process verified: one hash, even with no seal
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_open": OrderedDict()}
+        return {**self.__dict__, "_open": OrderedDict(), "_checked": set()}
 
     def __len__(self) -> int:
         return self.starts[-1]
@@ -407,11 +562,26 @@ class ShardedSamples:
             path = Path(self.store.name(key))
             if not path.is_file() or path.stat().st_size != size:
                 read_with_retries(self.store, key, size, self.retries)  # retries, then names the shard
+            if s not in self._checked and self.digests[s] is not None:
+                if not self._verified_in_place(path, key, self.digests[s]):
+                    raise ShardError(
+                        f"shard {path} does not match the SHA-1 its {INDEX} records (its bytes changed since"
+                        f" `shard` wrote it: a disk or copy error, an edit): {RESHARD}"
+                    )
+                self._checked.add(s)
             view = map_file(path)
         self._open[s] = view
         while len(self._open) > self.open_shards:
             self._open.popitem(last=False)
         return view
+
+    def _verified_in_place(self, path: Path, key: str, digest: str) -> bool:
+        seal = self.seals / f"{key}.sha1"
+        with contextlib.ExitStack() as lock:
+            with contextlib.suppress(OSError):  # no seal where the cache folder cannot be written
+                seal.parent.mkdir(parents=True, exist_ok=True)
+                lock.enter_context(_locked(seal.with_name(seal.name + ".lock")))
+            return verified(path, digest, seal)
 
     def __getitem__(self, index: int) -> Sample:
         s = bisect.bisect_right(self.starts, index) - 1
@@ -421,15 +591,15 @@ class ShardedSamples:
         # against the shard and the sample's own layout (the variable columns' sizes, the two int64s, the
         # path), so damage is one line naming the shard, not numpy's error from deep in a DataLoader.
         if 4 + 4 * (j + 2) > len(data):
-            raise self._corrupt(s, j)
+            raise self.corrupt(index)
         begin, end = (int(v) for v in np.frombuffer(data, np.uint32, 2, 4 + 4 * j))
         if not begin + self.header <= end <= len(data):
-            raise self._corrupt(s, j)
+            raise self.corrupt(index)
         sizes = np.frombuffer(data, np.uint32, self.header // 4, begin).tolist()
         size, length = sizes[0], sizes[1] if self.header == 8 else 0  # image; ImageFolder's path
         first = begin + self.header
         if end - first != size + 16 + length:
-            raise self._corrupt(s, j)
+            raise self.corrupt(index)
         image = data[first : first + size]
         sample_index, label = np.frombuffer(data, np.int64, 2, first + size)
         path = ""
@@ -437,14 +607,15 @@ class ShardedSamples:
             try:
                 path = bytes(data[first + size + 16 : end]).decode()
             except UnicodeDecodeError:
-                raise self._corrupt(s, j) from None
+                raise self.corrupt(index) from None
         return Sample(image, int(label), int(sample_index), path)
 
-    def _corrupt(self, s: int, j: int) -> ShardError:
+    def corrupt(self, index: int, why: str = "does not fit the shard's layout") -> ShardError:
+        """The line for sample ``index`` (global), damaged in a way ``why`` says: it names the shard."""
+        s = bisect.bisect_right(self.starts, index) - 1
         return ShardError(
-            f"shard {self.store.name(self.split + '/' + self.shards[s][0])} is corrupt (its sample {j} does"
-            " not fit the shard's layout): re-run `python -m lit_ddp shard` into an empty DEST, then resume"
-            " with --ckpt_path=last"
+            f"shard {self.store.name(self.split + '/' + self.shards[s][0])} is corrupt (its sample"
+            f" {index - self.starts[s]} {why}): {RESHARD}, then resume with --ckpt_path=last"
         )
 
 

@@ -17,6 +17,7 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 
 import functools
 import hashlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -32,7 +33,9 @@ from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_blac
 from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
 from lit_ddp.data.shards import (
+    MANIFEST,
     READ_TIMEOUT,
+    Sample,
     ShardedSamples,
     ShardError,
     chunk_window_order,
@@ -56,6 +59,8 @@ class ShardImageDataset(Dataset):
     ``load(bytes) -> (size, size, 3) uint8`` and give image_folder.py's ``FileBatch`` (an unreadable image
     becomes a black slot named in the third element). Indices may be (index, seed) pairs: that sample's
     random draws then come from torch's RNG seeded with ``seed`` (samplers.py ``SeededSampleSampler``).
+    A label outside 0..num_classes-1 (the manifest's classes) or a raw image of another size than ``shape``
+    is the shard's damage: one line naming it.
     """
 
     def __init__(
@@ -65,14 +70,29 @@ class ShardImageDataset(Dataset):
         shape: tuple[int, ...] | None = None,
         load: Callable[[np.ndarray], np.ndarray] | None = None,
         size: int = 0,
+        num_classes: int | None = None,
     ) -> None:
         self.samples, self.positions, self.shape, self.load, self.size = samples, positions, shape, load, size
+        self.num_classes = num_classes
+
+    def _sample(self, position: int) -> Sample:
+        index = int(self.positions[position])
+        sample = self.samples[index]
+        n = self.num_classes
+        if n is not None and not 0 <= sample.label < n:
+            why = f"has label {sample.label}, outside 0..{n - 1}: {MANIFEST} names {n} classes"
+            raise self.samples.corrupt(index, why)
+        if self.shape is not None and len(sample.image) != math.prod(self.shape):
+            shape = "×".join(map(str, self.shape))
+            why = f"holds {len(sample.image)} bytes, not the {shape} of {MANIFEST}'s image_shape"
+            raise self.samples.corrupt(index, why)
+        return sample
 
     def __len__(self) -> int:
         return len(self.positions)
 
     def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, tuple[str, str] | None]:
-        sample = self.samples[int(self.positions[position])]
+        sample = self._sample(position)
         name = sample.path or f"{self.samples.split}[{sample.index}]"
         image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
         return image, sample.label, bad
@@ -90,7 +110,7 @@ class ShardImageDataset(Dataset):
     def _batch(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
         if self.shape is not None:
-            got = [self.samples[int(self.positions[i])] for i, _ in pairs]
+            got = [self._sample(i) for i, _ in pairs]
             x = torch.stack([torch.frombuffer(bytearray(s.image), dtype=torch.uint8) for s in got])
             return x.reshape(len(got), *self.shape), torch.tensor([s.label for s in got], dtype=torch.long)
         images, labels, errors = zip(*(self._decode(i, seed) for i, seed in pairs), strict=True)
@@ -239,7 +259,7 @@ class StreamingDataModule(ImageDataModule):
 
     def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
         if self.shape is not None:
-            return ShardImageDataset(samples, positions, shape=self.shape)
+            return ShardImageDataset(samples, positions, shape=self.shape, num_classes=self.num_classes)
         decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
         aug = self.augmentation
         if train and isinstance(aug, RandomResizedCropFlip):
@@ -247,7 +267,8 @@ class StreamingDataModule(ImageDataModule):
             load = functools.partial(load_train_crop, **crop, **decode)
         else:  # evaluation, or training without (or with an on-device) augmentation: the centre crop
             load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
-        return ShardImageDataset(samples, positions, load=load, size=self.image_size)
+        n = self.num_classes
+        return ShardImageDataset(samples, positions, load=load, size=self.image_size, num_classes=n)
 
     def load_split(self, split: str) -> ShardImageDataset:
         if split == "test":
