@@ -1,5 +1,6 @@
 """What a checkpoint says is data: it names no code to import, and it is not scored as another model."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,21 +29,51 @@ def _edited(ckpt: Path, dest: Path, **hparams) -> Path:
     return dest
 
 
+COMPOSED = "lit_ddp.models.ImageClassifier"
+
+
+# Every form jsonargparse reads a class path from: a dict, YAML or JSON in a string, the path of a YAML file,
+# a dotted key, a class under init_args, a list, in any argument.
+FORMS = [
+    ({"_class_path": COMPOSED, "net": {"class_path": "helpers.Net"}}, "helpers.Net", "net.class_path"),
+    ({"_class_path": COMPOSED, "net.class_path": "helpers.Net"}, "helpers.Net", "net.class_path"),
+    (
+        {
+            "_class_path": COMPOSED,
+            "net": {"class_path": "lit_ddp.models.LeNet", "init_args": {"block": "class_path: helpers.Net"}},
+        },
+        "helpers.Net",
+        "net.init_args.block.class_path",
+    ),
+    ({"optim": "class_path: helpers.Net"}, "helpers.Net", "optim.class_path"),
+    ({"top_k": '[{"class_path": "helpers.Net"}]'}, "helpers.Net", "top_k[0].class_path"),
+    ({"top_k": [1, "class_path: helpers.Net"]}, "helpers.Net", "top_k[1].class_path"),
+]
+
+
 @pytest.mark.parametrize(
-    ("hparams", "named"),
+    ("hparams", "named", "key"),
     [
-        ({"_class_path": "helpers.LeNetCIFAR"}, "helpers.LeNetCIFAR"),
-        ({"_class_path": "this.Nope"}, "this.Nope"),
+        ({"_class_path": "helpers.LeNetCIFAR"}, "helpers.LeNetCIFAR", "_class_path"),
+        ({"_class_path": "this.Nope"}, "this.Nope", "_class_path"),
         # a dotted string given to the composed classifier's Callable `net` imports (and calls) it too
-        ({"_class_path": "lit_ddp.models.ImageClassifier", "net": "helpers.make_net"}, "helpers.make_net"),
+        ({"_class_path": COMPOSED, "net": "helpers.make_net"}, "helpers.make_net", "net"),
+        # and so does a string jsonargparse reads as YAML or JSON, or as a YAML file's path
+        ({"_class_path": COMPOSED, "net": "class_path: helpers.Net"}, "helpers.Net", "net.class_path"),
+        ({"_class_path": COMPOSED, "net": '{"class_path": "helpers.Net"}'}, "helpers.Net", "net.class_path"),
+        ({"_class_path": COMPOSED, "net": "net.yaml"}, "helpers.Net", "net.class_path"),
+        # the other forms, through the same check (test below), once through the command line
+        FORMS[-1],
     ],
 )
 def test_a_checkpoint_naming_code_imports_nothing(
-    ckpt: Path, tmp_path: Path, monkeypatch, capsys, hparams: dict, named: str
+    ckpt: Path, tmp_path: Path, monkeypatch, capsys, hparams: dict, named: str, key: str
 ) -> None:
     """`_class_path: helpers.LeNetCIFAR` with a helpers.py in the working directory ran helpers.py, then a
-    traceback; `this.Nope` printed the Zen of Python and 5 tracebacks."""
+    traceback; `this.Nope` printed the Zen of Python and 5 tracebacks; `net: "class_path: helpers.Net"` (or
+    its JSON, or a file holding it) imported helpers.py and built helpers.Net."""
     (tmp_path / "helpers.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    (tmp_path / "net.yaml").write_text("class_path: helpers.Net\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m` puts the working directory first
     monkeypatch.delitem(sys.modules, "this", raising=False)
@@ -53,10 +84,26 @@ def test_a_checkpoint_naming_code_imports_nothing(
     line = one_error_line(
         capsys, ["predict", *TINY_RUN, f"--ckpt_path={bad}", f"--trainer.default_root_dir={tmp_path}"]
     )
-    assert line.startswith(f"{bad} names {named} (hyper_parameters.")
-    assert "not imported" in line and f"--model={named}" in line
+    assert line.startswith(f"{bad} names {named} (hyper_parameters.{key}), which is not lit_ddp's")
+    assert "it is not imported (a checkpoint must not run code); if you trust the file" in line
+    # the option that names it on purpose: the model's class, or the composed model's network
+    fix = {"_class_path": "--model", "net": f"--model={COMPOSED} --model.net"}
+    fix["net.class_path"] = fix["net"]
+    if key in fix:
+        assert line.endswith(f"name the class yourself: {fix[key]}={named}")
     assert not (tmp_path / "ran").exists() and "helpers" not in sys.modules and "this" not in sys.modules
     assert not list(tmp_path.rglob("predictions.csv"))
+
+
+@pytest.mark.parametrize(("hparams", "named", "key"), FORMS)
+def test_every_form_of_a_class_path_in_a_checkpoint_is_checked(
+    tmp_path: Path, monkeypatch, hparams: dict, named: str, key: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=rf"^x.ckpt names {named} \(hyper_parameters.{re.escape(key)}\),"):
+        check_checkpoint_names({"hyper_parameters": hparams}, "x.ckpt", named=set(), packages={"lit_ddp"})
+    # named by the command, it is the user's choice
+    check_checkpoint_names({"hyper_parameters": hparams}, "x.ckpt", named={named}, packages={"lit_ddp"})
 
 
 def test_a_checkpoint_of_lit_ddps_classes_or_a_class_the_command_names_loads(

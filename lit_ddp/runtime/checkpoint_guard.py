@@ -1,50 +1,109 @@
 """What a checkpoint may name: only code the user already chose, checked before anything is imported.
 
 A checkpoint loads with ``weights_only=True``, yet LightningCLI (``_parse_ckpt_path``) hands its
-``hyper_parameters`` to jsonargparse, which imports whatever ``_class_path`` (or a nested ``class_path``, or
-a dotted string given to a ``Callable`` argument such as ``net``) names: ``helpers.LeNetCIFAR`` with a
-``helpers.py`` in the working directory runs that file. So a name in a checkpoint must be one of:
+``hyper_parameters`` to jsonargparse, which imports whatever a class path in them names. jsonargparse finds
+one in many shapes: ``_class_path``, a nested ``class_path`` (under ``init_args`` too), a dotted string
+given to a ``Callable`` argument such as ``net``, and any string it reads as YAML (JSON is YAML) or as the
+path of a YAML file: ``net: "class_path: evil.Net"``, ``net: '{"class_path": "evil.Net"}'``, ``net:
+net.yaml``, in a dict or a list. Each string is read here as jsonargparse reads it, and the result walked.
+A dotted name found that way must be one of:
 
 - a class of lit_ddp's or of the project's own package (the packages of ``main(model=..., data=...)``);
 - a name the command line or a config file gave (``--model=helpers.LeNetCIFAR`` trusts it on purpose).
 
-Anything else is one line, before any import.
+Anything else that would import a module (the one ``evil.py`` or ``helpers.py`` in the working directory
+among them) is one line, before any import.
 """
 
 import importlib.util
 import re
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import yaml
 
 from lit_ddp.errors import UserError
 
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 LIBRARY = "lit_ddp"
+# The keys whose string jsonargparse imports as it is (a dotted key such as `net.class_path` is nested).
+CLASS_KEYS = ("class_path", "_class_path")
+# A file a string names is read as jsonargparse would, unless it is binary (a NUL in its first bytes: a
+# weights file) or larger than any config: the user's own data files (a label list) are not parsed.
+PEEK_BYTES = 8192
+MAX_CONFIG_BYTES = 1 << 20
 
 
-def _walk(tree, where: str = "") -> Iterator[tuple[str, str, bool]]:
-    """``(key, value, is_class_path)`` for every string leaf of a nested dict / list / Namespace."""
+def _yaml(text: str) -> object:
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError):  # not YAML: jsonargparse keeps the string
+        return text
+
+
+def _file_named(value: str, base: Path | None) -> Path | None:
+    """The text file ``value`` names (relative to ``base``), or None: jsonargparse reads a string that is a
+    readable file's path as that file's config."""
+    if base is None or "\0" in value or not value.strip():
+        return None
+    path = base / value
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        with open(path, "rb") as file:
+            return None if b"\0" in file.read(PEEK_BYTES) else path
+    except OSError:
+        return None
+
+
+def _walk(tree, where: str, base: Path | None, seen: set) -> Iterator[tuple[str, str, bool]]:
+    """``(key, string, is_class_path)`` for every string ``tree`` holds as jsonargparse reads it: nested
+    dicts, lists and Namespaces, YAML and JSON in strings, and (``base``: the folder relative paths start
+    from; None: not read) the files that strings name."""
     if hasattr(tree, "as_dict"):  # a jsonargparse Namespace
         tree = tree.as_dict()
+    if isinstance(tree, dict | list | tuple):
+        if id(tree) in seen:  # a YAML alias: the same object again (an alias bomb is not walked out)
+            return
+        seen.add(id(tree))
     if isinstance(tree, dict):
         for key, value in tree.items():
             inner = f"{where}.{key}" if where else str(key)
-            if isinstance(value, str):
-                yield inner, value, str(key) in ("class_path", "_class_path")
+            if isinstance(value, str) and str(key).rsplit(".", 1)[-1] in CLASS_KEYS:
+                yield inner, value, True  # imported as it is
             else:
-                yield from _walk(value, inner)
+                yield from _walk(value, inner, base, seen)
     elif isinstance(tree, list | tuple):
         for i, value in enumerate(tree):
-            if isinstance(value, str):
-                yield f"{where}[{i}]", value, False
-            else:
-                yield from _walk(value, f"{where}[{i}]")
+            yield from _walk(value, f"{where}[{i}]", base, seen)
+    elif isinstance(tree, str):
+        text, read_from = tree, base
+        path = _file_named(tree, base)
+        if path is not None and path.resolve() not in seen:
+            seen.add(path.resolve())
+            try:
+                text, read_from = path.read_text(), path.parent
+            except (OSError, UnicodeDecodeError):  # not text: jsonargparse cannot read it either
+                pass
+        value = _yaml(text)
+        if isinstance(value, dict | list):
+            yield from _walk(value, where, read_from, seen)
+            return
+        yield where, text.strip(), False
+        if isinstance(value, str) and value != text.strip():  # quoted or tagged (`"evil.Net"`): both
+            yield where, value, False
 
 
 def named_by(*configs) -> set[str]:
     """Every class path and dotted name in the given config trees (the command line's, the defaults')."""
-    return {value for config in configs for _, value, _ in _walk(config) if DOTTED.fullmatch(value)}
+    return {
+        value
+        for config in configs
+        for _, value, _ in _walk(config, "", None, set())
+        if DOTTED.fullmatch(value)
+    }
 
 
 def packages_of(*configs) -> set[str]:
@@ -62,6 +121,20 @@ def _trusted(name: str, named: set[str], packages: Iterable[str]) -> bool:
     return name in named or any(name.startswith(f"{package}.") for package in packages)
 
 
+def _option(key: str, saved_class: object) -> str:
+    """The command-line option that names the class at ``key`` (``hyper_parameters.net.class_path``)
+    on purpose: ``--model`` for the model's own class, ``--model=<its class> --model.net`` for an
+    argument's."""
+    key = re.sub(r"\[\d+\]", "", key.removeprefix("hyper_parameters."))  # a list's item: the list's option
+    parts = [p for p in key.split(".") if p != "init_args"]
+    if parts[-1] in CLASS_KEYS:
+        parts.pop()
+    if not parts:
+        return "--model"
+    option = "--model." + ".".join(parts)
+    return f"--model={saved_class} {option}" if isinstance(saved_class, str) else option
+
+
 def check_checkpoint_names(
     checkpoint: dict | None, ckpt_path: str, named: set[str], packages: set[str]
 ) -> None:
@@ -72,7 +145,7 @@ def check_checkpoint_names(
     # Lightning drops `_instantiator` before jsonargparse sees the rest (it imports it only in
     # LightningModule.load_from_checkpoint, which the CLI does not call).
     hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k != "_instantiator"}
-    for key, value, is_class_path in _walk(hparams, "hyper_parameters"):
+    for key, value, is_class_path in _walk(hparams, "hyper_parameters", Path.cwd(), set()):
         if not DOTTED.fullmatch(value) or _trusted(value, named, packages):
             continue
         # A class path always imports; another dotted string only where it names a module (a Callable
@@ -81,5 +154,5 @@ def check_checkpoint_names(
             raise UserError(
                 f"{ckpt_path} names {value} ({key}), which is not lit_ddp's, the project's, or named by"
                 f" this command: it is not imported (a checkpoint must not run code); if you trust the file,"
-                f" name the class yourself: --model={value}"
+                f" name the class yourself: {_option(key, hparams.get('_class_path'))}={value}"
             )
