@@ -554,7 +554,7 @@ def corrupt(good: Path, out: Path, kind: str) -> Path:
     ("kind", "message"),
     [
         ("truncated", "is corrupt or truncated"),
-        ("not_torch", "is corrupt or truncated"),
+        ("not_torch", "is not a checkpoint (not a file torch.save writes)"),
         ("mismatched", "does not fit LeNetCIFAR: 2 tensors of another shape (first: net."),
         ("unsafe", "holds objects that are not safe to load"),
         ("missing", "does not exist"),
@@ -571,7 +571,7 @@ def test_e_a_bad_checkpoint_is_one_clear_error_before_any_process_starts(
     result = run_cli([*DDP_FIT, f"--ckpt_path={path}"], cwd=tmp_path, env=ENV, timeout=180)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
-    assert len(errors) == 1 and f"checkpoint {path} " in errors[0] and message in errors[0], result.stderr
+    assert len(errors) == 1 and f" {path} " in errors[0] and message in errors[0], result.stderr
     assert "Traceback" not in result.stderr and "Initializing distributed" not in result.stderr
     assert not (tmp_path / "logs").exists()
 
@@ -606,10 +606,40 @@ def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path:
     torch.save({"state_dict": {}, "extra": subprocess.CompletedProcess(args=["true"], returncode=0)}, unsafe)
     with pytest.raises(UserError, match=r"not safe to load \(\S*CompletedProcess\)"):
         load_checkpoint_file(unsafe, mmap=mmap)
-    truncated = tmp_path / "truncated.ckpt"
-    truncated.write_bytes(legacy.read_bytes()[:40])
+    for cut in (40, 0):  # a legacy pickle cut short, an empty file
+        truncated = tmp_path / "truncated.ckpt"
+        truncated.write_bytes(legacy.read_bytes()[:cut])
+        with pytest.raises(UserError, match="is corrupt or truncated"):
+            load_checkpoint_file(truncated, mmap=mmap)
+    zipped = tmp_path / "zipped.ckpt"
+    zipped.write_bytes(unsafe.read_bytes()[:100])  # a zip cut short
     with pytest.raises(UserError, match="is corrupt or truncated"):
-        load_checkpoint_file(truncated, mmap=mmap)
+        load_checkpoint_file(zipped, mmap=mmap)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(64), b"not a checkpoint\n", "zip"],
+    ids=["jpeg", "text", "zip-of-other-files"],
+)
+def test_e_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path: Path, content) -> None:
+    """A JPEG passed as --ckpt_path was 'corrupt or truncated', as if a checkpoint had been damaged."""
+    import zipfile
+
+    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+
+    path = tmp_path / "photo.jpg"
+    if content == "zip":
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("images/cat.jpg", b"\xff\xd8\xff")
+    else:
+        path.write_bytes(content)
+    with pytest.raises(UserError) as refused:
+        load_checkpoint_file(path)
+    assert str(refused.value) == (
+        f"{path} is not a checkpoint (not a file torch.save writes): pass --ckpt_path=PATH to a .ckpt that a"
+        " run wrote"
+    )
 
 
 # ---- f: impossible launch arguments ----------------------------------------------------------------

@@ -51,6 +51,27 @@ def _unsafe_globals(path: Path) -> list[str]:
         return []
 
 
+# What torch.save writes starts with one of these: a zip archive (torch ≥ 1.6), or a pickle of protocol 2
+# or later (the legacy format). Anything else (a JPEG, a text file) is not a checkpoint at all.
+ZIP_MAGIC = b"PK\x03\x04"
+PICKLE_MAGIC = b"\x80"
+
+
+def _is_torch_file(path: Path) -> bool:
+    """Whether ``path`` is laid out as a file torch.save writes (complete or not): an empty file or one that
+    starts with torch's bytes is a checkpoint cut short; a zip archive without a pickle is not one."""
+    with open(path, "rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    if not head:
+        return True  # nothing written: a truncated checkpoint
+    if head.startswith(ZIP_MAGIC):
+        if not zipfile.is_zipfile(path):
+            return True  # a zip cut short (its directory is at the end)
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("data.pkl") for name in archive.namelist())
+    return head.startswith(PICKLE_MAGIC)
+
+
 def _fsync_dir(directory: Path) -> None:
     # Makes the rename itself durable (POSIX); not possible on every platform/filesystem.
     try:
@@ -108,6 +129,15 @@ def load_checkpoint_file(
         )
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
+    try:
+        torch_file = _is_torch_file(path)
+    except (OSError, zipfile.BadZipFile):  # unreadable: torch.load's error below says so
+        torch_file = True
+    if not torch_file:
+        raise UserError(
+            f"{path} is not a checkpoint (not a file torch.save writes): pass --ckpt_path=PATH to a .ckpt"
+            " that a run wrote"
+        )
     # torch.save's zip format: a legacy (pre-1.6) file cannot be memory-mapped, and the names a refused
     # pickle holds can be read from the zip without running it.
     is_zip = zipfile.is_zipfile(path)
