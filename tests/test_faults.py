@@ -556,7 +556,7 @@ def corrupt(good: Path, out: Path, kind: str) -> Path:
         ("truncated", "is corrupt or truncated"),
         ("not_torch", "is not a checkpoint (not a file torch.save writes)"),
         ("mismatched", "does not fit LeNetCIFAR: 2 tensors of another shape (first: net."),
-        ("unsafe", "holds objects that are not safe to load"),
+        ("unsafe", "is not trusted: it holds pickled code or objects that lit_ddp does not load"),
         ("missing", "does not exist"),
         ("folder", "is a folder, not a checkpoint file: pass --ckpt_path="),
     ],
@@ -604,7 +604,7 @@ def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path:
     assert load_checkpoint_file(legacy, mmap=mmap)["state_dict"]["w"].sum() == 2
     unsafe = tmp_path / "unsafe.ckpt"
     torch.save({"state_dict": {}, "extra": subprocess.CompletedProcess(args=["true"], returncode=0)}, unsafe)
-    with pytest.raises(UserError, match=r"not safe to load \(\S*CompletedProcess\)"):
+    with pytest.raises(UserError, match=r"is not trusted: .* \(\S*CompletedProcess\)"):
         load_checkpoint_file(unsafe, mmap=mmap)
     for cut in (40, 0):  # a legacy pickle cut short, an empty file
         truncated = tmp_path / "truncated.ckpt"
@@ -615,6 +615,35 @@ def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path:
     zipped.write_bytes(unsafe.read_bytes()[:100])  # a zip cut short
     with pytest.raises(UserError, match="is corrupt or truncated"):
         load_checkpoint_file(zipped, mmap=mmap)
+
+
+class RunsACommand:
+    """What a crafted checkpoint pickles: unpickling it calls os.system."""
+
+    def __init__(self, witness: Path) -> None:
+        self.witness = witness
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.witness}",)
+
+
+def test_e_a_checkpoint_that_pickles_code_is_not_trusted_and_never_told_to_allow_list_it(
+    tmp_path: Path,
+) -> None:
+    """It said "allow-list them with torch.serialization.add_safe_globals([...])": impossible from the
+    command line, and an invitation to allow-list posix.system."""
+    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+
+    crafted, witness = tmp_path / "crafted.ckpt", tmp_path / "ran"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": RunsACommand(witness)}}, crafted)
+    with pytest.raises(UserError) as refused:
+        load_checkpoint_file(crafted)
+    assert str(refused.value) == (
+        f"checkpoint {crafted} is not trusted: it holds pickled code or objects that lit_ddp does not load"
+        f" ({os.system.__module__}.system), which no lit_ddp or Lightning run writes, and nothing in it was"
+        " run: pass --ckpt_path=PATH to a checkpoint that a run wrote"
+    )
+    assert not witness.exists()
 
 
 @pytest.mark.parametrize(

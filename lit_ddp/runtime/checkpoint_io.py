@@ -8,8 +8,8 @@
   where /tmp is a local disk and checkpoints live on a shared filesystem, that move is a copy, and a crash
   during it truncates the target; nothing is fsync-ed; a small /tmp fails large checkpoints.
 * Reads use ``torch.load(weights_only=True)``: a checkpoint cannot run code when it is loaded. lit_ddp's
-  own hyperparameter types are allow-listed. A missing, truncated or foreign file is a ``UserError``
-  naming it.
+  own hyperparameter types are allow-listed. A missing, truncated or foreign file, or one that pickles
+  other objects, is a ``UserError`` naming it.
 """
 
 import os
@@ -45,10 +45,12 @@ def is_local_path(path) -> bool:
 
 def _unsafe_globals(path: Path) -> list[str]:
     """The classes and functions the file's pickle names that weights_only loading refuses."""
+    allowed = {f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
     try:
-        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except (ValueError, RuntimeError, OSError, zipfile.BadZipFile):  # not a readable torch.save zip
         return []
+    return [name for name in names if name not in allowed]
 
 
 # What torch.save writes starts with one of these: a zip archive (torch ≥ 1.6), or a pickle of protocol 2
@@ -149,10 +151,11 @@ def load_checkpoint_file(
     except pickle.UnpicklingError as err:
         unsafe = _unsafe_globals(path) if is_zip and weights_only else []
         if unsafe:
+            # Never advice to allow-list them: they are what a crafted file runs (posix.system).
             raise UserError(
-                f"checkpoint {path} holds objects that are not safe to load ({', '.join(sorted(unsafe))}):"
-                " if you trust the file, allow-list them with torch.serialization.add_safe_globals([...])"
-                " before loading"
+                f"checkpoint {path} is not trusted: it holds pickled code or objects that lit_ddp does not"
+                f" load ({', '.join(sorted(unsafe))}), which no lit_ddp or Lightning run writes, and nothing"
+                " in it was run: pass --ckpt_path=PATH to a checkpoint that a run wrote"
             ) from err
         raise UserError(
             f"checkpoint {path} is corrupt or truncated (not a torch checkpoint): use an earlier checkpoint"
