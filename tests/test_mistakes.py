@@ -141,13 +141,13 @@ def test_16_mixed_on_a_cpu_is_recorded_as_the_bf16_mixed_that_ran(tmp_path: Path
 
 
 def test_a_warmup_longer_than_the_run_is_cut_with_a_note(tmp_path: Path, caplog) -> None:
-    """--trainer.max_steps=3 with a 2-epoch warmup (4 steps): the warmup was cut to 2 steps without a word."""
+    """--trainer.max_steps=3 with a 2-epoch warmup (4 steps): the warmup was cut to 3 steps without a word."""
     args = [*TINY, "--trainer.max_steps=3", "--model.optim.warmup_epochs=2", "--trainer.max_epochs=5"]
     with caplog.at_level("INFO"):
         build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}"])
     assert (
         "lit_ddp: note: --model.optim.warmup_epochs=2.0 is 4 steps, more than the run's 3: the warmup is cut"
-        " to 2 steps, so the lr reaches its peak only at the last step"
+        " to 3 steps, so the lr reaches its peak only at the last step"
     ) in caplog.messages
 
 

@@ -223,6 +223,23 @@ def test_warmup_then_cosine_schedule() -> None:
     assert [step(0), step(30), step(60)] == pytest.approx([1.0, 0.1, 0.01])
 
 
+def test_a_warmup_as_long_as_the_run_is_kept_and_only_a_longer_one_is_cut(caplog) -> None:
+    """A one-epoch run with warmup_epochs=1 printed "1.0 is 3 steps, more than the run's 3: the warmup is
+    cut to 2 steps", and the cut made its lr peak one step early."""
+    cfg = OptimConfig(warmup_epochs=1.0, schedule="cosine")
+    with caplog.at_level("INFO"):
+        _, scheduler = build_optimizer(LeNet(), cfg, global_batch=32, total_steps=3, steps_per_epoch=3)
+    assert not [m for m in caplog.messages if "warmup" in m]
+    assert [scheduler.lr_lambdas[0](step) for step in range(3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    with caplog.at_level("INFO"):
+        _, scheduler = build_optimizer(LeNet(), cfg, global_batch=32, total_steps=2, steps_per_epoch=3)
+    assert (
+        "lit_ddp: note: --model.optim.warmup_epochs=1.0 is 3 steps, more than the run's 2: the warmup is cut"
+        " to 2 steps, so the lr reaches its peak only at the last step"
+    ) in caplog.messages
+    assert [scheduler.lr_lambdas[0](step) for step in range(2)] == pytest.approx([0.5, 1.0])
+
+
 def test_scale_lr_multiplies_by_global_batch_over_base() -> None:
     cfg = OptimConfig(name="sgd", lr=0.1, scale_lr=True, base_batch_size=256)
     optimizer, _ = build_optimizer(LeNet(), cfg, global_batch=1024, total_steps=10, steps_per_epoch=10)

@@ -132,7 +132,7 @@ def lr_lambda(schedule: str, total_steps: float, warmup_steps: int) -> Callable[
     """Multiplier of the base lr at optimizer step ``step`` (LambdaLR stepped every optimizer step)."""
     shape = SCHEDULES[schedule]
     total_steps = max(total_steps, 1)
-    warmup_steps = min(warmup_steps, total_steps - 1)
+    warmup_steps = min(warmup_steps, total_steps)  # a warmup as long as the run peaks at its last step
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -221,7 +221,7 @@ def build_optimizer(
         for group in optimizer.param_groups:
             group["lr"] *= global_batch / cfg.base_batch_size
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
-    cut = min(warmup_steps, max(total_steps, 1) - 1)  # what lr_lambda keeps
+    cut = min(warmup_steps, max(total_steps, 1))  # what lr_lambda keeps
     if cut < warmup_steps:
         rank_zero_info(
             f"lit_ddp: note: --model.optim.warmup_epochs={cfg.warmup_epochs} is {warmup_steps} steps, more"
