@@ -240,6 +240,39 @@ def test_a_warmup_as_long_as_the_run_is_kept_and_only_a_longer_one_is_cut(caplog
     assert [scheduler.lr_lambdas[0](step) for step in range(2)] == pytest.approx([0.5, 1.0])
 
 
+def test_a_resumed_schedule_says_when_it_was_rebuilt_for_another_length(caplog) -> None:
+    """A run stopped early and resumed with a larger --trainer.max_epochs continued on a cosine rebuilt for
+    the new length, and ended away from the uninterrupted run, with no word."""
+
+    def state(schedule: str, total_steps: int, steps_done: int = 4) -> dict:
+        optimizer, scheduler = build_optimizer(
+            LeNet(), OptimConfig(schedule=schedule), 32, total_steps, steps_per_epoch=4
+        )
+        for _ in range(steps_done):
+            optimizer.step()
+            scheduler.step()
+        return scheduler.state_dict()
+
+    def resumed(saved: dict, schedule: str, total_steps: int) -> list[str]:
+        _, scheduler = build_optimizer(LeNet(), OptimConfig(schedule=schedule), 32, total_steps, 4)
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            scheduler.load_state_dict(saved)
+        assert scheduler.last_epoch == 4
+        return [m for m in caplog.messages if "learning-rate schedule" in m]
+
+    assert resumed(state("cosine", 8), "cosine", 16) == [
+        "lit_ddp: note: the checkpoint's learning-rate schedule spans 8 steps, this run's 16 steps (its"
+        " budget, --trainer.max_epochs or --trainer.max_steps, decides the length): the lr continues from"
+        " step 4 on this run's schedule, so the run ends with other weights than one trained with this budget"
+        " from the start"
+    ]
+    assert resumed(state("cosine", 8), "cosine", 8) == []  # the same budget: the uninterrupted run
+    assert resumed(state("constant", 8), "constant", 16) == []  # a curve of any length
+    legacy = {k: v for k, v in state("cosine", 8).items() if k != "built_for"}  # length not recorded
+    assert resumed(legacy, "cosine", 16) == []
+
+
 def test_scale_lr_multiplies_by_global_batch_over_base() -> None:
     cfg = OptimConfig(name="sgd", lr=0.1, scale_lr=True, base_batch_size=256)
     optimizer, _ = build_optimizer(LeNet(), cfg, global_batch=1024, total_steps=10, steps_per_epoch=10)

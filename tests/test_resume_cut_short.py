@@ -157,14 +157,23 @@ def test_the_stop_line_names_the_budget_a_resume_must_raise() -> None:
     assert _budget_to_raise(trainer(max_steps=100, callbacks=[left])) == ""  # a callback's should_stop
 
 
-def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, capsys) -> None:
+def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, capsys, caplog) -> None:
     """Lightning skips the training loop of a run that has reached its max_epochs and says so; the line
     now also says how to train on, as for a run cut short."""
-    fit(tmp_path, "--trainer.max_epochs=1")
+    cosine = "--model.optim.schedule=cosine"  # a schedule whose curve the budget decides
+    fit(tmp_path, "--trainer.max_epochs=1", cosine)
     capsys.readouterr()
-    cli = fit(tmp_path, "--trainer.max_epochs=1", "--ckpt_path=last")
+    with caplog.at_level("INFO"):
+        cli = fit(tmp_path, "--trainer.max_epochs=1", cosine, "--ckpt_path=last")
     assert cli.trainer.global_step == 4  # the checkpoint's: nothing trained
     out = capsys.readouterr().out
     assert "ends a finished run (resume it with --ckpt_path=last and a larger --trainer.max_epochs" in out
-    fit(tmp_path, "--trainer.max_epochs=2", "--ckpt_path=last")  # trains on: no such line
+    assert not [m for m in caplog.messages if "schedule spans" in m]  # the same budget: the same schedule
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        fit(tmp_path, "--trainer.max_epochs=2", cosine, "--ckpt_path=last")  # trains on: no such line
     assert "nothing to train" not in capsys.readouterr().out
+    # ...on a schedule rebuilt for the new budget, which it says once
+    note = "lit_ddp: note: the checkpoint's learning-rate schedule spans 4 steps, this run's 8 steps"
+    notes = [m for m in caplog.messages if "schedule spans" in m]
+    assert len(notes) == 1 and notes[0].startswith(note), notes

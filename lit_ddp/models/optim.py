@@ -146,6 +146,42 @@ def lr_lambda(schedule: str, total_steps: float, warmup_steps: int) -> Callable[
 NEEDS_LENGTH = ("cosine", "step")
 
 
+class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
+    """``lr_lambda``'s curve, which keeps in its state (and so in a checkpoint) the run length it was built
+    for, and says in one line when a resumed run rebuilt it for another.
+
+    A resume continues at the step reached on the curve of the run's own budget (``--trainer.max_epochs``,
+    ``max_steps``): the same budget is the uninterrupted run, step for step; a larger one moves the lr to the
+    new curve's value there, so the run ends with other weights than one given that budget from the start.
+    """
+
+    def __init__(self, optimizer: Optimizer, schedule: str, total_steps: float, warmup_steps: int) -> None:
+        # What the curve depends on: its length (a decaying schedule's) and its warmup, as lr_lambda cuts it.
+        self.built_for = {
+            "steps": total_steps if schedule in NEEDS_LENGTH else None,
+            "warmup_steps": min(warmup_steps, max(total_steps, 1)),
+        }
+        super().__init__(optimizer, lr_lambda(schedule, total_steps, warmup_steps))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("built_for")  # absent from checkpoints written before it was recorded
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "built_for"})
+        if saved is None or saved == self.built_for:
+            return
+        rank_zero_info(
+            f"lit_ddp: note: the checkpoint's learning-rate schedule spans {_curve(saved)}, this run's"
+            f" {_curve(self.built_for)} (its budget, --trainer.max_epochs or --trainer.max_steps, decides the"
+            f" length): the lr continues from step {self.last_epoch} on this run's schedule, so the run ends"
+            " with other weights than one trained with this budget from the start"
+        )
+
+
+def _curve(built_for: dict) -> str:
+    steps, warmup = built_for.get("steps"), built_for.get("warmup_steps")
+    length = "any length (constant)" if steps is None else f"{int(steps)} steps"  # an open end is refused
+    return f"{length} with {warmup} warmup steps" if warmup else length
+
+
 # A param group's flags that say how torch computes the update, not what the update is.
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
 
@@ -184,7 +220,7 @@ def build_optimizer(
     clips_under_amp: bool = False,
     trained_as: nn.Module | None = None,
     replayed_on: torch.device | None = None,
-) -> tuple[Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+) -> tuple[Optimizer, RunSchedule]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
     ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
     ``clips_under_amp``: gradients are clipped under Lightning's mixed precision (16-mixed or bf16-mixed),
@@ -228,7 +264,4 @@ def build_optimizer(
             f" than the run's {int(total_steps)}: the warmup is cut to {int(cut)} steps, so the lr reaches"
             " its peak only at the last step"
         )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(cfg.schedule, total_steps, warmup_steps)
-    )
-    return optimizer, scheduler
+    return optimizer, RunSchedule(optimizer, cfg.schedule, total_steps, warmup_steps)
