@@ -174,6 +174,20 @@ def _s3_errors(dest: str) -> Iterator[None]:
         raise UserError(problem) from err
 
 
+def _check_apart(src: Path, dest: str) -> None:
+    """Refuse a local DEST that is SRC, lies inside it or holds it (links resolved): publishing replaces
+    DEST's split folders, which would be SRC's own images."""
+    if is_remote(dest):
+        return
+    s, d = os.path.realpath(src), os.path.realpath(dest)
+    if s == d or os.path.commonpath([s, d]) in (s, d):
+        where = "is SRC" if s == d else "lies inside SRC" if os.path.commonpath([s, d]) == s else "holds SRC"
+        raise UserError(
+            f"DEST {dest} {where} ({src}): the shards would replace or mix with the images; pass a DEST"
+            " outside SRC"
+        )
+
+
 def _check_dest(dest: str) -> None:
     """Refuse a DEST holding finished shards or anything not written by an earlier, interrupted run."""
     ours = {PARTIAL, *SPLITS}
@@ -229,6 +243,7 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     root = Path(src)
     if not root.is_dir():
         raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
+    _check_apart(root, dest)
     cifar = find_folder(root)
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
         raise _not_a_source(root)

@@ -1,0 +1,57 @@
+"""`python -m lit_ddp shard SRC DEST` loses nothing and writes nothing half (issue 50): DEST and SRC apart,
+a user's files in DEST kept, one writer per DEST, Ctrl-C, a full or read-only DEST, links across classes,
+and option values at their extremes. Each refusal is one line, exit 2, before DEST is written."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from imagenet_tree import make_tree
+
+from lit_ddp.cli import main
+
+
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def shard(capsys, *args: str | Path) -> Ran:
+    """``python -m lit_ddp shard ARGS`` in this process (the command line's own main: its exit code and
+    its one line on stderr), cheaper than a subprocess where no signal or second process is involved."""
+    capsys.readouterr()
+    try:
+        main(["shard", *map(str, args)])
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return Ran(code, out, err)
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refused(proc, *parts: str) -> None:
+    """Exit 2 and one line on stderr holding ``parts``."""
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith("lit_ddp: error: ") and all(p in proc.stderr for p in parts), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("dest", "where"), [("link", "is SRC"), ("tree/train/shards", "lies inside SRC"), (".", "holds SRC")]
+)
+def test_a_dest_that_is_src_inside_it_or_holding_it_is_refused_and_no_image_is_lost(
+    tmp_path: Path, capsys, dest: str, where: str
+) -> None:
+    """`shard src src` replaced src/train and src/val by shards: every image gone, exit 0."""
+    data = tmp_path / "data"
+    make_tree(data / "tree")
+    (data / "link").symlink_to(data / "tree")  # the same folder under another name: caught too
+    before = files(data)
+    proc = shard(capsys, data / "tree", data / dest)
+    refused(proc, where, "pass a DEST outside SRC")
+    assert files(data) == before
