@@ -55,3 +55,26 @@ def test_a_dest_that_is_src_inside_it_or_holding_it_is_refused_and_no_image_is_l
     proc = shard(capsys, data / "tree", data / dest)
     refused(proc, where, "pass a DEST outside SRC")
     assert files(data) == before
+
+
+@pytest.mark.parametrize("mine", ["train/my_cat/photo.txt", "val/notes.txt", "test/shard.00000.mds/a.txt"])
+def test_a_users_file_under_a_split_folder_of_dest_is_refused_and_kept(
+    tmp_path: Path, capsys, mine: str
+) -> None:
+    """DEST/train/ was taken for an interrupted run's and replaced whole: the user's file in it was gone."""
+    make_tree(tmp_path / "tree")
+    (tmp_path / "dest" / mine).parent.mkdir(parents=True)
+    (tmp_path / "dest" / mine).write_text("mine")
+    refused(shard(capsys, tmp_path / "tree", tmp_path / "dest"), f"holds other files ({mine})", "empty DEST")
+    assert files(tmp_path / "dest") == {mine: b"mine"}
+
+
+def test_the_split_folders_an_interrupted_publish_left_are_replaced(tmp_path: Path, capsys) -> None:
+    make_tree(tmp_path / "tree")
+    assert shard(capsys, tmp_path / "tree", tmp_path / "ref", "--shard-mb=0.05").returncode == 0
+    dest = tmp_path / "dest"
+    (dest / "train").mkdir(parents=True)  # moved into place, the manifest not yet written
+    for name in ("index.json", "shard.00000.mds", "shard.00007.mds"):
+        (dest / "train" / name).write_bytes(b"half")
+    assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0
+    assert files(dest) == files(tmp_path / "ref")

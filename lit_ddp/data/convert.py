@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -188,9 +189,33 @@ def _check_apart(src: Path, dest: str) -> None:
         )
 
 
+# What a run writes into DEST/<split>/ (MDS's names); the publish step replaces a split folder that holds
+# only these, left by an interrupted run. Anything else in it is a user's and is never deleted.
+OURS_IN_SPLIT = re.compile(r"index\.json|shard\.\d+\.mds")
+
+
+def _not_ours(dest: str) -> list[str]:
+    """The entries of a local DEST that no run of ``shard`` wrote, as paths relative to DEST."""
+    others = []
+    for name in sorted(os.listdir(dest)):
+        path = os.path.join(dest, name)
+        if name == PARTIAL and os.path.isdir(path) and not os.path.islink(path):
+            continue  # an interrupted run's work folder: started over
+        if name not in SPLITS or os.path.islink(path) or not os.path.isdir(path):
+            others.append(name)
+            continue
+        for folder, dirs, names in os.walk(path):  # links to folders are listed, not followed
+            rel = os.path.relpath(folder, dest).replace(os.sep, "/")
+            top = folder == path
+            others += [f"{rel}/{n}" for n in names if not (top and OURS_IN_SPLIT.fullmatch(n))]
+            others += [f"{rel}/{n}" for n in dirs if os.path.islink(os.path.join(folder, n))]
+            if not (top or names or dirs):
+                others.append(f"{rel}/")
+    return sorted(others)
+
+
 def _check_dest(dest: str) -> None:
     """Refuse a DEST holding finished shards or anything not written by an earlier, interrupted run."""
-    ours = {PARTIAL, *SPLITS}
     if is_remote(dest):
         with _s3_errors(dest):
             keys = S3Store(dest).keys()
@@ -198,18 +223,22 @@ def _check_dest(dest: str) -> None:
             raise UserError(
                 f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
             )
-        others = [k for k in keys if k.split("/")[0] not in ours]
+        others = [k for k in keys if not _ours_in_store(k)]
     else:
         if (Path(dest) / MANIFEST).exists():
             raise UserError(
                 f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
             )
-        others = sorted(os.listdir(dest)) if os.path.isdir(dest) else []
-        others = [k for k in others if k not in ours]
         if os.path.exists(dest) and not os.path.isdir(dest):
             raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
+        others = _not_ours(dest) if os.path.isdir(dest) else []
     if others:
         raise UserError(f"{dest} holds other files ({', '.join(others[:3])}): pass an empty DEST")
+
+
+def _ours_in_store(key: str) -> bool:
+    split, _, name = key.partition("/")
+    return split in SPLITS and OURS_IN_SPLIT.fullmatch(name) is not None
 
 
 def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
