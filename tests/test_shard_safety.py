@@ -2,13 +2,18 @@
 a user's files in DEST kept, one writer per DEST, Ctrl-C, a full or read-only DEST, links across classes,
 and option values at their extremes. Each refusal is one line, exit 2, before DEST is written."""
 
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import s3
 from imagenet_tree import make_tree
 
 from lit_ddp.cli import main
+
+s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
 
 
 @dataclass
@@ -78,3 +83,66 @@ def test_the_split_folders_an_interrupted_publish_left_are_replaced(tmp_path: Pa
         (dest / "train" / name).write_bytes(b"half")
     assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0
     assert files(dest) == files(tmp_path / "ref")
+
+
+class HeldRun:
+    """``convert(SRC, DEST)`` on a thread of this process, held at its first file read until ``go()``:
+    a run mid-way, for as long as the test needs it (the test waits for the read, not for a time)."""
+
+    def __init__(self, monkeypatch, src: Path, dest: str) -> None:
+        from lit_ddp.data import convert as module
+
+        self.reading, self.released, read = threading.Event(), threading.Event(), module._read_file
+
+        first = threading.Lock()
+
+        def held(path: str) -> bytes:
+            if first.acquire(blocking=False):  # the run's first read waits; the run waits for it
+                self.reading.set()
+                self.released.wait(timeout=120)
+            return read(path)
+
+        monkeypatch.setattr(module, "_read_file", held)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(module.convert, src, dest), daemon=True)
+        self.thread.start()
+        assert self.reading.wait(timeout=120), "the held run never read a file"
+
+    def _run(self, convert, src: Path, dest: str) -> None:
+        try:
+            convert(str(src), dest, shard_mb=0.05)
+        except BaseException as err:  # noqa: BLE001 (handed to the test)
+            self.error = err
+
+    def go(self) -> None:
+        self.released.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive() and self.error is None, self.error
+
+
+@pytest.mark.parametrize("where", ["folder", "s3"])
+def test_a_second_shard_run_into_a_dest_being_written_is_refused_and_the_first_completes(
+    tmp_path: Path, capsys, monkeypatch, request, where: str
+) -> None:
+    """Locally the second run died on FileExistsError (or started the first's work over); into one S3 prefix
+    both reported success while the bucket held one of them."""
+    make_tree(tmp_path / "tree")
+    assert shard(capsys, tmp_path / "tree", tmp_path / "ref", "--shard-mb=0.05").returncode == 0
+    if where == "s3":
+        server = request.getfixturevalue("s3_server")
+        dest = f"s3://{server.bucket}/tree"
+    else:
+        dest = str(tmp_path / "dest")
+    first = HeldRun(monkeypatch, tmp_path / "tree", dest)
+    second = shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05")
+    refused(second, f"another shard run is writing into {dest} (pid {os.getpid()} on ", "wait for it to end")
+    first.go()
+    if where == "s3":
+        client = server.client()
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=server.bucket)["Contents"]]
+        got = {k[len("tree/") :]: client.get_object(Bucket=server.bucket, Key=k)["Body"].read() for k in keys}
+        assert got == files(tmp_path / "ref")  # the first run's shards, whole; its lock gone
+    else:
+        assert files(tmp_path / "dest") == files(tmp_path / "ref")
+    again = shard(capsys, tmp_path / "tree", dest)
+    refused(again, "already holds shards")  # the lock is gone: the next run looks at DEST itself

@@ -11,7 +11,7 @@ The same input gives byte-identical shards: samples in sorted order, a shard clo
 writer (``MDSWriter``, data/mds.py) fed in order while a pool of processes reads the files. The shards are
 written under ``DEST/.lit_ddp-partial`` (or a local temporary folder for s3://) and moved into place when
 complete, ``lit_ddp.json`` last: an interrupted run leaves no manifest, and a re-run starts over. A DEST
-that holds anything else is refused.
+that holds anything else is refused, and so is a second run into a DEST that one is writing (dest_lock.py).
 """
 
 import argparse
@@ -38,6 +38,7 @@ from lit_ddp.data.cifar10 import (
     missing_files,
     read_split,
 )
+from lit_ddp.data.dest_lock import LOCK, local_lock, store_lock
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
 from lit_ddp.data.mds import MDSWriter
@@ -199,6 +200,8 @@ def _not_ours(dest: str) -> list[str]:
     others = []
     for name in sorted(os.listdir(dest)):
         path = os.path.join(dest, name)
+        if name == LOCK:
+            continue  # this run's
         if name == PARTIAL and os.path.isdir(path) and not os.path.islink(path):
             continue  # an interrupted run's work folder: started over
         if name not in SPLITS or os.path.islink(path) or not os.path.isdir(path):
@@ -229,26 +232,28 @@ def _check_dest(dest: str) -> None:
             raise UserError(
                 f"{dest} already holds shards ({MANIFEST}): pass an empty DEST or delete them first"
             )
-        if os.path.exists(dest) and not os.path.isdir(dest):
-            raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
-        others = _not_ours(dest) if os.path.isdir(dest) else []
+        others = _not_ours(dest)
     if others:
         raise UserError(f"{dest} holds other files ({', '.join(others[:3])}): pass an empty DEST")
 
 
 def _ours_in_store(key: str) -> bool:
+    if key == LOCK:
+        return True  # this run's
     split, _, name = key.partition("/")
     return split in SPLITS and OURS_IN_SPLIT.fullmatch(name) is not None
 
 
-def _publish(work: Path, dest: str, splits: list[str], manifest: bytes) -> None:
+def _publish(work: Path, dest: str, splits: list[str], manifest: bytes, still_ours=None) -> None:
     if is_remote(dest):
         store = S3Store(dest)
         with _s3_errors(dest):
+            still_ours()
             for split in splits:  # shards first, each split's index after its shards, the manifest last
                 for shard in sorted((work / split).glob("*.mds")):
                     store.upload(f"{split}/{shard.name}", str(shard))
                 store.upload(f"{split}/{INDEX}", str(work / split / INDEX))
+            still_ours()
             store.write(MANIFEST, manifest)
         return
     for split in splits:
@@ -276,7 +281,24 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     cifar = find_folder(root)
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
         raise _not_a_source(root)
-    _check_dest(dest)
+    if is_remote(dest):
+        store = S3Store(dest)
+        with _s3_errors(dest), store_lock(store) as still_ours:
+            _check_dest(dest)
+            return _shard_into(root, cifar, dest, shard_mb, workers, still_ours)
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    with local_lock(Path(dest)):
+        _check_dest(dest)
+        return _shard_into(root, cifar, dest, shard_mb, workers, None)
+
+
+def _shard_into(
+    root: Path, cifar: Path | None, dest: str, shard_mb: float, workers: int | None, still_ours
+) -> dict:
+    """The conversion, DEST's lock held and DEST checked; ``still_ours``: S3's check that the lock is still
+    this run's, before uploading and before publishing."""
     if is_remote(dest):
         tmp = tempfile.TemporaryDirectory(prefix="lit_ddp-shard-")
         work = Path(tmp.name)
@@ -302,7 +324,7 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
             pool.shutdown(cancel_futures=True)
     manifest = {"lit_ddp_shards": FORMAT_VERSION, "format": "mds", **meta, "splits": splits}
     encoded = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-    _publish(work, dest, list(splits), encoded)
+    _publish(work, dest, list(splits), encoded, still_ours)
     if tmp is not None:
         tmp.cleanup()
     else:
