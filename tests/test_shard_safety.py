@@ -3,6 +3,7 @@ a user's files in DEST kept, one writer per DEST, Ctrl-C, a full or read-only DE
 and option values at their extremes. Each refusal is one line, exit 2, before DEST is written."""
 
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,3 +147,60 @@ def test_a_second_shard_run_into_a_dest_being_written_is_refused_and_the_first_c
         assert files(tmp_path / "dest") == files(tmp_path / "ref")
     again = shard(capsys, tmp_path / "tree", dest)
     refused(again, "already holds shards")  # the lock is gone: the next run looks at DEST itself
+
+
+@pytest.mark.parametrize(("signum", "where"), [(signal.SIGINT, "folder"), (signal.SIGTERM, "s3")])
+def test_ctrl_c_or_sigterm_mid_shard_is_one_line_leaves_nothing_and_a_rerun_completes(
+    tmp_path: Path, capsys, monkeypatch, request, signum: int, where: str
+) -> None:
+    """Ctrl-C printed a KeyboardInterrupt traceback; SIGTERM into S3 would leave the prefix's lock behind.
+    The signal is real, sent to this process while the run (on the main thread, as the command's) waits
+    at its first file read."""
+    from lit_ddp.data import convert as module
+
+    make_tree(tmp_path / "tree")
+    assert shard(capsys, tmp_path / "tree", tmp_path / "ref", "--shard-mb=0.05").returncode == 0
+    if where == "s3":
+        server = request.getfixturevalue("s3_server")
+        dest = f"s3://{server.bucket}/tree"
+
+        def left() -> list[str]:
+            listed = server.client().list_objects_v2(Bucket=server.bucket)
+            return [o["Key"] for o in listed.get("Contents", [])]
+    else:
+        dest = str(tmp_path / "dest")
+
+        def left() -> list[str]:
+            return os.listdir(dest) if os.path.exists(dest) else []
+
+    reading, released, read, first = threading.Event(), threading.Event(), module._read_file, threading.Lock()
+
+    def held(path: str) -> bytes:
+        if first.acquire(blocking=False):
+            reading.set()
+            released.wait(timeout=120)
+        return read(path)
+
+    def stop() -> None:
+        assert reading.wait(timeout=120)
+        os.kill(os.getpid(), signum)  # handled on the main thread once it runs Python again
+        released.set()
+
+    def unhandled(*_) -> None:
+        raise AssertionError("shard's main left SIGTERM to the default action (which ends the process)")
+
+    monkeypatch.setattr(module, "_read_file", held)
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        stopper = threading.Thread(target=stop, daemon=True)
+        stopper.start()
+        proc = shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05")
+        stopper.join(timeout=120)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+    assert proc.returncode == 128 + signum and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr.startswith(f"lit_ddp: shard stopped by {name}: nothing is published in {dest}")
+    assert left() == []  # no partial shards, no lock, no DEST folder this run made
+    monkeypatch.setattr(module, "_read_file", read)
+    assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0

@@ -20,8 +20,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -288,10 +290,21 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
             return _shard_into(root, cifar, dest, shard_mb, workers, still_ours)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
+    created = not os.path.exists(dest)
     Path(dest).mkdir(parents=True, exist_ok=True)
-    with local_lock(Path(dest)):
-        _check_dest(dest)
-        return _shard_into(root, cifar, dest, shard_mb, workers, None)
+    try:
+        with local_lock(Path(dest)):
+            _check_dest(dest)
+            try:
+                return _shard_into(root, cifar, dest, shard_mb, workers, None)
+            except BaseException:  # an error, Ctrl-C, SIGTERM: no half-written shards left behind
+                shutil.rmtree(Path(dest) / PARTIAL, ignore_errors=True)
+                raise
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(dest)  # made by this run and left empty
+        raise
 
 
 def _shard_into(
@@ -332,6 +345,32 @@ def _shard_into(
     return manifest
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, as Ctrl-C's KeyboardInterrupt is: the same clean-up follows."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, ``kill``) ends the command as Ctrl-C does, through the clean-up that
+    removes the partial shards and an S3 DEST's lock; outside the main thread, signals stay as they are."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str], prog: str = "python -m lit_ddp shard") -> None:
     """``prog``: the name in its usage and errors (a project's own: ``python -m my_project shard``)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
@@ -341,7 +380,18 @@ def main(argv: list[str], prog: str = "python -m lit_ddp shard") -> None:
     parser.add_argument("--workers", type=int, default=None, help="file-reading threads (default: 4 per CPU)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    manifest = convert(args.src, args.dest, args.shard_mb, args.workers)
+    try:
+        with _stopped_by_sigterm():
+            manifest = convert(args.src, args.dest, args.shard_mb, args.workers)
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        print(
+            f"lit_ddp: shard stopped by {name}: nothing is published in {args.dest} (its partial shards"
+            " removed); run the command again to shard it",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signum)
     seconds = time.perf_counter() - started
     samples = sum(s["samples"] for s in manifest["splits"].values())
     print(f"shard: {samples:,} samples in {seconds:.1f} s ({samples / seconds:,.0f}/s) → {args.dest}")
