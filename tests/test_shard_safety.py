@@ -204,3 +204,26 @@ def test_ctrl_c_or_sigterm_mid_shard_is_one_line_leaves_nothing_and_a_rerun_comp
     assert left() == []  # no partial shards, no lock, no DEST folder this run made
     monkeypatch.setattr(module, "_read_file", read)
     assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        ("--shard-mb=-1", "--shard-mb=-1.0 cannot be negative"),
+        ("--shard-mb=nan", "--shard-mb=nan cannot be negative or nan"),
+        ("--shard-mb=inf", "--shard-mb=inf is 4096 MiB or more"),
+        ("--shard-mb=4096", "--shard-mb=4096.0 is 4096 MiB or more"),
+        ("--shard-mb=1e-9", "--shard-mb=1e-09 is under one byte"),
+        ("--workers=-3", "--workers=-3 cannot be negative"),
+    ],
+)
+def test_a_shard_option_at_an_extreme_is_one_line_naming_it_alone(
+    tmp_path: Path, capsys, option: str, says: str
+) -> None:
+    """--shard-mb=-1 named --workers too; nan, inf and 4096 were tracebacks (MDS's uint32 offsets); a size
+    under a byte was taken as 0, no limit, with exit 0."""
+    make_tree(tmp_path / "tree")
+    proc = shard(capsys, tmp_path / "tree", tmp_path / "dest", option)
+    refused(proc, says)
+    other = "--shard-mb" if option.startswith("--workers") else "--workers"
+    assert other not in proc.stderr and not (tmp_path / "dest").exists()

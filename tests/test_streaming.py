@@ -72,7 +72,8 @@ def test_shard_refuses_a_negative_size_or_thread_count_in_one_line(tmp_path: Pat
     make_tree(tmp_path / "tree")
     proc = shard(tmp_path / "tree", str(tmp_path / "dest"), option)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
-    assert proc.stderr.startswith("lit_ddp: error: --shard-mb=") and "cannot be negative" in proc.stderr
+    assert proc.stderr.startswith(f"lit_ddp: error: {option[:-2]}") and "cannot be negative" in proc.stderr
+    assert ("--workers" in proc.stderr) == option.startswith("--workers")  # the option given, not the other
     assert not (tmp_path / "dest").exists()  # refused before DEST is touched
 
 

@@ -17,6 +17,7 @@ that holds anything else is refused, and so is a second run into a DEST that one
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -267,15 +268,29 @@ def _publish(work: Path, dest: str, splits: list[str], manifest: bytes, still_ou
     os.replace(work / MANIFEST, Path(dest) / MANIFEST)
 
 
+def _check_options(shard_mb: float, workers: int | None) -> None:
+    """Before DEST is touched: MDSWriter and the thread pool refuse these only with a traceback, and a size
+    under one byte would be taken as 0, no limit. (0 is no size limit, one shard per split, as MDSWriter
+    takes it; --workers=0, as left out, is 4 threads per CPU; at most 256 reads are in flight whatever the
+    count.)"""
+    size = shard_mb * (1 << 20)
+    advice = "pass a shard size in MiB (64 by default), or 0 for one shard per split"
+    if math.isnan(shard_mb) or shard_mb < 0:
+        raise UserError(f"--shard-mb={shard_mb} cannot be negative or nan: {advice}")
+    if size >= 1 << 32:  # MDS stores each sample's byte offset in its shard as a uint32
+        raise UserError(f"--shard-mb={shard_mb} is 4096 MiB or more, over an MDS shard's 4 GiB: {advice}")
+    if 0 < size < 1:
+        raise UserError(f"--shard-mb={shard_mb} is under one byte: {advice}")
+    if workers is not None and workers < 0:
+        raise UserError(
+            f"--workers={workers} cannot be negative: pass a count of file-reading threads, or leave it out"
+            " (4 per CPU)"
+        )
+
+
 def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = None) -> dict:
     """Shard ``src`` into ``dest``; returns the manifest."""
-    # Checked before DEST is touched: MDSWriter and the thread pool refuse them only with a traceback.
-    # (0 stays what it was: no size limit, one shard per split, as MDSWriter takes it; the default pool.)
-    if shard_mb < 0 or (workers is not None and workers < 0):
-        raise UserError(
-            f"--shard-mb={shard_mb} and --workers={workers} cannot be negative: pass a shard size in MiB (64"
-            " by default) and a count of reading threads, or leave them out"
-        )
+    _check_options(shard_mb, workers)
     root = Path(src)
     if not root.is_dir():
         raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
