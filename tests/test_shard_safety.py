@@ -227,3 +227,15 @@ def test_a_shard_option_at_an_extreme_is_one_line_naming_it_alone(
     refused(proc, says)
     other = "--shard-mb" if option.startswith("--workers") else "--workers"
     assert other not in proc.stderr and not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///imagenet"])
+def test_a_data_url_of_s3_with_no_bucket_says_so(tmp_path: Path, monkeypatch, url: str) -> None:
+    """--data.url=s3:// read as a local folder 's3:' (no readable lit_ddp.json at s3:/lit_ddp.json)."""
+    from lit_ddp.data.streaming import StreamingDataModule
+    from lit_ddp.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as err:
+        StreamingDataModule(url=url)
+    assert str(err.value) == f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix"

@@ -39,6 +39,7 @@ from lit_ddp.data.shards import (
     ShardedSamples,
     ShardError,
     chunk_window_order,
+    is_remote,
     read_image_bytes,
     read_manifest,
 )
@@ -198,6 +199,8 @@ class StreamingDataModule(ImageDataModule):
                 f" read_timeout={read_timeout} > 0"
             )
         url = local_path(url, "--data.url")  # a YAML config's ~ and $VAR arrive unexpanded
+        if is_remote(url) and not url[len("s3://") :].partition("/")[0]:  # stripped of "/", s3:// is "s3:"
+            raise UserError(f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix")
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
         self.read_timeout = read_timeout
         self.cache_dir = Path(local_path(cache_dir, "--data.cache_dir")) if cache_dir is not None else None
