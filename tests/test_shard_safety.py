@@ -2,7 +2,9 @@
 a user's files in DEST kept, one writer per DEST, Ctrl-C, a full or read-only DEST, links across classes,
 and option values at their extremes. Each refusal is one line, exit 2, before DEST is written."""
 
+import errno
 import os
+import resource
 import signal
 import threading
 from dataclasses import dataclass
@@ -239,3 +241,47 @@ def test_a_data_url_of_s3_with_no_bucket_says_so(tmp_path: Path, monkeypatch, ur
     with pytest.raises(UserError) as err:
         StreamingDataModule(url=url)
     assert str(err.value) == f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix"
+
+
+def test_a_full_dest_is_one_line_naming_it_and_leaves_nothing_half_written(tmp_path: Path, capsys) -> None:
+    """A full disk, made without privileges: RLIMIT_FSIZE (for this call only) stops any file at 40 kB with
+    EFBIG, as ENOSPC would stop it at the disk's end. The shards of 52 kB cannot be written."""
+    make_tree(tmp_path / "tree")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, hard))
+    try:
+        proc = shard(capsys, tmp_path / "tree", tmp_path / "dest", "--shard-mb=0.05")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    refused(proc, "(File too large): nothing is published in", "raise the file size limit (ulimit -f)")
+    assert not (tmp_path / "dest").exists()  # made by the run, left with nothing in it: removed
+
+
+def test_a_read_only_dest_is_one_line_naming_it_and_the_fix(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A read-only DEST, made by a hook: a chmod does not stop root (CI), and a read-only mount needs
+    privileges. DEST refuses every file created in it with EROFS, as a read-only mount does."""
+    make_tree(tmp_path / "tree")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    create = os.open
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(str(dest)) and flags & os.O_CREAT:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return create(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    proc = shard(capsys, tmp_path / "tree", dest)
+    refused(proc, f"cannot write {dest}/.lit_ddp-lock (Read-only file system)", "remount it writable")
+    assert os.listdir(dest) == []
+
+
+def test_an_unreadable_file_in_src_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
+    """A file that cannot be read (here a link whose target is gone: chmod does not stop root) was a
+    traceback from the reading thread."""
+    make_tree(tmp_path / "tree")
+    gone = tmp_path / "tree" / "train" / "n01440764" / "gone.JPEG"
+    gone.symlink_to(tmp_path / "nowhere.JPEG")
+    proc = shard(capsys, tmp_path / "tree", tmp_path / "dest")
+    refused(proc, f"cannot read {gone} (No such file or directory): make it readable or move it out of SRC")
+    assert not (tmp_path / "dest").exists()

@@ -16,6 +16,7 @@ that holds anything else is refused, and so is a second run into a DEST that one
 
 import argparse
 import contextlib
+import errno
 import json
 import math
 import os
@@ -63,8 +64,38 @@ FORMAT_VERSION = 1
 
 
 def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise UserError(
+            f"cannot read {path} ({err.strerror or type(err).__name__}): make it readable or move it out of"
+            " SRC, then run the command again"
+        ) from err
+
+
+# What to do about each kind of failed write; any other OSError gets its own text and the last advice.
+WRITE_ADVICE = {
+    errno.ENOSPC: "free space on that disk, or pass a DEST on another",
+    errno.EDQUOT: "free some of your quota, or pass a DEST on another disk",
+    errno.EFBIG: "raise the file size limit (ulimit -f), or pass a smaller --shard-mb",
+    errno.EROFS: "remount it writable, or pass a DEST on a writable disk",
+    errno.EACCES: "make it writable, or pass a DEST you can write to",
+    errno.EPERM: "make it writable, or pass a DEST you can write to",
+}
+
+
+def _write_error(err: OSError, dest: str) -> UserError:
+    """One line for a failed write into DEST (or, for s3://, into the local folder the shards are staged
+    in, under TMPDIR): the path, the reason and the fix; nothing is published without the manifest."""
+    where = err.filename or (dest if not is_remote(dest) else f"the staging folder for {dest} (TMPDIR)")
+    advice = WRITE_ADVICE.get(err.errno, "fix the disk, or pass a DEST on another")
+    if is_remote(dest):
+        advice += " (s3:// shards are staged under TMPDIR first: point TMPDIR at a disk with room)"
+    return UserError(
+        f"cannot write {where} ({err.strerror or type(err).__name__}): nothing is published in {dest} and"
+        f" the partial shards are removed; {advice}, then run the command again"
+    )
 
 
 def _read_in_order(paths: list[str], pool: ThreadPoolExecutor, ahead: int) -> Iterator[bytes]:
@@ -298,6 +329,13 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     cifar = find_folder(root)
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
         raise _not_a_source(root)
+    try:
+        return _convert_locked(root, cifar, dest, shard_mb, workers)
+    except OSError as err:  # reading SRC raised its own line (_read_file): this is a write
+        raise _write_error(err, dest) from err
+
+
+def _convert_locked(root: Path, cifar: Path | None, dest: str, shard_mb: float, workers: int | None) -> dict:
     if is_remote(dest):
         store = S3Store(dest)
         with _s3_errors(dest), store_lock(store) as still_ours:
