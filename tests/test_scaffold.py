@@ -252,6 +252,23 @@ def test_an_empty_destination_is_refused_not_the_working_folder(tmp_path: Path, 
 
 
 @pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--no-input", "--", "-rf"], "project_slug '-rf' must be a directory name like my-project"),
+        (["--no-input", "--", "-rf", "author=me"], "project_slug '-rf' must be a directory name"),
+        (["--no-input"], "DEST is missing: name the project's folder"),
+    ],
+)
+def test_words_after_a_double_dash_are_dest_and_answers(tmp_path: Path, monkeypatch, argv, message) -> None:
+    """`new -- -rf` said "the following arguments are required: dest, context" (Python's intermixed parse
+    drops what follows "--")."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=message):
+        new(argv)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     "answer",
     ['project_name=My """ Net', "project_name=Ends in \\", 'author=A """ B', 'description=x """ \\'],
 )

@@ -123,7 +123,7 @@ def _copy_over(generated: Path, dest: Path) -> None:
 
 def new(argv: list[str]) -> Path:
     parser = argparse.ArgumentParser(prog="python -m lit_ddp new", description=__doc__.split("\n\n")[0])
-    parser.add_argument("dest", help="directory to create; its name is the default project slug")
+    parser.add_argument("dest", nargs="?", help="directory to create; its name is the default project slug")
     parser.add_argument("context", nargs="*", help="template answers as key=value")
     parser.add_argument("--no-input", action="store_true", help="do not prompt; use defaults and key=value")
     parser.add_argument(
@@ -137,7 +137,14 @@ def new(argv: list[str]) -> Path:
         type=Path,
         help="generate from another copy of the template (a fork, a checkout at another commit)",
     )
-    args = parser.parse_intermixed_args(argv)
+    # After "--" every word is a positional (a folder named "-rf"): split there by hand, since Python's
+    # parse_intermixed_args then asks for DEST even when it was given.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_intermixed_args(argv[:cut])
+    words = [*([args.dest] if args.dest is not None else []), *args.context, *argv[cut + 1 :]]
+    if not words:
+        raise UserError("DEST is missing: name the project's folder, e.g. python -m lit_ddp new my_project")
+    args.dest, args.context = words[0], words[1:]
 
     root = args.template.expanduser().resolve() if args.template else template_root()
     if not (root / "cookiecutter.json").is_file():
