@@ -17,6 +17,7 @@ from PIL import Image
 
 from lit_ddp.data import ImageNetDataModule, device_decode, jpeg
 from lit_ddp.data.device_decode import EncodedBatch
+from lit_ddp.data.image_folder import drop_unreadable
 from lit_ddp.data.samplers import stable_seed
 from lit_ddp.errors import UserError
 
@@ -284,3 +285,20 @@ def test_outside_a_trainer_the_loader_hands_out_the_bytes(tree: Path) -> None:
     assert isinstance(next(iter(dm.train_dataloader()))[0], EncodedBatch)  # no trainer: no device to name
     plain = data_module(tree, True, decode_ahead=False).train_dataloader()
     assert not isinstance(plain, device_decode.DecodeAheadLoader)
+
+
+def test_predict_dir_is_decoded_on_the_device_as_the_cpu_path_decodes_it(tree: Path) -> None:
+    """``predict --data.gpu_decode=true --data.predict_dir=DIR``: the folder's files were crops decoded in
+    the workers, which the decode-ahead loader then asked to decode again (AttributeError on a Tensor)."""
+    predict_dir = tree / "val" / CLASSES[0]  # clean JPEGs, unlabelled here
+    dms = [data_module(tree, gpu, predict_dir=str(predict_dir)) for gpu in (False, True)]
+    for dm in dms:
+        dm.setup("predict")
+    # (images, labels, unreadable files, indices), without their unreadable files, as in a predict loop
+    cpu = [drop_unreadable(b)[0] for b in dms[0].predict_dataloader()]
+    dev = list(loader(dms[1], "predict"))
+    assert all(isinstance(b[0], device_decode.DecodedAhead) for b in dev) and len(dev) == len(cpu)
+    for (x_cpu, _, index_cpu), batch in zip(cpu, dev, strict=True):
+        x_dev, y, index = dms[1].on_after_batch_transfer(drop_unreadable(batch)[0], 0)
+        assert torch.equal(index, index_cpu) and (y == -1).all()
+        assert torch.equal(x_dev, dms[0].on_after_batch_transfer((x_cpu, y, index_cpu), 0)[0])

@@ -343,11 +343,16 @@ class ImageDataModule(LightningDataModule):
         """What predict reads, for the report: ``predict_dir`` or the name of the test split."""
         return self.predict_dir if self.predict_dir is not None else f"{self.test_split} split"
 
+    def eval_files_set(self, samples: list[tuple[str, int]]) -> Dataset:
+        """``predict_dir``'s files, (path, -1) pairs, as a dataset of evaluation crops; a data module whose
+        splits are files decoded otherwise (on the device) reads them as it reads its evaluation split."""
+        sizes = dict(size=self.image_size, resize=self.val_resize)
+        load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
+        return ImageFileDataset(samples, load, self.image_size)
+
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is not None:
-            sizes = dict(size=self.image_size, resize=self.val_resize)
-            load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
-            self.predict_set = ImageFileDataset([(f, -1) for f in self.predict_files], load, self.image_size)
+            self.predict_set = self.eval_files_set([(f, -1) for f in self.predict_files])
         else:
             self.predict_set = self.test_set
         if self.predict_set is None:

@@ -216,20 +216,27 @@ class ImageNetDataModule(ImageDataModule):
                     f"{root} has class folders with no image file ({', '.join(map(ascii, empty[:5]))}): add"
                     f" images ({', '.join(IMAGE_EXTENSIONS[:4])}, ...) or remove the folders"
                 )
-        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
         aug = self.augmentation
+        if not train or not isinstance(aug, RandomResizedCropFlip):
+            # evaluation, or training without (or with an on-device) augmentation: the centre crop
+            return self.eval_files_set(samples)
+        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
         if self.gpu_decode:
-            if train and isinstance(aug, RandomResizedCropFlip):
-                crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5)
-                read = functools.partial(read_train_sample, **crop, **decode)
-                return EncodedFileDataset(samples, read, self.image_size, resize=None)
+            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5)
+            read = functools.partial(read_train_sample, **crop, **decode)
+            return EncodedFileDataset(samples, read, self.image_size, resize=None)
+        crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
+        load = functools.partial(load_train_crop, **crop, **decode)
+        return ImageFileDataset(samples, load, self.image_size)
+
+    def eval_files_set(self, samples) -> ImageFileDataset | EncodedFileDataset:
+        """The centre crops of an evaluation split and of ``predict_dir``'s files alike: decoded on the
+        device with ``gpu_decode``, in the workers otherwise."""
+        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
+        if self.gpu_decode:
             read = functools.partial(read_eval_sample, resize=self.val_resize, **decode)
             return EncodedFileDataset(samples, read, self.image_size, resize=self.val_resize)
-        if train and isinstance(aug, RandomResizedCropFlip):
-            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
-            load = functools.partial(load_train_crop, **crop, **decode)
-        else:  # evaluation, or training without (or with an on-device) augmentation: the centre crop
-            load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
+        load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
         return ImageFileDataset(samples, load, self.image_size)
 
     def load_split(self, split: str) -> ImageFileDataset | EncodedFileDataset:
