@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO, read_scalars, run_cli, run_dirs
-from imagenet_tree import CLASSES, add_macos_junk, make_tree
+from imagenet_tree import CLASSES, add_macos_junk, draw, make_tree
 from lightning import Callback
 from PIL import Image
 from torchvision import transforms
@@ -154,6 +154,34 @@ def test_strict_stops_at_the_first_unreadable_file_naming_it(tree, tmp_path: Pat
     with pytest.raises(UserError, match=r"unreadable image file .*(truncated|corrupt)\.JPEG") as err:
         build_cli(["fit", *small_run(tree[0], tmp_path), "--data.strict=true", "--data.num_workers=0"])
     assert "delete" not in str(err.value)  # the file may be fine (a permission or disk error reads the same)
+
+
+@pytest.mark.parametrize("empty", ["train", "val"])
+def test_a_split_of_unreadable_files_is_refused_not_run_on_placeholders(tmp_path: Path, empty: str) -> None:
+    """Every file of a split empty: the run trained and scored black placeholders, exit 0 ("acc 0.4167");
+    a few unreadable files are still left out with a report (test_fit_validate_test_in_process)."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, wnid in enumerate(CLASSES):
+            (tmp_path / "data" / split / wnid).mkdir(parents=True)
+            for i in range(2):
+                path = tmp_path / "data" / split / wnid / f"{i}.JPEG"
+                path.write_bytes(b"") if split == empty else draw(label, (80, 80), rng).save(path)
+    args = [
+        *small_run(tmp_path / "data", tmp_path / "logs"),
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+        "--data.batch_size=3",
+    ]
+    command = (
+        ["fit", "--trainer.limit_val_batches=0"]
+        if empty == "train"
+        else ["validate", "--ckpt_path=untrained"]
+    )
+    with pytest.raises(
+        UserError, match=rf"every one of the 6 {empty} image files read this epoch is unreadable"
+    ):
+        build_cli([*command, *args])
 
 
 def test_macos_junk_and_hidden_entries_are_neither_classes_nor_images(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch.
+"""Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch; a
+split whose every file read in an epoch is unreadable stops the run.
 
 Works with any ``ImageDataModule`` whose splits are image files, through its ``unreadable``
 (``UnreadableFiles``: ImageNetDataModule's). For any other it does nothing.
@@ -9,6 +10,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_ddp.data import ImageDataModule
+from lit_ddp.errors import UserError
 
 
 class SkippedImagesReport(Callback):
@@ -28,11 +30,21 @@ class SkippedImagesReport(Callback):
         files = dm.unreadable if isinstance(dm, ImageDataModule) else None
         if files is None:
             return  # a data module that reads no files (every rank decides alike: no collective is skipped)
-        found = files.take_pending(split)
+        found, counts = files.take_pending(split), files.take_counts(split)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[dict[str, str] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, found)
-            found = {path: why for rank_found in gathered for path, why in rank_found.items()}
+            gathered: list[tuple | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (found, counts))
+            found = {path: why for rank_found, _ in gathered for path, why in rank_found.items()}
+            counts = tuple(sum(rank_counts[i] for _, rank_counts in gathered) for i in (0, 1))
+        read, unreadable = counts
+        if read and unreadable >= read and not trainer.sanity_checking:
+            # Every rank decides on the same gathered counts: all stop alike, none waits for the others.
+            path, why = next(iter(found.items()))
+            raise UserError(
+                f"every one of the {read} {split} image files read this epoch is unreadable (such as {path}:"
+                f" {why}): the run would learn or score black placeholders; replace the {split} files with"
+                " readable images"
+            )
         new = files.report(split, found)
         known = files.reported(split)
         if new:

@@ -384,6 +384,8 @@ class ImageDataModule(LightningDataModule):
         # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third
         # slot, {slot: (path, why)}: their slots go here, on the CPU before the copy (no device sync).
         if len(batch) > 2 and isinstance(batch[2], dict):
+            if self.unreadable is not None:  # every file of a split unreadable is refused (skipped_images.py)
+                self.unreadable.count_read(self._split_name(), len(batch[1]))
             batch, bad = drop_unreadable(batch)
             if bad:
                 self.on_unreadable_files(bad)
@@ -446,8 +448,11 @@ class ImageDataModule(LightningDataModule):
         """Note them in ``unreadable`` for the skipped-images report (or stop, when it is strict); predict's
         are named in predictions.csv's report."""
         if self.unreadable is not None:
-            split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
-            self.unreadable.add(split, bad)
+            self.unreadable.add(self._split_name(), bad)
+
+    def _split_name(self) -> str:
+        """The split the trainer reads now; "predict" outside a trainer."""
+        return SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
         x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices

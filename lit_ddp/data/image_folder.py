@@ -158,6 +158,7 @@ class UnreadableFiles:
         self.strict = strict
         self._pending: dict[str, dict[str, str]] = {}  # split → {path: reason}, this rank's
         self._reported: dict[str, dict[str, str]] = {}  # split → {path: reason}, all ranks'
+        self._counts: dict[str, tuple[int, int]] = {}  # split → (files read, unreadable), this rank's
 
     def add(self, split: str, bad: dict[int, tuple[str, str]]) -> None:
         """Note a batch's unreadable files ({slot: (path, reason)}), or with ``strict`` stop at the first."""
@@ -169,6 +170,17 @@ class UnreadableFiles:
                 " replace it with a readable copy, or pass --data.strict=false to skip such files"
             )
         self._pending.setdefault(split, {}).update(bad.values())
+        read, unreadable = self._counts.get(split, (0, 0))
+        self._counts[split] = (read, unreadable + len(bad))
+
+    def count_read(self, split: str, files: int) -> None:
+        """Note a batch of ``files`` files read (readable or not) from ``split``."""
+        read, unreadable = self._counts.get(split, (0, 0))
+        self._counts[split] = (read + files, unreadable)
+
+    def take_counts(self, split: str) -> tuple[int, int]:
+        """This rank's (files read, unreadable ones) of ``split`` since the last call; forgets them."""
+        return self._counts.pop(split, (0, 0))
 
     def take_pending(self, split: str) -> dict[str, str]:
         """This rank's files of ``split`` since the last call, {path: reason}; forgets them."""
