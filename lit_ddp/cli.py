@@ -54,6 +54,7 @@ from lit_ddp.runtime.launch import (
     check_strategy_fits,
     check_writable,
 )
+from lit_ddp.runtime.mlflow_store import check_mlflow_stores
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
@@ -312,6 +313,9 @@ class LitDDPCLI(LightningCLI):
                 self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
 
     def instantiate_classes(self) -> None:
+        # An MLflow store that cannot be used is one line now, not a traceback at its creation or minutes of
+        # retries at the run's first log.
+        check_mlflow_stores(self._subcommand_config(self.config).get("trainer", {}).get("logger"))
         try:
             super().instantiate_classes()
         except ValueError as err:  # jsonargparse's, around what a named class's constructor raised

@@ -252,3 +252,33 @@ def test_tensorboard_and_csv_loggers_under_one_name_write_one_run_folder_and_a_r
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", ["unknown scheme", "nothing listening"])
+def test_an_mlflow_store_that_cannot_be_used_is_one_line_before_the_run(tmp_path: Path, store: str) -> None:
+    """An unknown scheme was a 107-line traceback from the logger's creation; a server that does not answer
+    was 264 s of retries, then 134 lines. Now one line, with a single try of the store before the run."""
+    pytest.importorskip("mlflow")
+    import socket
+    import time
+
+    from lit_ddp.cli import build_cli
+    from lit_ddp.errors import UserError
+
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused at once
+        bound.bind(("127.0.0.1", 0))
+        uri = "foo://bar" if store == "unknown scheme" else f"http://127.0.0.1:{bound.getsockname()[1]}"
+        logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+        started = time.monotonic()
+        with pytest.raises(UserError) as err:
+            build_cli([*FIT, *logger, f"--trainer.default_root_dir={tmp_path}"])
+        elapsed = time.monotonic() - started
+    line = str(err.value)
+    if store == "unknown scheme":
+        assert line.startswith(f"--trainer.logger.init_args.tracking_uri={uri}: MLflow has no tracking store")
+        assert "sqlite:" in line and "http:" in line
+    else:
+        assert line.startswith(f"the MLflow tracking server {uri} does not answer (ConnectionError)")
+        assert elapsed < 60  # MLflow's own retries take minutes
+    assert not list(tmp_path.iterdir())  # stopped before the run made its folder

@@ -1,0 +1,106 @@
+"""An MLflow tracking store that cannot be used: one line before the run, within seconds.
+
+MLFlowLogger resolves its store when the config creates it, and first reaches it at the run's first log: a
+URI of a scheme MLflow has no store for stopped the config's instantiation with MLflow's exception under
+jsonargparse's, and a server that does not answer was retried with backoff for minutes before the run
+stopped with tracebacks. Here the store is asked once, before the logger is created and before any process
+starts, with MLflow's HTTP retries off and a short timeout for that one request (MLflow reads both from
+the environment at each request; they are restored after it). The run's own requests keep MLflow's
+retries: a server that answered at the start and then hiccups is retried as usual.
+"""
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from lit_ddp.errors import UserError
+from lit_ddp.runtime.write_errors import ADVICE
+from lit_ddp.utils import imported
+
+# One try, and no longer than this for an answer, for the start-up request only.
+PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+OPTION = "--trainer.logger.init_args.tracking_uri"
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        chain.append(err)
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def _mlflow_logger_args(logger_config) -> list[dict]:
+    """The constructor arguments of each MLFlowLogger (or subclass) in the CLI's ``trainer.logger``."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    found = []
+    for config in logger_config if isinstance(logger_config, list) else [logger_config]:
+        class_path = config.get("class_path") if hasattr(config, "get") else None
+        cls = imported(class_path) if isinstance(class_path, str) else None
+        if isinstance(cls, type) and issubclass(cls, MLFlowLogger):
+            init_args = config.get("init_args") or {}
+            found.append(dict(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args))
+    return found
+
+
+def _problem(err: BaseException, uri: str) -> str | None:
+    """The line for what the probe of ``uri`` raised, decided by the exceptions' types; None: not ours."""
+    import requests
+    from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
+
+    for e in _chain(err):
+        if isinstance(e, UnsupportedModelRegistryStoreURIException):
+            schemes = ", ".join(f"{s}:" for s in e.supported_uri_schemes if s)
+            return (
+                f"{OPTION}={uri}: MLflow has no tracking store for that scheme: pass a folder, or a URI of"
+                f" one of {schemes}"
+            )
+        if isinstance(e, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return (
+                f"the MLflow tracking server {uri} does not answer ({type(e).__name__}): start it, or pass"
+                f" {OPTION}=<its address> (or a folder, for a local store)"
+            )
+        if isinstance(e, OSError) and e.errno in ADVICE:
+            where = e.filename or uri
+            return (
+                f"could not write the MLflow store {where} ({e.strerror}): {ADVICE[e.errno]}, or pass"
+                f" {OPTION} on a writable disk"
+            )
+    return None
+
+
+def check_mlflow_stores(logger_config) -> None:
+    """UserError, before the run, for each MLflow logger in ``logger_config`` whose store cannot be used."""
+    loggers = _mlflow_logger_args(logger_config)
+    if not loggers:
+        return
+    from mlflow.tracking import MlflowClient
+
+    for init_args in loggers:
+        # MLFlowLogger's own rule: tracking_uri, or its save_dir as a local file store.
+        save_dir = init_args.get("save_dir") or "./mlruns"
+        uri = init_args.get("tracking_uri") or f"file:{save_dir}"
+        try:
+            with _environment(PROBE_ENV):
+                MlflowClient(uri).get_experiment_by_name(init_args.get("experiment_name") or "lightning_logs")
+        except Exception as err:
+            problem = _problem(err, uri)
+            if problem is None:
+                raise
+            raise UserError(problem) from None
