@@ -254,15 +254,23 @@ def test_batch_k_plus_1_is_decoded_on_a_thread_while_batch_k_is_held(tree: Path,
 
 def test_an_epoch_cut_short_does_not_decode_the_batch_no_one_will_use(tree: Path, monkeypatch) -> None:
     decoded: list[int] = []
-    decode = EncodedBatch.decode
+    decode, cancel = EncodedBatch.decode, device_decode.DecodedAhead.cancel
+    cancelled = threading.Event()
 
-    def slow(self, device):
-        time.sleep(2)  # the first batch's decode still running when the epoch stops (the second is read
-        # and queued behind it meanwhile: a few small files, well within this on a loaded machine)
+    def held(self, device):
+        # The first batch's decode is still running when the epoch stops: it waits for the stop to cancel
+        # the second, queued behind it (an event, not a time: the order holds on a loaded machine).
+        cancelled.wait(timeout=60)
         decoded.append(len(self))
         return decode(self, device)
 
-    monkeypatch.setattr(EncodedBatch, "decode", slow)
+    def cancelling(self) -> bool:
+        result = cancel(self)
+        cancelled.set()
+        return result
+
+    monkeypatch.setattr(EncodedBatch, "decode", held)
+    monkeypatch.setattr(device_decode.DecodedAhead, "cancel", cancelling)
     batches = iter(loader(data_module(tree, True)))
     first = next(batches)  # the second batch's decode waits behind the first's
     batches.close()
