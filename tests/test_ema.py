@@ -135,7 +135,8 @@ class ValidatedWeights(Callback):
 
 def ddp_fit(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     cwd.mkdir(parents=True, exist_ok=True)
-    result = run_cli([*DDP_FIT, *args], cwd=cwd, env=ENV, timeout=240)
+    # A timeout is for a hang: on a 2-core machine other jobs load, a 2-process run takes minutes.
+    result = run_cli([*DDP_FIT, *args], cwd=cwd, env=ENV, timeout=480)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -150,7 +151,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.ddp
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_every_rank_validates_the_same_average(reference: Path) -> None:
     ranks = [torch.load(reference / "val" / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     ckpt = torch.load(only_ckpt(reference), weights_only=True)
@@ -162,7 +163,7 @@ def test_every_rank_validates_the_same_average(reference: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.ddp
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)  # its two runs, and the reference's if this test makes it
 def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_weights(
     tmp_path: Path, reference: Path
 ) -> None:
