@@ -8,6 +8,11 @@ what was lost:
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
 * ``in_sanity_check=True``: at the first batch of the sanity check, before any training step.
 
+A signal that reaches the firing rank through another process (``sigterm_parent``: handed back by ddp_spawn's
+main process; ``sigint_group``: the whole group's) holds that rank until it has arrived there, so the rank
+records it during the batch a test expects however loaded the machine: the run cannot train on, or end,
+before it lands.
+
 With ``out_dir``, each rank records the labels of every training batch (``batches_rank<r>.txt``: epoch,
 step, labels) and appends ``<rank> <pid>`` to ``<out_dir>/pids`` at set-up, so a test can check that no
 process is left behind.
@@ -15,6 +20,7 @@ process is left behind.
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -75,11 +81,11 @@ class Fault(Callback):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
         elif self.action == "sigint_group":
-            os.killpg(os.getpgid(0), signal.SIGINT)
+            _until_received(signal.SIGINT, lambda: os.killpg(os.getpgid(0), signal.SIGINT))
         elif self.action == "should_stop":  # a stop decided as EarlyStopping or max_time decide theirs
             trainer.should_stop = True
         elif self.action == "sigterm_parent":
-            os.kill(os.getppid(), signal.SIGTERM)
+            _until_received(signal.SIGTERM, lambda: os.kill(os.getppid(), signal.SIGTERM))
         elif self.action == "raise":
             raise RuntimeError("fault_probe: injected error")
         else:
@@ -108,6 +114,29 @@ class Fault(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
             self._fire(trainer, pl_module)
+
+
+def _until_received(signum: int, send, timeout_s: float = 300.0) -> None:
+    """``send()`` a signal that comes back to this process, and return once this process's own handler of it
+    has run (and with it whatever that handler raises, as a KeyboardInterrupt)."""
+    arrived = threading.Event()
+    handler = signal.getsignal(signum)
+
+    def noting(signum: int, frame) -> None:
+        signal.signal(signum, handler)
+        arrived.set()
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # as it would have acted: the default action, now restored
+
+    signal.signal(signum, noting)
+    send()
+    deadline = time.monotonic() + timeout_s
+    while not arrived.wait(0.01):  # handlers run in this (the main) thread, between these waits
+        if time.monotonic() > deadline:
+            name = signal.Signals(signum).name
+            raise RuntimeError(f"fault_probe: {name} did not arrive in {timeout_s:.0f} s")
 
 
 def listening_addresses() -> list[str]:
