@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
 from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
@@ -68,6 +68,7 @@ from lit_ddp.runtime.resume import (
 )
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
+from lit_ddp.runtime.wandb_resume import place_wandb_runs
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 from lit_ddp.utils import imported, local_path
 
@@ -121,10 +122,12 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
 class SaveRunConfig(SaveConfigCallback):
     """config.yaml in the run's folder for every logger. Lightning's callback saves it in ``Trainer.log_dir``,
     which a logger without a local folder (MLflow on a database or a server) leaves None: the run stopped
-    there on an AssertionError. Its run's folder is then the one its checkpoints go into."""
+    there on an AssertionError; for W&B it is the ``save_dir`` of every run. Its run's folder is then the
+    one its checkpoints go into."""
 
     def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
-        if self.already_saved or trainer.log_dir is not None:  # log_dir: a broadcast, on every rank
+        log_dir = trainer.log_dir  # a broadcast, on every rank
+        if self.already_saved or (log_dir is not None and not isinstance(trainer.logger, WandbLogger)):
             return super().setup(trainer, pl_module, stage)
         if trainer.is_global_zero:
             folder = Path(run_dir(trainer))
@@ -287,6 +290,8 @@ class LitDDPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         if subcommand:
             _expand_paths(self.config[subcommand])
+            # W&B's run folder under logs/<recipe>/ unless the user named one (runtime/wandb_resume.py)
+            place_wandb_runs(self.config[subcommand], experiment_name(self.config[subcommand].get("config")))
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
         # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 
 from lit_ddp.callbacks.sinks import run_dir
@@ -72,9 +73,13 @@ class PredictionWriter(Callback):
 
     @staticmethod
     def _run_dir(trainer: Trainer) -> str:
-        # Trainer.log_dir (a broadcast, so every rank asks), or for a logger without a local folder (MLflow
-        # on a database) the run's folder, beside its config.yaml.
-        return trainer.log_dir or run_dir(trainer)
+        # Trainer.log_dir (a broadcast, so every rank asks), or where it is not the run's folder (none for
+        # MLflow on a database, the save_dir of every run for W&B) the run's folder, beside its config.yaml,
+        # as rank 0 knows it.
+        log_dir = trainer.log_dir
+        if log_dir is None or isinstance(trainer.logger, WandbLogger):
+            return trainer.strategy.broadcast(run_dir(trainer))
+        return log_dir
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "predict":  # refused before any image is scored, on every rank alike

@@ -7,6 +7,8 @@ of each logger, with that logger's public API:
 * ``TensorBoardLogger``: its ``SummaryWriter`` (Images, Text, Histograms and HParams tabs);
 * ``MLFlowLogger``: its ``MlflowClient``: ``log_image`` with key and step (the run's image view),
   ``log_text`` and ``log_dict`` as artifacts, and the run's parameters;
+* ``WandbLogger``: ``log_image``, ``log_table`` (a markdown table as a W&B table) and a histogram at
+  ``trainer/global_step``, the run's config, and the config and environment as the run's files;
 * any other logger (``CSVLogger``, ...): files in its run directory, under ``dashboard/``, and the
   parameters through ``log_hyperparams``.
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from lightning import Trainer
-from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from PIL import Image
 from torch import Tensor
 
@@ -108,6 +110,52 @@ class MLflowSink:
         self.client.log_text(self.run_id, environment, "environment.md")
 
 
+def _markdown_table(markdown: str) -> tuple[list[str], list[list]] | None:
+    """A markdown pipe table (as ``counts_markdown`` writes one) as its header and rows, cells without their
+    bold marks and counts as numbers; None for any other text."""
+    lines = markdown.strip().splitlines()
+    if len(lines) < 2 or not all(line.startswith("|") and line.endswith("|") for line in lines):
+        return None
+    cells = [[cell.strip().strip("*") for cell in line[1:-1].split("|")] for line in lines]
+    if not all(set(cell) <= set("-: ") for cell in cells[1]):  # the |---|---| line under the header
+        return None
+    rows = [[int(cell) if cell.isdigit() else cell for cell in row] for row in cells[2:]]  # counts sort
+    return cells[0], rows
+
+
+class WandbSink:
+    """Everything at the trainer's step, as WandbLogger logs its scalars (``trainer/global_step``, the x axis
+    it defines); the texts of the run as files under ``lit_ddp/`` in the run's Files (``config.yaml`` is the
+    name W&B keeps for the run's config)."""
+
+    def __init__(self, logger: WandbLogger) -> None:
+        self.logger = logger
+
+    def image(self, tag: str, image: Tensor, step: int) -> None:
+        self.logger.log_image(key=tag, images=[_hwc(image)], step=step)
+
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        table = _markdown_table(markdown)
+        columns, rows = table if table is not None else (["markdown"], [[markdown]])
+        self.logger.log_table(key=tag, columns=columns, data=rows, step=step)
+
+    def values(self, tag: str, values: Tensor, step: int) -> None:
+        import wandb
+
+        self.logger.log_metrics({tag: wandb.Histogram(values.tolist())}, step=step)
+
+    def run_info(
+        self, params: dict, metric_tags: list[str], config: str, environment: str, step: int
+    ) -> None:
+        self.logger.log_hyperparams(params)
+        run = self.logger.experiment
+        for name, text in (("config.yaml", config), ("environment.md", environment)):
+            path = Path(run.dir) / "lit_ddp" / name  # in the run's files folder: saved as it is now
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            run.save(str(path), base_path=run.dir, policy="now")
+
+
 class FileSink:
     """Files under ``<directory>/dashboard/``: PNG images, markdown texts, JSON value lists."""
 
@@ -148,6 +196,8 @@ def sinks(trainer: Trainer) -> list[Sink]:
             out.append(TensorBoardSink(logger))
         elif isinstance(logger, MLFlowLogger):
             out.append(MLflowSink(logger))
+        elif isinstance(logger, WandbLogger):
+            out.append(WandbSink(logger))
         else:
             directory = getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir
             out.append(FileSink(logger, directory))
@@ -157,10 +207,15 @@ def sinks(trainer: Trainer) -> list[Sink]:
 def run_dir(trainer: Trainer) -> str:
     """The run's folder, where config.yaml is saved: ``Trainer.log_dir``'s rule, without its broadcast (a
     collective that would wait forever when only rank 0 asks). A logger with no local folder (MLflow on a
-    database or a server) has none there; its run's folder is then the one its checkpoints/ go into
-    (ModelCheckpoint's rule): ``default_root_dir/<experiment>/<run>``."""
+    database or a server) has none there, and W&B's ``save_dir`` holds every run; its run's folder is then
+    the one its checkpoints/ go into (ModelCheckpoint's rule): ``save_dir/<experiment>/<run>``, under
+    ``default_root_dir`` without a ``save_dir``."""
     if not trainer.loggers:
         return trainer.default_root_dir
     first = trainer.loggers[0]
-    found = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
-    return found or os.path.join(trainer.default_root_dir, str(first.name), str(first.version))
+    if isinstance(first, (TensorBoardLogger, CSVLogger)):
+        found = first.log_dir
+    else:
+        found = None if isinstance(first, WandbLogger) else first.save_dir
+    root = first.save_dir or trainer.default_root_dir
+    return found or os.path.join(root, str(first.name), str(first.version))

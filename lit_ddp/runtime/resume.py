@@ -25,13 +25,14 @@ import yaml
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_io import is_local_path, load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
+from lit_ddp.runtime.wandb_resume import continue_wandb_run, is_wandb_run
 from lit_ddp.utils import flatten
 
 SPECIAL = ("last", "best", "hpc", "registry")
@@ -171,23 +172,31 @@ def _runs_searched(trainer: Trainer) -> tuple[Path, str] | None:
     runs under ``save_dir/name``; with no logger, ModelCheckpoint writes to ``default_root_dir/checkpoints``.
     MLflow names each run's folder after its run id, under the experiment's id (ModelCheckpoint's rule:
     ``default_root_dir/<experiment id>/<run id>/checkpoints``), and only rank 0 knows that id: every
-    experiment's run folders are searched, so that every rank finds the same file."""
+    experiment's run folders are searched, so that every rank finds the same file. W&B names each run's
+    folder after its run id, under the project (``save_dir/<project>/<run id>/checkpoints``), unless the
+    user named the run (``id``): that one folder is then Lightning's to look in."""
     versioned = _logger_with_versions(trainer)
     if versioned is not None:
         return Path(versioned.save_dir) / (versioned.name or ""), "*/checkpoints/last*.ckpt"
-    if isinstance(trainer.logger, MLFlowLogger):
-        return Path(trainer.logger.save_dir or trainer.default_root_dir), "*/*/checkpoints/last*.ckpt"
-    if trainer.logger is None:  # --trainer.logger=false: every run's checkpoints in one folder
+    logger = trainer.logger
+    if isinstance(logger, WandbLogger) and logger.version is None:  # version: the id named, before the run
+        return Path(logger.save_dir or trainer.default_root_dir) / logger.name, "*/checkpoints/last*.ckpt"
+    if isinstance(logger, MLFlowLogger):
+        return Path(logger.save_dir or trainer.default_root_dir), "*/*/checkpoints/last*.ckpt"
+    if logger is None:  # --trainer.logger=false: every run's checkpoints in one folder
         return Path(trainer.default_root_dir), "checkpoints/last*.ckpt"
     return None
 
 
 def _is_run(folder: Path, trainer: Trainer) -> bool:
-    """Whether ``folder`` is a run of the trainer's logger: any, for a versioned logger; one named by an
-    MLflow run id (32 hex digits) for MLflow, not a TensorBoard run (``version_N``) in the same root."""
-    if not isinstance(trainer.logger, MLFlowLogger):
-        return True
-    return is_mlflow_run_id(folder.name)
+    """Whether ``folder`` is a run of the trainer's logger: one named by an MLflow run id (32 hex digits) for
+    MLflow, not a TensorBoard run (``version_N``) in the same root; a W&B run's for W&B; any other for a
+    versioned logger, whose default folder (``logs/<recipe>``) W&B's default project shares."""
+    if isinstance(trainer.logger, MLFlowLogger):
+        return is_mlflow_run_id(folder.name)
+    if isinstance(trainer.logger, WandbLogger):
+        return is_wandb_run(folder)
+    return trainer.logger is None or not is_wandb_run(folder)
 
 
 def _runs_dir(trainer: Trainer) -> Path:
@@ -229,7 +238,7 @@ def share_run_folder(trainer: Trainer) -> None:
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
     """A fit resumed from ``found`` goes on in that checkpoint's run: a versioned logger's ``version_N``
     (with the CSV rows it holds; every logger that shares the folder), an MLflow logger's run
-    (mlflow_resume.py)."""
+    (mlflow_resume.py), a W&B logger's run (wandb_resume.py)."""
     run_dir = found.parent.parent
     logger = _logger_with_versions(trainer)
     if logger is not None:
@@ -240,6 +249,7 @@ def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
             if isinstance(each, CSVLogger):
                 _keep_csv_metrics(each)
     continue_mlflow_run(trainer, found, logger_config)
+    continue_wandb_run(trainer, found, logger_config)
 
 
 def _keep_csv_metrics(logger: CSVLogger) -> None:
@@ -383,9 +393,9 @@ def prepare_ckpt_path(
             )
         if found is None:
             return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
+        rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         if subcommand == "fit":  # a resumed run goes on in its own run; an evaluation gets a new one
             _continue_run(trainer, found, logger_config)
-        rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         ckpt_path, checkpoint = str(found), None
     elif ckpt_path == "best":
         last = _newest_last_for_best(trainer, model, datamodule)
