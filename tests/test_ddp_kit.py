@@ -118,7 +118,7 @@ with torch.random.fork_rng():
         "sound": case(),
         "rank_augmentation": case(data=RankDependentAugmentation, checks=("augmentation",)),
         "global_rng_augmentation": case(data=GlobalRNGAugmentation, checks=("augmentation",)),
-        "padded_evaluation": case(data=PaddedEvaluation, checks=("shards",)),
+        "padded_evaluation": case(data=PaddedEvaluation, checks=("shards", "metrics")),
         # 2 per device with BatchNorm and no SyncBatchNorm; 2 × 2 · 2 steps needs 8 training images.
         "batchnorm_batch_2": case(
             LeNetCIFAR(batch_norm=True), checks=("grads",), data_args={"batch_size": 2}
@@ -149,7 +149,7 @@ def test_a_sound_model_and_data_module_pass_every_check_without_a_warning(report
     print(report.table())
     assert report.ok and not report.warnings, report.table()
     assert [r.key for r in report.rows] == [
-        *("grads", "metrics", "shards", "augmentation", "resume", "reproducible"),
+        *("grads", "steps", "data", "metrics", "shards", "augmentation", "resume", "reproducible"),
         *("batchnorm", "dropout", "padding", "global_rng"),
     ]
     assert "0 of 16 samples augmented differently" in report["augmentation"].measured
@@ -172,6 +172,9 @@ def test_augmentation_from_the_global_rng_fails_and_warns_with_the_count(reports
 def test_a_padding_evaluation_sampler_fails_the_shard_check(reports) -> None:
     row = reports["padded_evaluation"]["shards"]
     assert not row.holds and "(1 repeats, 0 unread)" in row.measured and "Unpadded" in row.fix, row
+    metrics = reports["padded_evaluation"]["metrics"]  # the padding explains it: no sync_dist hint (issue 51)
+    assert not metrics.holds, metrics
+    assert metrics.fix == "the ranks evaluate other samples than one process: see 'shards'", metrics
 
 
 def test_batchnorm_at_per_device_batch_2_fails_the_gradient_check_and_warns(reports) -> None:

@@ -18,7 +18,7 @@ from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
 
 CONFIGS = REPO / "configs"
-CHECK_ROWS = 6  # the checks; four warning rows follow
+CHECK_ROWS = 8  # the checks; four warning rows follow
 
 
 def doctor(args: list[str], cwd: Path) -> tuple[int, str]:

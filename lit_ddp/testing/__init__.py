@@ -11,10 +11,15 @@ and checks:
 
 - first-step gradients 2×b = 1×2b: two processes with per-device batch b compute the gradients one process
   computes with batch 2b, to 1e-4 in ‖Δg‖/‖g‖ (README: what "the same model" means);
+- weights after each step 2×b = 1×2b, ranks alike: the weights and buffers after every checked step, to
+  1e-3 in ‖Δw‖/‖w − w₀‖, the optimizer's settings (learning rate, ...) at each step, and the ranks' weights
+  and buffers against each other at the end, exactly;
+- samples same on each rank, run and device count: a hash of the un-augmented sample each index returns,
+  read twice in each process, on each rank, in two runs of the same seed and on 1 process;
 - validation metrics 1 = 2 processes: every metric a 2-process validation logs (``val/acc``,
   ``val_acc``, whatever its name) equals the 1-process one, on every rank;
 - training shards disjoint and covering, evaluation unpadded: the ranks' training samples do not overlap
-  and together are the whole set; every validation sample is read exactly once;
+  and together are the whole set; every validation sample is read exactly once; by index and by content;
 - augmentation same on any device count: each sample reaches the training step byte-identical on 1 and 2
   processes (MixUp/CutMix are left out: they pair samples within one device's batch);
 - stop mid-epoch or at an epoch's end + resume = uninterrupted: a 2-process fit stopped after its first
@@ -22,9 +27,12 @@ and checks:
   ends with the uninterrupted fit's weights, exactly;
 - same seed twice = identical: weights and augmented batches.
 
-and warns (a row of the report, and a ``DDPInvariantWarning``), with the measured number, about BatchNorm
-without SyncBatchNorm at a per-device batch under 32, a training-set size that leaves padded duplicates on
-2, 4, 8 (or ``devices``) processes, and randomness the data path takes from the global RNGs.
+A failing row names the cause the evidence points to (a loss summed, not averaged; an attribute outside
+``state_dict`` that training changes; a buffer updated per rank; a draw from torch's global RNG in forward;
+a split that differs between ranks or runs) and the fix. It also warns (a row of the report, and a
+``DDPInvariantWarning``), with the measured number, about BatchNorm without SyncBatchNorm at a per-device
+batch under 32, a training-set size that leaves padded duplicates on 2, 4, 8 (or ``devices``) processes,
+and randomness the data path takes from the global RNGs (judged only when two unperturbed runs agree).
 
 ``report.ok`` is True when every check holds (warnings aside); ``report["augmentation same on any device
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |

@@ -2,9 +2,10 @@
 lit_ddp's DDP promises hold for them (the package docstring lists the checks).
 
 Two launches of small runs on the head of the data: 2 processes × b (a fit, the same fit again, the fit
-stopped after its first step and resumed, a validation), then 1 process × 2b (a fit, the fit with the global
-RNGs re-seeded as its epoch starts, a validation). Each rank records what it did (record.py); the checks
-compare the records.
+stopped after its first step and resumed, a validation), then 1 process × 2b (a fit, the same fit again,
+the fit with the global RNGs re-seeded as its epoch starts, a validation). Each rank records what it did
+(record.py); the checks compare the records, and a failing row's fix names the cause the records point to
+(``Evidence``).
 """
 
 import copy
@@ -12,6 +13,7 @@ import math
 import pickle
 import tempfile
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -181,26 +183,242 @@ def differing(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor]) -> int:
     return sum(i not in a or not torch.equal(a[i], x) for i, x in b.items())
 
 
-def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], aug_differs: int) -> Row:
+@dataclass
+class Evidence:
+    """What the records say about causes, for the rows' fixes: each row names the cause the evidence points
+    to, and sends the reader to the row that shows it."""
+
+    data_differs: bool = False  # the training samples themselves differ between the runs compared
+    aug_differs: int = 0  # samples augmented differently on 2 processes than on 1
+    forward_rng: list[int] = field(default_factory=list)  # steps whose forward drew from torch's global RNG
+    loose: list[str] = field(default_factory=list)  # "net.calls (0 → 2)": changed by training, unsaved
+
+    @property
+    def forward_rng_fix(self) -> str:
+        return (
+            f"the model draws from torch's global RNG in forward or the loss ({len(self.forward_rng)} steps):"
+            " each device batch and a resumed run draw other numbers; draw them from a generator seeded by"
+            " (seed, sample index), or expect 2 × b and 1 × 2b to agree in distribution only"
+        )
+
+
+def digests(record: dict, split: str) -> list[str] | None:
+    """The sample hashes a run's rank recorded for ``split`` (record.content), or None."""
+    found = record.get("content", {}).get(split)
+    return found["digests"] if found else None
+
+
+def _count_other(a: list[str] | None, b: list[str] | None) -> int:
+    if a is None or b is None:
+        return 0
+    return sum(x != y for x, y in zip(a, b, strict=True))
+
+
+SPLIT_NAMES = {"train_set": "training", "val_set": "validation"}
+
+
+def _data(runs: dict[str, list[dict]], dataset: str) -> tuple[Row, bool]:
+    """The un-augmented samples each index returns, by hash: stable within a process, and the same on
+    each rank, in two runs of the same seed and on 1 process. Returns the row and whether the training
+    samples differ anywhere."""
+    problems: list[tuple[str, str]] = []
+    counted = []
+    train_differs = False
+    for split, name in SPLIT_NAMES.items():
+        recs = runs["full"] if split == "train_set" else runs.get("val2")
+        ones = runs.get("full1") if split == "train_set" else runs.get("val1")
+        if not recs or digests(recs[0], split) is None:
+            continue
+        n = len(digests(recs[0], split))
+        counted.append(f"{n} {name}")
+        everything = [r for name_ in runs for r in runs[name_] if split in r.get("content", {})]
+        unstable = max(len(r["content"][split]["unstable"]) for r in everything)
+        again = runs.get("again") if split == "train_set" else None
+        again1 = runs.get("again1") if split == "train_set" else None
+        by_runs = max(
+            _count_other(digests(recs[0], split), digests(again[0], split)) if again else 0,
+            _count_other(digests(ones[0], split), digests(again1[0], split)) if ones and again1 else 0,
+        )
+        by_ranks = _count_other(digests(recs[0], split), digests(recs[1], split))
+        by_world = _count_other(digests(recs[0], split), digests(ones[0], split)) if ones else 0
+        if unstable:
+            problems.append(
+                (
+                    f"{unstable} of {n} {name} samples differ when read twice in one process",
+                    f"the {name} Dataset returns another sample each time it is read (a random draw in"
+                    " __getitem__): keep it a function of the index; augment in augment_batch with its rand",
+                )
+            )
+        elif by_runs:
+            problems.append(
+                (
+                    f"two runs with the same seed hold other {name} samples ({by_runs} of {n})",
+                    f"the {name} split differs between runs: load_split must depend on the seed only (an"
+                    " unseeded generator, Generator.seed() or the clock draws anew each run): seed it from"
+                    " self.seed",
+                )
+            )
+        elif by_ranks:
+            problems.append(
+                (
+                    f"rank 1's {name} split differs from rank 0's ({by_ranks} of {n} samples)",
+                    f"rank 1's {name} split differs from rank 0's: load_split and its Dataset must depend on"
+                    " the seed only, not on the rank",
+                )
+            )
+        elif by_world:
+            problems.append(
+                (
+                    f"the {name} split on 1 process differs from 2 processes' ({by_world} of {n} samples)",
+                    f"the {name} split depends on the device count: load_split must depend on the seed only",
+                )
+            )
+        if split == "train_set":
+            train_differs = bool(unstable or by_runs or by_ranks or by_world)
+    holds = not problems
+    if not counted:
+        measured = "not measured: no split recorded its samples"
+    elif holds:
+        measured = f"{' + '.join(counted)} samples hashed: the same on each rank, run and device count"
+    else:
+        measured = "; ".join(m for m, _ in problems)
+    fix = problems[0][1] if problems else ""
+    return Row("data", "samples same on each rank, run and device count", holds, measured, fix), train_differs
+
+
+# ‖Δw‖ / ‖w − w₀‖ of the weights after each step, 2 × b vs 1 × 2b: float rounding stays orders of magnitude
+# below; above GRAD_RTOL since Adam's first steps divide a gradient by its own size, and a near-zero gradient
+# whose sign rounding flips moves its weight by 2·lr.
+STEP_RTOL = 1e-3
+
+
+def _optim_settings(two: dict, one: dict) -> str:
+    """The first optimizer setting (lr, betas, ...) that differs between the runs at the same step:
+    ``lr 0.006 on 2 processes, 0.003 on 1 (step 1)``, or ""."""
+    steps = zip(two.get("optim", []), one.get("optim", []), strict=False)  # a run may stop sooner
+    for step, (groups2, groups1) in enumerate(steps, 1):
+        for g2, g1 in zip(groups2, groups1, strict=False):
+            for key in sorted(g1.keys() & g2.keys(), key=lambda k: (k != "lr", k)):  # lr first
+                if g1[key] != g2[key]:
+                    shown = [f"{v:.6g}" if isinstance(v, float) else str(v) for v in (g2[key], g1[key])]
+                    return f"{key} {shown[0]} on 2 processes, {shown[1]} on 1 (step {step})"
+    return ""
+
+
+def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why: Evidence) -> Row:
+    """Outcomes, not only the first gradient: the weights and buffers after each step, 2 × b vs 1 × 2b, and
+    the ranks' against each other at the end."""
+    init = one["init"]
+    worst, worst_step, worst_key = 0.0, 0, ""
+    for step, (a, b) in enumerate(zip(two[0]["step_state"], one["step_state"], strict=False), 1):
+        keys = [k for k in b if b[k].is_floating_point()]
+        num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in keys)
+        den = sum(float((b[k].double() - init[k].double()).pow(2).sum()) for k in keys if k in init)
+        error = math.sqrt(num / den) if den else math.sqrt(num)
+        if error > worst:
+            key = max(keys, key=lambda k: float((a[k].double() - b[k].double()).abs().max()))
+            worst, worst_step, worst_key = error, step, key
+    skipped = set(two[0].get("bn_buffers", [])) if bn_unsynced else set()  # the BatchNorm row's
+    final0, final1 = two[0]["final"], two[1]["final"]
+    ranks_differ = [k for k in final0 if k not in skipped and not torch.equal(final0[k], final1[k])]
+    buffers = {k for k, _ in _named_buffers(final0, two[0])}
+    settings = _optim_settings(two[0], one)
+    holds = worst <= STEP_RTOL and not ranks_differ and not settings
+    measured = (
+        f"{len(one['step_state'])} steps: weights differ by at most {worst:.1e} (‖Δw‖/‖w − w₀‖; limit"
+        f" {STEP_RTOL:.0e})"
+    )
+    if worst > STEP_RTOL:
+        measured += f", most in {worst_key} after step {worst_step}"
+    if settings:
+        measured += f"; optimizer {settings}"
+    measured += (
+        f"; ranks at the end: {', '.join(ranks_differ[:3])} differ"
+        if ranks_differ
+        else "; ranks at the end: identical"
+    )
+    fix = ""
+    if not holds:
+        differing_buffers = [k for k in ranks_differ if k in buffers]
+        if settings:
+            fix = (
+                f"the optimizer's {settings.split()[0]} depends on the device count at the same global"
+                " batch: derive it from the global batch (per-device batch × devices), not world_size alone"
+            )
+        elif differing_buffers:
+            fix = (
+                f"buffer {differing_buffers[0]} differs between the ranks: it is updated from each device's"
+                " own batch (DDP broadcasts rank 0's before each forward, checkpoints save rank 0's); update"
+                " it from all ranks' batches (all_reduce) or keep it out of forward"
+            )
+        elif ranks_differ:
+            fix = (
+                f"{ranks_differ[0]} differs between the ranks: something updates weights outside the"
+                " optimizer's step or skips DDP's gradient sync"
+            )
+        elif not grads_hold:
+            fix = "the first step's gradients already differ: see 'grads'"
+        elif why.forward_rng:
+            fix = why.forward_rng_fix
+        else:
+            fix = (
+                f"with the same first gradients, {worst_key} parts after step {worst_step}: the optimizer,"
+                " its schedule or a buffer depends on the per-device batch or the device count"
+            )
+    return Row("steps", "weights after each step 2×b = 1×2b, ranks alike", holds, measured, fix)
+
+
+def _named_buffers(state: dict[str, torch.Tensor], record: dict) -> list[tuple[str, torch.Tensor]]:
+    """The entries of a state dict that are buffers: every key but the parameters' (record.param_names)."""
+    params = set(record.get("param_names", ()))
+    return [(k, v) for k, v in state.items() if k not in params]
+
+
+def grad_scale(two: dict[str, torch.Tensor], one: dict[str, torch.Tensor]) -> float | None:
+    """k where gradients ``two`` are k × ``one`` to GRAD_RTOL with k ≠ 1 (a loss summed, not averaged,
+    gives 1/world): else None."""
+    den = sum(float(one[k].double().pow(2).sum()) for k in one)
+    if not den:
+        return None
+    k = sum(float((two[n].double() * one[n].double()).sum()) for n in one) / den
+    if abs(k - 1) < 1e-3 or k <= 0:
+        return None
+    return k if relative_error({n: two[n] / k for n in one}, one) <= GRAD_RTOL else None
+
+
+def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence") -> Row:
     b = len(two[0]["aug_index"][0])
     error = relative_error(two[0]["grads"], one["grads"])
     ranks_agree = relative_error(two[0]["grads"], two[1]["grads"]) == 0
     holds = error <= GRAD_RTOL and ranks_agree
     measured = f"relative difference {error:.1e} (‖Δg‖/‖g‖, 2 × {b} vs 1 × {2 * b}; limit {GRAD_RTOL:.0e})"
     fix = ""
+    scale = grad_scale(two[0]["grads"], one["grads"]) if not holds else None
+    if scale is not None:
+        measured += f"; 2-process gradients are {scale:.4g} × the 1-process ones"
     if not holds:
         if bn and not sync:
             fix = "BatchNorm normalises per device: set trainer.sync_batchnorm=true (works on CPU too)"
-        elif aug_differs:
+        elif scale is not None and abs(scale * len(two) - 1) < 1e-3:
+            fix = (
+                f"the loss is summed over the batch, not averaged (gradients scaled by exactly 1/{len(two)}):"
+                " average it (F.cross_entropy's default reduction='mean')"
+            )
+        elif why.data_differs:
+            fix = "the two runs trained on other samples: see 'data'"
+        elif why.aug_differs:
             fix = "the two runs trained on differently augmented images: see 'augmentation'"
+        elif why.forward_rng:
+            fix = why.forward_rng_fix
         else:
             fix = (
-                "something in the loss depends on the per-device batch (a per-device mean, batch statistics)"
+                "something in forward or the loss depends on the per-device batch (a statistic over the"
+                " batch: a home-made batch norm, a per-device mean): compute it over all ranks or per sample"
             )
     return Row("grads", "first-step gradients 2×b = 1×2b", holds, measured, fix)
 
 
-def _metrics(two: list[dict], one: dict) -> Row:
+def _metrics(two: list[dict], one: dict, shards_explain: bool = False) -> Row:
     reference = one["val_logged"][-1]  # every metric the validation logged, not only lit_ddp's val/*
     if not reference:  # a "yes" here would vouch for metrics nobody logged
         return Row(
@@ -228,37 +446,68 @@ def _metrics(two: list[dict], one: dict) -> Row:
     measured = f"{len(reference)} val metrics, largest relative difference {worst:.1e}"
     if not holds:
         measured += f" ({name})"
-    fix = (
-        ""
-        if holds
-        else "reduce every metric over the ranks: torchmetrics logged as objects, or sync_dist=True"
-    )
+    fix = ""
+    if not holds:
+        fix = (
+            "the ranks evaluate other samples than one process: see 'shards'"
+            if shards_explain
+            else "reduce every metric over the ranks: torchmetrics logged as objects, or sync_dist=True"
+        )
     return Row("metrics", "validation metrics 1 = 2 processes", holds, measured, fix)
 
 
-def _shards(two: list[dict], val_two: list[dict], train_samples: int, val_samples: int) -> Row:
+def _shard_content(ranks: list[dict], one: dict | None, split: str, shards: list[list[int]]) -> int | None:
+    """How many samples the ranks read (each its shard, by its own hashes) that the 1-process run's whole
+    split does not hold as many times; None where no hashes were recorded."""
+    whole = digests(one, split) if one is not None else None
+    own = [digests(r, split) for r in ranks]
+    if whole is None or any(d is None for d in own):
+        return None
+    got = Counter(d[i] for d, shard in zip(own, shards, strict=True) for i in shard)
+    return sum((got - Counter(whole)).values())
+
+
+def _shards(
+    two: list[dict],
+    val_two: list[dict],
+    train_samples: int,
+    val_samples: int,
+    one: dict | None = None,
+    val_one: dict | None = None,
+) -> tuple[Row, bool]:
+    """The row, and whether its evaluation part fails (the metric row then points here)."""
     shards = [r["samples"][0][1] for r in two]
     shared = len(set(shards[0]) & set(shards[1]))
     missing = train_samples - len(set(shards[0]) | set(shards[1]))
     evals = [r["eval_indices"]["val"][0] for r in val_two]
     read = sum(map(len, evals))
     repeats, unread = read - len(set().union(*evals)), val_samples - len(set().union(*evals))
-    holds = shared == 0 and missing == 0 and repeats == 0 and unread == 0
+    other = _shard_content(two, one, "train_set", shards)
+    val_other = _shard_content(val_two, val_one, "val_set", evals)
+    holds = shared == 0 and missing == 0 and repeats == 0 and unread == 0 and not other and not val_other
     measured = (
         f"train: shards of {'+'.join(str(len(s)) for s in shards)}, {shared} shared, {missing} missing; "
         f"val: {val_samples} samples read {read} times over {'+'.join(str(len(e)) for e in evals)}"
         f" ({repeats} repeats, {unread} unread)"
     )
+    if other or val_other:
+        measured += f"; by content: {other or 0} training, {val_other or 0} validation samples"
+        measured += " not among 1 process's"
+    elif other is not None or val_other is not None:
+        measured += "; content as on 1 process"
     fix = ""
     if repeats or unread:
         fix = "evaluate with lit_ddp's UnpaddedDistributedSampler (ImageDataModule._eval_sampler): no padding"
-    elif not holds:
+    elif shared or missing:
         fix = "shard training with a DistributedSampler over the same (seed, epoch) order on every rank"
-    return Row("shards", "train shards disjoint+covering, eval unpadded", holds, measured, fix)
+    elif not holds:
+        fix = "the ranks read other samples than one process at the same indices: see 'data'"
+    row = Row("shards", "train shards disjoint+covering, eval unpadded", holds, measured, fix)
+    return row, bool(repeats or unread or val_other)
 
 
 def _augmentation(
-    dm: ImageDataModule, two: list[dict], one: dict, rng_changes: int, mixing: bool
+    dm: ImageDataModule, two: list[dict], one: dict, rng: tuple | None, mixing: bool, data_differs: bool
 ) -> tuple[Row, int]:
     seen2, seen1 = augmented_by_sample(two), augmented_by_sample([one])
     differ = differing(seen2, seen1)
@@ -269,13 +518,22 @@ def _augmentation(
     if mixing:
         measured += "; MixUp/CutMix left out: they pair samples inside one device's batch (README)"
     fix = ""
+    changed, _, unreproducible = rng or (0, 0, 0)
     if not holds:
-        fix = (
-            "it draws from the global RNG: take every random number from augment_batch's rand"
-            if rng_changes
-            else "it depends on the rank or batch: take every random number from augment_batch's rand"
-            " (SampleRandom: seed, epoch, sample index)"
-        )
+        if data_differs:
+            fix = "the samples differ before augmentation: see 'data'"
+        elif unreproducible:
+            fix = (
+                "it differs between two runs with the same seed (an unseeded generator, the clock): take"
+                " every random number from augment_batch's rand"
+            )
+        elif changed:
+            fix = "it draws from the global RNG: take every random number from augment_batch's rand"
+        else:
+            fix = (
+                "it depends on the rank or batch: take every random number from augment_batch's rand"
+                " (SampleRandom: seed, epoch, sample index)"
+            )
     return Row("augmentation", "augmentation same on any device count", holds, measured, fix), differ
 
 
@@ -286,7 +544,23 @@ def _resumed_diff(full: list[dict], resumed: list[dict]) -> float:
     return max(max_diff(r["final"], f["final"]) for r, f in zip(resumed, full, strict=True))
 
 
-def _resume(mid_epoch: tuple[list[dict], ...], epoch_end: tuple[list[dict], ...]) -> Row:
+def loose_changes(record: dict) -> list[str]:
+    """``net.calls (0 → 2)``: the attributes outside ``state_dict`` a fit changed (record.loose_state)."""
+    before, after = record.get("loose_init", {}), record.get("loose_final", {})
+    changed = []
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, torch.Tensor):
+            if not (isinstance(old, torch.Tensor) and old.shape == value.shape and torch.equal(old, value)):
+                changed.append(f"{key} (a tensor outside state_dict)")
+        elif key not in before or old != value:
+            changed.append(f"{key} ({old} → {value})" if key in before else f"{key} (set to {value})")
+    return changed
+
+
+def _resume(
+    mid_epoch: tuple[list[dict], ...], epoch_end: tuple[list[dict], ...], why: Evidence | None = None
+) -> Row:
     """Each pair (uninterrupted, stopped, resumed): stopped inside an epoch, and at an epoch's end."""
     (full, stopped, resumed), (full_e, stopped_e, resumed_e) = mid_epoch, epoch_end
     diff, diff_e = _resumed_diff(full, resumed), _resumed_diff(full_e, resumed_e)
@@ -297,7 +571,17 @@ def _resume(mid_epoch: tuple[list[dict], ...], epoch_end: tuple[list[dict], ...]
         f" by at most {diff:.1e} and {diff_e:.1e}"
     )
     fix = ""
-    if diff != 0:
+    why = why or Evidence()
+    if (diff != 0 or diff_e != 0) and why.loose:
+        fix = (
+            f"{', '.join(why.loose[:3])}: changed by training outside state_dict, so a checkpoint loses it;"
+            " register it as a buffer (self.register_buffer) or derive it from trainer.global_step"
+        )
+    elif (diff != 0 or diff_e != 0) and why.forward_rng:
+        fix = why.forward_rng_fix
+    elif (diff != 0 or diff_e != 0) and why.data_differs:
+        fix = "the runs read other samples: see 'data'"
+    elif diff != 0:
         fix = "save the data module's position (state_dict) and draw augmentation per sample"
     elif diff_e != 0:  # DataLoader workers read the sampler when Lightning builds the resumed iterator
         fix = (
@@ -377,7 +661,19 @@ def _warnings(
     )
     if rng is None:  # the augmentation check did not run
         return rows
-    changed, total = rng
+    changed, total, unreproducible = (*rng, 0)[:3]
+    if unreproducible:  # re-seeding cannot be told from a run that differs anyway
+        rows.append(
+            Row(
+                "global_rng",
+                "global RNG in the data path",
+                True,
+                f"not measured: two 1-process runs with the same seed already differ in {unreproducible} of"
+                f" {total} samples (see 'augmentation', 'data')",
+                warning=True,
+            )
+        )
+        return rows
     rows.append(
         Row(
             "global_rng",
@@ -395,16 +691,19 @@ def _warnings(
 
 # ---- the entry point ------------------------------------------------------------------------------------
 
-CHECKS = ("grads", "metrics", "shards", "augmentation", "resume", "reproducible")
+CHECKS = ("grads", "steps", "data", "metrics", "shards", "augmentation", "resume", "reproducible")
 # The runs each check compares, beyond the 2-process fit ("full") and the 1-process fit ("full1").
 NEEDS = {
     "grads": (),
+    "steps": (),
+    "data": ("again1", "val2", "val1"),
     "metrics": ("val2", "val1"),
-    "shards": ("val2",),
-    "augmentation": ("rng1",),
+    "shards": ("val2", "val1"),
+    "augmentation": ("rng1", "again1"),
     "resume": ("stopped", "resumed", "epochs", "stopped_end", "resumed_end"),
     "reproducible": ("again",),
 }
+HASHED = ("full", "again", "full1", "again1", "val2", "val1")  # the runs whose samples are hashed
 
 
 @dataclass
@@ -481,12 +780,16 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         "resumed_end": job("resumed_end", 2, train=one_step, ckpt_path=str(stop_end)),
         "val2": job("val2", 2, "validate"),
         "full1": job("full1", 1),
+        "again1": job("again1", 1),
         "rng1": job("rng1", 1, perturb_global_rng=True),
         "val1": job("val1", 1, "validate"),
     }
+    for name in HASHED:
+        every[name].digests = True
     jobs: dict[int, list[Job]] = {2: [], 1: []}
+    ran = {"full", "full1", *needed}
     for name, j in every.items():
-        if name in ("full", "full1") or name in needed:
+        if name in ran:
             jobs[j.world_size].append(j)
     facts = {
         "dm": dm,
@@ -496,6 +799,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         "train": train_samples,
         "val": val_samples,
         "mixing": mixing,
+        "ran": ran,
     }
     return jobs, facts
 
@@ -505,23 +809,43 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
         return load(root / f"{key}_{name}", stage, world_size)
 
     full, (full1,) = rec("full", 2), rec("full1", 1)
+    worlds = {"val2": 2, "val1": 1, "again": 2, "again1": 1}
+    runs = {"full": full, "full1": [full1]}
+    for name, world in worlds.items():
+        if name in facts["ran"]:
+            runs[name] = rec(name, world, "validate" if name.startswith("val") else "fit")
     grad_error = relative_error(full[0]["grads"], full1["grads"])
     seen1 = augmented_by_sample([full1])
     rng = None
     if "augmentation" in case.checks:
-        rng = (differing(augmented_by_sample(rec("rng1", 1)), seen1), len(seen1))
-    aug_row, aug_differs = _augmentation(facts["dm"], full, full1, rng[0] if rng else 0, facts["mixing"])
+        again1 = augmented_by_sample(runs["again1"])
+        rng = (differing(augmented_by_sample(rec("rng1", 1)), seen1), len(seen1), differing(again1, seen1))
+    data_row, data_differs = _data(runs, "train_set")
+    aug_row, aug_differs = _augmentation(facts["dm"], full, full1, rng, facts["mixing"], data_differs)
     bn = [c for c in full[0].get("bn_classes", []) if "Sync" not in c]
+    why = Evidence(
+        data_differs=data_differs,
+        aug_differs=aug_differs,
+        forward_rng=full[0].get("forward_rng", []) or full1.get("forward_rng", []),
+        loose=loose_changes(full[0]),
+    )
+    grads_row = _grads(full, full1, case.sync_batchnorm, bn, why)
+    shards = None
+    if "shards" in case.checks or "metrics" in case.checks:
+        shards = _shards(full, runs["val2"], facts["train"], facts["val"], full1, runs["val1"][0])
     rows = {
-        "grads": lambda: _grads(full, full1, case.sync_batchnorm, bn, aug_differs),
-        "metrics": lambda: _metrics(rec("val2", 2, "validate"), rec("val1", 1, "validate")[0]),
-        "shards": lambda: _shards(full, rec("val2", 2, "validate"), facts["train"], facts["val"]),
+        "grads": lambda: grads_row,
+        "steps": lambda: _steps(full, full1, bool(bn) and not case.sync_batchnorm, grads_row.holds, why),
+        "data": lambda: data_row,
+        "metrics": lambda: _metrics(runs["val2"], runs["val1"][0], shards_explain=shards[1]),
+        "shards": lambda: shards[0],
         "augmentation": lambda: aug_row,
         "resume": lambda: _resume(
             (full, rec("stopped", 2), rec("resumed", 2)),
             (rec("epochs", 2), rec("stopped_end", 2), rec("resumed_end", 2)),
+            why,
         ),
-        "reproducible": lambda: _reproducible(full, rec("again", 2)),
+        "reproducible": lambda: _reproducible(full, runs["again"]),
     }
     devices = case.devices
     world_sizes = tuple(sorted({*WORLD_SIZES, *([devices] if devices and devices > 1 else [])}))

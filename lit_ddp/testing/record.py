@@ -1,19 +1,25 @@
 """``Recorder``: a callback that keeps, on every rank, what a run did, and saves it at teardown.
 
 Used by the trust kit (checks.py) and by lit_ddp's own DDP tests (tests/helpers/ddp_semantics_probe.py adds a
-few fields): weights at set-up, after each of the first optimizer steps and after every epoch; the first
-step's gradients as the optimizer applies them (after DDP's all-reduce); the indices the training sampler
-yields each epoch; each epoch's first training batch as the step saw it, with its samples' indices; the
-indices each evaluation loader reads; the epoch-level metrics (a validate run's: every one it logged,
-whatever its name); the BatchNorm classes trained with.
+few fields): the system's weights and buffers at set-up, after each of the first optimizer steps and after
+every epoch; the first step's gradients as the optimizer applies them (after DDP's all-reduce); the indices
+the training sampler yields each epoch; each epoch's first training batch as the step saw it, with its
+samples' indices; the indices each evaluation loader reads; the epoch-level metrics (a validate run's: every
+one it logged, whatever its name); the BatchNorm classes trained with; the optimizer's settings at each of
+the first steps (learning rate, betas, ...); the steps whose forward and loss drew from torch's global RNG;
+and the module attributes outside ``state_dict`` (plain numbers, tensors not registered) before and after
+training.
 Saved as ``<out_dir>/<stage>_rank<r>.pt`` (``load`` reads every rank's).
 """
 
+import hashlib
 from pathlib import Path
 
+import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
 from torch import Tensor
+from torchmetrics import Metric
 
 from lit_ddp.runtime.sync_batchnorm import BATCH_NORMS
 
@@ -29,6 +35,68 @@ def network(pl_module: LightningModule) -> torch.nn.Module:
     """The plain network of a lit_ddp system (``.net``), else the LightningModule itself."""
     net = getattr(pl_module, "net", None)
     return net if isinstance(net, torch.nn.Module) else pl_module
+
+
+def loose_state(module: torch.nn.Module) -> dict[str, object]:
+    """``module.sub.attr`` → value of each public number or unregistered tensor attribute of ``module`` and
+    its submodules: state a checkpoint does not carry. torchmetrics' metrics keep their states so by design
+    (reduced over the ranks, reset each epoch): left out."""
+    found = {}
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, Metric) or any(
+            isinstance(module.get_submodule(p), Metric) for p in _parents(prefix)
+        ):
+            continue
+        for name, value in vars(sub).items():
+            if name.startswith("_") or name == "training":
+                continue
+            key = f"{prefix}.{name}" if prefix else name
+            if isinstance(value, bool | int | float):
+                found[key] = value
+            elif isinstance(value, Tensor) and not isinstance(value, torch.nn.Parameter):
+                found[key] = value.detach().clone().cpu()
+    return found
+
+
+def _parents(prefix: str) -> list[str]:
+    """``a.b.c`` → ``a``, ``a.b``: the modules above a submodule."""
+    parts = prefix.split(".") if prefix else []
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _digest_into(h, item) -> None:
+    if isinstance(item, Tensor):
+        item = item.detach().cpu().contiguous()
+        h.update(f"{item.dtype}{tuple(item.shape)}".encode())
+        h.update(item.view(-1).view(torch.uint8).numpy().tobytes() if item.numel() else b"")
+    elif isinstance(item, np.ndarray):
+        h.update(f"{item.dtype}{item.shape}".encode() + np.ascontiguousarray(item).tobytes())
+    elif isinstance(item, tuple | list):
+        for part in item:
+            _digest_into(h, part)
+    else:
+        h.update(repr(item).encode())
+
+
+def sample_digest(dataset, index: int) -> str:
+    """A hash of ``dataset[index]`` as it comes, before the training augmentation (an int key: no augmentation
+    seed), image bytes and label together."""
+    try:
+        sample = dataset[index]
+    except (NotImplementedError, TypeError, KeyError):  # a dataset that serves whole batches only
+        sample = dataset.__getitems__([index])
+    h = hashlib.sha1()
+    _digest_into(h, sample)
+    return h.hexdigest()
+
+
+def content(dataset) -> dict:
+    """Each sample's ``sample_digest``, read twice: ``digests`` (the first read) and ``unstable``, the
+    indices whose second read differed (a random draw in ``__getitem__``)."""
+    first = [sample_digest(dataset, i) for i in range(len(dataset))]
+    second = [sample_digest(dataset, i) for i in range(len(dataset))]
+    unstable = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b]
+    return {"digests": first, "unstable": unstable}
 
 
 def metrics(trainer: Trainer, prefix: str) -> dict[str, float]:
@@ -62,8 +130,11 @@ class Recorder(Callback):
             "aug": [],
             "aug_index": [],
             "eval_indices": {},
+            "optim": [],
+            "forward_rng": [],
         }
         self._last_state: dict[str, Tensor] = {}
+        self._rng_state: Tensor | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.record.update(
@@ -71,12 +142,16 @@ class Recorder(Callback):
         )
         if stage == "fit":
             # Before the strategy wraps the model in DDP (which would broadcast rank 0's weights).
-            self.record["init"] = snapshot(network(pl_module))
+            self.record["init"] = snapshot(pl_module)
+            self.record["loose_init"] = loose_state(pl_module)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.record["bn_classes"] = sorted(
-            {type(m).__name__ for m in pl_module.modules() if isinstance(m, BATCH_NORMS)}
-        )
+        norms = [(name, m) for name, m in pl_module.named_modules() if isinstance(m, BATCH_NORMS)]
+        self.record["bn_classes"] = sorted({type(m).__name__ for _, m in norms})
+        self.record["param_names"] = [name for name, _ in pl_module.named_parameters()]
+        self.record["bn_buffers"] = [
+            f"{name}.{b}" if name else b for name, m in norms for b, _ in m.named_buffers(recurse=False)
+        ]
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         loader = trainer.train_dataloader  # Lightning has called set_epoch on its sampler by now
@@ -92,6 +167,13 @@ class Recorder(Callback):
             order = self.record["samples"][-1][1]
             self.record["aug"].append(batch[0].detach().cpu())
             self.record["aug_index"].append(order[: len(batch[0])])
+        self._rng_state = torch.random.get_rng_state()  # the batch is on the device: its draws are done
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Tensor) -> None:
+        # Between the batch's start and here runs the user's training_step: forward and loss only.
+        if self._rng_state is not None and not torch.equal(self._rng_state, torch.random.get_rng_state()):
+            self.record["forward_rng"].append(trainer.global_step)
+        self._rng_state = None
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         # After backward, so after DDP's gradient all-reduce: what the optimizer applies.
@@ -101,9 +183,17 @@ class Recorder(Callback):
                 for k, p in network(pl_module).named_parameters()
                 if p.grad is not None
             }
+        if len(self.record["optim"]) < STEP_STATES:
+            self.record["optim"].append(
+                [
+                    {k: v for k, v in group.items() if isinstance(v, bool | int | float | tuple | str)}
+                    for group in optimizer.param_groups
+                ]
+            )
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
-        self._last_state = snapshot(network(pl_module))  # before validation's DDP buffer broadcast
+        # The system's buffers too; taken before validation's DDP buffer broadcast.
+        self._last_state = snapshot(pl_module)
         steps = self.record["step_state"]
         if len(steps) < min(trainer.global_step, STEP_STATES):  # an optimizer step ended (not accumulation)
             steps.append(self._last_state)
@@ -118,6 +208,7 @@ class Recorder(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.record["final"] = self._last_state
         self.record["global_step"] = trainer.global_step
+        self.record["loose_final"] = loose_state(pl_module)
 
     def _eval_start(self, trainer: Trainer, split: str, loaders) -> None:
         if not trainer.sanity_checking and split not in self.record["eval_indices"]:

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, default_collate
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.faults import destroy_process_group_at_exit
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
-from lit_ddp.testing.record import Recorder
+from lit_ddp.testing.record import Recorder, content
 
 
 @dataclass
@@ -43,6 +43,7 @@ class Job:
     stop_at_step: int = 0
     ckpt_path: str | None = None
     perturb_global_rng: bool = False
+    digests: bool = False  # hash each sample the splits hold (record.content)
     trainer_kwargs: dict = field(default_factory=dict)
 
 
@@ -72,7 +73,8 @@ class Subsample(Dataset):
 
 
 class TakeHead(Callback):
-    """After the data module's ``setup``: its splits cut to the kit's sizes; the full sizes recorded."""
+    """After the data module's ``setup``: its splits cut to the kit's sizes; the full sizes recorded, and with
+    ``job.digests`` each sample's hash."""
 
     def __init__(self, job: Job, recorder: Recorder) -> None:
         self.job, self.recorder = job, recorder
@@ -91,6 +93,10 @@ class TakeHead(Callback):
                     " give the data module more samples or pass a smaller batch_size to the checks"
                 )
             setattr(dm, split, Subsample(dataset, wanted))
+            if self.job.digests:
+                # After seed_everything, before training: every run reads its samples in the same state.
+                contents = self.recorder.record.setdefault("content", {})
+                contents[split] = content(getattr(dm, split))
 
 
 class PerturbGlobalRNG(Callback):

@@ -1,10 +1,11 @@
 """Your model and data under real DDP: 2 CPU processes (gloo), the way a multi-GPU run starts them.
 
 lit_ddp's trust kit checks the promises a DDP run must keep with your code: first-step gradients of 2 × b
-equal those of 1 × 2b, validation reports the same metrics on 1 and 2 processes, training shards are
-disjoint and cover the data and evaluation has no padded duplicates, augmentation is the same on any
-device count, a stop (mid-epoch or at an epoch's end) and a resume equal the uninterrupted run, and a seed
-reproduces a run.
+equal those of 1 × 2b, and so do the weights and buffers after each step (the ranks' identical at the end),
+each index returns the same sample on every rank, run and device count, validation reports the same metrics
+on 1 and 2 processes, training shards are disjoint and cover the data and evaluation has no padded
+duplicates, augmentation is the same on any device count, a stop (mid-epoch or at an epoch's end) and a
+resume equal the uninterrupted run, and a seed reproduces a run. A failing row names the cause and the fix.
 The project's `doctor` command (`python -m` the package, then `doctor --config configs/default.yaml`) prints
 the same table for any config.
 """

@@ -1,0 +1,293 @@
+"""Seeded DDP bugs, each as a user writes it through a project's extension points (``load_split``, the
+Dataset it returns, the network, a subclass of ImageClassifier), run through the trust kit: each is caught
+and its row names the cause and the fix (issue 51). Benign variants (a shuffle from the seeded global
+``np.random``, a plain ``torch.randperm``) pass. The kit's own broken cases and the sound LeNet + Shapes:
+test_ddp_kit.py.
+
+Every case runs only the checks that name its bug, all cases in one 2-process and one 1-process launch.
+
+    python -m pytest tests/test_doctor_bugs.py -q
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from lit_ddp.data import ShapesDataModule
+from lit_ddp.data.datasets import TensorImageDataset
+from lit_ddp.models import ImageClassifier
+from lit_ddp.testing import Report
+from lit_ddp.testing.checks import Case, run_cases
+
+# 2 × 8 per step, 2 steps: 32 training samples of 96; 17 validation samples of 40.
+SHAPES = {"train_size": 96, "val_size": 40, "test_size": 8, "batch_size": 8}
+
+
+# ---- data ---------------------------------------------------------------------------------------------
+
+
+class UnseededShuffle(ShapesDataModule):
+    """The training split shuffled with a generator seeded from the OS: each process holds another split."""
+
+    def load_split(self, split: str):
+        data = super().load_split(split)
+        if split != "train":
+            return data
+        order = torch.from_numpy(np.random.default_rng().permutation(len(data)))
+        return TensorImageDataset(data.images[order], data.labels[order])
+
+
+class SeededGlobalShuffle(ShapesDataModule):
+    """Benign: a shuffle from the global np.random, which seed_everything seeds alike on every rank."""
+
+    def load_split(self, split: str):
+        data = super().load_split(split)
+        order = torch.from_numpy(np.random.permutation(len(data)))
+        return TensorImageDataset(data.images[order], data.labels[order])
+
+
+class GlobalRandperm(ShapesDataModule):
+    """Benign: a plain torch.randperm (the global torch RNG, seeded alike on every rank)."""
+
+    def load_split(self, split: str):
+        data = super().load_split(split)
+        order = torch.randperm(len(data))
+        return TensorImageDataset(data.images[order], data.labels[order])
+
+
+class SelfSeededSplit(ShapesDataModule):
+    """Train/val split of one pool by torch.randperm from a generator seeded by ``g.seed()`` (OS entropy)."""
+
+    def load_split(self, split: str):
+        if split == "test":
+            return super().load_split(split)
+        pool = super().load_split("train")
+        g = torch.Generator()
+        g.seed()
+        order = torch.randperm(len(pool), generator=g)
+        n_val = self.sizes["val"]
+        keep = order[:n_val] if split == "val" else order[n_val:]
+        return TensorImageDataset(pool.images[keep], pool.labels[keep])
+
+
+class _Items(Dataset):
+    def __init__(self, data: TensorImageDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class NoisyItems(_Items):
+    def __getitem__(self, index: int):
+        x, y = self.data[index]
+        return x ^ torch.randint(0, 4, x.shape, dtype=torch.uint8), y  # torch.rand-style noise per read
+
+
+class RankItems(_Items):
+    def __getitem__(self, index: int):
+        x, y = self.data[index]
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return (x.flip(-1) if rank == 1 else x), y
+
+
+class RandomInGetitem(ShapesDataModule):
+    def load_split(self, split: str):
+        return NoisyItems(super().load_split(split))
+
+
+class RankInGetitem(ShapesDataModule):
+    def load_split(self, split: str):
+        return RankItems(super().load_split(split))
+
+
+# ---- networks and systems -----------------------------------------------------------------------------
+
+
+class SmallNet(nn.Module):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 5), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten())
+        self.classifier = nn.Linear(128, num_classes)
+
+    def hidden(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.hidden(self.features(x)))
+
+
+class HomeMadeNorm(SmallNet):
+    """Normalises each feature over the device's batch: a batch statistic no SyncBatchNorm replaces."""
+
+    def hidden(self, h):
+        return (h - h.mean(0)) / (h.std(0) + 1e-5)
+
+
+class ForwardNoise(SmallNet):
+    """Noise from torch's global RNG in forward (issue 50)."""
+
+    def hidden(self, h):
+        return h + 0.1 * torch.randn_like(h)
+
+
+class CountsCalls(SmallNet):
+    """A counter in a plain attribute, updated and used in forward: a checkpoint does not carry it."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__(num_classes)
+        self.calls = 0
+
+    def hidden(self, h):
+        self.calls += 1
+        return h * (1 + 0.5 / self.calls)
+
+
+class PerRankBuffer(SmallNet):
+    """A running centre, used and then updated from the device's own batch."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__(num_classes)
+        self.register_buffer("center", torch.zeros(128))
+
+    def hidden(self, h):
+        out = h - self.center
+        if self.training:
+            with torch.no_grad():
+                self.center.mul_(0.5).add_(0.5 * h.mean(0))
+        return out
+
+
+class SummedLoss(ImageClassifier):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self(x), y, reduction="sum")
+
+
+class LrTimesWorld(ImageClassifier):
+    def configure_optimizers(self):
+        self.optim = dataclasses.replace(self.optim, lr=self.optim.lr * self.trainer.world_size)
+        return super().configure_optimizers()
+
+
+def case(net=SmallNet, data=ShapesDataModule, checks=("grads",), system=ImageClassifier) -> Case:
+    return Case(system(net=net), data(**SHAPES), checks=checks)
+
+
+# The checks a split or shuffle could fail: the benign variants pass them.
+BENIGN_CHECKS = ("data", "shards", "augmentation", "reproducible")
+
+with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp_kit.py says why)
+    torch.manual_seed(0)
+    CASES = {
+        "unseeded_shuffle": case(data=UnseededShuffle, checks=("data", "augmentation")),
+        "self_seeded_split": case(data=SelfSeededSplit, checks=("data", "metrics", "augmentation")),
+        "random_getitem": case(data=RandomInGetitem, checks=("data",)),
+        "rank_getitem": case(data=RankInGetitem, checks=("data", "shards")),
+        "home_made_norm": case(HomeMadeNorm),
+        "summed_loss": case(system=SummedLoss),
+        "forward_noise": case(ForwardNoise, checks=("grads", "steps")),
+        "counts_calls": case(CountsCalls, checks=("resume",)),
+        "per_rank_buffer": case(PerRankBuffer, checks=("grads", "steps")),
+        "lr_times_world": case(system=LrTimesWorld, checks=("grads", "steps")),
+        "seeded_global_shuffle": case(data=SeededGlobalShuffle, checks=BENIGN_CHECKS),
+        "global_randperm": case(data=GlobalRandperm, checks=BENIGN_CHECKS),
+    }
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report]:
+    root = tmp_path_factory.mktemp("bugs")
+    return dict(zip(CASES, run_cases(list(CASES.values()), timeout=500, workdir=root), strict=True))
+
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def failing(report: Report, key: str):
+    row = report[key]
+    assert not row.holds and not row.warning, report.table()
+    return row
+
+
+def test_an_unseeded_shuffle_of_the_split_is_named_not_the_global_rng(reports) -> None:
+    report = reports["unseeded_shuffle"]
+    row = failing(report, "data")
+    assert row.fix.startswith("the training split differs between runs: load_split must depend on"), row
+    assert "two runs with the same seed hold other training samples" in row.measured
+    # Two unperturbed 1-process runs differ already: no verdict on the global RNG.
+    assert failing(report, "augmentation").fix == "the samples differ before augmentation: see 'data'"
+    assert report["global_rng"].holds and report["global_rng"].measured.startswith("not measured"), (
+        report.table()
+    )
+
+
+def test_a_split_from_a_self_seeded_generator_is_named_and_no_sync_dist_hint(reports) -> None:
+    report = reports["self_seeded_split"]
+    row = failing(report, "data")
+    assert "differs between runs" in row.fix and "validation split differs" in row.measured, row
+    assert report["metrics"].holds or "sync_dist" not in report["metrics"].fix, report.table()
+    assert not any("global RNG" in row.fix for row in report.rows), report.table()
+
+
+def test_a_random_draw_in_getitem_is_named(reports) -> None:
+    row = failing(reports["random_getitem"], "data")
+    assert "returns another sample each time it is read" in row.fix, row
+
+
+def test_a_rank_dependent_getitem_is_named_and_fails_the_shards_by_content(reports) -> None:
+    report = reports["rank_getitem"]
+    row = failing(report, "data")
+    assert row.fix.startswith("rank 1's training split differs from rank 0's"), row
+    shards = failing(report, "shards")
+    assert "see 'data'" in shards.fix and "by content: 16 training, 8 validation" in shards.measured, shards
+
+
+def test_a_home_made_batch_statistic_is_named(reports) -> None:
+    row = failing(reports["home_made_norm"], "grads")
+    assert "a statistic over the batch" in row.fix, row
+
+
+def test_a_summed_loss_is_named_from_the_exact_1_over_world_scale(reports) -> None:
+    row = failing(reports["summed_loss"], "grads")
+    assert "0.5 × the 1-process ones" in row.measured and "summed over the batch" in row.fix, row
+
+
+def test_the_models_own_global_rng_draw_is_named(reports) -> None:
+    """Issue 50: the doctor blamed batch statistics and the data module's position."""
+    report = reports["forward_noise"]
+    row = failing(report, "grads")
+    assert "draws from torch's global RNG in forward" in row.fix, row
+    fixes = " ".join(r.fix for r in report.rows)
+    assert "statistic" not in fixes and "position" not in fixes, report.table()
+
+
+def test_state_outside_state_dict_is_named_by_the_resume_check(reports) -> None:
+    row = failing(reports["counts_calls"], "resume")
+    assert row.fix.startswith("net.calls (0 → 2)") and "register_buffer" in row.fix, row
+
+
+def test_a_buffer_updated_per_rank_after_use_is_caught_and_named(reports) -> None:
+    report = reports["per_rank_buffer"]
+    assert report["grads"].holds, report.table()  # the first step uses the same (initial) buffer
+    row = failing(report, "steps")
+    assert row.fix.startswith("buffer net.center differs between the ranks"), row
+
+
+def test_a_learning_rate_scaled_by_the_world_size_is_caught_and_named(reports) -> None:
+    report = reports["lr_times_world"]
+    assert report["grads"].holds, report.table()
+    row = failing(report, "steps")
+    assert "lr 0.006 on 2 processes, 0.003 on 1 (step 1)" in row.measured, row
+    assert row.fix.startswith("the optimizer's lr depends on the device count"), row
+
+
+@pytest.mark.parametrize("name", ["seeded_global_shuffle", "global_randperm"])
+def test_benign_shuffles_from_the_seeded_global_rngs_pass(reports, name: str) -> None:
+    report = reports[name]
+    assert report.ok and report["global_rng"].holds, report.table()
