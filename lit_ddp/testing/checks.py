@@ -750,7 +750,14 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     if case.sync_batchnorm:
         trainer_kwargs["sync_batchnorm"] = True
 
-    def job(name: str, world_size: int, stage: str = "fit", train: int = train_samples, **kw) -> Job:
+    def job(
+        name: str,
+        world_size: int,
+        stage: str = "fit",
+        train: int = train_samples,
+        steps: int = case.steps,
+        **kw,
+    ) -> Job:
         return Job(
             f"{key}_{name}",
             stage,
@@ -761,7 +768,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
             train,
             val_samples,
             case.seed,
-            max_steps=case.steps if stage == "fit" else -1,
+            max_steps=steps if stage == "fit" else -1,
             trainer_kwargs=trainer_kwargs,
             **kw,
         )
@@ -780,8 +787,9 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         "resumed_end": job("resumed_end", 2, train=one_step, ckpt_path=str(stop_end)),
         "val2": job("val2", 2, "validate"),
         "full1": job("full1", 1),
-        "again1": job("again1", 1),
-        "rng1": job("rng1", 1, perturb_global_rng=True),
+        # These two are compared by their samples and first batch only: one step is all they need.
+        "again1": job("again1", 1, steps=1),
+        "rng1": job("rng1", 1, steps=1, perturb_global_rng=True),
         "val1": job("val1", 1, "validate"),
     }
     for name in HASHED:
