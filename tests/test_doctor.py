@@ -147,3 +147,59 @@ def test_a_batch_size_under_1_is_one_line(capsys, batch_size: str) -> None:
     assert exit_info.value.code == 2 and err.splitlines() == [
         f"lit_ddp: error: batch_size={batch_size} must be 1 or more: the per-device batch of the checks"
     ], err
+
+
+def test_state_outside_state_dict_is_recorded_by_name_metrics_left_out() -> None:
+    """A counter in a plain attribute is what a checkpoint loses; torchmetrics' states are reduced and reset
+    by design and are not named."""
+    import torch
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from lit_ddp.testing.checks import loose_changes
+    from lit_ddp.testing.record import loose_state
+
+    class Counting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+            self.lin = torch.nn.Linear(2, 2)
+
+    system = torch.nn.Module()
+    system.net, system.acc = Counting(), MulticlassAccuracy(3)
+    before = loose_state(system)
+    system.net.calls += 2
+    system.acc.update(torch.tensor([0, 1]), torch.tensor([0, 2]))
+    assert "net.calls" in before and not any(k.startswith("acc") for k in before), before
+    assert loose_changes({"loose_init": before, "loose_final": loose_state(system)}) == ["net.calls (0 → 2)"]
+
+
+def test_sample_hashes_tell_a_random_draw_in_getitem_from_a_fixed_dataset() -> None:
+    import torch
+
+    from lit_ddp.data.datasets import TensorImageDataset
+    from lit_ddp.testing.record import content
+
+    images = torch.randint(0, 255, (6, 3, 4, 4), dtype=torch.uint8)
+    fixed = content(TensorImageDataset(images, torch.arange(6)))
+    assert fixed["unstable"] == [] and len(set(fixed["digests"])) == 6
+
+    class Noisy(TensorImageDataset):
+        def __getitem__(self, index):
+            x, y = super().__getitem__(index)
+            return x ^ torch.randint(1, 4, x.shape, dtype=torch.uint8), y
+
+    assert content(Noisy(images, torch.arange(6)))["unstable"] == list(range(6))
+
+
+def test_a_gradient_scaled_by_exactly_one_half_is_found_and_rounding_is_not() -> None:
+    import torch
+
+    from lit_ddp.testing.checks import grad_scale
+
+    one = {"w": torch.randn(50, 20), "b": torch.randn(20)}
+    half = {k: v / 2 for k, v in one.items()}
+    assert abs(grad_scale(half, one) - 0.5) < 1e-6
+    rounded = {k: v * (1 + 1e-7 * torch.randn_like(v)) for k, v in one.items()}
+    assert grad_scale(rounded, one) is None
+    other = {k: torch.randn_like(v) for k, v in one.items()}
+    assert grad_scale(other, one) is None
