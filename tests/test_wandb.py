@@ -121,3 +121,26 @@ def test_a_stopped_wandb_run_resumes_in_the_same_run_to_the_uninterrupted_weight
     assert got["global_step"] == reference.trainer.global_step == 6  # 3 epochs of 2 batches
     for key, value in want.items():
         torch.testing.assert_close(got["state_dict"][key], value, rtol=0, atol=0, msg=key)
+
+
+def test_tensorboards_last_leaves_a_wandb_run_in_the_same_recipe_folder_alone(tmp_path: Path, caplog) -> None:
+    """W&B's default project is the recipe's name, so its runs' folders sit beside TensorBoard's version_N in
+    logs/<recipe>/: TensorBoard's `last` took the newest of either and would have written its events into
+    the W&B run's folder. A folder with a W&B run's files in <save_dir>/wandb/ is not a TensorBoard run."""
+    import shutil
+
+    from lit_ddp.cli import build_cli
+
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli([*FIT, root])
+    runs = tmp_path / "lightning_logs"
+    wandb_run = runs / "3f2a9xk1"  # a W&B run of the same model and data, newer
+    shutil.copytree(runs / "version_0", wandb_run)
+    newer = (runs / "version_0" / "checkpoints" / "last.ckpt").stat().st_mtime + 60
+    os.utime(wandb_run / "checkpoints" / "last.ckpt", (newer, newer))
+    (tmp_path / "wandb" / "offline-run-20260101_000000-3f2a9xk1").mkdir(parents=True)
+    with caplog.at_level("INFO"):
+        resumed = build_cli([*FIT, root, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert f"resuming from {runs / 'version_0' / 'checkpoints' / 'last.ckpt'}" in caplog.messages
+    assert resumed.trainer.logger.version == 0
+    assert len(list(wandb_run.glob("events.out.tfevents.*"))) == 1  # the copy's own, none added
