@@ -22,6 +22,7 @@ from jsonargparse import ArgumentParser
 
 from lit_ddp.data import ImageDataModule
 from lit_ddp.models import ImageClassifier
+from lit_ddp.utils import config_files
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
 # Every command `main` takes, the two it hands to their own parsers included (cli.main).
@@ -164,13 +165,7 @@ def _command(argv: list[str]) -> str:
 
 
 def _config_files(argv: list[str]) -> list[Path]:
-    files = []
-    for i, arg in enumerate(argv):
-        if arg in ("-c", "--config") and i + 1 < len(argv):
-            files.append(Path(argv[i + 1]))
-        elif arg.startswith("--config="):
-            files.append(Path(arg.partition("=")[2]))
-    return [f for f in files if f.is_file()]
+    return [path for _, path in config_files(argv)]
 
 
 def _where(key: str, argv: list[str]) -> str:

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import types
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 import lightning as L
 
@@ -92,3 +92,15 @@ def local_path(value: str | os.PathLike, option: str) -> str:
             " the path out"
         )
     return expanded
+
+
+def config_files(argv: list[str]) -> list[tuple[int, Path]]:
+    """``(position in argv, path)`` of each ``--config`` / ``-c`` file given, in order: the one place the
+    command line is read for config files (the CLI's checks and its one-line errors all ask here)."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg in ("-c", "--config") and i + 1 < len(argv):
+            files.append((i, Path(argv[i + 1])))
+        elif arg.startswith("--config="):
+            files.append((i, Path(arg.partition("=")[2])))
+    return [(i, path) for i, path in files if path.is_file()]

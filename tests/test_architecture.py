@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "callbacks": {"callbacks", "models", "data", "errors", "utils", "compat"},
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat"},
     "scaffold": {"scaffold", "errors"},
-    "cli_errors": {"models", "data"},
+    "cli_errors": {"models", "data", "utils"},
     "cli": {
         "cli",
         "cli_errors",

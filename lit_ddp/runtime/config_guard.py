@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from lit_ddp.errors import UserError
+from lit_ddp.utils import config_files
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
 MAX_NODES = 100_000
@@ -28,17 +29,6 @@ UNUSED = {
     "model.num_classes": "the data decides the number of classes (its dataset or class folders), and the"
     " model gets the data's: leave it out",
 }
-
-
-def config_files(argv: list[str]) -> list[tuple[int, Path]]:
-    """``(position in argv, path)`` of each ``--config`` / ``-c`` file given, in order."""
-    files = []
-    for i, arg in enumerate(argv):
-        if arg in ("-c", "--config") and i + 1 < len(argv):
-            files.append((i, Path(argv[i + 1])))
-        elif arg.startswith("--config="):
-            files.append((i, Path(arg.partition("=")[2])))
-    return [(i, path) for i, path in files if path.is_file()]
 
 
 def expanded_size(path: Path, limit: int = MAX_NODES) -> int | None:
