@@ -227,21 +227,21 @@ def test_clipping_under_mixed_precision_trains_and_its_resume_without_clipping_s
 # ---- the user's main road: the LeNet recipe through the real command line ------------------------------
 
 
-def lenet_recipe_args(data_root: Path) -> list[str]:
+def lenet_recipe_args(data_root: Path, per_batch: int = 512, stuck_s: float = 240) -> list[str]:
     """`fit --config configs/lenet_cifar.yaml` as the README runs it (every default callback, the logger,
     ``cuda_graph: auto``), on a small CIFAR-10 in its real on-disk format; test_run_paths.py runs the same
     command line on the CPU."""
     from test_cifar10 import write_cifar10
 
-    write_cifar10(data_root, per_batch=512, test_size=256)
+    write_cifar10(data_root, per_batch=per_batch, test_size=256)
     return [
         "--config",
         str(REPO / "configs" / "lenet_cifar.yaml"),
         f"--data.data_dir={data_root}",
-        "--data.val_size=512",
+        f"--data.val_size={per_batch}",
         "--trainer.max_epochs=2",
         "--trainer.callbacks+=stack_dump.DumpIfStuck",
-        "--trainer.callbacks.seconds=240",
+        f"--trainer.callbacks.seconds={stuck_s}",
     ]
 
 
