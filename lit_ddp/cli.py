@@ -60,6 +60,7 @@ from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
+    check_run_state,
     checkpoint_model_overrides,
     experiment_name,
     load_ckpt_file,
@@ -299,8 +300,11 @@ class LitDDPCLI(LightningCLI):
         packages = packages_of(self.default_model, self.default_data)
         check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
         if self._checkpoint is not None:
-            # ...and they replace the model settings given here: say so, naming each one.
             chosen = self.config[subcommand]["model"]
+            # ...it holds what the subcommand needs besides weights (a fit: the run's state to resume)...
+            takes_weights = "weights" in (chosen.get("init_args") or {})
+            check_run_state(self._checkpoint, ckpt_path, subcommand, takes_weights)
+            # ...and they replace the model settings given here: say so, naming each one.
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
             picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
             defaults = parser.parse_object({subcommand: picks})[subcommand]["model"]

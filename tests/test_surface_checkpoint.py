@@ -13,6 +13,7 @@ from test_mistakes import one_error_line
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, packages_of
+from lit_ddp.runtime.resume import check_run_state
 
 
 @pytest.fixture(scope="module")
@@ -327,3 +328,47 @@ def test_a_checkpoint_naming_another_callable_as_its_network_runs_nothing(tmp_pa
     with pytest.raises(UserError, match="is not an nn.Module class or a network function"):
         ImageClassifier.load_from_checkpoint(crafted, weights_only=True)
     assert not witness.exists()
+
+
+@pytest.mark.parametrize(
+    ("subcommand", "kept", "missing", "what"),
+    [
+        # loops removed: fit started again at epoch 1, with no word
+        ("fit", "all but loops", "loop state (epoch, batch)", "a run's state to resume"),
+        # torch.save({"state_dict": ...}): Lightning's KeyError traceback, in fit and validate
+        (
+            "fit",
+            "state_dict",
+            "Lightning version, no loop state (epoch, batch), no optimizer state",
+            "a run's state to resume",
+        ),
+        ("validate", "state_dict", "Lightning version", "a Lightning checkpoint"),
+    ],
+)
+def test_a_checkpoint_of_weights_only_is_one_line_saying_what_it_lacks(
+    ckpt: Path, tmp_path: Path, capsys, subcommand: str, kept: str, missing: str, what: str
+) -> None:
+    full = torch.load(ckpt, weights_only=True)
+    saved = {"state_dict": full["state_dict"]}
+    if kept == "all but loops":
+        saved = {k: v for k, v in full.items() if k != "loops"}
+    weights = tmp_path / "weights.ckpt"
+    torch.save(saved, weights)
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, [subcommand, *TINY_RUN, f"--ckpt_path={weights}", root])
+    assert line.startswith(f"checkpoint {weights} holds weights only, not {what} (no {missing}): ")
+    assert not (tmp_path / "lightning_logs").exists()
+
+
+def test_weights_only_points_to_model_weights_where_the_model_takes_it() -> None:
+    weights = {"state_dict": {}}
+    with pytest.raises(
+        UserError, match=r": to train a new run from its weights, pass --model.weights=w.pt in"
+    ):
+        check_run_state(weights, "w.pt", "fit", takes_weights=True)
+    with pytest.raises(
+        UserError, match=r": to test with its weights, pass --model.weights=w.pt and no --ckpt"
+    ):
+        check_run_state(weights, "w.pt", "test", takes_weights=True)
+    run = {"state_dict": {}, "pytorch-lightning_version": "2.6", "loops": {}, "optimizer_states": []}
+    check_run_state(run, "last.ckpt", "fit", takes_weights=True)
