@@ -179,8 +179,9 @@ def case(net=SmallNet, data=ShapesDataModule, checks=("grads",), system=ImageCla
     return Case(system(net=net), data(**SHAPES), checks=checks)
 
 
-# The checks a split or shuffle could fail: the benign variants pass them.
-BENIGN_CHECKS = ("data", "shards", "augmentation", "reproducible")
+# The checks a split or shuffle could fail (data compares two runs of the same seed): the benign variants
+# pass them.
+BENIGN_CHECKS = ("data", "shards", "augmentation")
 
 with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp_kit.py says why)
     torch.manual_seed(0)
