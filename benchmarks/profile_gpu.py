@@ -10,7 +10,7 @@ decode: ``--data.gpu_decode=true``'s stages for one batch at a time, each timed 
 synchronised around it, so that their sum is an upper bound of the real, overlapped step's share:
   load      the DataLoader's wait for the next batch of bytes (its workers read files and headers and draw
             boxes), with the main process doing nothing else: the workers' own rate;
-  nvjpeg    ``torchvision.io.decode_jpeg`` of the batch's bytes on the device, alone;
+  nvjpeg    the decoder's call (codec.py ``decode_jpegs``: TorchCodec's) on the batch's bytes, alone;
   decode    ``EncodedBatch.decode``: that same decode, then each image's crop and resize, and the flips;
   crop      decode − nvjpeg: the per-image crop and resize (into one float batch on a GPU, rounded once);
   crop_each each image cropped, resized and rounded alone (jpeg.py ``crop_resize``), from nvjpeg's images:
@@ -45,9 +45,9 @@ from bench_lenet_gpu import (
 )
 from harness import settings, synchronize, training_only, write_results
 from torch.profiler import ProfilerActivity, profile
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data.codec import decode_jpegs
 from lit_ddp.data.jpeg import crop_resize
 from lit_ddp.models import LeNet, LeNetCIFAR
 
@@ -92,7 +92,7 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     for k in range(args.batches + 1):  # the first batch starts the workers: untimed
         (encoded, _, *_), load = timed(lambda: next(loader), device)
         jpegs = [encoded.data[slot[1] : slot[2]] for slot in encoded.slots if slot[0] == "jpeg"]
-        nvjpeg_call = functools.partial(decode_jpeg, jpegs, mode=ImageReadMode.RGB, device=device)
+        nvjpeg_call = functools.partial(decode_jpegs, jpegs, device)
         images, nvjpeg = timed(nvjpeg_call, device)
         _, decode = timed(functools.partial(encoded.decode, device), device)
         _, crop_each = timed(functools.partial(crop_each_alone, encoded, images, device), device)

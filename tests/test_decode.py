@@ -2,17 +2,21 @@
 EXIF orientation, 16-bit PNGs. Small generated files in the real formats."""
 
 import functools
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torchvision.io
 import torchvision.transforms.v2.functional as TF
 from PIL import Image, ImageOps
 from torchvision.io import decode_image
 from torchvision.transforms import v2
 
 from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data.codec import torchcodec_decoder
+from lit_ddp.data.device_decode import Encoded, EncodedBatch, read_eval_sample
 from lit_ddp.data.jpeg import EVAL_DRAFT_MARGIN, center_crop_box, decode, load_eval_crop, load_train_crop
 
 
@@ -194,3 +198,35 @@ def test_the_data_module_switch_reaches_train_eval_and_predict(tmp_path: Path) -
         assert np.array_equal(dm.predict_set.load(str(path)), expected)
         crops[exif] = expected
     assert np.abs(crops[True].astype(int) - crops[False]).mean() > 20  # the switch changes the picture
+
+
+# ---- the decoder: TorchCodec's where it is installed -------------------------------------------------
+
+
+@pytest.mark.skipif(torchcodec_decoder() is None, reason="TorchCodec is not installed")
+def test_where_torchcodec_is_installed_no_path_calls_torchvisions_deprecated_decoders(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """torchvision's image decoders warn on every call since 0.29 and are to be removed: the CPU path (train
+    and eval crops, a photo stored turned) and the device path (decoded here on the CPU) use TorchCodec's."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torchvision's image decoder was called")
+
+    for name in ("decode_jpeg", "decode_jpegs_cuda", "decode_image", "decode_png"):
+        monkeypatch.setattr(torch.ops.image, name, refuse)  # what torchvision.io's functions call
+        monkeypatch.setattr(torchvision.io, name, refuse, raising=False)
+    path, turned = tmp_path / "photo.jpg", tmp_path / "turned.jpg"
+    photo(120, 90).save(path, quality=90)
+    save_with_orientation(blocks(64, 48), turned, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for exif in (True, False):
+            assert load_eval_crop(str(turned), 32, 36, draft=False, exif_transpose=exif).shape == (32, 32, 3)
+        crop = load_train_crop(str(path), 32, (0.5, 1.0), (0.75, 1.33), draft=False)
+        samples = [read_eval_sample(str(p), 32, 36, draft=False) for p in (path, turned)]
+        x, bad = EncodedBatch(samples, 32, 36).decode(torch.device("cpu"))
+    assert crop.shape == (32, 32, 3) and x.shape == (2, 3, 32, 32) and not bad
+    assert isinstance(samples[0], Encoded) and not isinstance(samples[1], Encoded)  # the device took one
+    cpu = torch.from_numpy(load_eval_crop(str(path), 32, 36, draft=False))
+    assert torch.equal(x[0].permute(1, 2, 0), cpu)

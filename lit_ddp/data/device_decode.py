@@ -1,7 +1,7 @@
 """JPEG decoding on the training device (``ImageNetDataModule(gpu_decode=True)``), for nodes with few CPU
 cores per GPU: the DataLoader workers only read each file's bytes and its header (PIL's lazy open: the size,
 the format, the EXIF orientation) and draw the sample's crop box and flip; the batch is decoded where it is
-trained, with nvJPEG on CUDA (``torchvision.io.decode_jpeg(..., device=...)``, one call for the batch), and
+trained, with nvJPEG on CUDA (codec.py ``decode_jpegs``: TorchCodec's, one call for the batch), and
 cropped, resized and flipped there with the CPU path's geometry and resize (jpeg.py ``crop_region``,
 ``center_crop_band``, ``resize_uint8``; through float32 on a GPU, for the whole batch at once). On a CPU
 device the same code decodes with libjpeg-turbo, which is how CI tests it.
@@ -12,17 +12,17 @@ them; decoding draws nothing. So a sample gets the same crop whichever rank, wor
 the same as with ``gpu_decode=False`` (the pixels too where both decode in full: ``draft=False``).
 
 The decode runs one batch ahead of training, on a thread with its own CUDA stream (``DecodeAheadLoader``):
-while the device trains on batch k, batch k+1's bytes are decoded. torchvision's CUDA decoder returns only
-when its batch is decoded (it synchronises its stream; JPEGs the hardware decoder does not take have their
-Huffman stage on the host), and each image's crop and resize is launched from Python. In the training loop
-the host does nothing else meanwhile: the device runs what was queued, but the next step's launches wait.
-On a thread they go on, as with a DataLoader worker's decode; torch's operators release the GIL while they
-run, so the thread leaves the training loop's Python free.
+while the device trains on batch k, batch k+1's bytes are decoded. The CUDA decoder (TorchCodec's, as
+torchvision's) returns only when its batch is decoded (it synchronises its stream; JPEGs the hardware
+decoder does not take have their Huffman stage on the host), and each image's crop and resize is launched
+from Python. In the training loop the host does nothing else meanwhile: the device runs what was queued,
+but the next step's launches wait. On a thread they go on, as with a DataLoader worker's decode; torch's
+operators release the GIL while they run, so the thread leaves the training loop's Python free.
 
 What the device path does not take is decoded in the worker as before and travels as pixels beside the
 encoded bytes: files that are not JPEG, JPEGs not stored as RGB (grayscale, CMYK), and photos stored turned
-(EXIF orientation other than 1); and the black placeholder of an unreadable file, which the data module
-drops before the copy.
+(EXIF orientation other than 1, which TorchCodec's decoder turns whatever ``exif_transpose`` says); and the
+black placeholder of an unreadable file, which the data module drops before the copy.
 """
 
 import io
@@ -34,10 +34,10 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torch.utils.data import DataLoader
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.batch_transforms import to_device
+from lit_ddp.data.codec import decode_jpegs, reason
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
     Box,
@@ -69,16 +69,15 @@ class Encoded:
         self.path, self.data, self.box, self.flip, self.size = path, data, box, flip, size
 
 
-def _device_decodable(data: np.ndarray, exif_transpose: bool) -> tuple[int, int] | None:
-    """The stored (width, height) of a JPEG the device path takes (RGB, stored upright or read as stored),
-    else None. Reads only the header."""
+def _device_decodable(data: np.ndarray) -> tuple[int, int] | None:
+    """The stored (width, height) of a JPEG the device path takes (RGB, stored upright: TorchCodec turns
+    the others as their EXIF says, whatever ``exif_transpose``), else None. Reads only the header."""
     try:
         img = Image.open(io.BytesIO(data))
     except UnidentifiedImageError:
         return None  # the worker's CPU path names the problem
     with img:
-        upright = not exif_transpose or _orientation(img) == 1
-        return img.size if img.format == "JPEG" and img.mode == "RGB" and upright else None
+        return img.size if img.format == "JPEG" and img.mode == "RGB" and _orientation(img) == 1 else None
 
 
 def read_train_sample(
@@ -93,7 +92,7 @@ def read_train_sample(
     """The worker's share of ``load_train_crop``: the file's bytes, the RandomResizedCrop box and the flip,
     drawn as it draws them; the CPU path's (size, size, 3) crop for what the device does not decode."""
     data = np.fromfile(path, dtype=np.uint8)
-    stored = _device_decodable(data, exif_transpose)
+    stored = _device_decodable(data)
     if stored is None:  # nothing drawn yet: the CPU path draws exactly what it would have
         return load_train_crop(path, size, scale, ratio, draft, flip_p, None, exif_transpose)
     box = random_resized_crop_box(*stored, scale, ratio)
@@ -107,7 +106,7 @@ def read_eval_sample(
     """The worker's share of ``load_eval_crop``: the file's bytes and stored size (the CPU path's crop for
     what the device does not decode)."""
     data = np.fromfile(path, dtype=np.uint8)
-    stored = _device_decodable(data, exif_transpose)
+    stored = _device_decodable(data)
     if stored is None:
         return load_eval_crop(path, size, resize, draft, exif_transpose)
     return Encoded(path, torch.from_numpy(data), None, False, stored)
@@ -116,7 +115,7 @@ def read_eval_sample(
 class EncodedBatch:
     """A batch as the workers hand it over: the samples' bytes in one uint8 tensor (one shared-memory
     transfer, not one per file), and the pixels of the samples decoded on the CPU in another. Not a tensor
-    nor a dataclass, so Lightning's copy to the device leaves it on the host, where ``decode_jpeg`` wants
+    nor a dataclass, so Lightning's copy to the device leaves it on the host, where ``decode_jpegs`` wants
     the bytes. ``batch[keep]`` (a (B,) bool mask) keeps some samples (unreadable files are dropped so)."""
 
     def __init__(self, samples: Sequence[Encoded | np.ndarray], size: int, resize: int | None) -> None:
@@ -199,16 +198,16 @@ class EncodedBatch:
         if not data:
             return [], {}
         try:
-            return decode_jpeg(data, mode=ImageReadMode.RGB, device=device), {}
+            return decode_jpegs(data, device), {}
         except RuntimeError:
             pass
         images, bad = [], {}
         for k, d in enumerate(data):
             try:
-                images.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
-            except RuntimeError as err:  # torchvision's message names the decoder's error
+                images.extend(decode_jpegs([d], device))
+            except RuntimeError as err:  # the decoder's message names its error
                 images.append(None)
-                bad[k] = f"OSError: {str(err).splitlines()[-1]}"
+                bad[k] = f"OSError: {reason(err)}"
         return images, bad
 
 

@@ -9,9 +9,10 @@ PIL resize → float tensor → normalise, per image) spends as long again aroun
    reduction never takes the crop below ``size`` (evaluation: 4 × ``size``, see ``EVAL_DRAFT_MARGIN``), so
    the final resize is still a downscale. (The idea of DALI's and FFCV's scaled decoding.) At 224 from
    ~500×375 photos this rarely applies; it pays for the larger photos and for small crops.
-3. Otherwise JPEGs are decoded by torchvision's libjpeg-turbo decoder straight into a tensor, which skips
-   the conversion of PIL's internal 4-byte pixels that ``np.asarray(pil_image)`` costs (a sizeable part
-   of the decode itself: docs/benchmarks.md).
+3. Otherwise JPEGs are decoded by libjpeg-turbo straight into a tensor (TorchCodec's decoder, or
+   torchvision's where TorchCodec is not installed: codec.py), which skips the conversion of PIL's internal
+   4-byte pixels that ``np.asarray(pil_image)`` costs (a sizeable part of the decode itself:
+   docs/benchmarks.md).
 4. The pixels are turned upright as the EXIF orientation says (phone photos; ``exif_transpose=False``
    reads them as stored).
 5. Torch's antialiased bilinear uint8 kernel resizes (written to match PIL's ``resize``; about three times
@@ -38,13 +39,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms import InterpolationMode, RandomResizedCrop, v2
 
+from lit_ddp.data.codec import decode_jpeg, reason, upright
 from lit_ddp.errors import UserError
 
 # What a broken file raises: truncated data and bad markers (OSError, incl. PIL's UnidentifiedImageError,
-# and torchvision's decoder errors, re-raised as OSError below), malformed headers (SyntaxError,
+# and the JPEG decoder's errors, re-raised as OSError below), malformed headers (SyntaxError,
 # ValueError, EOFError), absurd sizes (DecompressionBombError).
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
@@ -110,14 +111,6 @@ def _orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _upright(pixels: Tensor, orientation: int) -> Tensor:
-    """(3, H, W) stored pixels turned as EXIF ``orientation`` says (``ImageOps.exif_transpose``'s turns)."""
-    if orientation in (5, 6, 7, 8):  # stored a quarter turn away: rows become columns
-        pixels = pixels.transpose(1, 2)
-    flips = {2: (2,), 3: (1, 2), 4: (1,), 6: (2,), 7: (1, 2), 8: (1,)}.get(orientation)
-    return pixels.flip(flips) if flips else pixels
-
-
 def _pil_pixels(img: Image.Image) -> Tensor:
     """(3, H, W) uint8 RGB of a PIL image (grayscale, CMYK, palette, alpha, 16-bit: rare, converted at full
     size). 16-bit greyscale keeps its top byte (value >> 8), as PIL itself does for 16-bit RGB PNGs; PIL's
@@ -146,23 +139,23 @@ def decode(
         raise OSError("not an image file that PIL can identify") from None  # PIL would name the BytesIO
     with img:
         if img.format == "JPEG":  # the EXIF block is in the header: the region is known before decoding
-            orientation = _orientation(img) if exif_transpose else 1
+            exif = _orientation(img)
+            orientation = exif if exif_transpose else 1
             width, height = img.size[::-1] if orientation >= 5 else img.size
             box = region(width, height)
             reduction = _draft_reduction(img, box, draft_size) if draft_size else None
             if reduction is None:
                 try:
-                    pixels, reduction = decode_jpeg(torch.from_numpy(data), mode=ImageReadMode.RGB), 1.0
-                except RuntimeError as err:  # torchvision's message names the libjpeg error
-                    raise OSError(str(err).splitlines()[-1]) from None
-            else:
-                pixels = _pil_pixels(img)
+                    return decode_jpeg(torch.from_numpy(data), orientation, exif), 1.0, (width, height), box
+                except RuntimeError as err:  # the decoder's message names the libjpeg error
+                    raise OSError(reason(err)) from None
+            pixels = _pil_pixels(img)
         else:  # decoded first: a PNG's EXIF chunk may follow its pixels
             pixels, reduction = _pil_pixels(img), 1.0
             orientation = _orientation(img) if exif_transpose else 1
             width, height = img.size[::-1] if orientation >= 5 else img.size
             box = region(width, height)
-    return _upright(pixels, orientation), reduction, (width, height), box
+    return upright(pixels, orientation), reduction, (width, height), box
 
 
 def crop_region(pixels: Tensor, box: Box) -> Tensor:
