@@ -186,7 +186,7 @@ def train(
         val_resize=max(data_args["val_resize"], args.image_size),
         batch_size=args.batch_size,
         num_workers=args.num_workers,
-        gpu_decode=args.gpu_decode,
+        decode="gpu" if args.gpu_decode else "cpu",
         decode_ahead=args.decode_ahead,
     )
     model_args.update(arch=args.arch, num_classes=args.num_classes)
@@ -221,7 +221,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=data_args["image_size"], help="training crop")
     parser.add_argument("--precision", default=None, help="default: the recipe's on CUDA, else 32-true")
     parser.add_argument("--num-workers", type=int, default=None, help="default: the data module's auto")
-    parser.add_argument("--gpu-decode", action="store_true", help="decode on the device (--data.gpu_decode)")
+    parser.add_argument("--gpu-decode", action="store_true", help="decode on the device (--data.decode=gpu)")
     parser.add_argument(
         "--no-decode-ahead", dest="decode_ahead", action="store_false",
         help="with --gpu-decode: decode in the training loop, not a batch ahead (--data.decode_ahead=false)",

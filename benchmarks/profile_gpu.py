@@ -6,7 +6,7 @@ code.
     python benchmarks/profile_gpu.py lenet --json lenet_profile.json --table lenet_ops.txt
     python benchmarks/profile_gpu.py decode --device cpu --images 64 --batch-size 8 --batches 2   # a laptop
 
-decode: ``--data.gpu_decode=true``'s stages for one batch at a time, each timed alone with the device
+decode: ``--data.decode=gpu``'s stages for one batch at a time, each timed alone with the device
 synchronised around it, so that their sum is an upper bound of the real, overlapped step's share:
   load      the DataLoader's wait for the next batch of bytes (its workers read files and headers and draw
             boxes), with the main process doing nothing else: the workers' own rate;
@@ -83,7 +83,7 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     if not (root / "train").is_dir():
         generate(root, args.images, args.width, args.height)
     dm = ImageNetDataModule(
-        data_dir=str(root), batch_size=args.batch_size, num_workers=args.num_workers, gpu_decode=True
+        data_dir=str(root), batch_size=args.batch_size, num_workers=args.num_workers, decode="gpu"
     )
     dm.prepare_data()
     dm.setup("fit")

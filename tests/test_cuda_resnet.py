@@ -49,7 +49,7 @@ def test_resnet18_fits_from_jpeg_files_in_bf16_channels_last_compiled(tmp_path: 
 
 
 def test_resnet18_fits_with_the_batches_decoded_on_the_gpu(tmp_path: Path, imagenet: Path) -> None:
-    args = [*resnet18(imagenet), "--trainer.precision=bf16-mixed", "--data.gpu_decode=true"]
+    args = [*resnet18(imagenet), "--trainer.precision=bf16-mixed", "--data.decode=gpu"]
     fit_ok(tmp_path, *args, "--data.num_workers=2")
     assert len(read_scalars(last_ckpt(tmp_path, args).parent.parent)["val/acc"]) == 2
     loads_on_cpu(last_ckpt(tmp_path, args))

@@ -374,6 +374,6 @@ def test_an_image_data_module_names_its_own_remedies(tmp_path: Path, monkeypatch
     make_tree(tmp_path, train_per_class=1, val_per_class=1)
     imagenet = ImageNetDataModule(data_dir=str(tmp_path), num_workers=7)
     assert imagenet.loader_remedies() == [
-        "decode the JPEGs on the GPU: --data.gpu_decode=true",
+        "decode the images on the GPU: --data.decode=gpu",
         "more CPUs per device (all 8 are loader workers already)",
     ]

@@ -225,7 +225,7 @@ def test_where_torchcodec_is_installed_no_path_calls_torchvisions_deprecated_dec
             assert load_eval_crop(str(turned), 32, 36, draft=False, exif_transpose=exif).shape == (32, 32, 3)
         crop = load_train_crop(str(path), 32, (0.5, 1.0), (0.75, 1.33), draft=False)
         samples = [read_eval_sample(str(p), 32, 36, draft=False) for p in (path, turned)]
-        x, bad = EncodedBatch(samples, 32, 36).decode(torch.device("cpu"))
+        x, bad = EncodedBatch(samples, [str(path), str(turned)], 32, 36).decode(torch.device("cpu"))
     assert crop.shape == (32, 32, 3) and x.shape == (2, 3, 32, 32) and not bad
     assert isinstance(samples[0], Encoded) and not isinstance(samples[1], Encoded)  # the device took one
     cpu = torch.from_numpy(load_eval_crop(str(path), 32, 36, draft=False))

@@ -1,7 +1,7 @@
-"""``--data.gpu_decode=true`` (data/device_decode.py): the workers read bytes and draw the crops, the device
-decodes. On a CPU device the decoder is the CPU path's own (libjpeg-turbo), so these tests hold the device
-path to the CPU path's exact pixels; on a GPU nvJPEG's IDCT and chroma upsampling differ by a few gray
-levels (docs/gpu.md)."""
+"""``--data.decode=gpu`` (data/decoders.py, data/device_decode.py): the workers read bytes and draw the
+crops, the device decodes. On a CPU device the decoder is the CPU path's own (libjpeg-turbo), so these tests
+hold the device path to the CPU path's exact pixels; on a GPU nvJPEG's IDCT and chroma upsampling differ by
+a few gray levels (docs/gpu.md)."""
 
 import threading
 import time
@@ -38,7 +38,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def data_module(root: Path, gpu_decode: bool, draft: bool = False, **kwargs) -> ImageNetDataModule:
     dm = ImageNetDataModule(
         data_dir=str(root), image_size=SIZE, val_resize=RESIZE, batch_size=8, num_workers=0, draft=draft,
-        gpu_decode=gpu_decode, index_cache=str(root / ".cache"), **kwargs,
+        decode="gpu" if gpu_decode else "cpu", index_cache=str(root / ".cache"), **kwargs,
     )  # fmt: skip
     dm.setup("fit")
     return dm
@@ -126,15 +126,25 @@ def test_a_batch_with_unreadable_files_is_dropped_and_reported_like_the_cpu_path
 
 
 def test_gpu_decode_with_worker_augmentations_is_one_clear_line(tree: Path) -> None:
-    with pytest.raises(UserError, match="--data.gpu_decode=true cannot run auto_augment"):
+    with pytest.raises(UserError, match="--data.decode=gpu cannot run auto_augment"):
         data_module(tree, True, auto_augment="trivialaugment")
+
+
+def test_the_older_gpu_decode_key_still_chooses_the_device_with_a_deprecation_line(tree: Path) -> None:
+    args = dict(data_dir=str(tree), index_cache=str(tree / ".cache"))
+    with pytest.warns(DeprecationWarning, match=r"gpu_decode=true is deprecated: use --data.decode=gpu"):
+        assert ImageNetDataModule(**args, gpu_decode=True).decoder.on_device
+    with pytest.warns(DeprecationWarning, match=r"gpu_decode=false is deprecated: use --data.decode=cpu"):
+        assert not ImageNetDataModule(**args, decode="gpu", gpu_decode=False).decoder.on_device
+    with pytest.raises(UserError, match=r"^--data.decode=nvjpeg is not one of: cpu, gpu$"):
+        ImageNetDataModule(**args, decode="nvjpeg")
 
 
 @pytest.mark.slow
 def test_the_cli_fits_with_gpu_decode(tree: Path, tmp_path: Path) -> None:
     args = [f"--config={REPO / 'configs' / 'resnet_imagenet.yaml'}", f"--data.data_dir={tree}"]
     args += ["--model.arch=resnet18", f"--data.image_size={SIZE}", f"--data.val_resize={RESIZE}"]
-    args += ["--data.batch_size=8", "--data.num_workers=1", "--data.gpu_decode=true"]
+    args += ["--data.batch_size=8", "--data.num_workers=1", "--data.decode=gpu"]
     args += ["--trainer.accelerator=cpu", "--trainer.precision=32-true", "--trainer.max_epochs=1"]
     args += ["--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"]
     args += [f"--data.index_cache={tmp_path / 'cache'}"]
@@ -189,7 +199,7 @@ def loader(dm: ImageNetDataModule, split: str = "train", ahead: bool = True, dev
     """The split's loader as a Trainer on ``device`` iterates it (device_decode.DecodeAheadLoader, the
     device the Trainer's strategy would name), or without the thread, as the batches came before.
     test_cuda_resnet.py runs it on a GPU."""
-    dm.decode_ahead = ahead
+    dm.decoder.ahead = ahead
     split_loader = getattr(dm, f"{split}_dataloader")()
     if ahead:
         split_loader.device = lambda: torch.device(device)

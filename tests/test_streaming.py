@@ -27,6 +27,7 @@ from streaming_runs import (
 from test_cifar10 import write_cifar10
 
 from lit_ddp.data.augmentation import RandomResizedCropFlip
+from lit_ddp.data.device_decode import DecodeAheadLoader
 from lit_ddp.data.shards import ChunkCache, LocalStore, ShardedSamples, ShardError, chunk_window_order, fcntl
 from lit_ddp.data.streaming import ShardOrderSampler, StreamingDataModule
 from lit_ddp.errors import UserError
@@ -163,6 +164,62 @@ def test_global_step_k_holds_the_same_samples_on_1_2_and_4_processes(cifar_shard
     order = chunk_window_order(dm.train_set.samples.shard_sizes(), dm.train_set.positions, 0, 1, 2)
     assert sorted(order) == list(range(160))
     assert order != chunk_window_order(dm.train_set.samples.shard_sizes(), dm.train_set.positions, 0, 2, 2)
+
+
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_encoded_shards_give_global_step_k_the_same_pixels_on_1_and_2_processes_and_after_a_resume(
+    tmp_path: Path, decode: str
+) -> None:
+    """ImageFolder shards, each image cropped from its own seed, decoded in the workers or (``gpu``, here on
+    the CPU) from the shards' bytes on the device: step k of 1 × 8 holds the pixels of step k of 2 × 4, a
+    run stopped after step 1 resumes on the other process count at step 2's pixels, and the device's
+    pixels are the workers' (a full decode: draft off)."""
+    from lit_ddp.data.convert import convert
+
+    make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    sizes = dict(image_size=32, val_resize=36, draft=False, augmentation=RandomResizedCropFlip())
+
+    def module(decode: str) -> StreamingDataModule:
+        dm = StreamingDataModule(url=str(tmp_path / "s"), batch_size=4, num_workers=0, decode=decode, **sizes)
+        dm.setup("fit")
+        return dm
+
+    dm, global_batch, epoch = module(decode), 8, 1
+
+    def steps(world: int, resume_at: int = 0) -> list[dict[int, torch.Tensor]]:
+        """Each full global step's {sample index: pixels} on ``world`` ranks, from sample ``resume_at``."""
+        per_rank = []
+        for rank in range(world):
+            sampler = ShardOrderSampler(dm.train_set, world, rank, seed=0, window=2, seeded=True)
+            sampler.set_epoch(epoch)
+            if resume_at:
+                sampler.resume(epoch, resume_at // world)
+            per_rank.append(list(sampler))
+        b, out = global_batch // world, []
+        for k in range((len(dm.train_set) - resume_at) // global_batch):
+            step = {}
+            for pairs in (p[k * b : (k + 1) * b] for p in per_rank):
+                x, _, _ = dm.train_set.__getitems__(pairs)
+                if dm.decoder.on_device:
+                    x, bad = dm.decoder.decode(x, torch.device("cpu"))
+                    assert not bad
+                step.update({i: image for (i, _), image in zip(pairs, x, strict=True)})
+            out.append(step)
+        return out
+
+    def same(a: list[dict], b: list[dict]) -> bool:
+        return [sorted(s) for s in a] == [sorted(s) for s in b] and all(
+            torch.equal(s[i], t[i]) for s, t in zip(a, b, strict=True) for i in s
+        )
+
+    one, two = steps(1), steps(2)
+    assert len(one) == 3 and same(one, two)
+    assert same(steps(2, resume_at=global_batch), one[1:]) and same(steps(1, resume_at=global_batch), two[1:])
+    if decode == "gpu":
+        assert isinstance(dm.train_dataloader(), DecodeAheadLoader)
+        dm = module("cpu")
+        assert same(steps(1), one)  # the workers' pixels
 
 
 def test_the_splits_sampler_and_resume_are_the_base_modules_hooks(cifar_shards: Path) -> None:

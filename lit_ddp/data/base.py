@@ -35,6 +35,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
 from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
+from lit_ddp.data.decoders import ImageDecode
+from lit_ddp.data.device_decode import DecodedAhead, EncodedBatch
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import (
@@ -93,6 +95,9 @@ class ImageDataModule(LightningDataModule):
     # Data modules whose splits are image files note the unreadable ones here (callbacks/skipped_images.py
     # reports them); None: the splits are in memory, nothing to report.
     unreadable: UnreadableFiles | None = None
+    # Data modules of encoded images (files, shards) decode them with this strategy (decoders.py), chosen
+    # once by their --data.decode; None: the splits are pixels already.
+    decoder: ImageDecode | None = None
 
     def __init__(
         self,
@@ -276,9 +281,15 @@ class ImageDataModule(LightningDataModule):
         workers, cpus = self.workers_per_device(), available_cpus()
         devices = self.trainer.num_devices if self.trainer is not None else 1
         spare = cpus // max(devices, 1) - 1
+        remedies = []
+        # Encoded images decoded in the workers, and no per-image augmentation that must run there.
+        if type(self.decoder) is ImageDecode and self.decoder.sample_augment is None:
+            remedies.append("decode the images on the GPU: --data.decode=gpu")
         if workers < spare:
-            return [f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)"]
-        return [f"more CPUs per device (all {cpus} are loader workers already)"]
+            remedies.append(f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)")
+        else:
+            remedies.append(f"more CPUs per device (all {cpus} are loader workers already)")
+        return remedies
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
         if dataset is None:
@@ -299,8 +310,14 @@ class ImageDataModule(LightningDataModule):
         )
 
     def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
-        """The DataLoader of every split (``_loader`` chose its arguments): a subclass may return its own."""
+        """The DataLoader of every split (``_loader`` chose its arguments): the decoder's, if there is one;
+        a subclass may return its own."""
+        if self.decoder is not None:
+            return self.decoder.loader(dataset, self._training_device, **kwargs)
         return DataLoader(dataset, **kwargs)
+
+    def _training_device(self) -> torch.device | None:
+        return self.trainer.strategy.root_device if self.trainer is not None else None
 
     def _drop_one_image_batch(self, shard: int) -> bool:
         """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
@@ -343,16 +360,16 @@ class ImageDataModule(LightningDataModule):
         """What predict reads, for the report: ``predict_dir`` or the name of the test split."""
         return self.predict_dir if self.predict_dir is not None else f"{self.test_split} split"
 
-    def eval_files_set(self, samples: list[tuple[str, int]]) -> Dataset:
-        """``predict_dir``'s files, (path, -1) pairs, as a dataset of evaluation crops; a data module whose
-        splits are files decoded otherwise (on the device) reads them as it reads its evaluation split."""
-        sizes = dict(size=self.image_size, resize=self.val_resize)
-        load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
-        return ImageFileDataset(samples, load, self.image_size)
-
     def predict_dataloader(self) -> DataLoader:
         if self.predict_dir is not None:
-            self.predict_set = self.eval_files_set([(f, -1) for f in self.predict_files])
+            files = [(f, -1) for f in self.predict_files]
+            if self.decoder is not None:  # as the test split would be decoded
+                load, collate = self.decoder.reader(train=False), self.decoder.collate(train=False)
+                self.predict_set = ImageFileDataset(files, load, self.image_size, collate)
+            else:
+                sizes = dict(size=self.image_size, resize=self.val_resize)
+                load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
+                self.predict_set = ImageFileDataset(files, load, self.image_size)
         else:
             self.predict_set = self.test_set
         if self.predict_set is None:
@@ -456,6 +473,8 @@ class ImageDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
         x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices
+        if isinstance(x, DecodedAhead | EncodedBatch):  # decode=gpu: decoded on a thread, or still bytes
+            x, y, index = self._decode_on_device(x, y, index)
         trainer = self.trainer
         mix = None
         if trainer is not None and trainer.training:
@@ -481,6 +500,19 @@ class ImageDataModule(LightningDataModule):
         if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
         return x, y, *index
+
+    def _decode_on_device(self, x, y: Tensor, rest: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """The batch the decoder left encoded, decoded on ``y``'s device; what the decoder refused dropped
+        and reported as the workers' unreadable files are (``drop_unreadable``: no empty training batch)."""
+        x, bad = self.decoder.decode(x, y.device)
+        if bad and (rest or len(bad) < len(y)):
+            keep = torch.ones(len(y), dtype=torch.bool)
+            keep[list(bad)] = False
+            keep = keep.to(y.device)
+            x, y, rest = x[keep], y[keep], [t[keep] for t in rest]
+        if bad:
+            self.on_unreadable_files(bad)
+        return x, y, rest
 
     def _refuse_channels(self, shape: torch.Size) -> None:
         """UserError for a (B, C, H, W) batch whose C is not the length of ``mean`` and ``std``."""

@@ -38,7 +38,6 @@ from torch.utils.data import DataLoader
 from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.batch_transforms import to_device
 from lit_ddp.data.codec import decode_jpegs, reason
-from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.data.jpeg import (
     Box,
     _orientation,
@@ -63,10 +62,15 @@ class Encoded:
     """One sample's file bytes (a 1-d uint8 tensor) and what the device does with them: a training crop
     ``box`` and ``flip``, or (``box`` None) the evaluation resize of the stored ``size`` (width, height)."""
 
-    __slots__ = ("path", "data", "box", "flip", "size")
+    __slots__ = ("data", "box", "flip", "size")
 
-    def __init__(self, path: str, data: Tensor, box: Box | None, flip: bool, size: tuple[int, int]) -> None:
-        self.path, self.data, self.box, self.flip, self.size = path, data, box, flip, size
+    def __init__(self, data: Tensor, box: Box | None, flip: bool, size: tuple[int, int]) -> None:
+        self.data, self.box, self.flip, self.size = data, box, flip, size
+
+
+def _read(source: str | np.ndarray) -> np.ndarray:
+    """A file's bytes, or the bytes given (an image read from a shard)."""
+    return source if isinstance(source, np.ndarray) else np.fromfile(source, dtype=np.uint8)
 
 
 def _device_decodable(data: np.ndarray) -> tuple[int, int] | None:
@@ -90,14 +94,15 @@ def read_train_sample(
     exif_transpose: bool = True,
 ) -> Encoded | np.ndarray:
     """The worker's share of ``load_train_crop``: the file's bytes, the RandomResizedCrop box and the flip,
-    drawn as it draws them; the CPU path's (size, size, 3) crop for what the device does not decode."""
-    data = np.fromfile(path, dtype=np.uint8)
+    drawn as it draws them; the CPU path's (size, size, 3) crop for what the device does not decode. ``path``:
+    a file, or its bytes (a shard's)."""
+    data = _read(path)
     stored = _device_decodable(data)
     if stored is None:  # nothing drawn yet: the CPU path draws exactly what it would have
         return load_train_crop(path, size, scale, ratio, draft, flip_p, None, exif_transpose)
     box = random_resized_crop_box(*stored, scale, ratio)
     flip = flip_p > 0 and float(torch.rand(())) < flip_p
-    return Encoded(path, torch.from_numpy(data), box, flip, stored)
+    return Encoded(torch.from_numpy(data), box, flip, stored)
 
 
 def read_eval_sample(
@@ -105,11 +110,11 @@ def read_eval_sample(
 ) -> Encoded | np.ndarray:
     """The worker's share of ``load_eval_crop``: the file's bytes and stored size (the CPU path's crop for
     what the device does not decode)."""
-    data = np.fromfile(path, dtype=np.uint8)
+    data = _read(path)
     stored = _device_decodable(data)
     if stored is None:
         return load_eval_crop(path, size, resize, draft, exif_transpose)
-    return Encoded(path, torch.from_numpy(data), None, False, stored)
+    return Encoded(torch.from_numpy(data), None, False, stored)
 
 
 class EncodedBatch:
@@ -118,7 +123,9 @@ class EncodedBatch:
     nor a dataclass, so Lightning's copy to the device leaves it on the host, where ``decode_jpegs`` wants
     the bytes. ``batch[keep]`` (a (B,) bool mask) keeps some samples (unreadable files are dropped so)."""
 
-    def __init__(self, samples: Sequence[Encoded | np.ndarray], size: int, resize: int | None) -> None:
+    def __init__(
+        self, samples: Sequence[Encoded | np.ndarray], names: Sequence[str], size: int, resize: int | None
+    ) -> None:
         self.size, self.resize = size, resize  # resize None: training crops
         encoded = [s for s in samples if isinstance(s, Encoded)]
         decoded = [s for s in samples if not isinstance(s, Encoded)]
@@ -127,10 +134,10 @@ class EncodedBatch:
         # Per sample: ("jpeg", start, end, box, flip, stored size, path) or ("pixels", row in self.pixels).
         self.slots: list[tuple] = []
         start = rows = 0
-        for s in samples:
+        for s, name in zip(samples, names, strict=True):
             if isinstance(s, Encoded):
                 end = start + len(s.data)
-                self.slots.append(("jpeg", start, end, s.box, s.flip, s.size, s.path))
+                self.slots.append(("jpeg", start, end, s.box, s.flip, s.size, name))
                 start = end
             else:
                 self.slots.append(("pixels", rows))
@@ -211,22 +218,6 @@ class EncodedBatch:
         return images, bad
 
 
-class EncodedFileDataset(ImageFileDataset):
-    """``ImageFileDataset`` whose ``load`` is ``read_train_sample`` or ``read_eval_sample`` (bound to their
-    arguments): batches of (EncodedBatch, labels, unreadable files) for ``EncodedBatch.decode``. ``read``
-    is the base's: an unreadable file's slot holds a black crop, dropped in the main process."""
-
-    def __init__(self, samples, load, size: int, resize: int | None) -> None:
-        super().__init__(samples, load, size)
-        self.resize = resize
-
-    def __getitems__(self, indices: Sequence[int | tuple[int, int]]):
-        pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
-        samples, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
-        y = torch.from_numpy(self.samples.labels[[i for i, _ in pairs]])
-        return EncodedBatch(samples, self.size, self.resize), y, {i: e for i, e in enumerate(errors) if e}
-
-
 class DecodedAhead:
     """A batch's decode started on ``DecodeAheadLoader``'s thread. ``decode(device)`` answers as
     ``EncodedBatch.decode`` does, ready for use on the calling thread's current stream. ``batch[keep]`` keeps
@@ -288,9 +279,9 @@ def decode_ahead(batches: Iterator[tuple], device: torch.device) -> Iterator[tup
 
 
 class DecodeAheadLoader(DataLoader):
-    """A DataLoader of ``EncodedFileDataset`` batches whose decode runs one batch ahead (``decode_ahead``)
-    on the device ``device()`` names; where it names none (a loader used outside a Trainer), the batches
-    come as they are, for ``EncodedBatch.decode`` in the training loop."""
+    """A DataLoader of ``EncodedBatch`` batches (decoders.py ``DeviceDecode``) whose decode runs one batch
+    ahead (``decode_ahead``) on the device ``device()`` names; where it names none (a loader used outside a
+    Trainer), the batches come as they are, for ``EncodedBatch.decode`` in the training loop."""
 
     def __init__(self, *args, device: Callable[[], torch.device | None], **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -33,6 +33,7 @@ __all__ = [
     "is_junk",
     "list_image_files",
     "list_images",
+    "stack_crops",
 ]
 
 T = TypeVar("T")  # what a loader decodes: a path, or an encoded image's bytes
@@ -87,11 +88,17 @@ def decode_or_black(
         return np.zeros((size, size, 3), np.uint8), (name, f"{type(err).__name__}: {err}")
 
 
-class ImageFileDataset(Dataset):
-    """Decodes ``samples`` with ``load(path) -> (size, size, 3) uint8``; batches via ``__getitems__``.
+def stack_crops(crops: Sequence[np.ndarray], names: Sequence[str] = ()) -> Tensor:
+    """(B, 3, H, W) uint8 from (H, W, 3) crops, as a view of the stacked (B, H, W, 3): channels-last memory,
+    which stays so through pinning, the device copy and normalisation, and is what a channels_last model
+    wants."""
+    return torch.from_numpy(np.stack(crops)).permute(0, 3, 1, 2)
 
-    A whole batch is stacked (B, H, W, 3) and returned as a (B, 3, H, W) view: channels-last memory, which
-    stays so through pinning, the device copy and normalisation, and is what a channels_last model wants.
+
+class ImageFileDataset(Dataset):
+    """Decodes ``samples`` with ``load(path) -> (size, size, 3) uint8``; batches via ``__getitems__``:
+    ``collate(loaded, paths)`` of the batch's samples, by default ``stack_crops``. A decoder strategy
+    (decoders.py) gives both: its ``load`` may also leave the decode to the device.
 
     Indices may come as (index, seed) pairs (a training sampler's, samplers.py ``SeededSampleSampler``):
     then the random draws of that sample's ``load`` (crop, flip, augmentation) come from torch's RNG seeded
@@ -99,11 +106,16 @@ class ImageFileDataset(Dataset):
     """
 
     def __init__(
-        self, samples: Sequence[tuple[str, int]], load: Callable[[str], np.ndarray], size: int
+        self,
+        samples: Sequence[tuple[str, int]],
+        load: Callable[[str], np.ndarray],
+        size: int,
+        collate: Callable[[Sequence, Sequence[str]], object] = stack_crops,
     ) -> None:
         self.samples = samples
         self.load = load
         self.size = size
+        self.collate = collate
 
     @property
     def samples(self) -> SampleIndex:
@@ -130,7 +142,7 @@ class ImageFileDataset(Dataset):
     def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> FileBatch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
         images, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
-        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # (B, 3, H, W), channels-last strides
+        x = self.collate(images, [self._samples.path(i) for i, _ in pairs])
         y = torch.from_numpy(self._samples.labels[[i for i, _ in pairs]])
         return x, y, {i: e for i, e in enumerate(errors) if e}
 

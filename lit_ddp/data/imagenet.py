@@ -11,32 +11,24 @@ each split in ``prepare_data`` when the tree changed since the cached listing, e
 in ``setup`` (folder_index.py says what "changed" means, and why the lists are numpy arrays).
 
 Workers decode with DCT-domain downscaling, crop, flip and (optionally) auto-augment and erase each training
-image (``jpeg.py``), all seeded per (seed, epoch, index), and hand over uint8 batches; the normalisation (and
-MixUp/CutMix) run on whole batches on the device (``ImageDataModule.on_after_batch_transfer``).
+image (``jpeg.py``), all seeded per (seed, epoch, index), and hand over uint8 batches; or, with
+``decode=gpu``, read the bytes and draw the crops for the device to decode (decoders.py chooses, once). The
+normalisation (and MixUp/CutMix) run on whole batches on the device
+(``ImageDataModule.on_after_batch_transfer``).
 """
 
-import functools
 import hashlib
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import torch
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import DataLoader, Dataset
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 
 from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.device_decode import (
-    DecodeAheadLoader,
-    DecodedAhead,
-    EncodedBatch,
-    EncodedFileDataset,
-    read_eval_sample,
-    read_train_sample,
-)
+from lit_ddp.data.decoders import image_decode
 from lit_ddp.data.folder_index import (
     IMAGE_EXTENSIONS,
     SampleIndex,
@@ -47,11 +39,20 @@ from lit_ddp.data.folder_index import (
     load_or_scan,
 )
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles
-from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
 from lit_ddp.errors import UserError
 from lit_ddp.utils import local_path
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
+
+
+def deprecated_gpu_decode(decode: str, gpu_decode: bool | None) -> str:
+    """Older configs' ``gpu_decode: true|false``, still read, into ``decode``."""
+    if gpu_decode is None:
+        return decode
+    new = "gpu" if gpu_decode else "cpu"
+    was = str(gpu_decode).lower()
+    rank_zero_deprecation(f"--data.gpu_decode={was} is deprecated: use --data.decode={new}")
+    return new
 
 
 class ImageNetDataModule(ImageDataModule):
@@ -72,12 +73,14 @@ class ImageNetDataModule(ImageDataModule):
             evaluation and predict alike; off: the pixels as stored, as torchvision's readers give them.
         index_cache: folder for the splits' file lists; None: ``$XDG_CACHE_HOME/lit_ddp/image_index``
             (``~/.cache/...``). A list is used while its split and class folders are unchanged.
-        gpu_decode: the workers only read the files and draw each crop; the batch is decoded, cropped,
-            resized and flipped on the training device (nvJPEG on a GPU), for nodes with few CPU cores per
-            GPU (device_decode.py). Always a full decode (``draft`` does not apply); not with auto_augment
-            or random_erasing, which run in the workers.
-        decode_ahead: with gpu_decode, each batch is decoded on a thread while the batch before it trains;
+        decode: where images are decoded (decoders.py): ``cpu``, in the DataLoader workers; ``gpu``, the
+            workers only read the files and draw each crop, and the batch is decoded, cropped, resized and
+            flipped on the training device (nvJPEG on a GPU), for nodes with few CPU cores per GPU. ``gpu``
+            is always a full decode (``draft`` does not apply), and not with auto_augment or
+            random_erasing, which run in the workers.
+        decode_ahead: with decode=gpu, each batch is decoded on a thread while the batch before it trains;
             false: in the training loop, between steps (device_decode.py says why ahead is the default).
+        gpu_decode: deprecated: ``decode`` (true is ``gpu``, false ``cpu``).
         **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
             num_workers None (the default), the CPU cores this process may use, shared over the node's
             devices, less one per device, as memory allows (``workers.auto_num_workers``; docs/gpu.md).
@@ -97,8 +100,9 @@ class ImageNetDataModule(ImageDataModule):
         draft: bool = True,
         exif_transpose: bool = True,
         index_cache: str | None = None,
-        gpu_decode: bool = False,
+        decode: str = "cpu",
         decode_ahead: bool = True,
+        gpu_decode: bool | None = None,
         **kwargs,
     ) -> None:
         super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
@@ -110,19 +114,16 @@ class ImageNetDataModule(ImageDataModule):
         self.unreadable = UnreadableFiles(strict=strict)
         self.draft = draft
         self.exif_transpose = exif_transpose
-        self.sample_augment = None
-        if isinstance(self.augmentation, RandomResizedCropFlip):
-            # erasing fills with the mean colour (jpeg.py says why)
-            fill = tuple(round(255 * m) for m in self.mean)
-            aug = self.augmentation
-            self.sample_augment = sample_augmentation(aug.auto_augment, aug.random_erasing, fill)
-        if gpu_decode and self.sample_augment is not None:
-            raise UserError(
-                "--data.gpu_decode=true cannot run auto_augment or random_erasing, which augment each image"
-                " in the workers: pass --data.gpu_decode=false, or drop those two"
-            )
-        self.gpu_decode = gpu_decode
-        self.decode_ahead = decode_ahead
+        self.decoder = image_decode(
+            deprecated_gpu_decode(decode, gpu_decode),
+            image_size,
+            val_resize,
+            self.augmentation,
+            self.mean,
+            draft=draft,
+            exif_transpose=exif_transpose,
+            ahead=decode_ahead,
+        )
         self.index_cache = (
             Path(local_path(index_cache, "--data.index_cache"))
             if index_cache is not None
@@ -216,30 +217,10 @@ class ImageNetDataModule(ImageDataModule):
                     f"{root} has class folders with no image file ({', '.join(map(ascii, empty[:5]))}): add"
                     f" images ({', '.join(IMAGE_EXTENSIONS[:4])}, ...) or remove the folders"
                 )
-        aug = self.augmentation
-        if not train or not isinstance(aug, RandomResizedCropFlip):
-            # evaluation, or training without (or with an on-device) augmentation: the centre crop
-            return self.eval_files_set(samples)
-        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
-        if self.gpu_decode:
-            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5)
-            read = functools.partial(read_train_sample, **crop, **decode)
-            return EncodedFileDataset(samples, read, self.image_size, resize=None)
-        crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
-        load = functools.partial(load_train_crop, **crop, **decode)
-        return ImageFileDataset(samples, load, self.image_size)
+        decoder = self.decoder
+        return ImageFileDataset(samples, decoder.reader(train), self.image_size, decoder.collate(train))
 
-    def eval_files_set(self, samples) -> ImageFileDataset | EncodedFileDataset:
-        """The centre crops of an evaluation split and of ``predict_dir``'s files alike: decoded on the
-        device with ``gpu_decode``, in the workers otherwise."""
-        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
-        if self.gpu_decode:
-            read = functools.partial(read_eval_sample, resize=self.val_resize, **decode)
-            return EncodedFileDataset(samples, read, self.image_size, resize=self.val_resize)
-        load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
-        return ImageFileDataset(samples, load, self.image_size)
-
-    def load_split(self, split: str) -> ImageFileDataset | EncodedFileDataset:
+    def load_split(self, split: str) -> ImageFileDataset:
         if split == "test":  # test/, or val/ when there is none (ImageNet's test labels are not public)
             self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
             return self._split(self.test_split, train=False)
@@ -258,30 +239,3 @@ class ImageNetDataModule(ImageDataModule):
             digest.update(samples.labels.tobytes())
             self._order = (samples, {"samples": len(samples), "digest": digest.hexdigest()})
         return self._order[1]
-
-    def loader_remedies(self) -> list[str]:
-        remedies = super().loader_remedies()
-        if not self.gpu_decode and self.sample_augment is None:
-            remedies.insert(0, "decode the JPEGs on the GPU: --data.gpu_decode=true")
-        return remedies
-
-    def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
-        if self.gpu_decode and self.decode_ahead:
-            return DecodeAheadLoader(dataset, device=self._training_device, **kwargs)
-        return super()._make_loader(dataset, **kwargs)
-
-    def _training_device(self) -> torch.device | None:
-        return self.trainer.strategy.root_device if self.trainer is not None else None
-
-    def on_after_batch_transfer(self, batch: tuple, dataloader_idx: int) -> tuple:
-        x, y, *rest = batch
-        if isinstance(x, DecodedAhead | EncodedBatch):  # gpu_decode: decoded on a thread, or still bytes
-            x, bad = x.decode(y.device)
-            if bad and (rest or len(bad) < len(y)):  # as drop_unreadable: no empty training batch
-                keep = torch.ones(len(y), dtype=torch.bool)
-                keep[list(bad)] = False
-                keep = keep.to(y.device)
-                x, y, rest = x[keep], y[keep], [t[keep] for t in rest]
-            if bad:
-                self.on_unreadable_files(bad)
-        return super().on_after_batch_transfer((x, y, *rest), dataloader_idx)

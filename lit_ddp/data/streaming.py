@@ -8,6 +8,8 @@ local or shared folder or under ``s3://bucket/prefix``, with the promises of the
 - Evaluation reads every sample once, unpadded (base.py's evaluation sampler).
 - Augmentation is drawn from (seed, epoch, index) as in the other data modules: on the device for raw
   pixels (CIFAR-10 shards), in the workers for encoded files (ImageFolder shards, ImageNet's recipe).
+- Encoded files are decoded as ImageNetDataModule decodes them, by the same strategy (decoders.py,
+  ``--data.decode``): in the workers, or on the training device from the shards' bytes.
 - A run stopped mid-epoch resumes at the next sample, also on another process count: the base's resume
   in global samples (``resume_point``), which refuses in one line a changed samples-per-step.
 
@@ -15,7 +17,6 @@ It is an ``ImageDataModule`` like the others: its splits come from ``load_split`
 ``train_sampler``; loaders, augmentation, resume and checkpoints are the base's.
 """
 
-import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -26,11 +27,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
-from lit_ddp.data.augmentation import RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.datasets import WorkerError, split_indices
-from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black
-from lit_ddp.data.jpeg import load_eval_crop, load_train_crop, sample_augmentation
+from lit_ddp.data.decoders import image_decode
+from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black, stack_crops
 from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
 from lit_ddp.data.shards import (
     MANIFEST,
@@ -56,9 +56,10 @@ STATS = {
 class ShardImageDataset(Dataset):
     """The samples at ``positions`` (global indices, ascending) of one split's shards, batched.
 
-    Raw shards (``shape`` given) give (B, C, H, W) uint8 and labels; encoded ones are decoded by
-    ``load(bytes) -> (size, size, 3) uint8`` and give image_folder.py's ``FileBatch`` (an unreadable image
-    becomes a black slot named in the third element). Indices may be (index, seed) pairs: that sample's
+    Raw shards (``shape`` given) give (B, C, H, W) uint8 and labels; encoded ones are read by ``load(bytes)``
+    (a decoder's ``reader``: the (size, size, 3) uint8 crop, or what the device decodes), batched by
+    ``collate(loaded, names)``, and give image_folder.py's ``FileBatch`` (an unreadable image becomes a black
+    slot named in the third element). Indices may be (index, seed) pairs: that sample's
     random draws then come from torch's RNG seeded with ``seed`` (samplers.py ``SeededSampleSampler``).
     A label outside 0..num_classes-1 (the manifest's classes) or a raw image of another size than ``shape``
     is the shard's damage: one line naming it.
@@ -72,9 +73,11 @@ class ShardImageDataset(Dataset):
         load: Callable[[np.ndarray], np.ndarray] | None = None,
         size: int = 0,
         num_classes: int | None = None,
+        collate: Callable[[Sequence, Sequence[str]], object] = stack_crops,
     ) -> None:
         self.samples, self.positions, self.shape, self.load, self.size = samples, positions, shape, load, size
         self.num_classes = num_classes
+        self.collate = collate
 
     def _sample(self, position: int) -> Sample:
         index = int(self.positions[position])
@@ -92,11 +95,11 @@ class ShardImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.positions)
 
-    def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, tuple[str, str] | None]:
+    def _decode(self, position: int, seed: int | None) -> tuple[np.ndarray, int, str, tuple[str, str] | None]:
         sample = self._sample(position)
         name = sample.path or f"{self.samples.split}[{sample.index}]"
         image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
-        return image, sample.label, bad
+        return image, sample.label, name, bad
 
     def __getitems__(
         self, indices: Sequence[int | tuple[int, int]]
@@ -114,8 +117,8 @@ class ShardImageDataset(Dataset):
             got = [self._sample(i) for i, _ in pairs]
             x = torch.stack([torch.frombuffer(bytearray(s.image), dtype=torch.uint8) for s in got])
             return x.reshape(len(got), *self.shape), torch.tensor([s.label for s in got], dtype=torch.long)
-        images, labels, errors = zip(*(self._decode(i, seed) for i, seed in pairs), strict=True)
-        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)  # channels-last strides, as jpeg.py's
+        images, labels, names, errors = zip(*(self._decode(i, seed) for i, seed in pairs), strict=True)
+        x = self.collate(images, names)
         return x, torch.tensor(labels, dtype=torch.long), {i: e for i, e in enumerate(errors) if e}
 
     def __getitem__(self, index: int):
@@ -167,8 +170,9 @@ class StreamingDataModule(ImageDataModule):
             ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
         retries: attempts per shard read before the run stops naming the shard.
         read_timeout: s3:// only: seconds a read waits for the server before it fails (and is retried).
-        image_size / val_resize / draft / exif_transpose: encoded (ImageFolder) shards: as
-            ImageNetDataModule; raw (CIFAR) shards keep their images' size.
+        image_size / val_resize / draft / exif_transpose / decode / decode_ahead: encoded (ImageFolder)
+            shards: as ImageNetDataModule (``decode=gpu``: the shards' bytes decoded on the training
+            device); raw (CIFAR) shards keep their images' size and take ``decode=cpu`` only.
         strict: encoded shards: stop at the first unreadable image, naming it, instead of skipping it.
         **kwargs: ``ImageDataModule``'s (batch_size, num_workers, seed, augmentation, predict_dir,
             mixup_alpha, cutmix_alpha). ``augmentation``: raw shards take an on-device one (``CropFlip``,
@@ -190,6 +194,8 @@ class StreamingDataModule(ImageDataModule):
         draft: bool = True,
         exif_transpose: bool = True,
         strict: bool = False,
+        decode: str = "cpu",
+        decode_ahead: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -214,7 +220,6 @@ class StreamingDataModule(ImageDataModule):
         self.mean, self.std = STATS.get(manifest["kind"], STATS["imagefolder"])
         self.shape = tuple(manifest["image_shape"]) if manifest["encoding"] == "raw" else None
         self.draft, self.exif_transpose = draft, exif_transpose
-        self.sample_augment = None
         if self.shape is not None:
             self.image_size = self.val_resize = self.shape[-1]
             if self.augmentation is not None and not self.augmentation.on_device:
@@ -222,15 +227,24 @@ class StreamingDataModule(ImageDataModule):
                     f"the shards at {url} hold decoded pixels, which {type(self.augmentation).__name__}"
                     " cannot crop in the workers: pass --data.augmentation=CropFlip (on the device) or null"
                 )
+            if decode != "cpu":
+                raise UserError(
+                    f"--data.decode={decode}: the shards at {url} hold decoded pixels, nothing to decode:"
+                    " leave out --data.decode"
+                )
         else:
             self.image_size, self.val_resize = image_size, val_resize
             self.unreadable = UnreadableFiles(strict=strict)
-            if isinstance(self.augmentation, RandomResizedCropFlip):
-                fill = tuple(
-                    round(255 * m) for m in self.mean
-                )  # erasing fills with the mean colour (jpeg.py)
-                aug = self.augmentation
-                self.sample_augment = sample_augmentation(aug.auto_augment, aug.random_erasing, fill)
+            self.decoder = image_decode(
+                decode,
+                image_size,
+                val_resize,
+                self.augmentation,
+                self.mean,
+                draft=draft,
+                exif_transpose=exif_transpose,
+                ahead=decode_ahead,
+            )
         if "val" in self.splits and val_size != 0:
             raise UserError(
                 f"val_size={val_size}: the shards at {url} have a val split of their own: leave out"
@@ -263,15 +277,15 @@ class StreamingDataModule(ImageDataModule):
     def _dataset(self, samples: ShardedSamples, positions: np.ndarray, train: bool) -> ShardImageDataset:
         if self.shape is not None:
             return ShardImageDataset(samples, positions, shape=self.shape, num_classes=self.num_classes)
-        decode = dict(size=self.image_size, draft=self.draft, exif_transpose=self.exif_transpose)
-        aug = self.augmentation
-        if train and isinstance(aug, RandomResizedCropFlip):
-            crop = dict(scale=aug.scale, ratio=aug.ratio, flip_p=0.5, augment=self.sample_augment)
-            load = functools.partial(load_train_crop, **crop, **decode)
-        else:  # evaluation, or training without (or with an on-device) augmentation: the centre crop
-            load = functools.partial(load_eval_crop, resize=self.val_resize, **decode)
-        n = self.num_classes
-        return ShardImageDataset(samples, positions, load=load, size=self.image_size, num_classes=n)
+        decoder = self.decoder
+        return ShardImageDataset(
+            samples,
+            positions,
+            load=decoder.reader(train),
+            size=self.image_size,
+            num_classes=self.num_classes,
+            collate=decoder.collate(train),
+        )
 
     def load_split(self, split: str) -> ShardImageDataset:
         if split == "test":
