@@ -68,10 +68,10 @@ def crop_each_alone(encoded, images: list[torch.Tensor], device: torch.device) -
     image cropped, resized, rounded and cast alone (``crop_resize``), then the flips."""
     out = torch.zeros((len(encoded), 3, encoded.size, encoded.size), dtype=torch.uint8, device=device)
     out = out.contiguous(memory_format=torch.channels_last)
-    jpegs = [(i, slot) for i, slot in enumerate(encoded.slots) if slot[0] == "jpeg"]
+    jpegs = [(i, slot) for i, slot in enumerate(encoded.slots) if slot.kind == "jpeg"]
     for (i, slot), image in zip(jpegs, images, strict=True):
-        out[i] = crop_resize(image, slot[3], encoded.size)
-    flips = [i for i, slot in jpegs if slot[4]]
+        out[i] = crop_resize(image, slot.box, encoded.size)
+    flips = [i for i, slot in jpegs if slot.flip]
     if flips:
         index = torch.tensor(flips, device=device)
         out[index] = out[index].flip(-1)
@@ -91,7 +91,7 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     loader = iter(dm.train_dataloader())
     for k in range(args.batches + 1):  # the first batch starts the workers: untimed
         (encoded, _, *_), load = timed(lambda: next(loader), device)
-        jpegs = [encoded.data[slot[1] : slot[2]] for slot in encoded.slots if slot[0] == "jpeg"]
+        jpegs = [encoded.data[slot.start : slot.end] for slot in encoded.slots if slot.kind == "jpeg"]
         nvjpeg_call = functools.partial(decode_jpegs, jpegs, device)
         images, nvjpeg = timed(nvjpeg_call, device)
         _, decode = timed(functools.partial(encoded.decode, device), device)

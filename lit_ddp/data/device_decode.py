@@ -28,6 +28,7 @@ black placeholder of an unreadable file, which the data module drops before the 
 import io
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -117,6 +118,21 @@ def read_eval_sample(
     return Encoded(torch.from_numpy(data), None, False, stored)
 
 
+class Slot(NamedTuple):
+    """One sample's place in an ``EncodedBatch``: a JPEG (``kind`` "jpeg"), its bytes ``data[start:end]``,
+    the crop drawn for it (``box`` and ``flip``; box None: evaluation's resize of the ``stored`` (width,
+    height)) and its ``name`` (path); or (kind "pixels") row ``row`` of the pixels decoded in the worker."""
+
+    kind: str
+    start: int = 0
+    end: int = 0
+    box: Box | None = None
+    flip: bool = False
+    stored: tuple[int, int] = (0, 0)
+    name: str = ""
+    row: int = -1
+
+
 class EncodedBatch:
     """A batch as the workers hand it over: the samples' bytes in one uint8 tensor (one shared-memory
     transfer, not one per file), and the pixels of the samples decoded on the CPU in another. Not a tensor
@@ -131,16 +147,15 @@ class EncodedBatch:
         decoded = [s for s in samples if not isinstance(s, Encoded)]
         self.data = torch.cat([s.data for s in encoded]) if encoded else torch.empty(0, dtype=torch.uint8)
         self.pixels = torch.from_numpy(np.stack(decoded)) if decoded else None  # (K, size, size, 3)
-        # Per sample: ("jpeg", start, end, box, flip, stored size, path) or ("pixels", row in self.pixels).
-        self.slots: list[tuple] = []
+        self.slots: list[Slot] = []
         start = rows = 0
         for s, name in zip(samples, names, strict=True):
             if isinstance(s, Encoded):
                 end = start + len(s.data)
-                self.slots.append(("jpeg", start, end, s.box, s.flip, s.size, name))
+                self.slots.append(Slot("jpeg", start, end, s.box, s.flip, s.size, name))
                 start = end
             else:
-                self.slots.append(("pixels", rows))
+                self.slots.append(Slot("pixels", row=rows))
                 rows += 1
 
     def __len__(self) -> int:
@@ -156,9 +171,9 @@ class EncodedBatch:
         """(B, 3, size, size) uint8 on ``device``, channels-last memory as the CPU path's batches, and the
         files the decoder refused, {slot: (path, why)} as ``ImageFileDataset`` reports them (a header can
         parse and the data still be truncated): their slots are black, for the caller to drop."""
-        jpegs = [(i, slot) for i, slot in enumerate(self.slots) if slot[0] == "jpeg"]
-        images, bad = self._decode_jpegs([self.data[slot[1] : slot[2]] for _, slot in jpegs], device)
-        bad = {jpegs[k][0]: (jpegs[k][1][6], why) for k, why in bad.items()}
+        jpegs = [(i, slot) for i, slot in enumerate(self.slots) if slot.kind == "jpeg"]
+        images, bad = self._decode_jpegs([self.data[slot.start : slot.end] for _, slot in jpegs], device)
+        bad = {jpegs[k][0]: (jpegs[k][1].name, why) for k, why in bad.items()}
         decoded = [
             (i, self._region(image, slot))
             for (i, slot), image in zip(jpegs, images, strict=True)
@@ -181,23 +196,22 @@ class EncodedBatch:
             out = to_uint8_(out)
         # The host's own tensors go by to_device: a blocking copy would hold this thread until the device
         # had run every resize queued before it, when it could be decoding the next batch meanwhile.
-        flips = [i for i, slot in jpegs if slot[4] and i not in bad]
+        flips = [i for i, slot in jpegs if slot.flip and i not in bad]
         if flips:
             index = to_device(torch.tensor(flips), device)
             out[index] = out[index].flip(-1)
-        rows = [(i, slot[1]) for i, slot in enumerate(self.slots) if slot[0] == "pixels"]
+        rows = [(i, slot.row) for i, slot in enumerate(self.slots) if slot.kind == "pixels"]
         if rows:
             pixels = to_device(self.pixels[[row for _, row in rows]], device).permute(0, 3, 1, 2)
             out[to_device(torch.tensor([i for i, _ in rows]), device)] = pixels
         return out, bad
 
-    def _region(self, image: Tensor, slot: tuple) -> tuple[Tensor, dict, tuple[int, int]]:
+    def _region(self, image: Tensor, slot: Slot) -> tuple[Tensor, dict, tuple[int, int]]:
         """The CPU path's geometry for one decoded image (jpeg.py): the view it resizes, the resize's
         arguments and the corner of what it keeps: a training crop's box, or evaluation's centre crop."""
-        _, _, _, box, _, stored, _ = slot
         if self.resize is None:
-            return crop_region(image, box), {"size": (self.size, self.size)}, (0, 0)
-        return center_crop_band(image, 1.0, stored, self.size, self.resize)
+            return crop_region(image, slot.box), {"size": (self.size, self.size)}, (0, 0)
+        return center_crop_band(image, 1.0, slot.stored, self.size, self.resize)
 
     @staticmethod
     def _decode_jpegs(data: list[Tensor], device: torch.device) -> tuple[list[Tensor | None], dict[int, str]]:
