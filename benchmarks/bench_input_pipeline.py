@@ -135,8 +135,8 @@ def main() -> None:
 
         def run() -> None:
             for start in range(0, n, args.batch_size):
-                _, _, bad = dataset.__getitems__(range(start, min(start + args.batch_size, n)))
-                assert not bad
+                batch = dataset.__getitems__(range(start, min(start + args.batch_size, n)))
+                assert not batch.unreadable
 
         return run
 

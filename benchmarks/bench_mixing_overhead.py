@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import interleaved, parser, report, seconds_per_call  # noqa: E402
 
 from lit_ddp.data import ShapesDataModule  # noqa: E402
+from lit_ddp.data.batch import Batch  # noqa: E402
 from lit_ddp.data.batch_transforms import draw_mix, mix_batch, normalize  # noqa: E402
 from lit_ddp.data.shapes import draw_shapes  # noqa: E402
 from lit_ddp.models import LeNetCIFAR  # noqa: E402
@@ -41,7 +42,7 @@ def make_steps(control: bool = False) -> dict[bool, object]:
     model = LeNetCIFAR()
     optimizer, _ = build_optimizer(model.net, model.optim, BATCH, 10**6, 10**6)
     x, y = draw_shapes(8 * BATCH, seed=0)
-    batches = [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
+    batches = [Batch(x[i : i + BATCH], y[i : i + BATCH]) for i in range(0, len(y), BATCH)]
     count = [0]
 
     def make(mix: bool):

@@ -63,6 +63,7 @@ from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, wr
 from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
 from lit_ddp.cli import CALLBACKS  # noqa: E402
 from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
+from lit_ddp.data.batch import Batch  # noqa: E402
 from lit_ddp.models import ImageClassifier  # noqa: E402
 from lit_ddp.models.optim import OptimConfig, build_optimizer  # noqa: E402
 from lit_ddp.runtime.console import Console  # noqa: E402
@@ -375,11 +376,11 @@ def print_device_ops() -> None:
     print("| draws hashed | ops on the device | of them not views | ops on the host before the copy |")
     print("|---|---:|---:|---:|")
     for label, ready, host_count in (
-        ("after the copy", (*batch, index), 0),
+        ("after the copy", Batch(*batch, index=index), 0),
         ("before the copy", drawn_first, len(host.names)),
     ):
         with DispatchedOps() as device:
-            dm.on_after_batch_transfer(tuple(ready), 0)
+            dm.on_after_batch_transfer(ready, 0)
         kernels = sum(name not in views for name in device.names)
         print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")
     print_metric_update_ops(views)

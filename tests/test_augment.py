@@ -15,10 +15,12 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO
 from lightning import Callback, Trainer
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from test_ddp_semantics import DDP2, assert_identical, ckpt, final, job, launch, max_diff, records
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import CropFlip, ShapesDataModule
+from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, random_crop_flip
 from lit_ddp.data.shapes import draw_shapes
 from lit_ddp.errors import UserError
@@ -117,7 +119,7 @@ def test_per_sample_draws_give_every_offset_and_flip_uniformly_and_independently
 def training_step_batches(dm: ShapesDataModule, batches, rank: int = 0, epoch: int = 1) -> list:
     """What the training step receives for each (x, y, index) batch on ``rank``."""
     dm.trainer = fake_trainer(True, epoch, rank)
-    return [dm.on_after_batch_transfer(b, 0) for b in batches]
+    return [dm.on_after_batch_transfer(Batch(x, y, index=i), 0) for x, y, i in batches]
 
 
 def test_each_sample_is_augmented_alike_on_any_device_count_batch_and_after_a_resume() -> None:
@@ -160,22 +162,24 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     dm = ShapesDataModule(augmentation=CropFlip(padding=4))
     dm.trainer = fake_trainer(True, epoch=3)
     on_host = dm.on_before_batch_transfer((images, labels, index), 0)
-    assert isinstance(on_host[2], SampleRandom)
-    moved = tuple(t.to("cpu") for t in on_host)  # what Lightning's batch transfer does to each element
+    assert isinstance(on_host.draws, SampleRandom)
+    moved = move_data_to_device(on_host, "cpu")  # Lightning's batch transfer (objects with `to` move)
     with DispatchedOps() as device_ops:
         x, y = dm.on_after_batch_transfer(moved, 0)
     hashing = {"bitwise_xor", "bitwise_xor_", "bitwise_and", "bitwise_and_"}  # the hash rounds alone
     assert not hashing & set(device_ops.names), device_ops.names
     expected = ShapesDataModule(augmentation=CropFlip(padding=4))
     expected.trainer = fake_trainer(True, epoch=3)
-    x_after, _ = expected.on_after_batch_transfer((images, labels, index), 0)  # drawn on the device
+    x_after, _ = expected.on_after_batch_transfer(
+        Batch(images, labels, index=index), 0
+    )  # drawn on the device
     assert torch.equal(x, x_after)
     evaluating = ShapesDataModule(augmentation=CropFlip(padding=4))
     evaluating.trainer = fake_trainer(False)
     unaugmented = evaluating.on_before_batch_transfer(
         (images, labels), 0
     )  # evaluation batches carry no index
-    assert len(unaugmented) == 2 and unaugmented[0] is images  # nothing drawn
+    assert unaugmented.images is images and unaugmented.draws is None  # nothing drawn
 
 
 def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> None:
@@ -223,7 +227,7 @@ def test_mixing_is_per_seed_rank_epoch_and_batch_and_survives_a_resume() -> None
 
     def run(dm: ShapesDataModule, epoch: int = 1, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         dm.trainer = fake_trainer(True, epoch, rank)
-        return dm.on_after_batch_transfer((x, y, torch.arange(16)), 0)
+        return dm.on_after_batch_transfer(Batch(x, y, index=torch.arange(16)), 0)
 
     def module() -> ShapesDataModule:
         return ShapesDataModule(mixup_alpha=0.4, cutmix_alpha=1.0)
@@ -248,7 +252,7 @@ def test_only_training_batches_are_mixed_and_bad_alphas_are_refused() -> None:
     x, y = batch(b=4)
     x = x.abs().mul(60).to(torch.uint8)
     dm.trainer = fake_trainer(training=False)
-    assert torch.equal(dm.on_after_batch_transfer((x, y), 0)[1], y)
+    assert torch.equal(dm.on_after_batch_transfer(Batch(x, y), 0)[1], y)
     with pytest.raises(UserError, match=r"mixup_alpha=-0.1 must be 0 \(off\) or more"):
         ShapesDataModule(mixup_alpha=-0.1)
 

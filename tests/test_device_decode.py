@@ -13,11 +13,14 @@ import pytest
 import torch
 from conftest import REPO, read_scalars, run_cli, run_dirs
 from imagenet_tree import CLASSES, draw, make_tree
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from PIL import Image
 
 from lit_ddp.data import ImageNetDataModule, device_decode, jpeg
+from lit_ddp.data.batch import Batch
+from lit_ddp.data.batch_transforms import SampleRandom
+from lit_ddp.data.datasets import IndexedDataset
 from lit_ddp.data.device_decode import EncodedBatch
-from lit_ddp.data.image_folder import drop_unreadable
 from lit_ddp.data.samplers import stable_seed
 from lit_ddp.errors import UserError
 
@@ -53,11 +56,10 @@ def both(root: Path, split: str, indices, draft: bool = False):
     """The CPU path's batch and the device path's (decoded on the CPU) for the same indices."""
     cpu, dev = data_module(root, False, draft), data_module(root, True)
     cpu_set, dev_set = (getattr(d, f"{split}_set") for d in (cpu, dev))
-    x, _, bad = cpu_set.__getitems__(indices)
-    encoded, _, worker_bad = dev_set.__getitems__(indices)
-    assert isinstance(encoded, EncodedBatch)
-    x_dev, device_bad = encoded.decode(torch.device("cpu"))
-    return x, bad, x_dev, {**worker_bad, **device_bad}
+    cpu_batch, dev_batch = cpu_set.__getitems__(indices), dev_set.__getitems__(indices)
+    assert isinstance(dev_batch.images, EncodedBatch)
+    x_dev, device_bad = dev_batch.images.decode(torch.device("cpu"))
+    return cpu_batch.images, cpu_batch.unreadable, x_dev, {**dev_batch.unreadable, **device_bad}
 
 
 def test_training_crops_and_flips_are_the_cpu_paths_to_the_pixel(tree: Path) -> None:
@@ -90,10 +92,10 @@ def test_the_boxes_drawn_are_the_cpu_paths(tree: Path, monkeypatch) -> None:
 
 def test_each_samples_draws_are_its_own_whatever_batch_carries_it(tree: Path) -> None:
     train_set = data_module(tree, True).train_set
-    alone, _ = train_set.__getitems__(seeded([4]))[0].decode(torch.device("cpu"))
-    among, _ = train_set.__getitems__(seeded([11, 2, 4, 7]))[0].decode(torch.device("cpu"))
+    alone, _ = train_set.__getitems__(seeded([4])).images.decode(torch.device("cpu"))
+    among, _ = train_set.__getitems__(seeded([11, 2, 4, 7])).images.decode(torch.device("cpu"))
     assert torch.equal(alone[0], among[2])
-    other_epoch, _ = train_set.__getitems__(seeded([4], epoch=4))[0].decode(torch.device("cpu"))
+    other_epoch, _ = train_set.__getitems__(seeded([4], epoch=4)).images.decode(torch.device("cpu"))
     assert not torch.equal(alone[0], other_epoch[0])
 
 
@@ -178,7 +180,7 @@ def test_the_batch_resized_in_float_as_on_a_gpu_is_the_uint8_paths_within_one_gr
 
     dataset = getattr(data_module(tree, True), f"{split}_set")
     n = len(dataset)
-    encoded, _, _ = dataset.__getitems__(seeded(list(range(n))) if split == "train" else list(range(n)))
+    encoded = dataset.__getitems__(seeded(list(range(n))) if split == "train" else list(range(n))).images
     uint8, bad = encoded.decode(torch.device("cpu"))
     monkeypatch.setattr(device_decode, "resizes_in_float", lambda device: True)
     with DispatchedOps() as ops:
@@ -211,8 +213,7 @@ def through_hooks(dm: ImageNetDataModule, batch, device: str = "cpu") -> tuple[t
     so no on-device augmentation, only the decode and normalisation (test_cuda_resnet.py: on a GPU)."""
     dm.trainer = None
     batch = dm.on_before_batch_transfer(batch, 0)
-    batch = tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in batch)
-    return dm.on_after_batch_transfer(batch, 0)
+    return dm.on_after_batch_transfer(move_data_to_device(batch, device), 0)  # Lightning's copy
 
 
 @pytest.mark.parametrize("split", ["train", "val"])
@@ -220,8 +221,8 @@ def test_decoding_ahead_gives_the_batches_of_decoding_in_the_loop(tree: Path, sp
     dm = data_module(tree, True)
     ahead, inline = (list(loader(dm, split, on)) for on in (True, False))
     assert isinstance(loader(dm, split), device_decode.DecodeAheadLoader)
-    assert all(isinstance(b[0], device_decode.DecodedAhead) for b in ahead)
-    assert all(isinstance(b[0], EncodedBatch) for b in inline) and len(ahead) == len(inline) > 1
+    assert all(isinstance(b.images, device_decode.DecodedAhead) for b in ahead)
+    assert all(isinstance(b.images, EncodedBatch) for b in inline) and len(ahead) == len(inline) > 1
     for a, b in zip(ahead, inline, strict=True):
         xa, ya = through_hooks(dm, a)
         reported_a = dm.unreadable.take_pending("predict")  # no trainer: the hooks file them under predict
@@ -257,7 +258,7 @@ def test_batch_k_plus_1_is_decoded_on_a_thread_while_batch_k_is_held(tree: Path,
     while len(started) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(started) == 2 and all(name.startswith("lit_ddp-decode") for name in started)
-    first[0].decode(torch.device("cpu"))
+    first.images.decode(torch.device("cpu"))
     batches.close()  # an epoch cut short: the thread finishes and goes
     assert not [t for t in threading.enumerate() if t.name.startswith("lit_ddp-decode")]
 
@@ -285,7 +286,7 @@ def test_an_epoch_cut_short_does_not_decode_the_batch_no_one_will_use(tree: Path
     first = next(batches)  # the second batch's decode waits behind the first's
     batches.close()
     assert len(decoded) == 1  # the first, handed out, was decoded; the second never started
-    assert first[0].decode(torch.device("cpu"))[0].shape[0] == decoded[0]
+    assert first.images.decode(torch.device("cpu"))[0].shape[0] == decoded[0]
 
 
 def test_an_error_on_the_decode_thread_is_raised_where_the_batch_is_used(tree: Path, monkeypatch) -> None:
@@ -300,7 +301,7 @@ def test_an_error_on_the_decode_thread_is_raised_where_the_batch_is_used(tree: P
 
 def test_outside_a_trainer_the_loader_hands_out_the_bytes(tree: Path) -> None:
     dm = data_module(tree, True)
-    assert isinstance(next(iter(dm.train_dataloader()))[0], EncodedBatch)  # no trainer: no device to name
+    assert isinstance(next(iter(dm.train_dataloader())).images, EncodedBatch)  # no trainer: no device to name
     plain = data_module(tree, True, decode_ahead=False).train_dataloader()
     assert not isinstance(plain, device_decode.DecodeAheadLoader)
 
@@ -312,11 +313,43 @@ def test_predict_dir_is_decoded_on_the_device_as_the_cpu_path_decodes_it(tree: P
     dms = [data_module(tree, gpu, predict_dir=str(predict_dir)) for gpu in (False, True)]
     for dm in dms:
         dm.setup("predict")
-    # (images, labels, unreadable files, indices), without their unreadable files, as in a predict loop
-    cpu = [drop_unreadable(b)[0] for b in dms[0].predict_dataloader()]
+    cpu = list(dms[0].predict_dataloader())
     dev = list(loader(dms[1], "predict"))
-    assert all(isinstance(b[0], device_decode.DecodedAhead) for b in dev) and len(dev) == len(cpu)
-    for (x_cpu, _, index_cpu), batch in zip(cpu, dev, strict=True):
-        x_dev, y, index = dms[1].on_after_batch_transfer(drop_unreadable(batch)[0], 0)
+    assert all(isinstance(b.images, device_decode.DecodedAhead) for b in dev) and len(dev) == len(cpu)
+    for on_cpu, on_device in zip(cpu, dev, strict=True):
+        x_cpu, y_cpu, index_cpu = through_hooks(dms[0], on_cpu)
+        x_dev, y, index = through_hooks(dms[1], on_device)
         assert torch.equal(index, index_cpu) and (y == -1).all()
-        assert torch.equal(x_dev, dms[0].on_after_batch_transfer((x_cpu, y, index_cpu), 0)[0])
+        assert torch.equal(x_dev, x_cpu)
+
+
+# ---- the typed batch -----------------------------------------------------------------------------------
+
+
+def test_lightnings_copy_moves_the_batchs_tensors_and_leaves_the_encoded_images_on_the_host(
+    tree: Path,
+) -> None:
+    """Lightning copies a dataclass batch field by field: the labels and indices move, the file bytes stay
+    where the decoder reads them (a field that is neither a tensor nor has ``to``)."""
+    dm = data_module(tree, True)
+    batch = IndexedDataset(dm.train_set).__getitems__(seeded([0, 1, 2]))
+    assert isinstance(batch, Batch) and isinstance(batch.images, EncodedBatch)
+    moved = move_data_to_device(batch, torch.device("meta"))  # any device but the host's
+    assert moved.labels.device.type == moved.index.device.type == "meta"
+    assert moved.images is batch.images and moved.images.data.device.type == "cpu"
+
+
+def test_a_batch_drops_unreadable_slots_with_their_labels_indices_and_draws() -> None:
+    x, y, index = (
+        torch.arange(12, dtype=torch.uint8).reshape(4, 3, 1, 1),
+        torch.arange(4),
+        torch.arange(10, 14),
+    )
+    batch = Batch(x, y, index=index, draws=SampleRandom(index, 1), unreadable={1: ("b.JPEG", "OSError: x")})
+    kept = batch.drop(batch.unreadable)
+    assert kept.labels.tolist() == [0, 2, 3] and kept.index.tolist() == [10, 12, 13] and not kept.unreadable
+    assert torch.equal(kept.images, x[[0, 2, 3]])
+    assert torch.equal(kept.draws.bits(5), SampleRandom(index[[0, 2, 3]], 1).bits(5))
+    every = {i: ("f.JPEG", "OSError: x") for i in range(4)}
+    assert len(Batch(x, y).drop(every)) == 4  # training, evaluation: no empty batch, the placeholders stay
+    assert len(Batch(x, y, index=index).drop(every)) == 0  # predict: no row beats a wrong one

@@ -140,7 +140,7 @@ def test_a_link_to_an_image_that_is_gone_is_listed_and_reported_unreadable(tmp_p
     dataset = ImageFileDataset(
         listing.samples([0, 1]), functools.partial(load_eval_crop, size=8, resize=8), 8
     )
-    _, _, bad = dataset.__getitems__([1])
+    bad = dataset.__getitems__([1]).unreadable
     assert bad[0][0] == str(split / "a" / "2.jpg") and bad[0][1].startswith("FileNotFoundError")
 
 

@@ -14,7 +14,6 @@ from torchvision import transforms
 
 from lit_ddp.cli import build_cli
 from lit_ddp.data import ImageNetDataModule
-from lit_ddp.data.image_folder import drop_unreadable
 from lit_ddp.data.jpeg import _draft, center_crop_box, load_eval_crop, load_train_crop
 from lit_ddp.errors import UserError
 from lit_ddp.models import ArchClassifier
@@ -89,12 +88,13 @@ def test_batches_are_channels_last_and_unreadable_slots_are_dropped(tree) -> Non
     dm.setup("fit")
     paths = [p for p, _ in dm.train_set.samples]
     bad_index = paths.index(str(tree[1]["truncated"]))
-    x, y, bad = dm.train_set.__getitems__([0, bad_index, 1])
+    batch = dm.train_set.__getitems__([0, bad_index, 1])
+    x, y, bad = batch.images, batch.labels, batch.unreadable
     assert x.shape == (3, 3, 32, 32) and x.dtype == torch.uint8
     assert x.is_contiguous(memory_format=torch.channels_last)
     assert list(bad) == [1] and bad[1][0] == str(tree[1]["truncated"]) and "truncated" in bad[1][1]
-    (x2, y2), _ = drop_unreadable((x, y, bad))
-    assert x2.shape[0] == 2 and torch.equal(y2, y[[0, 2]])
+    kept = batch.drop(bad)
+    assert kept.images.shape[0] == 2 and torch.equal(kept.labels, y[[0, 2]]) and not kept.unreadable
 
 
 # ---- the system ---------------------------------------------------------------------------------------

@@ -132,7 +132,9 @@ def test_encoded_shards_decode_as_the_folder_does_and_name_an_unreadable_image_i
     for dm in (shards, folder):
         dm.setup("validate")
     every = list(range(len(folder.val_set)))
-    (x, y, bad), (fx, fy, fbad) = shards.val_set.__getitems__(every), folder.val_set.__getitems__(every)
+    batch, folder_batch = shards.val_set.__getitems__(every), folder.val_set.__getitems__(every)
+    x, y, bad = batch.images, batch.labels, batch.unreadable
+    fx, fy, fbad = folder_batch.images, folder_batch.labels, folder_batch.unreadable
     assert torch.equal(x, fx) and torch.equal(y, fy)
     corrupt = str(special["corrupt"].relative_to(tmp_path / "tree"))
     assert [name for name, _ in bad.values()] == [corrupt] and list(bad) == list(fbad)
@@ -200,7 +202,7 @@ def test_encoded_shards_give_global_step_k_the_same_pixels_on_1_and_2_processes_
         for k in range((len(dm.train_set) - resume_at) // global_batch):
             step = {}
             for pairs in (p[k * b : (k + 1) * b] for p in per_rank):
-                x, _, _ = dm.train_set.__getitems__(pairs)
+                x = dm.train_set.__getitems__(pairs).images
                 if dm.decoder.on_device:
                     x, bad = dm.decoder.decode(x, torch.device("cpu"))
                     assert not bad
@@ -284,9 +286,9 @@ def test_encoded_shards_crop_in_the_workers_and_refuse_a_val_size(tmp_path: Path
     dm.setup("fit")
     sampler = dm.train_sampler(dm.train_set, num_replicas=1, rank=0)
     index, seed = next(iter(sampler))  # (index, seed) pairs: each image's crop drawn from its own seed
-    x, y, bad = dm.train_set.__getitems__([(index, seed)])
+    x = dm.train_set.__getitems__([(index, seed)]).images
     assert x.shape == (1, 3, 32, 32) and x.dtype == torch.uint8
-    assert torch.equal(x, dm.train_set.__getitems__([(index, seed)])[0])
+    assert torch.equal(x, dm.train_set.__getitems__([(index, seed)]).images)
 
 
 # ---- real processes: N × b = 1 × N·b, resume across process counts ---------------------------------

@@ -23,6 +23,7 @@ they pair images inside one device's batch (the one device-count-dependent augme
 
 import functools
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,11 +34,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
+from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
 from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
 from lit_ddp.data.decoders import ImageDecode
-from lit_ddp.data.device_decode import DecodedAhead, EncodedBatch
-from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, drop_unreadable, list_image_files
+from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import (
     ResumableShuffleSampler,
@@ -395,27 +396,44 @@ class ImageDataModule(LightningDataModule):
         RNG: batch_transforms.py)."""
         return random.Random(stable_seed(self.seed, rank, epoch, batch))
 
-    def on_before_batch_transfer(self, batch: tuple | WorkerError, dataloader_idx: int) -> tuple:
+    def on_before_batch_transfer(self, batch: Batch | tuple | WorkerError, dataloader_idx: int) -> Batch:
         if isinstance(batch, WorkerError):  # a worker could not build it: its error, here, as itself
             raise batch.error
-        # A batch of image files (ImageFolder splits, predict_dir) carries its unreadable files in a third
-        # slot, {slot: (path, why)}: their slots go here, on the CPU before the copy (no device sync).
-        if len(batch) > 2 and isinstance(batch[2], dict):
-            if self.unreadable is not None:  # every file of a split unreadable is refused (skipped_images.py)
-                self.unreadable.count_read(self._split_name(), len(batch[1]))
-            batch, bad = drop_unreadable(batch)
-            if bad:
-                self.on_unreadable_files(bad)
+        if not isinstance(batch, Batch):  # a Dataset of the user's: (image, label) pairs
+            batch = self._as_batch(batch)
+        if self.unreadable is not None:  # every file of a split unreadable is refused (skipped_images.py)
+            self.unreadable.count_read(self._split_name(), len(batch.labels))
+        if batch.unreadable:  # files the workers could not read: dropped here, on the CPU before the copy
+            bad = batch.unreadable
+            batch = batch.drop(bad)
+            self.on_unreadable_files(bad)
         trainer = self.trainer
-        self._check_samples(batch)
         if trainer is not None and not trainer.predicting:  # predict_dir's images carry label -1: unlabelled
-            self._check_labels(batch[1])
-        if trainer is not None and trainer.training and self._augments_on_device() and len(batch) > 2:
+            self._check_labels(batch.labels)
+        if (
+            trainer is not None
+            and trainer.training
+            and self._augments_on_device()
+            and batch.index is not None
+        ):
             # The draws' hashing (a few dozen integer ops on (B,) tensors) here, on the host: on a GPU each
             # op would be a kernel launch per step. The draws travel to the device with the batch.
-            x, y, index, *rest = batch
-            batch = (x, y, self.augmentation_random(index, trainer.current_epoch), *rest)
+            batch = replace(batch, draws=self.augmentation_random(batch.index, trainer.current_epoch))
         return batch
+
+    def _indexed(self) -> bool:
+        """Whether this stage's loader adds each sample's index to its batches (``IndexedDataset``): training
+        batches augmented on the device, and predict batches."""
+        trainer = self.trainer
+        return trainer is not None and (
+            trainer.predicting or (trainer.training and self._augments_on_device())
+        )
+
+    def _as_batch(self, batch: tuple | list | dict) -> Batch:
+        """A user Dataset's collated samples, ``(images, labels)`` plus the indices the loader adds
+        (``_indexed``), as a ``Batch``; anything else is refused (``_check_samples``)."""
+        self._check_samples(batch)
+        return Batch(batch[0], batch[1], index=batch[2] if self._indexed() else None)
 
     def _check_samples(self, batch: tuple | dict) -> None:
         """UserError for a batch that is not (images, labels), plus the indices the loader adds to training
@@ -423,9 +441,7 @@ class ImageDataModule(LightningDataModule):
         traceback far from it, and one yielding (image, label, extra) had its extra taken for the indices
         that key each sample's augmentation, in silence."""
         trainer = self.trainer
-        added = trainer is not None and (
-            trainer.predicting or (trainer.training and self._augments_on_device())
-        )
+        added = self._indexed()
         items = list(batch[: len(batch) - added]) if isinstance(batch, tuple | list) else [batch]
         # The first item is the images, or the loader's own batch of them (file bytes decoded on the device).
         if len(items) == 2 and not isinstance(items[0], dict) and isinstance(items[1], Tensor):
@@ -471,26 +487,28 @@ class ImageDataModule(LightningDataModule):
         """The split the trainer reads now; "predict" outside a trainer."""
         return SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
 
-    def on_after_batch_transfer(self, batch: tuple[Tensor, ...], dataloader_idx: int) -> tuple[Tensor, ...]:
-        x, y, *index = batch  # (B, C, H, W) uint8 on the device; training and predict batches add indices
-        if isinstance(x, DecodedAhead | EncodedBatch):  # decode=gpu: decoded on a thread, or still bytes
-            x, y, index = self._decode_on_device(x, y, index)
+    def on_after_batch_transfer(self, batch: Batch | tuple, dataloader_idx: int) -> tuple[Tensor, ...]:
+        if not isinstance(batch, Batch):  # hooks called by hand, with a user Dataset's tuple
+            batch = self._as_batch(batch)
+        if self.decoder is not None and self.decoder.on_device:  # decoded on a thread, or still bytes
+            batch = self._decode_on_device(batch)
+        x, y = batch.images, batch.labels  # (B, C, H, W) uint8 on the device
         trainer = self.trainer
         mix = None
         if trainer is not None and trainer.training:
             epoch = trainer.current_epoch
             key = (trainer.global_rank, epoch, self._count_training_batch(epoch, trainer.world_size))
             if self._augments_on_device():
-                if not index:
+                if batch.index is None:
                     raise RuntimeError(
                         f"{type(self).__name__}: training batches reach the device without their sample"
                         " indices: build the training loader with ImageDataModule._loader"
                     )
-                rand = index[0]  # drawn before the copy (on_before_batch_transfer), else drawn here
-                if not isinstance(rand, SampleRandom):
-                    rand = self.augmentation_random(rand, epoch)
+                # drawn before the copy (on_before_batch_transfer), else drawn here
+                rand = (
+                    batch.draws if batch.draws is not None else self.augmentation_random(batch.index, epoch)
+                )
                 x = self.augment_batch(x, rand)
-            index = []  # training steps take (x, y), as they always have
             if self.mixup_alpha > 0 or self.cutmix_alpha > 0:
                 h, w = x.shape[-2:]
                 mix = draw_mix(h, w, self.mixup_alpha, self.cutmix_alpha, self.mixing_rng(*key))
@@ -499,20 +517,18 @@ class ImageDataModule(LightningDataModule):
         x = normalize(x, self.mean, self.std)
         if mix is not None:  # after normalisation, as torchvision's reference mixes the batches it loads
             x, y = mix_batch(x, y, self.num_classes, *mix)  # y: (B, num_classes) probabilities from here
-        return x, y, *index
+        if (trainer is not None and trainer.training) or batch.index is None:
+            return x, y  # training steps take (x, y), as they always have
+        return x, y, batch.index  # predict: each row's sample
 
-    def _decode_on_device(self, x, y: Tensor, rest: list[Tensor]) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """The batch the decoder left encoded, decoded on ``y``'s device; what the decoder refused dropped
-        and reported as the workers' unreadable files are (``drop_unreadable``: no empty training batch)."""
-        x, bad = self.decoder.decode(x, y.device)
-        if bad and (rest or len(bad) < len(y)):
-            keep = torch.ones(len(y), dtype=torch.bool)
-            keep[list(bad)] = False
-            keep = keep.to(y.device)
-            x, y, rest = x[keep], y[keep], [t[keep] for t in rest]
+    def _decode_on_device(self, batch: Batch) -> Batch:
+        """The batch the decoder left encoded, decoded on the labels' device; what the decoder refused is
+        dropped and reported as the workers' unreadable files are (``Batch.drop``)."""
+        images, bad = self.decoder.decode(batch.images, batch.labels.device)
+        batch = replace(batch, images=images).drop(bad)
         if bad:
             self.on_unreadable_files(bad)
-        return x, y, rest
+        return batch
 
     def _refuse_channels(self, shape: torch.Size) -> None:
         """UserError for a (B, C, H, W) batch whose C is not the length of ``mean`` and ``std``."""

@@ -94,6 +94,12 @@ class SampleRandom:
         moved._base, moved._block = packed[:, 0], packed[:, 1:]
         return moved
 
+    def __getitem__(self, keep: Tensor) -> "SampleRandom":
+        """The draws of the samples ``keep`` (a (B,) bool mask on their device) selects."""
+        kept = object.__new__(SampleRandom)
+        kept._base, kept._block = self._base[keep], self._block[keep]
+        return kept
+
     def _draws(self, draw: Tensor) -> Tensor:
         # Golden-ratio strides between draw numbers, as splitmix's counter steps.
         return _mix32((self._base.unsqueeze(-1) + (draw + 1) * 0x9E3779B9) & _M32)

@@ -7,11 +7,13 @@ train/val split the same on every rank.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from lit_ddp.data.batch import Batch
 from lit_ddp.errors import UserError
 
 
@@ -59,13 +61,14 @@ class WorkerError:
 def collate_batch(batch):
     """Pass through batches that ``__getitems__`` built (and a worker's ``WorkerError``); collate lists of
     samples as usual."""
-    if isinstance(batch, (tuple, WorkerError)):
+    if isinstance(batch, (Batch, tuple, WorkerError)):
         return batch
     return torch.utils.data.default_collate(batch)
 
 
 class IndexedDataset(Dataset):
-    """``dataset``'s batches with one more tensor: the (B,) int64 indices of their samples in ``dataset``."""
+    """``dataset``'s batches with the (B,) int64 indices of their samples in ``dataset``: a ``Batch``'s
+    ``index``, or one more tensor after a tuple's."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -80,6 +83,8 @@ class IndexedDataset(Dataset):
             batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
         if isinstance(batch, WorkerError):
             return batch
+        if isinstance(batch, Batch):
+            return replace(batch, index=torch.as_tensor(indices, dtype=torch.long))
         if not isinstance(batch, tuple | list):  # dict samples: kept whole, not unpacked into their keys
             batch = (batch,)
         return (*batch, torch.as_tensor(indices, dtype=torch.long))

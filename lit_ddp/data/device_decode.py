@@ -28,6 +28,7 @@ black placeholder of an unreadable file, which the data module drops before the 
 import io
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +38,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lit_ddp.data.ahead import started_ahead
+from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import to_device
 from lit_ddp.data.codec import decode_jpegs, reason
 from lit_ddp.data.jpeg import (
@@ -275,19 +277,25 @@ def _decode_on(batch: EncodedBatch, device: torch.device, stream: "torch.cuda.St
     return out, bad, done
 
 
-def decode_ahead(batches: Iterator[tuple], device: torch.device) -> Iterator[tuple]:
+def decode_ahead(batches: Iterator[Batch], device: torch.device) -> Iterator[Batch]:
     """``batches`` with each ``EncodedBatch`` replaced by its ``DecodedAhead``, whose decode starts as the
-    batch before it is handed out: one batch is decoded while the one before trains."""
+    batch before it is handed out: one batch is decoded while the one before trains. What is not a
+    ``Batch`` (a worker's ``WorkerError``) passes as it is."""
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lit_ddp-decode")
 
-    def start(batch: tuple) -> tuple:
-        x, *rest = batch
-        return (DecodedAhead(executor.submit(_decode_on, x, device, stream)), *rest)
+    def start(batch: Batch) -> Batch:
+        if not isinstance(batch, Batch):
+            return batch
+        return replace(batch, images=DecodedAhead(executor.submit(_decode_on, batch.images, device, stream)))
+
+    def cancel(batch: Batch) -> None:
+        if isinstance(batch, Batch):
+            batch.images.cancel()
 
     try:
         # An epoch cut short cancels the batch started and not handed out: no one would use it.
-        yield from started_ahead(batches, start, ahead=2, cancel=lambda batch: batch[0].cancel())
+        yield from started_ahead(batches, start, ahead=2, cancel=cancel)
     finally:
         executor.shutdown(wait=True)  # the batches handed out are decoded, then the thread ends
 

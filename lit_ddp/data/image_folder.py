@@ -1,7 +1,8 @@
 """Image files in the ImageFolder layout (``root/<class>/<file>``), decoded in DataLoader workers.
 
 A file that cannot be decoded does not stop the run: its slot in the batch carries the path and the
-reason, the data module drops the slot in the main process (``on_before_batch_transfer``) and notes it in
+reason (batch.py ``Batch.unreadable``), the data module drops the slot in the main process
+(``on_before_batch_transfer``) and notes it in
 its ``UnreadableFiles``; the ``SkippedImagesReport`` callback gathers what every rank skipped at the end of
 each epoch and warns once, on rank 0, with the count and the names. Each worker and each rank sees different
 files, so the report has to be assembled from the batches, not from a worker's memory.
@@ -18,17 +19,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from lit_ddp.data.batch import Batch
 from lit_ddp.data.folder_index import IMAGE_EXTENSIONS, SampleIndex, find_classes, is_junk, load_or_scan
 from lit_ddp.data.jpeg import DECODE_ERRORS
 from lit_ddp.errors import UserError
 
 __all__ = [
-    "FileBatch",
     "ImageFileDataset",
     "SampleIndex",
     "UnreadableFiles",
     "decode_or_black",
-    "drop_unreadable",
     "find_classes",
     "is_junk",
     "list_image_files",
@@ -37,9 +37,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")  # what a loader decodes: a path, or an encoded image's bytes
-
-# (B, 3, H, W) uint8, (B,) int64 labels, {position in batch: (path, reason)} for the unreadable files
-FileBatch = tuple[Tensor, Tensor, dict[int, tuple[str, str]]]
 
 
 def list_images(root: Path, class_to_idx: dict[str, int]) -> SampleIndex:
@@ -79,7 +76,7 @@ def decode_or_black(
 ) -> tuple[np.ndarray, tuple[str, str] | None]:
     """``load(source)`` (a (size, size, 3) uint8 image), its random draws from torch's RNG seeded with
     ``seed`` (None: the worker's RNG as is); if it cannot be decoded, a black image and (``name``, why),
-    which the batch carries to the main process (``drop_unreadable``) instead of stopping the run."""
+    which the batch carries to the main process (``Batch.drop``) instead of stopping the run."""
     try:
         with seeded_global_rng(seed) if seed is not None else contextlib.nullcontext():
             return load(source), None
@@ -136,29 +133,15 @@ class ImageFileDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor, tuple[str, str] | None]:
         """One sample: (3, H, W) uint8, label, and None or (path, why it is unreadable)."""
-        x, y, bad = self.__getitems__([index])
-        return x[0], y[0], bad.get(0)
+        batch = self.__getitems__([index])
+        return batch.images[0], batch.labels[0], batch.unreadable.get(0)
 
-    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> FileBatch:
+    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> Batch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]  # (index, seed or None)
         images, errors = zip(*(self.read(i, seed) for i, seed in pairs), strict=True)
         x = self.collate(images, [self._samples.path(i) for i, _ in pairs])
         y = torch.from_numpy(self._samples.labels[[i for i, _ in pairs]])
-        return x, y, {i: e for i, e in enumerate(errors) if e}
-
-
-def drop_unreadable(batch: FileBatch) -> tuple[tuple[Tensor, ...], dict[int, tuple[str, str]]]:
-    """Remove the slots of unreadable files: ``(x, y)``, or ``(x, y, index)`` for a predict batch, which
-    carries the sample indices after the unreadable files (datasets.py ``IndexedDataset``). If every file of a
-    training or evaluation batch is unreadable (only plausible with tiny batches) the black placeholders are
-    kept, since an empty batch has no loss; a predict batch drops them too: no row beats a wrong one."""
-    x, y, bad, *index = batch
-    tensors = (x, y, *index)
-    if bad and (index or len(bad) < len(y)):
-        keep = torch.ones(len(y), dtype=torch.bool)
-        keep[list(bad)] = False
-        tensors = tuple(t[keep] for t in tensors)
-    return tensors, bad
+        return Batch(x, y, unreadable={i: e for i, e in enumerate(errors) if e})
 
 
 class UnreadableFiles:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from lit_ddp.data.base import ImageDataModule
+from lit_ddp.data.batch import Batch
 from lit_ddp.data.datasets import WorkerError, split_indices
 from lit_ddp.data.decoders import image_decode
-from lit_ddp.data.image_folder import FileBatch, UnreadableFiles, decode_or_black, stack_crops
+from lit_ddp.data.image_folder import UnreadableFiles, decode_or_black, stack_crops
 from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
 from lit_ddp.data.shards import (
     MANIFEST,
@@ -58,8 +58,8 @@ class ShardImageDataset(Dataset):
 
     Raw shards (``shape`` given) give (B, C, H, W) uint8 and labels; encoded ones are read by ``load(bytes)``
     (a decoder's ``reader``: the (size, size, 3) uint8 crop, or what the device decodes), batched by
-    ``collate(loaded, names)``, and give image_folder.py's ``FileBatch`` (an unreadable image becomes a black
-    slot named in the third element). Indices may be (index, seed) pairs: that sample's
+    ``collate(loaded, names)``; an unreadable image becomes a black slot named in the ``Batch``'s
+    ``unreadable``. Indices may be (index, seed) pairs: that sample's
     random draws then come from torch's RNG seeded with ``seed`` (samplers.py ``SeededSampleSampler``).
     A label outside 0..num_classes-1 (the manifest's classes) or a raw image of another size than ``shape``
     is the shard's damage: one line naming it.
@@ -101,9 +101,7 @@ class ShardImageDataset(Dataset):
         image, bad = decode_or_black(self.load, read_image_bytes(sample.image), name, seed, self.size)
         return image, sample.label, name, bad
 
-    def __getitems__(
-        self, indices: Sequence[int | tuple[int, int]]
-    ) -> tuple[Tensor, Tensor] | FileBatch | WorkerError:
+    def __getitems__(self, indices: Sequence[int | tuple[int, int]]) -> Batch | WorkerError:
         try:
             return self._batch(indices)
         except ShardError as err:
@@ -111,19 +109,21 @@ class ShardImageDataset(Dataset):
                 raise
             return WorkerError(err)  # raised by the training process as it is: one line, no traceback
 
-    def _batch(self, indices: Sequence[int | tuple[int, int]]) -> tuple[Tensor, Tensor] | FileBatch:
+    def _batch(self, indices: Sequence[int | tuple[int, int]]) -> Batch:
         pairs = [i if isinstance(i, tuple) else (i, None) for i in indices]
         if self.shape is not None:
             got = [self._sample(i) for i, _ in pairs]
             x = torch.stack([torch.frombuffer(bytearray(s.image), dtype=torch.uint8) for s in got])
-            return x.reshape(len(got), *self.shape), torch.tensor([s.label for s in got], dtype=torch.long)
+            y = torch.tensor([s.label for s in got], dtype=torch.long)
+            return Batch(x.reshape(len(got), *self.shape), y)
         images, labels, names, errors = zip(*(self._decode(i, seed) for i, seed in pairs), strict=True)
         x = self.collate(images, names)
-        return x, torch.tensor(labels, dtype=torch.long), {i: e for i, e in enumerate(errors) if e}
+        labels = torch.tensor(labels, dtype=torch.long)
+        return Batch(x, labels, unreadable={i: e for i, e in enumerate(errors) if e})
 
     def __getitem__(self, index: int):
         batch = self._batch([index])
-        return tuple(t[0] for t in batch[:2])
+        return batch.images[0], batch.labels[0]
 
 
 class ShardOrderSampler(ResumableShuffleSampler):
