@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
 from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
@@ -40,7 +40,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
-from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, with_atomic_checkpoint_io
+from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
 from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
@@ -72,6 +72,7 @@ from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.wandb_resume import place_wandb_runs
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 from lit_ddp.utils import imported, local_path
+from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
 # the two, and LeNetCIFAR's defaults, in agreement). A project built on lit_ddp passes its own to main().
@@ -121,25 +122,22 @@ CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
 
 
 class SaveRunConfig(SaveConfigCallback):
-    """config.yaml in the run's folder for every logger. Lightning's callback saves it in ``Trainer.log_dir``,
-    which a logger without a local folder (MLflow on a database or a server) leaves None: the run stopped
-    there on an AssertionError; for W&B it is the ``save_dir`` of every run. Its run's folder is then the
-    one its checkpoints go into."""
+    """config.yaml in the run's folder for every logger, written atomically (writes.py). Lightning's callback
+    saves it in ``Trainer.log_dir``, which a logger without a local folder (MLflow on a database or a server)
+    leaves None (the run stopped there on an AssertionError), and which for W&B is the ``save_dir`` of every
+    run. Its run's folder is then the one its checkpoints go into."""
 
     def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
         log_dir = trainer.log_dir  # a broadcast, on every rank
-        if self.already_saved or (log_dir is not None and not isinstance(trainer.logger, WandbLogger)):
+        wandb = isinstance(trainer.logger, WandbLogger)
+        folder = log_dir if log_dir is not None and not wandb else run_dir(trainer)
+        if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
             return super().setup(trainer, pl_module, stage)
-        if trainer.is_global_zero:
-            folder = Path(run_dir(trainer))
-            folder.mkdir(parents=True, exist_ok=True)
-            self.parser.save(
-                self.config,
-                str(folder / self.config_filename),
-                skip_none=False,
-                overwrite=self.overwrite,
-                multifile=self.multifile,
-            )
+        if trainer.is_global_zero:  # written as lit_ddp writes files: whole or not at all (writes.py)
+            text = self.parser.dump(self.config, skip_none=False)
+            write_file(Path(folder) / self.config_filename, text, "the run's config")
         self.already_saved = trainer.strategy.broadcast(True)
 
 
@@ -399,6 +397,17 @@ class LitDDPCLI(LightningCLI):
             if trainer_config.get(flag) is None and not any(isinstance(c, kind) for c in kwargs["callbacks"]):
                 kwargs[flag] = False
         check_writable(trainer_config.get("default_root_dir") or os.getcwd())
+        loggers = self._subcommand_config(self.config)["trainer"].get("logger")  # as given, not created
+        for logger_config in loggers if isinstance(loggers, list) else [loggers]:
+            # A logger's own folder (CSVLogger, TensorBoardLogger) is checked as the run's is, before anything
+            # starts; MLflow's store was asked in instantiate_classes (its save_dir may be unused).
+            cls = imported(str(logger_config.get("class_path"))) if hasattr(logger_config, "get") else None
+            if not isinstance(cls, type) or issubclass(cls, MLFlowLogger):
+                continue
+            init_args = logger_config.get("init_args") or {}
+            save_dir = init_args.get("save_dir")
+            if isinstance(save_dir, str) and is_local_path(save_dir):
+                check_writable(save_dir, "--trainer.logger.init_args.save_dir")
         if trainer_config.get("logger") in (None, True) and not barebones:
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
             # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per

@@ -13,7 +13,6 @@ of its batch. Here each batch keeps its top-k only, and the indices come with th
 
 import csv
 import itertools
-import os
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.errors import UserError
 from lit_ddp.utils import local_path
+from lit_ddp.writes import atomic_file
 
 KEYS = ("index", "probs", "classes", "target")
 
@@ -151,7 +151,7 @@ class PredictionWriter(Callback):
         return [int(i[0]) if isinstance(i, tuple) else int(i) for batch in rest for i in batch]
 
     def _write(self, path: Path, rows: dict[str, Tensor], datamodule) -> int:
-        """Writes the CSV via a temporary file and a rename: a reader never sees half a file. Returns the
+        """Writes the CSV atomically (writes.py): a reader never sees half a file. Returns the
         number of rows: one per sample index (a padding sampler's repeats are left out)."""
         paths = self._paths(getattr(datamodule, "predict_set", None))
         names = list(getattr(datamodule, "class_names", ()))
@@ -166,10 +166,8 @@ class PredictionWriter(Callback):
             f"top{self.top_k}",
             "label",
         ]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
         count, last = 0, None
-        with open(tmp, "w", newline="") as f:
+        with atomic_file(path, "predictions", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(header)
             for index, probs, classes, target in zip(*(rows[key].tolist() for key in KEYS), strict=True):
@@ -180,7 +178,6 @@ class PredictionWriter(Callback):
                 label = name(target) if target >= 0 else ""
                 file = [paths[index]] if paths else []
                 writer.writerow([index, *file, name(classes[0]), f"{probs[0]:.4f}", top, label])
-        os.replace(tmp, path)
         return count
 
     @staticmethod

@@ -15,6 +15,7 @@ of each logger, with that logger's public API:
 Call on rank 0 only: other ranks' loggers are dummies, and creating a writer creates the run directory.
 """
 
+import io
 import json
 import os
 from pathlib import Path
@@ -24,6 +25,8 @@ from lightning import Trainer
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from PIL import Image
 from torch import Tensor
+
+from lit_ddp.writes import write_file
 
 
 def _hwc(image: Tensor):
@@ -164,28 +167,28 @@ class FileSink:
         self.root = Path(directory)
         self.dashboard = self.root / "dashboard"
 
-    def _path(self, name: str) -> Path:
-        path = self.dashboard / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+    def _write(self, name: str, data: str | bytes) -> None:
+        write_file(self.dashboard / name, data, "the dashboard file")
 
     def image(self, tag: str, image: Tensor, step: int) -> None:
-        Image.fromarray(_hwc(image)).save(self._path(_file_name(tag, step, ".png")))
+        png = io.BytesIO()
+        Image.fromarray(_hwc(image)).save(png, format="PNG")
+        self._write(_file_name(tag, step, ".png"), png.getvalue())
 
     def text(self, tag: str, markdown: str, step: int) -> None:
-        self._path(_file_name(tag, step, ".md")).write_text(markdown)
+        self._write(_file_name(tag, step, ".md"), markdown)
 
     def values(self, tag: str, values: Tensor, step: int) -> None:
         record = {"step": step, "values": values.tolist()}
-        self._path(_file_name(tag, step, ".json")).write_text(json.dumps(record))
+        self._write(_file_name(tag, step, ".json"), json.dumps(record))
 
     def run_info(
         self, params: dict, metric_tags: list[str], config: str, environment: str, step: int
     ) -> None:
         self.logger.log_hyperparams(params)
-        self._path("environment.md").write_text(environment)
+        self._write("environment.md", environment)
         if not (self.root / "config.yaml").is_file():  # LightningCLI saves it there for most loggers
-            self._path("config.yaml").write_text(config)
+            self._write("config.yaml", config)
 
 
 def sinks(trainer: Trainer) -> list[Sink]:

@@ -25,7 +25,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.runtime.write_errors import checkpoint_write_error, os_error_in
+from lit_ddp.runtime.write_errors import checkpoint_write_error
+from lit_ddp.writes import WriteError, atomic_file
 
 # Types that the hyperparameters of older checkpoints hold (an OptimConfig or a Path passed from Python);
 # lit_ddp now writes them as plain data (utils.plain_data). Everything else is tensors and plain containers.
@@ -74,37 +75,10 @@ def _is_torch_file(path: Path) -> bool:
     return head.startswith(PICKLE_MAGIC)
 
 
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable (POSIX); not possible on every platform/filesystem.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to ``path`` so that a reader sees either the old file or the complete new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by an earlier writer that was killed
-        stale.unlink(missing_ok=True)
+    with atomic_file(path, "checkpoint") as f:
+        torch.save(obj, f)
 
 
 def load_checkpoint_file(
@@ -180,13 +154,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote (fsspec): as Lightning
         try:
             atomic_torch_save(checkpoint, path)
-        except (OSError, RuntimeError) as err:
+        except WriteError as err:
             # A full disk, a quota, a read-only remount: one line saying the previous file is intact (the
-            # write was atomic), not torch's RuntimeError chained to the OSError.
-            os_error = os_error_in(err)
-            if os_error is None:
-                raise
-            raise checkpoint_write_error(os_error, Path(path)) from None
+            # write was atomic) and how to resume.
+            raise checkpoint_write_error(err.os_error, Path(path)) from None
 
     def load_checkpoint(
         self, path, map_location: Any = None, weights_only: bool | None = None

@@ -232,7 +232,7 @@ def check_precision(precision) -> None:
     )
 
 
-def check_writable(root_dir: str) -> None:
+def check_writable(root_dir: str, option: str = "--trainer.default_root_dir") -> None:
     """UserError, before any process starts, when the run directory cannot be written (not an OSError
     traceback from the first checkpoint or event file, possibly hours into the run). Creates nothing: the
     nearest existing folder on the way is probed, since a run that fails next must leave no folder."""
@@ -248,6 +248,6 @@ def check_writable(root_dir: str) -> None:
             pass
     except OSError as err:
         raise UserError(
-            f"--trainer.default_root_dir={root_dir} cannot be written ({err.strerror or err}): pass a"
-            " directory you can write to"
+            f"{option}={root_dir} cannot be written ({err.strerror or err}): pass a directory you can write"
+            " to"
         ) from None

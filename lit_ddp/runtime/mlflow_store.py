@@ -14,8 +14,8 @@ import os
 from collections.abc import Iterator
 
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.write_errors import ADVICE
 from lit_ddp.utils import imported
+from lit_ddp.writes import ADVICE
 
 # One try, and no longer than this for an answer, for the start-up request only.
 PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}

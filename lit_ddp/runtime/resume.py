@@ -34,6 +34,7 @@ from lit_ddp.runtime.checkpoint_io import is_local_path, load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.runtime.wandb_resume import continue_wandb_run, is_wandb_run
 from lit_ddp.utils import flatten
+from lit_ddp.writes import write_file
 
 SPECIAL = ("last", "best", "hpc", "registry")
 # `validate`/`test --ckpt_path=untrained`: score the model as built (random, or --model.weights) on purpose.
@@ -263,7 +264,7 @@ def _keep_csv_metrics(logger: CSVLogger) -> None:
     saved = path.read_bytes()
     header = next(csv.reader(io.StringIO(saved.decode())), [])
     writer = logger.experiment  # opens the folder, deleting the file
-    path.write_bytes(saved)
+    write_file(path, saved, "the CSV log")  # whole or not at all: it holds every earlier epoch's rows
     writer.metrics_keys = list(header)
 
 

@@ -7,34 +7,14 @@ of its own. Checkpoint writes are atomic (checkpoint_io.py), so the previous ``l
 line says so, and which path could not be written.
 """
 
-import errno
 from pathlib import Path
 
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_ddp.compat import hand_event_write_errors_to
 from lit_ddp.errors import UserError
-
-# What to do about each kind of failed write; any other OSError gets its own text and the generic advice.
-ADVICE = {
-    errno.ENOSPC: "free space on that disk",
-    errno.EDQUOT: "free some of your quota",
-    errno.EFBIG: "raise the file size limit (ulimit -f)",
-    errno.EROFS: "remount it writable or pass --trainer.default_root_dir on a writable disk",
-    errno.EACCES: "make it writable or pass --trainer.default_root_dir on a writable disk",
-}
-
-
-def os_error_in(exc: BaseException | None) -> OSError | None:
-    """The OSError behind ``exc``: torch's zip writer reports a failed write as a RuntimeError raised while
-    handling it ("unexpected pos ...")."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+from lit_ddp.compat import hand_event_write_errors_to
+from lit_ddp.writes import ADVICE
 
 
 def write_error(err: OSError, what: str, path: str | Path, checkpoints: Path | None) -> UserError:
