@@ -204,11 +204,12 @@ def _first_argument(class_path: str) -> str | None:
     return next(iter(params), None)
 
 
-def _subclass_names(base: type) -> list[str]:
+def _subclass_names(base: type, concrete: bool = False) -> list[str]:
     names, stack = [], list(base.__subclasses__())
     while stack:
         cls = stack.pop()
-        names.append(cls.__name__)
+        if not (concrete and inspect.isabstract(cls)):
+            names.append(cls.__name__)
         stack += cls.__subclasses__()
     return sorted(names)
 
@@ -422,8 +423,11 @@ def _expected(message: str, value: str) -> str:
         types = [t for t in types if t != "list"]  # said as "a list of X" already
     allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
     allowed += kinds + [t for t in dict.fromkeys(types) if t not in allowed]
-    match = _closest(value, choices) or _closest(value.rpartition(".")[2], _class_names(classes))
+    names = _class_names(classes)
+    match = _closest(value, choices) or _closest(value.rpartition(".")[2], names)
     hint = f" (did you mean {match}?)" if match and match != value else ""
+    if not hint and names and "." not in value and value not in names:  # no class near that name: list them
+        hint = f" (the classes are {', '.join(sorted(set(names)))})"
     return f"{' or '.join(allowed) or 'another value'}{hint}"
 
 
@@ -443,7 +447,8 @@ def _union_classes(message: str) -> tuple[list[str], list[str]]:
 
 
 def _class_names(paths: list[str]) -> list[str]:
-    """The short names of the classes at ``paths`` and of their imported subclasses."""
+    """The short names of the classes at ``paths`` and of their imported subclasses that can be created (an
+    abstract base such as Logger is no choice)."""
     names = []
     for path in paths:
         module, _, name = path.rpartition(".")
@@ -451,7 +456,8 @@ def _class_names(paths: list[str]) -> list[str]:
             cls = getattr(importlib.import_module(module), name)
         except (ImportError, AttributeError):
             continue
-        names += [cls.__name__, *_subclass_names(cls)]
+        names += [] if inspect.isabstract(cls) else [cls.__name__]
+        names += _subclass_names(cls, concrete=True)
     return names
 
 
