@@ -13,7 +13,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_ddp.compat import hand_event_write_errors_to
 from lit_ddp.errors import UserError
-from lit_ddp.compat import hand_event_write_errors_to
 from lit_ddp.writes import ADVICE
 
 
