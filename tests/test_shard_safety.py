@@ -285,3 +285,35 @@ def test_an_unreadable_file_in_src_is_one_line_naming_it(tmp_path: Path, capsys)
     proc = shard(capsys, tmp_path / "tree", tmp_path / "dest")
     refused(proc, f"cannot read {gone} (No such file or directory): make it readable or move it out of SRC")
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("link", ["file", "folder", "class folder"])
+def test_a_link_into_another_classs_folder_is_refused_naming_it(tmp_path: Path, capsys, link: str) -> None:
+    """A link in class A's folder to an image (or a folder) of class B was sharded with label A, no word."""
+    make_tree(tmp_path / "tree")
+    train = tmp_path / "tree" / "train"
+    a, b = sorted(os.listdir(train))[:2]
+    if link == "file":
+        path = train / a / "borrowed.JPEG"
+        path.symlink_to(train / b / f"{b}_0.JPEG")
+    elif link == "folder":
+        path = train / a / "more"
+        path.symlink_to(train / b)
+    else:
+        path = train / "n09999999"
+        path.symlink_to(train / b)
+    proc = shard(capsys, tmp_path / "tree", tmp_path / "dest")
+    owner = os.path.realpath(train / b)
+    refused(proc, f"{path} is a link into {owner}, the folder of class {b}", "remove it")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_links_to_files_outside_the_tree_or_of_the_same_class_are_followed(tmp_path: Path, capsys) -> None:
+    make_tree(tmp_path / "tree")
+    train = tmp_path / "tree" / "train"
+    a = sorted(os.listdir(train))[0]
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "pool" / "x.JPEG").write_bytes((train / a / f"{a}_0.JPEG").read_bytes())
+    (train / a / "pooled.JPEG").symlink_to(tmp_path / "pool" / "x.JPEG")
+    (train / a / "again.JPEG").symlink_to(train / a / f"{a}_1.JPEG")
+    assert shard(capsys, tmp_path / "tree", tmp_path / "dest").returncode == 0

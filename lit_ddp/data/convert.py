@@ -42,6 +42,7 @@ from lit_ddp.data.cifar10 import (
     missing_files,
     read_split,
 )
+from lit_ddp.data.class_links import check_class_links
 from lit_ddp.data.dest_lock import LOCK, local_lock, store_lock
 from lit_ddp.data.folder_index import class_key, find_classes
 from lit_ddp.data.image_folder import list_images
@@ -329,6 +330,8 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     cifar = find_folder(root)
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
         raise _not_a_source(root)
+    if cifar is None:
+        check_class_links(root, SPLITS)
     try:
         return _convert_locked(root, cifar, dest, shard_mb, workers)
     except OSError as err:  # reading SRC raised its own line (_read_file): this is a write
