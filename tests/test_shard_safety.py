@@ -5,6 +5,7 @@ and option values at their extremes. Each refusal is one line, exit 2, before DE
 import errno
 import os
 import resource
+import shutil
 import signal
 import threading
 from dataclasses import dataclass
@@ -317,3 +318,19 @@ def test_links_to_files_outside_the_tree_or_of_the_same_class_are_followed(tmp_p
     (train / a / "pooled.JPEG").symlink_to(tmp_path / "pool" / "x.JPEG")
     (train / a / "again.JPEG").symlink_to(train / a / f"{a}_1.JPEG")
     assert shard(capsys, tmp_path / "tree", tmp_path / "dest").returncode == 0
+
+
+@pytest.mark.parametrize("shape", ["empty class folder", "val is a file"])
+def test_a_tree_of_an_odd_shape_is_one_line_naming_the_path(tmp_path: Path, capsys, shape: str) -> None:
+    """An empty class folder in train/ became a class with no sample (ImageNetDataModule refuses it), and a
+    file named val/ left the val split out; both with exit 0 and no word."""
+    make_tree(tmp_path / "tree")
+    if shape == "empty class folder":
+        (tmp_path / "tree" / "train" / "n09999999").mkdir()
+        says = "train has class folders with no image file ('n09999999'): add images or remove the folders"
+    else:
+        shutil.rmtree(tmp_path / "tree" / "val")
+        (tmp_path / "tree" / "val").write_text("not a folder")
+        says = "val is a file, not a folder of class folders: move it out of SRC"
+    refused(shard(capsys, tmp_path / "tree", tmp_path / "dest"), says)
+    assert not (tmp_path / "dest").exists()

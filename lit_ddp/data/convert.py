@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from lit_ddp.data.ahead import started_ahead
 from lit_ddp.data.cifar10 import (
     ARCHIVE,
@@ -158,6 +160,17 @@ def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], 
                     f"{root / split} has class folders that train/ lacks ({unknown[:5]}): fix the layout"
                 )
             listings[split] = list_images(root / split, class_to_idx)
+    # as ImageNetDataModule: a class without a training image would be a class the model never sees
+    empty = [
+        folders[i]
+        for i, n in enumerate(np.bincount(listings["train"].labels, minlength=len(folders)))
+        if not n
+    ]
+    if empty:
+        raise UserError(
+            f"{root / 'train'} has class folders with no image file ({', '.join(map(ascii, empty[:5]))}): add"
+            " images or remove the folders"
+        )
 
     def rows(listing) -> Iterator[dict]:
         paths = [listing.path(i) for i in range(len(listing))]
@@ -331,6 +344,11 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched
         raise _not_a_source(root)
     if cifar is None:
+        for split in SPLITS:  # a split that is not a folder would be left out without a word
+            if (root / split).exists() and not (root / split).is_dir():
+                raise UserError(
+                    f"{root / split} is a file, not a folder of class folders: move it out of SRC"
+                )
         check_class_links(root, SPLITS)
     try:
         return _convert_locked(root, cifar, dest, shard_mb, workers)
