@@ -134,7 +134,7 @@ def test_a_second_shard_run_into_a_dest_being_written_is_refused_and_the_first_c
     assert shard(capsys, tmp_path / "tree", tmp_path / "ref", "--shard-mb=0.05").returncode == 0
     if where == "s3":
         server = request.getfixturevalue("s3_server")
-        dest = f"s3://{server.bucket}/tree"
+        dest = f"s3://{server.bucket}/{tmp_path.name}"  # moto keeps its buckets between servers
     else:
         dest = str(tmp_path / "dest")
     first = HeldRun(monkeypatch, tmp_path / "tree", dest)
@@ -143,8 +143,9 @@ def test_a_second_shard_run_into_a_dest_being_written_is_refused_and_the_first_c
     first.go()
     if where == "s3":
         client = server.client()
-        keys = [o["Key"] for o in client.list_objects_v2(Bucket=server.bucket)["Contents"]]
-        got = {k[len("tree/") :]: client.get_object(Bucket=server.bucket, Key=k)["Body"].read() for k in keys}
+        prefix = f"{tmp_path.name}/"
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=server.bucket, Prefix=prefix)["Contents"]]
+        got = {k[len(prefix) :]: client.get_object(Bucket=server.bucket, Key=k)["Body"].read() for k in keys}
         assert got == files(tmp_path / "ref")  # the first run's shards, whole; its lock gone
     else:
         assert files(tmp_path / "dest") == files(tmp_path / "ref")
@@ -165,10 +166,10 @@ def test_ctrl_c_or_sigterm_mid_shard_is_one_line_leaves_nothing_and_a_rerun_comp
     assert shard(capsys, tmp_path / "tree", tmp_path / "ref", "--shard-mb=0.05").returncode == 0
     if where == "s3":
         server = request.getfixturevalue("s3_server")
-        dest = f"s3://{server.bucket}/tree"
+        dest = f"s3://{server.bucket}/{tmp_path.name}"  # moto keeps its buckets between servers
 
         def left() -> list[str]:
-            listed = server.client().list_objects_v2(Bucket=server.bucket)
+            listed = server.client().list_objects_v2(Bucket=server.bucket, Prefix=f"{tmp_path.name}/")
             return [o["Key"] for o in listed.get("Contents", [])]
     else:
         dest = str(tmp_path / "dest")
