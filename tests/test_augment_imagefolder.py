@@ -9,7 +9,7 @@ import pytest
 import torch
 from imagenet_tree import make_tree
 
-from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data import ImageNetDataModule, RandomResizedCropFlip
 from lit_ddp.data.jpeg import sample_augmentation
 from lit_ddp.errors import UserError
 
@@ -77,13 +77,14 @@ def test_random_erasing_fills_with_the_mean_colour() -> None:
 
 def test_unknown_auto_augment_is_one_line(tree: Path, capsys) -> None:
     with pytest.raises(UserError, match="auto_augment='rand' is not one of: none, trivialaugment"):
-        ImageNetDataModule(data_dir=str(tree), auto_augment="rand")
+        RandomResizedCropFlip(auto_augment="rand")
     with pytest.raises(UserError, match=r"random_erasing=1.5 must be a probability"):
-        ImageNetDataModule(data_dir=str(tree), random_erasing=1.5)
+        RandomResizedCropFlip(random_erasing=1.5)
     from lit_ddp.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--data=ImageNetDataModule", f"--data.data_dir={tree}", "--data.auto_augment=rand"])
+        augment = "--data.augmentation.auto_augment=rand"
+        main(["fit", "--data=ImageNetDataModule", f"--data.data_dir={tree}", augment])
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1
     assert err.startswith("lit_ddp: error: auto_augment='rand' is not one of")

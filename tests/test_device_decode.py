@@ -16,7 +16,7 @@ from imagenet_tree import CLASSES, draw, make_tree
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from PIL import Image
 
-from lit_ddp.data import ImageNetDataModule, device_decode, jpeg
+from lit_ddp.data import ImageNetDataModule, RandomResizedCropFlip, device_decode, jpeg
 from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import SampleRandom
 from lit_ddp.data.datasets import IndexedDataset
@@ -129,7 +129,7 @@ def test_a_batch_with_unreadable_files_is_dropped_and_reported_like_the_cpu_path
 
 def test_gpu_decode_with_worker_augmentations_is_one_clear_line(tree: Path) -> None:
     with pytest.raises(UserError, match="--data.decode=gpu cannot run auto_augment"):
-        data_module(tree, True, auto_augment="trivialaugment")
+        data_module(tree, True, augmentation=RandomResizedCropFlip(auto_augment="trivialaugment"))
 
 
 def test_the_older_gpu_decode_key_still_chooses_the_device_with_a_deprecation_line(tree: Path) -> None:
