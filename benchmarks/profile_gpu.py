@@ -90,7 +90,8 @@ def profile_decode(args: argparse.Namespace, device: torch.device) -> dict:
     stages: dict[str, list[float]] = {"load": [], "nvjpeg": [], "decode": [], "crop_each": []}
     loader = iter(dm.train_dataloader())
     for k in range(args.batches + 1):  # the first batch starts the workers: untimed
-        (encoded, _, *_), load = timed(lambda: next(loader), device)
+        batch, load = timed(lambda: next(loader), device)
+        encoded = batch.images
         jpegs = [encoded.data[slot.start : slot.end] for slot in encoded.slots if slot.kind == "jpeg"]
         nvjpeg_call = functools.partial(decode_jpegs, jpegs, device)
         images, nvjpeg = timed(nvjpeg_call, device)

@@ -39,13 +39,13 @@ def epoch_images(dm: ImageNetDataModule, epoch: int, replicas: int = 1) -> dict[
         loader = dm.train_dataloader()
         loader.sampler.set_epoch(epoch)
         order = [i for i, _ in loader.sampler]
-        images = torch.cat([x for x, _, _ in loader])
+        images = torch.cat([batch.images for batch in loader])
         out.update(zip(order, images, strict=True))
     dm.trainer = None
     return out
 
 
-AUGMENT = {"auto_augment": "trivialaugment", "random_erasing": 0.5}
+AUGMENT = {"augmentation": RandomResizedCropFlip(auto_augment="trivialaugment", random_erasing=0.5)}
 
 
 def test_worker_augmentation_is_a_function_of_seed_epoch_and_index(tree: Path) -> None:

@@ -85,9 +85,9 @@ def test_the_step_overhead_benchmark_runs_every_mode_on_a_few_steps() -> None:
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout
 
-    # `callbacks` itself runs as callbacks_without_nan_guard: every default callback but one.
+    # `callbacks` itself runs as callbacks_without_resilience: every default callback but one.
     table = run(*few, "--variants", "bare", "module", "--without", "resilience")
-    assert all(f"| 1 | {v} |" in table for v in ("bare", "module", "callbacks_without_nan_guard")), table
+    assert all(f"| 1 | {v} |" in table for v in ("bare", "module", "callbacks_without_resilience")), table
     hooks = run(*few, "--hook-costs")
     assert "| NanGuard.on_before_optimizer_step |" in hooks and "| all of them |" in hooks
     table_rows = (line.split("|") for line in run("--device-ops").splitlines() if line.startswith("|"))
