@@ -203,3 +203,22 @@ def test_a_gradient_scaled_by_exactly_one_half_is_found_and_rounding_is_not() ->
     assert grad_scale(rounded, one) is None
     other = {k: torch.randn_like(v) for k, v in one.items()}
     assert grad_scale(other, one) is None
+
+
+def test_an_in_worker_crop_is_read_by_its_seeded_key_and_a_plain_index_is_not_stable(tmp_path: Path) -> None:
+    from lit_ddp.data import ImageNetDataModule
+    from lit_ddp.testing.record import content
+    from lit_ddp.testing.worker import seeds_each_sample
+
+    special = make_tree(tmp_path / "tree")
+    special["truncated"].unlink()
+    special["corrupt"].unlink()
+    dm = ImageNetDataModule(data_dir=str(tmp_path / "tree"), image_size=32, val_resize=36, num_workers=0)
+    dm.setup("fit")
+    # The recipe's random crop runs in the workers, seeded per (index, seed) by the training sampler:
+    # a plain index draws anew, the seeded key reads the same crop twice.
+    assert seeds_each_sample(dm, dm.train_set)
+    assert content(dm.train_set)["unstable"]
+    seeded = content(dm.train_set, seed=0)
+    assert seeded["unstable"] == [] and len(set(seeded["digests"])) == len(dm.train_set)
+    assert not seeds_each_sample(object(), dm.train_set)  # a data module without train_sampler: plain keys

@@ -78,23 +78,26 @@ def _digest_into(h, item) -> None:
         h.update(repr(item).encode())
 
 
-def sample_digest(dataset, index: int) -> str:
-    """A hash of ``dataset[index]`` as it comes, before the training augmentation (an int key: no augmentation
-    seed), image bytes and label together."""
+def sample_digest(dataset, key: int | tuple[int, int]) -> str:
+    """A hash of ``dataset[key]``, image bytes and label together: an int key reads the sample before the
+    training augmentation; an (index, seed) pair, as a ``SeededSampleSampler`` yields them, reads it with
+    its in-worker random draws (crop, flip) seeded."""
     try:
-        sample = dataset[index]
+        sample = dataset[key]
     except (NotImplementedError, TypeError, KeyError):  # a dataset that serves whole batches only
-        sample = dataset.__getitems__([index])
+        sample = dataset.__getitems__([key])
     h = hashlib.sha1()
     _digest_into(h, sample)
     return h.hexdigest()
 
 
-def content(dataset) -> dict:
+def content(dataset, seed: int | None = None) -> dict:
     """Each sample's ``sample_digest``, read twice: ``digests`` (the first read) and ``unstable``, the
-    indices whose second read differed (a random draw in ``__getitem__``)."""
-    first = [sample_digest(dataset, i) for i in range(len(dataset))]
-    second = [sample_digest(dataset, i) for i in range(len(dataset))]
+    indices whose second read differed (a random draw in ``__getitem__`` that no key seeds). ``seed``: read
+    (index, seed) pairs, for a dataset whose training sampler keys each sample's draws by such a seed."""
+    keys = [i if seed is None else (i, seed) for i in range(len(dataset))]
+    first = [sample_digest(dataset, k) for k in keys]
+    second = [sample_digest(dataset, k) for k in keys]
     unstable = [i for i, (a, b) in enumerate(zip(first, second, strict=True)) if a != b]
     return {"digests": first, "unstable": unstable}
 

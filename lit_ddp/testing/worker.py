@@ -19,6 +19,7 @@ import torch
 from lightning import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import Dataset, default_collate
 
+from lit_ddp.data.samplers import SeededSampleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.faults import destroy_process_group_at_exit
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
@@ -72,6 +73,13 @@ class Subsample(Dataset):
         return tuple(default_collate([self.dataset[k] for k in keys]))
 
 
+def seeds_each_sample(dm, dataset: Dataset) -> bool:
+    """Whether ``dm``'s training sampler keys each sample by (index, seed), its in-worker random draws then
+    a function of that key (an ``ImageDataModule`` whose augmentation runs in the DataLoader workers)."""
+    make = getattr(dm, "train_sampler", None)
+    return make is not None and isinstance(make(dataset, 1, 0), SeededSampleSampler)
+
+
 class TakeHead(Callback):
     """After the data module's ``setup``: its splits cut to the kit's sizes; the full sizes recorded, and with
     ``job.digests`` each sample's hash."""
@@ -96,7 +104,8 @@ class TakeHead(Callback):
             if self.job.digests:
                 # After seed_everything, before training: every run reads its samples in the same state.
                 contents = self.recorder.record.setdefault("content", {})
-                contents[split] = content(getattr(dm, split))
+                seed = 0 if split == "train_set" and seeds_each_sample(dm, dataset) else None
+                contents[split] = content(getattr(dm, split), seed)
 
 
 class PerturbGlobalRNG(Callback):
