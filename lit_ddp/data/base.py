@@ -37,7 +37,7 @@ from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
 from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
 from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
-from lit_ddp.data.decoders import ImageDecode
+from lit_ddp.data.decoders import ImageDecode, image_decode
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.samplers import (
@@ -275,6 +275,16 @@ class ImageDataModule(LightningDataModule):
                 " --data.num_workers=N sets it)"
             )
         return self._auto_workers
+
+    def decode_images(
+        self, decode: str, image_size: int, val_resize: int, draft: bool, exif_transpose: bool, ahead: bool
+    ) -> None:
+        """The settings of a data module of encoded images (a folder of JPEGs, or shards of them) and the
+        decoder they choose (decoders.py), set once for both."""
+        self.image_size, self.val_resize = image_size, val_resize
+        self.draft, self.exif_transpose = draft, exif_transpose
+        settings = {"draft": draft, "exif_transpose": exif_transpose, "ahead": ahead}
+        self.decoder = image_decode(decode, image_size, val_resize, self.augmentation, self.mean, **settings)
 
     def loader_remedies(self) -> list[str]:
         """What would feed the devices faster with this data module, most likely first, each as the option to

@@ -28,7 +28,6 @@ from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, r
 
 from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
-from lit_ddp.data.decoders import image_decode
 from lit_ddp.data.folder_index import (
     IMAGE_EXTENSIONS,
     SampleIndex,
@@ -109,21 +108,9 @@ class ImageNetDataModule(ImageDataModule):
         if val_resize < image_size:
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
         self.data_dir = Path(local_path(data_dir, "--data.data_dir"))  # a YAML config's ~, $VAR unexpanded
-        self.image_size = image_size
-        self.val_resize = val_resize
         self.unreadable = UnreadableFiles(strict=strict)
-        self.draft = draft
-        self.exif_transpose = exif_transpose
-        self.decoder = image_decode(
-            deprecated_gpu_decode(decode, gpu_decode),
-            image_size,
-            val_resize,
-            self.augmentation,
-            self.mean,
-            draft=draft,
-            exif_transpose=exif_transpose,
-            ahead=decode_ahead,
-        )
+        decode = deprecated_gpu_decode(decode, gpu_decode)
+        self.decode_images(decode, image_size, val_resize, draft, exif_transpose, ahead=decode_ahead)
         self.index_cache = (
             Path(local_path(index_cache, "--data.index_cache"))
             if index_cache is not None

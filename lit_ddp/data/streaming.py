@@ -29,7 +29,6 @@ from torch.utils.data import Dataset, Sampler, get_worker_info
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.batch import Batch
 from lit_ddp.data.datasets import WorkerError, split_indices
-from lit_ddp.data.decoders import image_decode
 from lit_ddp.data.image_folder import UnreadableFiles, decode_or_black, stack_crops
 from lit_ddp.data.samplers import ResumableShuffleSampler, stable_seed
 from lit_ddp.data.shards import (
@@ -219,9 +218,9 @@ class StreamingDataModule(ImageDataModule):
         self.num_classes = len(self.class_names)
         self.mean, self.std = STATS.get(manifest["kind"], STATS["imagefolder"])
         self.shape = tuple(manifest["image_shape"]) if manifest["encoding"] == "raw" else None
-        self.draft, self.exif_transpose = draft, exif_transpose
         if self.shape is not None:
             self.image_size = self.val_resize = self.shape[-1]
+            self.exif_transpose = exif_transpose  # for predict_dir's files
             if self.augmentation is not None and not self.augmentation.on_device:
                 raise UserError(
                     f"the shards at {url} hold decoded pixels, which {type(self.augmentation).__name__}"
@@ -233,18 +232,8 @@ class StreamingDataModule(ImageDataModule):
                     " leave out --data.decode"
                 )
         else:
-            self.image_size, self.val_resize = image_size, val_resize
             self.unreadable = UnreadableFiles(strict=strict)
-            self.decoder = image_decode(
-                decode,
-                image_size,
-                val_resize,
-                self.augmentation,
-                self.mean,
-                draft=draft,
-                exif_transpose=exif_transpose,
-                ahead=decode_ahead,
-            )
+            self.decode_images(decode, image_size, val_resize, draft, exif_transpose, ahead=decode_ahead)
         if "val" in self.splits and val_size != 0:
             raise UserError(
                 f"val_size={val_size}: the shards at {url} have a val split of their own: leave out"
