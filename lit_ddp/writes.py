@@ -3,9 +3,10 @@
 A reader (a resumed run, a script reading predictions.csv, TensorBoard) sees the old file or the whole new
 one, never half of one: a killed job leaves at worst a hidden ``.<name>.tmp-<pid>``, which the next write of
 that name removes. A full disk, a quota, a file size limit, a read-only or unwritable folder raise
-``WriteError``, a ``UserError`` naming the file and the fix, instead of an OSError traceback (torch's zip
-writer wraps the OSError in a RuntimeError: it is found in the chain). docs/faults.md lists every writer.
-"""
+``WriteError``, a ``UserError`` naming the file and the fix (``advice``: the fix on that disk, then the
+option that puts the file elsewhere), instead of an OSError traceback (torch's zip writer wraps the OSError
+in a RuntimeError: it is found in the chain). A lock, whose creation is the claim, cannot be a rename:
+``create_file`` makes it with O_EXCL and fails the same way. docs/faults.md lists every writer."""
 
 import contextlib
 import errno
@@ -16,15 +17,34 @@ from typing import IO
 
 from lit_ddp.errors import UserError
 
-# What to do about each kind of failed write; any other OSError gets its own text and the generic advice.
+# What to do about each kind of failed write on that disk; any other OSError gets its own text and the last.
 ADVICE = {
     errno.ENOSPC: "free space on that disk",
     errno.EDQUOT: "free some of your quota",
     errno.EFBIG: "raise the file size limit (ulimit -f)",
-    errno.EROFS: "remount it writable or pass --trainer.default_root_dir on a writable disk",
-    errno.EACCES: "make it writable or pass --trainer.default_root_dir on a writable disk",
-    errno.EPERM: "make it writable or pass --trainer.default_root_dir on a writable disk",
+    errno.EROFS: "remount it writable",
+    errno.EACCES: "make it writable",
+    errno.EPERM: "make it writable",
 }
+# Which other place helps: none for a file size limit, which is the process's wherever it writes.
+_ELSEWHERE = {
+    errno.ENOSPC: "on another disk",
+    errno.EDQUOT: "on another disk",
+    errno.EFBIG: None,
+    errno.EROFS: "on a writable disk",
+    errno.EACCES: "you can write to",
+    errno.EPERM: "you can write to",
+}
+# Where a run's files go: what a writer of the run folder offers as the other place.
+RUN_FOLDER = "--trainer.default_root_dir"
+
+
+def advice(err: OSError, elsewhere: str | None = RUN_FOLDER) -> str:
+    """What to do about the failed write ``err``: its fix on that disk, then, where ``elsewhere`` names the
+    option or argument that chooses the place, passing it another one."""
+    fix = ADVICE.get(err.errno, "fix the disk")
+    place = _ELSEWHERE.get(err.errno, "on another disk")
+    return fix if elsewhere is None or place is None else f"{fix}, or pass {elsewhere} {place}"
 
 
 def os_error_in(exc: BaseException | None) -> OSError | None:
@@ -40,13 +60,30 @@ def os_error_in(exc: BaseException | None) -> OSError | None:
 
 
 class WriteError(UserError):
-    """A file lit_ddp writes could not be written: ``path``, what it is (``what``) and the ``os_error``."""
+    """A file lit_ddp writes could not be written: ``path``, what it is (``what``) and the ``os_error``;
+    ``elsewhere``: the option that puts it on another disk (``advice``)."""
 
-    def __init__(self, what: str, path: str | os.PathLike, os_error: OSError) -> None:
+    def __init__(
+        self, what: str, path: str | os.PathLike, os_error: OSError, elsewhere: str | None = RUN_FOLDER
+    ) -> None:
         self.what, self.path, self.os_error = what, Path(path), os_error
         reason = os_error.strerror or type(os_error).__name__
-        advice = ADVICE.get(os_error.errno, "fix the disk")
-        super().__init__(f"could not write {what} {path} ({reason}): {advice}, then run it again")
+        super().__init__(
+            f"could not write {what} {path} ({reason}): {advice(os_error, elsewhere)}, then run it again"
+        )
+
+
+@contextlib.contextmanager
+def _failing_as(what: str, path: str | os.PathLike, elsewhere: str | None = RUN_FOLDER) -> Iterator[None]:
+    """An OSError raised inside (or behind what is raised inside) as ``WriteError`` naming ``path``: the
+    failure handling of ``atomic_file`` and ``create_file``."""
+    try:
+        yield
+    except BaseException as err:
+        failed = None if isinstance(err, UserError) else os_error_in(err)
+        if failed is None:
+            raise
+        raise WriteError(what, path, failed, elsewhere) from None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -64,32 +101,59 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, what: str, mode: str = "wb", **open_args) -> Iterator[IO]:
+def atomic_file(
+    path: str | os.PathLike, what: str, mode: str = "wb", elsewhere: str | None = RUN_FOLDER, **open_args
+) -> Iterator[IO]:
     """A file object whose contents become ``path`` when the block ends; nothing changes at ``path`` if it
-    raises. ``what`` names the file in the line a failed write gives (``WriteError``)."""
+    raises. ``what`` names the file in the line a failed write gives (``WriteError``), ``elsewhere`` the
+    option that puts it on another disk."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, mode, **open_args) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
+        with _failing_as(what, path, elsewhere):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, mode, **open_args) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+    except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        failed = None if isinstance(err, UserError) else os_error_in(err)
-        if failed is None:
-            raise
-        raise WriteError(what, path, failed) from None
+        raise
     _fsync_dir(path.parent)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by an earlier writer that was killed
         with contextlib.suppress(OSError):
             stale.unlink()
 
 
-def write_file(path: str | os.PathLike, data: str | bytes, what: str) -> None:
+def write_file(
+    path: str | os.PathLike, data: str | bytes, what: str, elsewhere: str | None = RUN_FOLDER
+) -> None:
     """``data`` (text as UTF-8) atomically at ``path``: see ``atomic_file``."""
-    with atomic_file(path, what) as f:
+    with atomic_file(path, what, elsewhere=elsewhere) as f:
         f.write(data.encode() if isinstance(data, str) else data)
+
+
+def create_file(path: str | os.PathLike, data: str, what: str, elsewhere: str | None = RUN_FOLDER) -> None:
+    """A new file at ``path`` holding ``data``; FileExistsError, as itself, where one is there already. For
+    a lock, whose creation is the claim (so not a rename); a failed write removes the file it created."""
+    path = Path(path)
+    with _failing_as(what, path, elsewhere):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(path, "x")
+        except FileExistsError:  # a name taken, not a disk fault: the caller's to handle
+            f = None
+        if f is not None:
+            try:
+                with f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
+    if f is None:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))

@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"data", "errors", "utils", "writes"},
     "callbacks": {"callbacks", "models", "data", "errors", "utils", "compat", "writes"},
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes"},
-    "scaffold": {"scaffold", "errors"},
+    "scaffold": {"scaffold", "errors", "writes"},
     "cli_errors": {"models", "data", "utils"},
     "cli": {
         "cli",

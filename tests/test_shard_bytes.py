@@ -4,11 +4,13 @@ fit the manifest's shape and classes, and a shard's bytes must match the SHA-1 i
 and in the S3 node cache; a node cache that cannot be written is one line naming it and the option."""
 
 import bisect
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import pickle
+import resource
 import shutil
 from pathlib import Path
 
@@ -221,38 +223,56 @@ def test_s3_shards_are_verified_into_the_node_cache_and_a_damaged_copy_is_fetche
 # ---- the node cache on a disk that cannot take it ------------------------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["ENOSPC", "EROFS"])
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """In this process, while inside, a write past ``limit`` bytes of any file fails with EFBIG, as at a
+    full disk's end (only the soft limit is lowered: it is raised back without root)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+@pytest.mark.parametrize("fault", ["EFBIG", "EROFS"])
 def test_a_node_cache_that_cannot_be_written_is_one_line_naming_it_and_the_option(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
 ) -> None:
-    """A full cache disk (the copy half written, then ENOSPC) or a read-only one (its folder cannot be
-    made) ended in an OSError traceback."""
+    """A full cache disk (the copy stopped at 500 of its 1000 bytes) or a read-only one (its folder cannot
+    be made) ended in an OSError traceback."""
     (tmp_path / "store" / "train").mkdir(parents=True)
     (tmp_path / "store" / "train" / "a.mds").write_bytes(b"a" * 1000)
     digest = hashlib.sha1(b"a" * 1000).hexdigest()
     code = getattr(errno, fault)
     cache_root = tmp_path / "cache"
-    write_bytes, mkdir = Path.write_bytes, Path.mkdir
-
-    def full(self, data):
-        if cache_root in self.parents:
-            write_bytes(self, data[: len(data) // 2])
-            raise OSError(code, os.strerror(code))
-        return write_bytes(self, data)
+    mkdir = Path.mkdir
 
     def read_only(self, *args, **kwargs):
         if cache_root in self.parents or self == cache_root:
             raise OSError(code, os.strerror(code))
         return mkdir(self, *args, **kwargs)
 
-    if fault == "ENOSPC":
-        monkeypatch.setattr(Path, "write_bytes", full)
-    else:
+    if fault == "EROFS":
         monkeypatch.setattr(Path, "mkdir", read_only)
     cache = ChunkCache(cache_root, "s3://b/p", limit_bytes=10_000)
-    with pytest.raises(ShardError) as err:
+    with pytest.raises(ShardError) as err, file_size_limit(500 if fault == "EFBIG" else 1 << 40):
         cache.open(LocalStore(str(tmp_path / "store")), "train/a.mds", 1000, retries=1, digest=digest)
     message = str(err.value)
     assert message.startswith(f"cannot write the node cache {cache.root} ({os.strerror(code)}): pass")
     assert "--data.cache_dir=" in message and "\n" not in message
-    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".partial")]
+    assert not [p for p in cache_root.rglob("*") if p.name.endswith(".mds") or ".tmp-" in p.name]
+
+
+def test_a_seal_that_cannot_be_written_costs_a_hash_and_leaves_nothing(tmp_path: Path) -> None:
+    """A shard's seal (its verified SHA-1) on a full disk: the shard is still read, and no half-written
+    seal is left in the cache folder (a ``.partial`` file of each process was)."""
+    shard = tmp_path / "a.mds"
+    shard.write_bytes(b"a" * 1000)
+    digest = hashlib.sha1(b"a" * 1000).hexdigest()
+    (tmp_path / "seals").mkdir()
+    with file_size_limit(0):
+        assert shards.verified(shard, digest, tmp_path / "seals" / "a.mds.sha1")
+    assert list((tmp_path / "seals").iterdir()) == []
+    assert shards.verified(shard, digest, tmp_path / "seals" / "a.mds.sha1")  # and sealed now
+    assert [p.name for p in (tmp_path / "seals").iterdir()] == ["a.mds.sha1"]

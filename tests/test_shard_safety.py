@@ -15,6 +15,7 @@ import pytest
 from helpers import s3
 from imagenet_tree import make_tree
 
+from lit_ddp import writes
 from lit_ddp.cli import main
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
@@ -276,6 +277,32 @@ def test_a_read_only_dest_is_one_line_naming_it_and_the_fix(tmp_path: Path, caps
     proc = shard(capsys, tmp_path / "tree", dest)
     refused(proc, f"cannot write {dest}/.lit_ddp-lock (Read-only file system)", "remount it writable")
     assert os.listdir(dest) == []
+
+
+def test_the_manifest_is_written_whole_and_its_failure_names_it_in_dest(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """lit_ddp.json, written last, publishes the shards: written through the shared writer (writes.py), a
+    disk that refuses it is one line naming DEST's lit_ddp.json (it named the work folder's copy), and
+    nothing is published."""
+    make_tree(tmp_path / "tree")
+    dest = tmp_path / "dest"
+
+    def refuse_the_manifest(file, *args, **kwargs):
+        if Path(file).name.startswith(".lit_ddp.json.tmp-"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
+        return open(file, *args, **kwargs)
+
+    monkeypatch.setattr(writes, "open", refuse_the_manifest, raising=False)
+    proc = shard(capsys, tmp_path / "tree", dest)
+    *progress, line = proc.stderr.splitlines()  # the splits were written: their progress lines come first
+    assert proc.returncode == 2 and all(p.startswith("shard: ") for p in progress), proc.stderr
+    assert line == (
+        f"lit_ddp: error: cannot write {dest}/lit_ddp.json (Read-only file system): nothing is published in"
+        f" {dest} and the partial shards are removed; remount it writable, or pass a DEST on a writable"
+        " disk, then run the command again"
+    )
+    assert not (dest / "lit_ddp.json").exists()
 
 
 def test_an_unreadable_file_in_src_is_one_line_naming_it(tmp_path: Path, capsys) -> None:

@@ -154,8 +154,7 @@ class WandbSink:
         run = self.logger.experiment
         for name, text in (("config.yaml", config), ("environment.md", environment)):
             path = Path(run.dir) / "lit_ddp" / name  # in the run's files folder: saved as it is now
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write_file(path, text, "the W&B run file")
             run.save(str(path), base_path=run.dir, policy="now")
 
 

@@ -61,6 +61,7 @@ from lit_ddp.data.shards import (
 )
 from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
+from lit_ddp.writes import WriteError, advice, write_file
 
 PARTIAL = ".lit_ddp-partial"
 FORMAT_VERSION = 1
@@ -77,27 +78,21 @@ def _read_file(path: str) -> bytes:
         ) from err
 
 
-# What to do about each kind of failed write; any other OSError gets its own text and the last advice.
-WRITE_ADVICE = {
-    errno.ENOSPC: "free space on that disk, or pass a DEST on another",
-    errno.EDQUOT: "free some of your quota, or pass a DEST on another disk",
-    errno.EFBIG: "raise the file size limit (ulimit -f), or pass a smaller --shard-mb",
-    errno.EROFS: "remount it writable, or pass a DEST on a writable disk",
-    errno.EACCES: "make it writable, or pass a DEST you can write to",
-    errno.EPERM: "make it writable, or pass a DEST you can write to",
-}
-
-
-def _write_error(err: OSError, dest: str) -> UserError:
-    """One line for a failed write into DEST (or, for s3://, into the local folder the shards are staged
-    in, under TMPDIR): the path, the reason and the fix; nothing is published without the manifest."""
-    where = err.filename or (dest if not is_remote(dest) else f"the staging folder for {dest} (TMPDIR)")
-    advice = WRITE_ADVICE.get(err.errno, "fix the disk, or pass a DEST on another")
+def _write_error(err: OSError, dest: str, path: Path | None = None) -> UserError:
+    """One line for a failed write of ``path`` into DEST (or, for s3://, into the local folder the shards
+    are staged in, under TMPDIR): the path, the reason and the fix (writes.py's); nothing is published
+    without the manifest."""
+    where = (
+        path or err.filename or (dest if not is_remote(dest) else f"the staging folder for {dest} (TMPDIR)")
+    )
+    fix = advice(err, "a DEST")
+    if err.errno == errno.EFBIG:
+        fix += ", or pass a smaller --shard-mb"
     if is_remote(dest):
-        advice += " (s3:// shards are staged under TMPDIR first: point TMPDIR at a disk with room)"
+        fix += " (s3:// shards are staged under TMPDIR first: point TMPDIR at a disk with room)"
     return UserError(
         f"cannot write {where} ({err.strerror or type(err).__name__}): nothing is published in {dest} and"
-        f" the partial shards are removed; {advice}, then run the command again"
+        f" the partial shards are removed; {fix}, then run the command again"
     )
 
 
@@ -309,8 +304,7 @@ def _publish(work: Path, dest: str, splits: list[str], manifest: bytes, still_ou
         if target.exists():
             shutil.rmtree(target)  # left by an interrupted run (no manifest, or _check_dest refused)
         os.replace(work / split, target)
-    (work / MANIFEST).write_bytes(manifest)
-    os.replace(work / MANIFEST, Path(dest) / MANIFEST)
+    write_file(Path(dest) / MANIFEST, manifest, "the shards' manifest", elsewhere="a DEST")
 
 
 def _check_options(shard_mb: float, workers: int | None) -> None:
@@ -352,6 +346,8 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
         check_class_links(root, SPLITS)
     try:
         return _convert_locked(root, cifar, dest, shard_mb, workers)
+    except WriteError as err:
+        raise _write_error(err.os_error, dest, err.path) from None
     except OSError as err:  # reading SRC raised its own line (_read_file): this is a write
         raise _write_error(err, dest) from err
 

@@ -30,7 +30,6 @@ they agree.
 import hashlib
 import json
 import os
-import tempfile
 import time
 import unicodedata
 from collections.abc import Iterator, Sequence
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from lit_ddp.writes import WriteError, atomic_file
 
 # torchvision's image extensions and .gif (decoded as its first frame): "every image file".
 IMAGE_EXTENSIONS = (*IMG_EXTENSIONS, ".gif")
@@ -217,17 +218,12 @@ def _write(path: Path, header: dict, arrays: list[np.ndarray]) -> None:
         at = _aligned(at + a.nbytes)
     text = json.dumps({**header, "arrays": layout}).encode()
     start = _aligned(16 + len(text))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + len(text).to_bytes(8, "little") + text)
-            for a, (offset, _, _) in zip(arrays, layout, strict=True):
-                f.seek(start + offset)
-                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would keep the other users of a shared cache out
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never a partial one
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    # Readers see the old file or the whole new one, never a partial one (writes.py).
+    with atomic_file(path, "the file list", elsewhere="--data.index_cache") as f:
+        f.write(MAGIC + len(text).to_bytes(8, "little") + text)
+        for a, (offset, _, _) in zip(arrays, layout, strict=True):
+            f.seek(start + offset)
+            f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
 
 
 def _read_header(path: Path) -> tuple[dict, int] | None:
@@ -332,6 +328,8 @@ def load_or_scan(
         path.parent.mkdir(parents=True, exist_ok=True)
         _write(path, {**header, "state": state or []}, arrays)
         _prune(path.parent, keep=path)
+    except WriteError as err:
+        return listing, f"{err.os_error.strerror or type(err.os_error).__name__}: {err.path}"
     except OSError as err:
         return listing, f"{type(err).__name__}: {err}"
     return listing, None

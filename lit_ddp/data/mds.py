@@ -26,6 +26,7 @@ import struct
 from pathlib import Path
 
 from lit_ddp.errors import UserError
+from lit_ddp.writes import write_file
 
 INDEX = "index.json"
 # Offsets are uint32: no shard can reach 4 GiB.
@@ -104,7 +105,7 @@ class MDSWriter:
             )
         data = b"".join([struct.pack(f"<I{n + 1}I", n, *offsets), self.config_data, *self.samples])
         name = f"shard.{len(self.shards):05}.mds"
-        (self.out / name).write_bytes(data)
+        write_file(self.out / name, data, "shard", elsewhere="a DEST")
         raw = {"basename": name, "bytes": len(data), "hashes": {"sha1": hashlib.sha1(data).hexdigest()}}
         self.shards.append({"samples": n, "raw_data": raw, "zip_data": None, **self.config})
         self._reset()
@@ -113,7 +114,7 @@ class MDSWriter:
         if self.samples:
             self._flush()
         index = json.dumps({"version": 2, "shards": self.shards}, sort_keys=True)
-        (self.out / INDEX).write_text(index)
+        write_file(self.out / INDEX, index, "the shard index", elsewhere="a DEST")
 
     def __enter__(self) -> "MDSWriter":
         return self

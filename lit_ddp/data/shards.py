@@ -53,6 +53,7 @@ except ImportError:  # Windows: no lock; the atomic rename still keeps a shard w
     fcntl = None
 
 from lit_ddp.errors import UserError
+from lit_ddp.writes import WriteError, write_file
 
 MANIFEST = "lit_ddp.json"
 INDEX = "index.json"
@@ -349,9 +350,7 @@ def _seal(path: Path, digest: str) -> str:
 
 
 def _write_seal(path: Path, digest: str, seal: Path) -> None:
-    partial = seal.with_name(f"{seal.name}.{os.getpid()}.partial")
-    partial.write_text(_seal(path, digest))
-    os.replace(partial, seal)
+    write_file(seal, _seal(path, digest), "the seal", elsewhere="--data.cache_dir")
 
 
 def verified(path: Path, digest: str, seal: Path) -> bool:
@@ -364,7 +363,7 @@ def verified(path: Path, digest: str, seal: Path) -> bool:
             return True
     if hashlib.sha1(map_file(path)).hexdigest() != digest:
         return False
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(WriteError):
         _write_seal(path, digest, seal)
     return True
 
@@ -402,7 +401,6 @@ class ChunkCache:
         if digest is not None:
             target = target.with_name(f"{digest[:16]}.{target.name}")
         seal = self._seal(target)
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with _locked(self._lock(target)):
@@ -412,15 +410,14 @@ class ChunkCache:
                 else:
                     target.unlink(missing_ok=True)  # a damaged copy is never read again
                     data = read_with_retries(store, key, size, retries, digest=digest)
-                    partial.write_bytes(data)
-                    os.replace(partial, target)
+                    write_file(target, data, "the cached shard", elsewhere="--data.cache_dir")
                 if digest is not None:
                     _write_seal(target, digest, seal)
                 view = map_file(target)
             self._evict(keep=target)
+        except WriteError as err:
+            raise CacheWriteError(self.root, err.os_error) from None
         except OSError as err:
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
             raise CacheWriteError(self.root, err) from None
         return view
 

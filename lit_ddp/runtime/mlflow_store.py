@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from lit_ddp.errors import UserError
 from lit_ddp.utils import imported
-from lit_ddp.writes import ADVICE
+from lit_ddp.writes import ADVICE, advice
 
 # One try, and no longer than this for an answer, for the start-up request only.
 PROBE_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -78,10 +78,7 @@ def _problem(err: BaseException, uri: str) -> str | None:
             )
         if isinstance(e, OSError) and e.errno in ADVICE:
             where = e.filename or uri
-            return (
-                f"could not write the MLflow store {where} ({e.strerror}): {ADVICE[e.errno]}, or pass"
-                f" {OPTION} on a writable disk"
-            )
+            return f"could not write the MLflow store {where} ({e.strerror}): {advice(e, OPTION)}"
     return None
 
 

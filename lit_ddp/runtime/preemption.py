@@ -68,6 +68,7 @@ from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
+from lit_ddp.writes import WriteError, write_file
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
 
@@ -301,7 +302,9 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
             callback.on_exception(trainer, trainer.lightning_module, abort)
         sys.exit(1)
     except UserError as err:
-        Path(user_error_file).write_text(str(err))
+        # A temporary folder that cannot be written loses the hand-over, never the rank's own error.
+        with contextlib.suppress(WriteError):
+            write_file(user_error_file, str(err), "the rank's error for the main process", elsewhere=None)
         raise
 
 

@@ -19,6 +19,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lit_ddp.errors import UserError
+from lit_ddp.writes import create_file
 
 
 def lock_path(run_dir: Path) -> Path:
@@ -55,11 +56,10 @@ class RunLock(Callback):
 
     def acquire(self) -> "RunLock":
         self.made_parent = not self.path.parent.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            try:  # the lock is the file's creation (O_EXCL), not a rename; a full disk is one line
+                create_file(self.path, json.dumps(me), "the run lock")
             except FileExistsError:
                 holder = _holder(self.path)
                 if holder is None:  # created by another run this instant, its pid not yet written
@@ -76,8 +76,6 @@ class RunLock(Callback):
                     f"{self.run_dir} is in use by another run ({where}){stale}: wait for it to finish, or"
                     " give this run another --trainer.default_root_dir"
                 ) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
             self.held = True
             atexit.register(self.release)
             return self

@@ -13,20 +13,21 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from lit_ddp.compat import hand_event_write_errors_to
 from lit_ddp.errors import UserError
-from lit_ddp.writes import ADVICE
+from lit_ddp.writes import advice
 
 
 def write_error(err: OSError, what: str, path: str | Path, checkpoints: Path | None) -> UserError:
     """The line for a failed write of ``what`` at ``path``, naming the run's ``last.ckpt`` in the folder
     ``checkpoints`` if one is there to resume from."""
     reason = err.strerror or type(err).__name__
-    advice = ADVICE.get(err.errno, "fix the disk")
     last = checkpoints / "last.ckpt" if checkpoints is not None else None
     if last is not None and last.is_file():
+        # The resume finds last.ckpt under this run's folder: the fix is on that disk, not another folder.
         kept, then = f"the run stops; its previous {last} is intact", "resume with --ckpt_path=last"
+        fix = advice(err, None)
     else:
-        kept, then = "the run stops before its first checkpoint", "run it again"
-    return UserError(f"could not write {what} {path} ({reason}): {kept}; {advice}, then {then}")
+        kept, then, fix = "the run stops before its first checkpoint", "run it again", advice(err)
+    return UserError(f"could not write {what} {path} ({reason}): {kept}; {fix}, then {then}")
 
 
 def checkpoint_write_error(err: OSError, path: Path) -> UserError:

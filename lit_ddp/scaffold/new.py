@@ -25,6 +25,7 @@ from lit_ddp.scaffold.template import (
     template_source,
     validate,
 )
+from lit_ddp.writes import write_file
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -116,9 +117,9 @@ def _copy_over(generated: Path, dest: Path) -> None:
     for rel in files:  # all checked before anything is written
         if (path := _in_the_way(dest, rel)) is not None:
             raise UserError(f"{path} is in the way of the template's {rel}: move it or choose another DEST")
-    for rel in files:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(generated / rel, dest / rel)
+    for rel in files:  # each file whole or not at all; a failed write is one line (writes.py)
+        write_file(dest / rel, (generated / rel).read_bytes(), "the new project's file", "another DEST")
+        shutil.copymode(generated / rel, dest / rel)
 
 
 def new(argv: list[str]) -> Path:
@@ -187,7 +188,7 @@ def new(argv: list[str]) -> Path:
         answers = json.loads(next(replay.glob("*.json")).read_text())["cookiecutter"]
         source, commit = template_source(root)
         state = cruft_state(source, commit, answers)
-        (generated / ".cruft.json").write_text(json.dumps(state, indent=2) + "\n")
+        write_file(generated / ".cruft.json", json.dumps(state, indent=2) + "\n", "the template record", None)
         package = next((p.parent.name for p in generated.glob("*/__main__.py")), "<package>")
         _copy_over(generated, dest)
     # Quoted for the shell: the line is meant to be pasted, and a folder name may hold spaces or quotes.
