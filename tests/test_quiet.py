@@ -81,3 +81,39 @@ def test_ranks_started_by_ddp_spawn_print_none_of_the_silenced_warnings(tmp_path
     warned = [q.pattern for q in quiet.CONSOLE if q.kind == "warning"]
     printed = [pattern for pattern in warned if re.search(pattern, result.stderr)]
     assert not printed, result.stderr[-3000:]
+
+
+def test_the_seed_line_waits_for_the_trainer_and_a_mistake_before_it_is_the_only_line(capfd) -> None:
+    """LightningCLI seeds before it builds the config's classes: a logger that cannot start printed
+    "Seed set to 0", then its one-line error. The seed line is held until the Trainer's first line (its
+    device line), then printed once, before it."""
+    from lightning.fabric.utilities.seed import seed_everything
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from lit_ddp.cli import main
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    loggers = [logging.getLogger(name) for name in ("lightning.fabric", "lightning.pytorch")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        quiet.quiet_console()
+        seed_everything(7)
+        assert seen == []
+        rank_zero_info("GPU available: False, used: False")
+        rank_zero_info("TPU available: False, using: 0 TPU cores")
+        assert seen == [
+            "Seed set to 7",
+            "GPU available: False, used: False",
+            "TPU available: False, using: 0 TPU cores",
+        ]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    capfd.readouterr()
+    with pytest.raises(SystemExit):
+        main(["fit", "--trainer.logger=MLFlowLogger", "--trainer.logger.init_args.tracking_uri=nosuch://x"])
+    err = capfd.readouterr().err
+    assert err.startswith("lit_ddp: error: ") and err.count("\n") == 1, err

@@ -9,6 +9,7 @@ instead of leaving a filter that silences nothing. Nothing is silenced on import
 process runs the ranks' work, with ``quiet_evaluation()`` for validate/test/predict (ddp_spawn's ranks are
 fresh interpreters that ``main()`` never ran in); PreemptionCheckpoint calls ``quiet_exact_resume()`` while
 a resumed epoch starts; doctor and ``lit_ddp.testing`` build the CLI inside ``quiet_args_given()``.
+Lightning's seed line is not silenced but held until the Trainer is built (``_SeedLine``).
 """
 
 import contextlib
@@ -141,14 +142,54 @@ def _info_allowed(record: logging.LogRecord) -> bool:
     return not any(q.kind == "info" and re.match(q.pattern, str(record.msg)) for q in CONSOLE)
 
 
+# Lightning's seed line and the first line of the Trainer it waits for (its device line, "GPU available").
+SEED_LOGGER = "lightning.fabric.utilities.seed"
+RANK_ZERO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+
+
+class _SeedLine:
+    """Lightning's "Seed set to N" held back until the Trainer is built. LightningCLI seeds before it builds
+    the config's classes, so a mistake found there (a logger that cannot start) read as the seed line and
+    then the one-line error; a run whose Trainer is built prints the seed line once, before the Trainer's
+    own lines. A filter on each of the two loggers (``hold`` and ``release``)."""
+
+    def __init__(self) -> None:
+        self.held: logging.LogRecord | None = None
+        self.releasing = False
+
+    def hold(self, record: logging.LogRecord) -> bool:
+        if self.releasing:
+            return True
+        self.held = record
+        return False
+
+    def release(self, record: logging.LogRecord) -> bool:
+        if self.held is not None:
+            held, self.held = self.held, None
+            self.releasing = True
+            try:
+                logging.getLogger(held.name).handle(held)
+            finally:
+                self.releasing = False
+        return True
+
+
+SEED_LINE = _SeedLine()
+
+
 def quiet_console() -> None:
-    """The process-wide filters (CONSOLE): set by ``main()``, never by importing a module."""
+    """The process-wide filters (CONSOLE, and the seed line held back: ``_SeedLine``): set by ``main()``,
+    never by importing a module."""
     for quiet in CONSOLE:
         if quiet.kind == "warning":
             _ignore(quiet)
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _info_allowed not in logger.filters:
-        logger.addFilter(_info_allowed)
+    logger = logging.getLogger(RANK_ZERO_LOGGER)
+    for log_filter in (_info_allowed, SEED_LINE.release):
+        if log_filter not in logger.filters:
+            logger.addFilter(log_filter)
+    seed_logger = logging.getLogger(SEED_LOGGER)
+    if SEED_LINE.hold not in seed_logger.filters:
+        seed_logger.addFilter(SEED_LINE.hold)
 
 
 def quiet_evaluation() -> None:
