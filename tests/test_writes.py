@@ -247,6 +247,18 @@ def test_a_new_projects_files_go_through_the_shared_writer(tmp_path: Path) -> No
     assert not [p for p in (tmp_path / "dest").rglob("*") if p.is_file()]
 
 
+def test_new_on_a_full_temporary_folder_is_one_line(tmp_path: Path) -> None:
+    """`new` generates in a temporary folder first: a full one was tempfile's FileNotFoundError traceback
+    ("No usable temporary directory found")."""
+    from lit_ddp.scaffold.new import new
+
+    with full_disk(), pytest.raises(UserError) as err:
+        new([str(tmp_path / "project"), "--no-input"])
+    assert str(err.value).startswith("could not generate the project in a temporary folder (")
+    assert str(err.value).endswith("point TMPDIR at a writable disk with room; nothing was written to DEST")
+    assert not (tmp_path / "project").exists()
+
+
 # ---- every writer is the shared one, or says why not ---------------------------------------------------
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lit_ddp"

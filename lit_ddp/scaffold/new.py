@@ -122,6 +122,14 @@ def _copy_over(generated: Path, dest: Path) -> None:
         shutil.copymode(generated / rel, dest / rel)
 
 
+def _temporary_folder_error(err: OSError) -> UserError:
+    """The project is generated in a temporary folder first: one line where that folder cannot take it."""
+    return UserError(
+        f"could not generate the project in a temporary folder ({err.strerror or type(err).__name__}): free"
+        " space there, or point TMPDIR at a writable disk with room; nothing was written to DEST"
+    )
+
+
 def new(argv: list[str]) -> Path:
     parser = argparse.ArgumentParser(prog="python -m lit_ddp new", description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", nargs="?", help="directory to create; its name is the default project slug")
@@ -167,7 +175,11 @@ def new(argv: list[str]) -> Path:
     from cookiecutter.exceptions import CookiecutterException, FailedHookException
     from cookiecutter.main import cookiecutter
 
-    with tempfile.TemporaryDirectory(prefix="lit_ddp_new_") as tmp:
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="lit_ddp_new_")
+    except OSError as err:  # tempfile finds no folder it can write a file in: full, read-only
+        raise _temporary_folder_error(err) from None
+    with folder as tmp:
         # The answers, prompted ones included, come back in cookiecutter's replay file: kept in tmp, not
         # in the user's ~/.cookiecutter_replay.
         replay = Path(tmp) / "replay"
@@ -185,6 +197,8 @@ def new(argv: list[str]) -> Path:
             raise UserError(f"the template refused the answers ({err}); nothing was written") from None
         except CookiecutterException as err:
             raise UserError(f"could not generate the project: {err}") from None
+        except OSError as err:  # cookiecutter writes the project into the temporary folder
+            raise _temporary_folder_error(err) from None
         answers = json.loads(next(replay.glob("*.json")).read_text())["cookiecutter"]
         source, commit = template_source(root)
         state = cruft_state(source, commit, answers)
