@@ -17,7 +17,7 @@ from typing import IO
 
 from lit_ddp.errors import UserError
 
-# What to do about each kind of failed write on that disk; any other OSError gets its own text and the last.
+# What to do about each kind of failed write on that disk; any other OSError: its own text, "fix the disk".
 ADVICE = {
     errno.ENOSPC: "free space on that disk",
     errno.EDQUOT: "free some of your quota",
