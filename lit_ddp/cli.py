@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
 from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
@@ -39,21 +39,14 @@ from lit_ddp.cli_errors import config_file_problem, constructor_failure, excepti
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
+from lit_ddp.preflight import RunPlan, problems
 from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
 from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
-from lit_ddp.runtime.launch import (
-    bind_rendezvous_to_loopback,
-    check_accumulation,
-    check_devices_exist,
-    check_launcher_world,
-    check_precision,
-    check_strategy_fits,
-    check_writable,
-)
+from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world
 from lit_ddp.runtime.mlflow_store import check_mlflow_stores
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
@@ -350,10 +343,9 @@ class LitDDPCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
         trainer_config = config.get("trainer", {})
-        check_devices_exist(trainer_config.get("accelerator"), trainer_config.get("devices"))
-        check_strategy_fits(trainer_config.get("strategy"))
-        check_precision(trainer_config.get("precision"))
-        check_accumulation(trainer_config.get("accumulate_grad_batches"))
+        found = problems(RunPlan.of(self._subcommand_config(self.config)))
+        if found:  # every one, a line each (main prints them)
+            raise UserError("\n".join(found))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
         # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.
@@ -396,18 +388,6 @@ class LitDDPCLI(LightningCLI):
             # true, stays.
             if trainer_config.get(flag) is None and not any(isinstance(c, kind) for c in kwargs["callbacks"]):
                 kwargs[flag] = False
-        check_writable(trainer_config.get("default_root_dir") or os.getcwd())
-        loggers = self._subcommand_config(self.config)["trainer"].get("logger")  # as given, not created
-        for logger_config in loggers if isinstance(loggers, list) else [loggers]:
-            # A logger's own folder (CSVLogger, TensorBoardLogger) is checked as the run's is, before anything
-            # starts; MLflow's store was asked in instantiate_classes (its save_dir may be unused).
-            cls = imported(str(logger_config.get("class_path"))) if hasattr(logger_config, "get") else None
-            if not isinstance(cls, type) or issubclass(cls, MLFlowLogger):
-                continue
-            init_args = logger_config.get("init_args") or {}
-            save_dir = init_args.get("save_dir")
-            if isinstance(save_dir, str) and is_local_path(save_dir):
-                check_writable(save_dir, "--trainer.logger.init_args.save_dir")
         if trainer_config.get("logger") in (None, True) and not barebones:
             # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
             # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
@@ -577,7 +557,8 @@ def main(
             sys.exit(1)
         if user_error is None:
             raise
-        print(f"lit_ddp: error: {user_error}", file=sys.stderr)
+        for line in str(user_error).splitlines():  # a line each: preflight reports every problem it found
+            print(f"lit_ddp: error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

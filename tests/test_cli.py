@@ -110,20 +110,6 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             {},
             "there is no --optimizer: the models build their optimizer from --model.optim.*",
         ),
-        (["--trainer.devices=0"], {}, "--trainer.devices=0 asks for no device: pass a count"),
-        # Lightning raised a TypeError traceback for a value that is no count, list or auto.
-        (["--trainer.devices=abc"], {}, "--trainer.devices=abc is not a number of devices: pass a count"),
-        (
-            ["--trainer.default_root_dir=a_file/logs"],
-            {"a_file": ""},
-            "--trainer.default_root_dir=a_file/logs cannot be",
-        ),
-        # A logger's own folder as the run's: it was an OSError traceback from the logger's first write.
-        (
-            ["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=a_file/logs"],
-            {"a_file": ""},
-            "--trainer.logger.init_args.save_dir=a_file/logs cannot be written",
-        ),
         (["--config", "nofile.yaml"], {}, "--config: no such file"),
         (["--config", "/"], {}, "--config: '/' is a folder, not a file: pass the YAML file in it"),
         (

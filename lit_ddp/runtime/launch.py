@@ -14,9 +14,7 @@
 import os
 import re
 import socket
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 from lightning import Trainer
 from lightning.fabric.plugins.environments import (
@@ -148,106 +146,3 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> tuple[soc
         rank_zero_warn(f"lit_ddp: rendezvous not bound to 127.0.0.1 ({err}); torch's default binding is used")
         return None
     return sock, store
-
-
-def check_devices_exist(accelerator, devices) -> None:
-    """UserError when no device or more GPUs than there are are asked for (Lightning's messages are
-    `Trainer(devices='0') value is not a valid input` and 'No supported gpu backend')."""
-    import torch
-
-    if str(devices).strip() in ("0", "[]", ""):
-        raise UserError(
-            f"--trainer.devices={devices} asks for no device: pass a count (--trainer.devices=2),"
-            " -1 or auto for all of them, or a list of indices (--trainer.devices=[0,1])"
-        )
-    # Lightning takes a count, "auto", a list of indices or a text of them ("0,1"); other text was a
-    # TypeError traceback from deep inside the Trainer.
-    if isinstance(devices, str) and not re.fullmatch(
-        r"\s*(auto|-?\d+|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*", devices
-    ):
-        raise UserError(
-            f"--trainer.devices={devices} is not a number of devices: pass a count (--trainer.devices=2),"
-            " -1 or auto for all of them, or a list of indices (--trainer.devices=[0,1])"
-        )
-    if str(accelerator) not in ("gpu", "cuda"):
-        return
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    try:
-        wanted = int(devices)
-    except (TypeError, ValueError):  # a list of indices, or "auto": Lightning checks those
-        wanted = 1
-    if available == 0 or wanted > available:
-        raise UserError(
-            f"--trainer.accelerator={accelerator} --trainer.devices={devices}, but this machine has"
-            f" {available} CUDA GPUs: pass --trainer.devices={available}, or --trainer.accelerator=cpu"
-            if available
-            else f"--trainer.accelerator={accelerator}, but this machine has no CUDA GPU: pass"
-            " --trainer.accelerator=cpu (with --trainer.devices=N for N processes) or run on a GPU node"
-        )
-
-
-def check_strategy_fits(strategy) -> None:
-    """UserError for FSDP on a machine without CUDA: Lightning's check is a ValueError whose advice,
-    accelerator='cuda', cannot work there. Lightning's other checks of the Trainer's options are one line
-    already (cli.py reports them as errors)."""
-    import torch
-
-    # A strategy name, or a --trainer.strategy class given as {class_path: ..., init_args: ...}
-    name = strategy if isinstance(strategy, str) else str(getattr(strategy, "get", dict().get)("class_path"))
-    if "fsdp" in name.lower() and not torch.cuda.is_available():
-        raise UserError(
-            f"--trainer.strategy={name} shards the model across CUDA GPUs, and this machine has none:"
-            " use --trainer.strategy=ddp (gloo on CPU) or run on a GPU node"
-        )
-
-
-def check_accumulation(accumulate_grad_batches) -> None:
-    """UserError for fewer than one batch per optimizer step: Lightning takes 0 into a ZeroDivisionError
-    while counting the schedule's steps, and a negative count as 1 (a step after every batch), while the
-    global batch line multiplied by it."""
-    if accumulate_grad_batches is not None and accumulate_grad_batches < 1:
-        raise UserError(
-            f"--trainer.accumulate_grad_batches={accumulate_grad_batches} must be 1 or more (the batches"
-            " whose gradients add up before each optimizer step; 1 steps after every batch)"
-        )
-
-
-# Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
-# gives it, uint8 here, before the data module normalises it on the device into float32).
-WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "float64", "64": "float64"}
-
-
-def check_precision(precision) -> None:
-    """UserError for a ``-true`` precision other than 32: the model's weights would be float16, bfloat16 or
-    float64 and its input float32, which fails at the first layer with a 98-line dtype traceback."""
-    dtype = WEIGHT_DTYPES.get(str(precision))
-    if dtype is None:
-        return
-    instead = (
-        "32-true (the default)" if dtype == "float64" else "16-mixed or bf16-mixed (half-precision compute)"
-    )
-    raise UserError(
-        f"--trainer.precision={precision} keeps the weights in {dtype}, and lit_ddp's batches are normalised"
-        f" to float32 on the device: use {instead}"
-    )
-
-
-def check_writable(root_dir: str, option: str = "--trainer.default_root_dir") -> None:
-    """UserError, before any process starts, when the run directory cannot be written (not an OSError
-    traceback from the first checkpoint or event file, possibly hours into the run). Creates nothing: the
-    nearest existing folder on the way is probed, since a run that fails next must leave no folder."""
-    if "://" in str(root_dir):  # remote filesystems (s3://, gs://) check their own permissions
-        return
-    existing = Path(root_dir).absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(f"{existing} is a file")
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as err:
-        raise UserError(
-            f"{option}={root_dir} cannot be written ({err.strerror or err}): pass a directory you can write"
-            " to"
-        ) from None

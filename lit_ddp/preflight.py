@@ -1,0 +1,211 @@
+"""Preflight: what a command line asks of the Trainer and the machine, checked before any Trainer or process
+exists.
+
+``RunPlan.of(config)`` reads the parsed config (LightningCLI's, its classes not yet built) and what this
+machine has into a typed plan; ``problems(plan)`` runs each row of ``ROWS`` over it, one line per problem,
+naming the option and the fix. The CLI reports every line and stops (exit 2) before the Trainer is built.
+tests/test_preflight.py holds the table of command lines and the lines (or plan fields) they give.
+"""
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lightning.pytorch.loggers import MLFlowLogger
+
+from lit_ddp.utils import imported
+
+# Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
+# gives it, uint8 here, before the data module normalises it on the device into float32).
+WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "float64", "64": "float64"}
+# What Lightning takes for --trainer.devices: a count, auto, a list of indices or a text of them ("0,1").
+DEVICES = re.compile(r"\s*(auto|-?\d+|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*")
+DEVICES_FIX = "pass a count (--trainer.devices=2), -1 or auto for all of them, or a list of indices ([0,1])"
+
+
+def _get(config, key: str, default=None):
+    value = config.get(key) if hasattr(config, "get") else None
+    return default if value is None else value
+
+
+def _strategy_name(strategy) -> str:
+    """A strategy's name, or the class path of one given as ``{class_path: ..., init_args: ...}``."""
+    return strategy if isinstance(strategy, str) else str(_get(strategy, "class_path", ""))
+
+
+def _logger_dirs(loggers) -> tuple[str, ...]:
+    """The local folders the configured loggers write into (MLflow's store is probed on its own, and a
+    logger without a save_dir writes under the run's)."""
+    folders = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        cls = imported(str(_get(logger, "class_path", "")))
+        save_dir = _get(_get(logger, "init_args", {}), "save_dir")
+        if isinstance(cls, type) and not issubclass(cls, MLFlowLogger) and isinstance(save_dir, str):
+            folders.append(save_dir)
+    return tuple(folders)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the run is asked to be, from the config before anything is built, and the machine it is on."""
+
+    accelerator: str = "auto"
+    devices: object = "auto"  # as given: a count, auto, a list or a text of indices
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    accumulate_grad_batches: int = 1
+    per_device_batch: int | None = None
+    root_dir: str = "."
+    logger_dirs: tuple[str, ...] = ()
+    cuda_devices: int = 0  # this machine's
+
+    @classmethod
+    def of(cls, config, cuda_devices: int | None = None) -> "RunPlan":
+        """The plan of one subcommand's parsed config (``trainer``, ``data``); ``cuda_devices``: this
+        machine's count unless given."""
+        trainer = _get(config, "trainer", {})
+        data_args = _get(_get(config, "data", {}), "init_args", {})
+        if cuda_devices is None:
+            cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return cls(
+            accelerator=str(_get(trainer, "accelerator", "auto")),
+            devices=_get(trainer, "devices", "auto"),
+            num_nodes=int(_get(trainer, "num_nodes", 1)),
+            strategy=_strategy_name(_get(trainer, "strategy", "auto")),
+            precision=str(_get(trainer, "precision", "32-true")),
+            accumulate_grad_batches=int(_get(trainer, "accumulate_grad_batches", 1)),
+            per_device_batch=_get(data_args, "batch_size"),
+            root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
+            logger_dirs=_logger_dirs(_get(trainer, "logger")),
+            cuda_devices=cuda_devices,
+        )
+
+    @property
+    def device_count(self) -> int | None:
+        """Devices per node, where the plan names a count (None for auto, -1 or a list Lightning reads)."""
+        try:
+            count = int(self.devices)
+        except (TypeError, ValueError):
+            return len(self.devices) if isinstance(self.devices, list | tuple) else None
+        return count if count > 0 else None
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per optimizer step over every process, where the plan fixes it."""
+        if self.per_device_batch is None or self.device_count is None:
+            return None
+        return self.per_device_batch * self.device_count * self.num_nodes * self.accumulate_grad_batches
+
+
+def _no_devices(plan: RunPlan) -> str | None:
+    # Lightning's own words: `Trainer(devices='0') value is not a valid input`, or a TypeError traceback
+    # from deep inside the Trainer for other text.
+    if str(plan.devices).strip() in ("0", "[]", ""):
+        return f"--trainer.devices={plan.devices} asks for no device: {DEVICES_FIX}"
+    if isinstance(plan.devices, str) and not DEVICES.fullmatch(plan.devices):
+        return f"--trainer.devices={plan.devices} is not a number of devices: {DEVICES_FIX}"
+    return None
+
+
+def _missing_gpus(plan: RunPlan) -> str | None:
+    if plan.accelerator not in ("gpu", "cuda") or _no_devices(plan):
+        return None
+    wanted = plan.device_count or 1  # a list of indices or auto: Lightning checks those
+    if plan.cuda_devices == 0:
+        return (
+            f"--trainer.accelerator={plan.accelerator}, but this machine has no CUDA GPU: pass"
+            " --trainer.accelerator=cpu (with --trainer.devices=N for N processes) or run on a GPU node"
+        )
+    if wanted > plan.cuda_devices:
+        return (
+            f"--trainer.accelerator={plan.accelerator} --trainer.devices={plan.devices}, but this machine has"
+            f" {plan.cuda_devices} CUDA GPUs: pass --trainer.devices={plan.cuda_devices}, or"
+            " --trainer.accelerator=cpu"
+        )
+    return None
+
+
+def _fsdp_without_gpus(plan: RunPlan) -> str | None:
+    # Lightning's check is a ValueError whose advice, accelerator='cuda', cannot work on this machine.
+    if "fsdp" in plan.strategy.lower() and plan.cuda_devices == 0:
+        return (
+            f"--trainer.strategy={plan.strategy} shards the model across CUDA GPUs, and this machine has"
+            " none: use --trainer.strategy=ddp (gloo on CPU) or run on a GPU node"
+        )
+    return None
+
+
+def _accumulation(plan: RunPlan) -> str | None:
+    # Lightning takes 0 into a ZeroDivisionError while counting the schedule's steps, and a negative count
+    # as 1 (a step after every batch).
+    if plan.accumulate_grad_batches < 1:
+        return (
+            f"--trainer.accumulate_grad_batches={plan.accumulate_grad_batches} must be 1 or more (the batches"
+            " whose gradients add up before each optimizer step; 1 steps after every batch)"
+        )
+    return None
+
+
+def _weights_precision(plan: RunPlan) -> str | None:
+    # Weights in float16/bfloat16/float64 and the batch in float32 fail at the first layer.
+    dtype = WEIGHT_DTYPES.get(plan.precision)
+    if dtype is None:
+        return None
+    half = "16-mixed or bf16-mixed (half-precision compute)"
+    instead = "32-true (the default)" if dtype == "float64" else half
+    return (
+        f"--trainer.precision={plan.precision} keeps the weights in {dtype}, and lit_ddp's batches are"
+        f" normalised to float32 on the device: use {instead}"
+    )
+
+
+def unwritable(folder: str, option: str) -> str | None:
+    """The line for a folder a run cannot write into, probed at the nearest existing folder on its way
+    (creating nothing: a run that fails next leaves no folder behind); None where it can, or for a remote
+    folder (s3://), whose store checks its own permissions."""
+    if "://" in folder:
+        return None
+    existing = Path(folder).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        why = err.strerror or err
+        return f"{option}={folder} cannot be written ({why}): pass a directory you can write to"
+    return None
+
+
+def _run_dir(plan: RunPlan) -> str | None:
+    # Else an OSError traceback from the first checkpoint or event file, possibly hours into the run.
+    return unwritable(plan.root_dir, "--trainer.default_root_dir")
+
+
+def _logger_dir(plan: RunPlan) -> str | None:
+    found = (unwritable(d, "--trainer.logger.init_args.save_dir") for d in plan.logger_dirs)
+    return next((line for line in found if line), None)
+
+
+# Each row: a plan → None, or the one line naming the option and the fix. In the order they are reported.
+ROWS: dict[str, Callable[[RunPlan], str | None]] = {
+    "devices": _no_devices,
+    "gpus": _missing_gpus,
+    "strategy": _fsdp_without_gpus,
+    "accumulation": _accumulation,
+    "precision": _weights_precision,
+    "run_dir": _run_dir,
+    "logger_dir": _logger_dir,
+}
+
+
+def problems(plan: RunPlan) -> list[str]:
+    """Every row's line for ``plan``, in ``ROWS``'s order: empty when the plan can run."""
+    return [line for row in ROWS.values() if (line := row(plan)) is not None]
