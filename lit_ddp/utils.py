@@ -94,13 +94,30 @@ def local_path(value: str | os.PathLike, option: str) -> str:
     return expanded
 
 
+def command_line(argv: list[str]) -> list[tuple[int, str | None, str | None]]:
+    """``(position, option, value)`` of each word of ``argv`` that is not an option's value: the one place
+    the command line is read. ``--key=value`` and ``--key value`` give ``("--key", "value")``, an option
+    followed by another or by nothing ``("--key", None)``, a word that is no option (the subcommand)
+    ``(None, word)``."""
+    words, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("-"):
+            words.append((i, None, arg))
+            i += 1
+            continue
+        option, eq, value = arg.partition("=")
+        if not eq:  # the next word is its value unless it is an option itself (a negative number is not)
+            following = argv[i + 1] if i + 1 < len(argv) else "-"
+            value = None if following.startswith("-") and not following[1:2].isdigit() else following
+        words.append((i, option, value))
+        i += 1 if eq or value is None else 2
+    return words
+
+
 def config_files(argv: list[str]) -> list[tuple[int, Path]]:
-    """``(position in argv, path)`` of each ``--config`` / ``-c`` file given, in order: the one place the
-    command line is read for config files (the CLI's checks and its one-line errors all ask here)."""
-    files = []
-    for i, arg in enumerate(argv):
-        if arg in ("-c", "--config") and i + 1 < len(argv):
-            files.append((i, Path(argv[i + 1])))
-        elif arg.startswith("--config="):
-            files.append((i, Path(arg.partition("=")[2])))
+    """``(position in argv, path)`` of each ``--config`` / ``-c`` file given, in order (the CLI's checks and
+    its one-line errors all ask here)."""
+    words = command_line(argv)
+    files = [(i, Path(value)) for i, option, value in words if option in ("-c", "--config") and value]
     return [(i, path) for i, path in files if path.is_file()]
