@@ -276,8 +276,10 @@ class LitDDPCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:
-            keys = {key for p in self._parsers for key in p.get_defaults().keys()}
-            raise UserError(explain(str(err), argv, keys, self.prog)) from None
+            # The class each top-level key takes, for the settings under it to be checked against.
+            bases = {"trainer": self.trainer_class, "model": self.model_class, "data": self.datamodule_class}
+            bases |= {key: cls for key, (cls, _) in CALLBACKS.items()} | OPT_IN_CALLBACKS
+            raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
         if subcommand:

@@ -2,81 +2,156 @@
 
 jsonargparse reports a mistyped option with 70 lines of usage, a wrong type with the union's internals and
 invalid YAML as ``"<unicode string>", line 2``. A user needs the option (or the file and line), what it
-expects, and the closest valid name: ``explain`` turns jsonargparse's message into that line.
-
-jsonargparse raises one type (``ArgumentError``) whose only structure is its message, so the rules read the
-phrases in ``JSONARGPARSE_PHRASES``; tests/test_cli_errors.py makes the installed jsonargparse (4.53) emit
-each one, so a reworded phrase fails there. Invalid YAML is told by yaml's own exception types, re-reading
-the file; a duplicate key or an empty file by our own loader, before jsonargparse reads the file.
+expects, and the closest valid name. jsonargparse's ArgumentError carries only text, so ``explain`` does not
+read it: it checks what the user gave (each ``--key=value``, each ``--config`` file's keys) against the
+parser's keys, the chosen classes' signatures and their arguments' types, and words the first setting that
+does not fit. Where none is found, the line is jsonargparse's first one. Invalid YAML is told by yaml's own
+exception types; a duplicate key or an empty file by our own loader, before jsonargparse reads the file.
 """
 
+import collections.abc
+import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
-import re
+import os
+import types
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser
 
-from lit_ddp.data import ImageDataModule
-from lit_ddp.models import ImageClassifier
-from lit_ddp.utils import config_files
+from lit_ddp.utils import command_line, config_files
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
 # Every command `main` takes, the two it hands to their own parsers included (cli.main).
 ALL_COMMANDS: tuple[str, ...] = (*COMMANDS, "shard", "doctor")
-# The options whose value is a class chosen by short name.
-CLASS_OPTIONS = {"model": ImageClassifier, "data": ImageDataModule}
 # Options that other LightningCLI programs have and lit_ddp leaves out on purpose.
 NOT_OPTIONS = {
     "optimizer": "the models build their optimizer from --model.optim.* (name, lr, weight_decay, momentum)",
     "lr_scheduler": "the models build their schedule from --model.optim.* (schedule, warmup_epochs)",
 }
-TYPE_NAMES = {
-    "NoneType": "null",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "str": "text",
-}
+# Options that are not settings.
+NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
+# Arguments the CLI fills in itself: the data's number of classes is linked to the model's (cli.py).
+PASSED = {("model", "num_classes")}
+TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "text"}
 
 
-# The phrases of jsonargparse's messages that the rules below read (text is all an ArgumentError carries).
-JSONARGPARSE_PHRASES = {
-    "config": r"Problems parsing config",
-    "missing_file": r'Parser key "([\w.]+)":\s*File does not exist: (.+)',
-    "not_a_file": r'Parser key "([\w.]+)":\s*Path is not a file: (.+)',
-    "command": r"invalid choice: '([^']*)'",
-    "parser_key": r'Parser key "([\w.]+)"',
-    "class_path": r"Problem with given class_path '([\w.]+)'",
-    "class_option": (
-        r"Option '([\w.]+)' is not accepted|unrecognized arguments: --([\w.]+)"
-        r"|Group '([\w.]+)' does not accept option '([\w.]+)'"
-    ),
-    "unrecognized": r"unrecognized arguments: (\S+)",
-    "not_accepted": r"(?:Group '([\w.]+)'|Subcommand '\w+') does not accept option '([\w.]+)'",
-    "value": r"(?:Given value|Got value): (.*)",
-    "import_path": r"dot import path",
-    "literal": r"Literal\[(.*?)\]",
-    "type": r"Expected a <class '(\w+)'>",
-    "subtypes": r"Subtypes: \[(.*)\]",
-    "required": r"the following arguments are required: ([\w.]+(?:, [\w.]+)*)",
-    "group": r"Unable to load config ['\"](.*?)['\"]",
-}
-_PHRASE = {name: re.compile(pattern) for name, pattern in JSONARGPARSE_PHRASES.items()}
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A setting the user gave: its key without ``init_args`` (a ``class_path`` is its owner's key), its
+    value, its text as written, and where: the command line, or a file and the YAML keys leading to it."""
+
+    key: tuple[str, ...]
+    value: object
+    text: str
+    file: Path | None = None
+    yaml_keys: tuple[str, ...] = ()
+
+    def where(self) -> str:
+        if self.file is None:
+            return ""
+        line = _key_line(self.file, self.yaml_keys)
+        return f"{self.file}, line {line}: " if line else f"{self.file}: "
+
+    def shown(self, key: str) -> str:
+        return f"{key}: {self.text}" if self.file else f"--{key}={self.text}"
 
 
-def explain(message: str, argv: list[str], option_keys: Iterable[str], prog: str) -> str:
-    """``message`` (jsonargparse's) as one line naming the option or file and line, and the fix."""
-    message = message.strip()
-    for rule in RULES:
-        line = rule(message, argv, set(option_keys), prog)
-        if line:
-            return line
-    first = next(line.strip() for line in message.splitlines() if line.strip())
-    return f"{first} (see {prog} {_command(argv)} --help)"
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the settings are checked against: the parsers' keys and defaults, and the class each top-level
+    key takes (``trainer``: the Trainer; ``model``: an ImageClassifier, or a subclass named by class_path)."""
+
+    settings: list[Setting]
+    keys: set[str]
+    defaults: object
+    bases: dict[str, type]
+    command: str
+    prog: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """Where a key lands: a known argument (its type where known, None if not), a group of settings, or
+    no argument (the keys it could have meant). ``shown``: the key as a line names it."""
+
+    shown: str
+    known: bool = True
+    annotation: object = None
+    group: bool = False
+    candidates: tuple[str, ...] = ()
+    owner: type | None = None
+
+
+def explain(message: str, argv: list[str], parsers: list, bases: dict[str, type], prog: str) -> str:
+    """The one line for jsonargparse's ArgumentError on ``argv``: the setting at fault, found by structure;
+    ``message`` words only the fallback, where no check finds one."""
+    words = command_line(argv)
+    command = next((word for _, option, word in words if option is None), "fit")
+    line = _unknown_command(command) or _config_file(words) or _invalid_yaml(argv)
+    if line:
+        return line
+    keys = {".".join(_normal(key.split("."))) for parser in parsers for key in parser.get_defaults().keys()}
+    defaults = parsers[-1].get_defaults() if parsers else {}  # the model and data each subcommand defaults to
+    settings = _settings(argv, words, command)
+    ctx = Context(settings, keys, defaults, bases, command, prog)
+    for check in (_not_an_option, _class_choice, _unknown_key, _group, _required, _value):
+        for setting in settings:
+            line = check(ctx, setting)
+            if line:
+                return line
+    first = next(line.strip() for line in message.strip().splitlines() if line.strip())
+    return f"{first} (see {prog} {command} --help)"
+
+
+def _normal(parts: Iterable[str]) -> tuple[str, ...]:
+    """A key as the command line spells it: ``init_args`` left out, ``class_path`` its owner's key."""
+    parts = [part for part in parts if part != "init_args"]
+    return tuple(parts[:-1] if parts[-1:] == ["class_path"] else parts)
+
+
+def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
+    """What the user gave, in command-line order: each option, and the keys of each config file."""
+    files, settings = dict(config_files(argv)), []
+    for i, option, value in words:
+        if i in files:
+            settings += _file_settings(files[i], command)
+        elif option and option.startswith("--") and option not in NOT_SETTINGS and value is not None:
+            key = _normal(option[2:].removesuffix("+").split("."))
+            try:
+                settings.append(Setting(key, yaml.safe_load(value), value))
+            except yaml.YAMLError:
+                settings.append(Setting(key, value, value))
+    return settings
+
+
+def _file_settings(path: Path, command: str) -> list[Setting]:
+    try:
+        content = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return []
+    # A config for the root parser holds each subcommand's settings under its name.
+    if isinstance(content, dict) and isinstance(content.get(command), dict):
+        return list(_walk(content[command], path, (command,)))
+    return list(_walk(content, path, ()))
+
+
+def _walk(tree: object, path: Path, yaml_keys: tuple[str, ...], key: tuple[str, ...] = ()):
+    for name, value in tree.items() if isinstance(tree, dict) else ():
+        name, here = str(name), (*yaml_keys, str(name))
+        if name == "init_args":
+            yield from _walk(value, path, here, key)
+        elif name == "class_path":
+            yield Setting(key, value, str(value), path, yaml_keys)
+        elif isinstance(value, dict) and value:
+            yield from _walk(value, path, here, (*key, name))
+        else:
+            yield Setting((*key, name), value, _flow(value), path, here)
 
 
 class _DuplicateKey(yaml.constructor.ConstructorError):
@@ -102,7 +177,7 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
 def config_file_problem(argv: list[str]) -> str | None:
     """The line for a ``--config`` file that is empty or gives a key twice, or None: jsonargparse takes the
     last value of a duplicate without a word, and reports an empty file as ``Unexpected config: ``."""
-    for path in _config_files(argv):
+    for _, path in config_files(argv):
         try:
             content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
         except _DuplicateKey as err:
@@ -133,10 +208,7 @@ def _trainer_not_a_mapping(path: Path, content: object) -> str | None:
     for keys, section in sections:
         if "trainer" in section and not isinstance(section["trainer"], dict):
             value = section["trainer"]
-            flow = (
-                yaml.safe_dump(value, default_flow_style=True).partition("\n...")[0].strip()
-            )  # no end marker
-            shown = "" if value is None else f" {flow}"
+            shown = "" if value is None else f" {_flow(value)}"
             line = _key_line(path, (*keys, "trainer"))
             at = f", line {line}" if line else ""
             return (
@@ -160,26 +232,6 @@ def _key_line(path: Path, keys: tuple[str, ...]) -> int | None:
     return line
 
 
-def _command(argv: list[str]) -> str:
-    return next((arg for arg in argv if arg in COMMANDS), "fit")
-
-
-def _config_files(argv: list[str]) -> list[Path]:
-    return [path for _, path in config_files(argv)]
-
-
-def _where(key: str, argv: list[str]) -> str:
-    """``FILE, line N: `` where a config file on the command line sets ``key``, else ``--key``'s spelling."""
-    if any(arg == f"--{key}" or arg.startswith(f"--{key}=") for arg in argv):
-        return ""
-    leaf = re.escape(key.rsplit(".", 1)[-1])
-    for path in _config_files(argv):
-        for number, text in enumerate(path.read_text().splitlines(), start=1):
-            if re.match(rf"\s*{leaf}\s*:", text):
-                return f"{path}, line {number}: "
-    return ""
-
-
 def _closest(name: str, candidates: Iterable[str]) -> str:
     candidates = sorted(set(candidates))
     # An abbreviation is not expanded (a typo must not change what runs), but it is the likeliest meaning.
@@ -188,47 +240,211 @@ def _closest(name: str, candidates: Iterable[str]) -> str:
     return match[0] if match else ""
 
 
-def _class_keys(class_path: str) -> set[str]:
-    module, _, name = class_path.rpartition(".")
-    parser = ArgumentParser()
-    parser.add_class_arguments(getattr(importlib.import_module(module), name), fail_untyped=False)
-    return set(parser.get_defaults().keys())
+# --- the structure: classes, their arguments and types -------------------------------------------------
 
 
-def _first_argument(class_path: str) -> str | None:
-    module, _, name = class_path.rpartition(".")
+@functools.cache
+def _class_parser(cls: type) -> ArgumentParser | None:
+    """A parser of ``cls``'s arguments alone, as jsonargparse reads its signature; None where it cannot."""
+    parser = ArgumentParser(exit_on_error=False)
     try:
-        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-    except (ImportError, AttributeError, TypeError, ValueError):
+        parser.add_class_arguments(cls, fail_untyped=False)
+    except Exception:  # noqa: BLE001 (a class jsonargparse cannot read is not checked, not a crash)
         return None
-    return next(iter(params), None)
+    return parser
 
 
-def _subclass_names(base: type, concrete: bool = False) -> list[str]:
-    names, stack = [], list(base.__subclasses__())
+def _class_keys(cls: type) -> set[str]:
+    parser = _class_parser(cls)
+    return {".".join(_normal(key.split("."))) for key in parser.get_defaults().keys()} if parser else set()
+
+
+def _hints(cls: type) -> dict:
+    """The argument types of ``cls``'s constructor and of those it passes ``**kwargs`` to."""
+    hints: dict = {}
+    for base in reversed(cls.__mro__):
+        if "__init__" in vars(base):
+            try:
+                hints.update(typing.get_type_hints(base.__init__))
+            except Exception:  # noqa: BLE001 (an annotation that does not resolve: that argument is not checked)
+                continue
+    return hints
+
+
+def _flat(tp: object) -> list:
+    """The members of a union (nested unions and Optional flattened), else ``[tp]``."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [member for arg in typing.get_args(tp) for member in _flat(arg)]
+    return [tp]
+
+
+def _type_at(hints: dict, rest: tuple[str, ...]) -> object:
+    """The type of the argument ``rest`` (``optim.lr``: a field of a dataclass argument), or None."""
+    tp = hints.get(rest[0])
+    for part in rest[1:]:
+        group = next((t for t in _flat(tp) if dataclasses.is_dataclass(t)), None)
+        tp = typing.get_type_hints(group).get(part) if group else None
+    return tp
+
+
+def _classes(tp: object) -> list[type]:
+    """The classes a type names (``Logger`` in ``Logger | Iterable[Logger] | bool``), plain types left out."""
+    found = []
+    for member in _flat(tp):
+        origin = typing.get_origin(member)
+        if origin is typing.Literal:
+            continue
+        if origin is not None:
+            found += [cls for arg in typing.get_args(member) for cls in _classes(arg)]
+        elif isinstance(member, type) and member not in TYPE_NAMES and not issubclass(member, os.PathLike):
+            found.append(member)
+    return list(dict.fromkeys(found))
+
+
+def _subclasses(base: type) -> list[type]:
+    found, stack = [], list(base.__subclasses__())
     while stack:
-        cls = stack.pop()
-        if not (concrete and inspect.isabstract(cls)):
-            names.append(cls.__name__)
-        stack += cls.__subclasses__()
-    return sorted(names)
+        found.append(stack.pop())
+        stack += found[-1].__subclasses__()
+    return found
 
 
-def _unknown(key: str, candidates: Iterable[str], argv: list[str], prog: str) -> str:
-    where = _where(key, argv)
-    if key.split(".")[0] in NOT_OPTIONS:
-        return f"{where}there is no --{key}: {NOT_OPTIONS[key.split('.')[0]]}"
-    what = f"unknown key {key}" if where else f"unknown option --{key}"
-    match = _closest(key, candidates)
-    if match:
-        return f"{where}{what}: did you mean {'' if where else '--'}{match}?"
-    return f"{where}{what}: see {prog} {_command(argv)} --help for the options"
+def _subclass_names(base: type) -> list[str]:
+    return sorted({cls.__name__ for cls in _subclasses(base)})
 
 
-def _invalid_yaml(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    if not _PHRASE["config"].match(message):
+def _named(name: object, bases: list[type]) -> type | None:
+    """The class ``name`` (an import path, or the short name of one of ``bases`` or their subclasses)."""
+    if not isinstance(name, str):
         return None
-    for path in _config_files(argv):
+    if "." in name:
+        module, _, attr = name.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attr, None)
+        except ImportError:
+            return None
+        return found if isinstance(found, type) else None
+    return next((c for b in bases for c in (b, *_subclasses(b)) if c.__name__ == name), None)
+
+
+def _node(tree: object, key: tuple[str, ...]) -> object:
+    """What a defaults tree holds at ``key``, through the ``init_args`` of each class on the way."""
+    node = tree
+    for i, part in enumerate(key):
+        if i and hasattr(node, "get") and node.get("init_args") is not None:
+            node = node["init_args"]
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
+def _default_class(tree: object, key: tuple[str, ...]) -> type | None:
+    """The class a parser's defaults give ``key`` (``data.augmentation``: the default data's)."""
+    node = _node(tree, key)
+    return _named(node.get("class_path") if hasattr(node, "get") else node, [])
+
+
+def _given(ctx: Context, key: tuple[str, ...]) -> str | None:
+    """The class name the user gives ``key`` last, or None."""
+    return next((s.value for s in reversed(ctx.settings) if s.key == key and isinstance(s.value, str)), None)
+
+
+def _called(ctx: Context, key: tuple[str, ...]) -> bool:
+    """Whether ``key`` takes a callable (the model's network: it calls ``net(num_classes, ...)``)."""
+    return any(typing.get_origin(t) is collections.abc.Callable for t in _flat(_place(ctx, key).annotation))
+
+
+def _place(ctx: Context, key: tuple[str, ...]) -> Place:
+    """Where ``key`` lands: among the parser's keys, or the arguments of the class its first part takes."""
+    base = ctx.bases.get(key[0])
+    if base is None:
+        name = ".".join(key)
+        if name in ctx.keys:
+            return Place(name)
+        return (
+            Place(name, group=True)
+            if any(k.startswith(f"{name}.") for k in ctx.keys)
+            else Place(name, known=False, candidates=tuple(ctx.keys))
+        )
+    if key[0] == "trainer":  # the only class of its key: a group of its arguments, named as its own
+        return (
+            Place("trainer", group=True) if len(key) == 1 else _in_class(ctx, key[:1], base, key[1:], False)
+        )
+    if len(key) == 1:
+        return Place(key[0], annotation=base | None)
+    given = _given(ctx, key[:1])
+    cls = _named(given, [base]) if given else _default_class(ctx.defaults, key[:1]) or base
+    return _in_class(ctx, key[:1], cls, key[1:], nested=False)
+
+
+def _in_class(
+    ctx: Context, prefix: tuple[str, ...], cls: type | None, rest: tuple[str, ...], nested: bool
+) -> Place:
+    """``rest`` among the arguments of ``cls``, the class at ``prefix``; ``nested``: ``cls`` is itself an
+    argument of a class (the network of the model), whose keys are written with their ``init_args``."""
+
+    def shown(parts: Iterable[str]) -> str:
+        return (
+            ".init_args.".join(prefix) + ".init_args." + ".".join(parts)
+            if nested
+            else ".".join((*prefix, *parts))
+        )
+
+    keys = _class_keys(cls) if cls is not None else set()
+    if not keys:  # no class known: the choice itself is reported by _class_choice
+        return Place(shown(rest))
+    if nested and _called(ctx, prefix):  # a callable's first argument comes from the class it is given to
+        keys -= set(list(inspect.signature(cls).parameters)[:1])
+    hints = _hints(cls)
+    inner_type = hints.get(rest[0])
+    if len(rest) > 1 and not any(dataclasses.is_dataclass(t) for t in _flat(inner_type)):
+        given = _given(ctx, (*prefix, rest[0]))
+        inner = (
+            _named(given, _classes(inner_type))
+            if given
+            else _default_class(ctx.defaults, (*prefix, rest[0]))
+            or _default_class(_class_parser(cls).get_defaults(), rest[:1])
+        )
+        if inner is not None:
+            deeper = nested or prefix[0] != "trainer" or len(prefix) > 1
+            return _in_class(ctx, (*prefix, rest[0]), inner, rest[1:], nested=deeper)
+    name = ".".join(rest)
+    if name in keys:
+        return Place(shown(rest), annotation=_type_at(hints, rest), owner=cls)
+    if any(k.startswith(f"{name}.") for k in keys):
+        return Place(shown(rest), group=True, owner=cls)
+    # A nested class's arguments are compared by name: the long common prefix would make any look close.
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6) if nested else keys
+    return Place(shown(rest), known=False, candidates=tuple(shown(k.split(".")) for k in close), owner=cls)
+
+
+# --- the checks: each takes one setting and returns its line, or None --------------------------------------
+
+# The options whose value is a class chosen by short name.
+CHOSEN = (("model",), ("data",))
+
+
+def _unknown_command(command: str) -> str | None:
+    if command in ALL_COMMANDS:
+        return None
+    match = _closest(command, ALL_COMMANDS)
+    hint = f": did you mean {match}?" if match else ""
+    return f"unknown command {command!r}{hint} (the commands are {', '.join(ALL_COMMANDS)})"
+
+
+def _config_file(words: list) -> str | None:
+    for _, option, value in words:
+        path = os.path.abspath(value or ".")
+        if option not in ("-c", "--config") or not value:
+            continue
+        if os.path.isdir(path):
+            return f"--config: {path!r} is a folder, not a file: pass the YAML file in it"
+        if not os.path.exists(path) and "\n" not in value and not value.lstrip().startswith("{"):
+            return f"--config: no such file {path!r}: check the path"  # (not a config given inline)
+    return None
+
+
+def _invalid_yaml(argv: list[str]) -> str | None:
+    for _, path in config_files(argv):
         try:
             yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
@@ -238,241 +454,184 @@ def _invalid_yaml(message: str, argv: list[str], keys: set[str], prog: str) -> s
             at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             what = ": ".join(filter(None, (getattr(err, "context", None), getattr(err, "problem", None))))
             return f"{path}{at}: not valid YAML ({what or err}): fix the file"
-    return f"a value is not valid YAML ({message.splitlines()[0].partition(': ')[2]})"
-
-
-def _missing_file(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = _PHRASE["missing_file"].search(message)
-    if not found:
-        return None
-    return f"--{found.group(1)}: no such file {found.group(2).strip()}: check the path"
-
-
-def _not_a_file(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = _PHRASE["not_a_file"].search(message)
-    if not found:
-        return None
-    return f"--{found.group(1)}: {found.group(2).strip()} is a folder, not a file: pass the YAML file in it"
-
-
-def _unknown_command(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = _PHRASE["command"].search(message)
-    if not found:
-        return None
-    match = _closest(found.group(1), ALL_COMMANDS)
-    hint = f": did you mean {match}?" if match else ""
-    return f"unknown command {found.group(1)!r}{hint} (the commands are {', '.join(ALL_COMMANDS)})"
-
-
-def _unknown_class_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    # `--model.lrr=3` or a YAML `model: init_args: lrr:` fails inside the model class's own parser.
-    owner = _PHRASE["parser_key"].search(message)
-    class_path = _PHRASE["class_path"].search(message)
-    inner = _PHRASE["class_option"].search(message)
-    if not (owner and class_path and inner):
-        return None
-    # A key inside a group of the class's settings (YAML `optim: {lrr: ...}`) is named by group and key.
-    option = inner.group(1) or inner.group(2) or f"{inner.group(3)}.{inner.group(4)}"
-    prefix = owner.group(1)
-    if nested := _nested_class(message):  # refused by a class inside the model's own arguments
-        prefix, refused_by = nested
-        if option == _first_argument(refused_by):
-            # The network's first argument is not an option: the model calls Net(num_classes, ...) with the
-            # data's classes. It was "did you mean <the same key>?".
-            key = f"{prefix}.{option}"
-            where = _where(key, argv)
-            what = f"unknown key {key}" if where else f"unknown option --{key}"
-            return (
-                f"{where}{what}: {option} is the first argument of {refused_by}, which the model passes"
-                " itself (the number of classes, from the data): leave it out"
-            )
-        # Compared by name: the long common prefix would make any argument look close.
-        close = difflib.get_close_matches(option, _class_keys(refused_by), n=1, cutoff=0.6)
-        return _unknown(f"{prefix}.{option}", (f"{prefix}.{k}" for k in close), argv, prog)
-    keys = _class_keys(class_path.group(1))
-    return _unknown(f"{prefix}.{option}", (f"{prefix}.{k}" for k in keys), argv, prog)
-
-
-def _nested_class(message: str) -> tuple[str, str] | None:
-    """For an option refused by a class given as another class's argument (the network in
-    ``model.init_args.net``, the augmentation in ``data.init_args.augmentation``): the full key of that
-    class's arguments and its class_path, else None."""
-    keys = re.findall(r'Parser key "([\w.]+)"', message)
-    # A callable argument (the network) names its class in the value it got; a subclass argument (the
-    # augmentation) in its own "Problem with given class_path", after its owner's.
-    refused_by = re.search(r"Got value: Namespace\(class_path='([\w.]+)'", message)
-    class_paths = _PHRASE["class_path"].findall(message)
-    if len(keys) < 2 or not (refused_by or len(class_paths) > 1):
-        return None
-    return ".init_args.".join(keys) + ".init_args", refused_by.group(1) if refused_by else class_paths[-1]
-
-
-def _unknown_option(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    found = _PHRASE["unrecognized"].search(message)
-    if found:
-        return _unknown(found.group(1).partition("=")[0].lstrip("-"), keys, argv, prog)
-    found = _PHRASE["not_accepted"].search(message)
-    if found:  # a group's message names the key inside the group: the full key is group.key
-        return _unknown(".".join(filter(None, found.groups())), keys, argv, prog)
-    found = _PHRASE["class_option"].search(message)
-    if found and found.group(1) and not _PHRASE["parser_key"].search(message):  # a top-level key
-        return _unknown(found.group(1), keys, argv, prog)
     return None
 
 
-def _required_argument(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    # `--model=ImageClassifier` without --model.net: jsonargparse's union ends on the whole namespace and
-    # `Expected a <class 'NoneType'>`, which read as a class of the wrong kind.
-    found = _PHRASE["required"].search(message)
-    owner = _PHRASE["parser_key"].search(message)
-    class_path = _PHRASE["class_path"].search(message)
-    if not (found and owner and class_path):
+def _not_an_option(ctx: Context, s: Setting) -> str | None:
+    if s.key[0] not in NOT_OPTIONS:
         return None
-    key, name = owner.group(1), class_path.group(1).rpartition(".")[2]
-    missing = [arg.strip() for arg in found.group(1).split(",")]
-    where = _where(key, argv)
-    if where:
-        return f"{where}{key}: {name} needs {', '.join(missing)}: set it under its init_args"
-    return f"--{key}={name} needs {', '.join(missing)}: add {' '.join(f'--{key}.{a}=VALUE' for a in missing)}"
+    return f"{s.where()}there is no --{'.'.join(s.key)}: {NOT_OPTIONS[s.key[0]]}"
 
 
-def _class_not_importable(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    # `--trainer.callbacks+=lit_ddp.callbacks.EMAA` or `class_path: nosuchpkg.Model`: jsonargparse's union
-    # ends on `Expected a <class 'NoneType'>`, which read as "expected null". Whether the path imports is
-    # checked here, not read from the message.
-    owner = _PHRASE["parser_key"].search(message)
-    class_path = _PHRASE["class_path"].search(message)
-    if not (owner and class_path) or "." not in class_path.group(1):
+def _class_named(ctx: Context, s: Setting) -> tuple[Place, list[type]] | None:
+    """The place and the classes it takes, for a setting naming a class (``--trainer.logger=CSVLogger``)."""
+    place = _place(ctx, s.key)
+    classes = _classes(place.annotation) if place.known else []
+    if not (classes and isinstance(s.value, str)) or str in _flat(place.annotation):
         return None
-    path = class_path.group(1)
-    module_name, _, name = path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        problem, match = f"no module {err.name or module_name}", ""
-    else:
-        if hasattr(module, name):
-            return None  # it imports: another rule says what is wrong with it
-        problem = f"{module_name} has no {name}"
-        classes = [n for n in dir(module) if not n.startswith("_") and isinstance(getattr(module, n), type)]
-        match = next((n for n in classes if n.lower() == name.lower()), "") or _closest(name, classes)
-    key = owner.group(1)
-    where = _where(key, argv)
-    setting = f"{key}: {path}" if where else f"--{key}={path}"
-    hint = (
-        f": did you mean {module_name}.{match}?"
-        if match
-        else ": check the import path (package.module.Class)"
-    )
-    base = CLASS_OPTIONS.get(key)
-    choices = (
-        f" (the choices are {', '.join(_subclass_names(base))})" if base is not None and not match else ""
-    )
-    return f"{where}{setting}: no such class ({problem}){hint}{choices}"
+    return place, classes
 
 
-def _wrong_value(message: str, argv: list[str], keys: set[str], prog: str) -> str | None:
-    keys = _PHRASE["parser_key"].findall(message)
-    value = _PHRASE["value"].search(message)
-    if not (keys and value):
+def _class_choice(ctx: Context, s: Setting) -> str | None:
+    """A class name that does not import, or names a class the option does not take."""
+    named = _class_named(ctx, s)
+    if named is None:
         return None
-    # `--model.optim.lr=x` fails inside the model's parser: its key is the model's key plus its own, and
-    # only the inner part of the message is about it (the outer union adds its own `Expected NoneType`).
-    nested = len(keys) > 1 and _PHRASE["class_path"].search(message) is not None
-    key, value = (f"{keys[0]}.{keys[-1]}" if nested else keys[0]), value.group(1).strip()
-    if nested:
-        message = message[message.rfind(f'Parser key "{keys[-1]}"') :]
-        message = message[: _PHRASE["value"].search(message).start()]
-    where = _where(key, argv)
-    group = _PHRASE["group"].search(message)
-    if group:  # a group of settings (--model.optim) given one value: jsonargparse read it as a file name
-        listed = f"{prog} {_command(argv)} --help lists them"
-        if where:
-            return (
-                f"{where}{key}: {group.group(1)}: {key} is a group of settings, not one value: write them on"
-                f" the lines below it, indented ({listed})"
-            )
-        return (
-            f"--{key}={group.group(1)}: {key} is a group of settings, not one value: set them one by one,"
-            f" --{key}.FIELD=VALUE ({listed}), or give a YAML file of them"
-        )
-    setting = f"{key}: {value}" if where else f"--{key}={value}"
-    base = CLASS_OPTIONS.get(key)
-    if base is not None and _PHRASE["import_path"].search(message):
-        names = _subclass_names(base)
-        match = _closest(value, names) or next((n for n in names if n.lower() == value.lower()), "")
-        hint = f": did you mean {match}?" if match else ""
-        return f"{where}{setting}: no such {key} class{hint} (the choices are {', '.join(names)})"
-    if base is not None:  # importable, but not a model / data class (`os.system`): say that, not "null"
-        value = re.sub(r"NestedArg\(key='class_path', val='(.*)'\)", r"\1", value)
-        setting = f"{key}: {value}" if where else f"--{key}={value}"
-        return (
-            f"{where}{setting}: not an {base.__name__} subclass, so it is not used (nothing was run): choose"
-            f" one of {', '.join(_subclass_names(base))}, or a subclass of your own"
-        )
-    return f"{where}{setting}: expected {_expected(message, value)}"
-
-
-def _expected(message: str, value: str) -> str:
-    """What the message's `Expected a ...` lines allow: types, the choices of Literal types, and the classes
-    of a union (`--checkpoint` takes a ModelCheckpoint or null, not only the null its last line names)."""
-    choices = [c.strip(" '\"") for group in _PHRASE["literal"].findall(message) for c in group.split(",")]
-    kinds, classes = _union_classes(message)
-    types = [TYPE_NAMES.get(t, t) for t in _PHRASE["type"].findall(message)]
-    if any(kind.startswith("a list of") for kind in kinds):
-        types = [t for t in types if t != "list"]  # said as "a list of X" already
-    allowed = [f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []
-    allowed += kinds + [t for t in dict.fromkeys(types) if t not in allowed]
-    names = _class_names(classes)
-    match = _closest(value, choices) or _closest(value.rpartition(".")[2], names)
-    hint = f" (did you mean {match}?)" if match and match != value else ""
-    if not hint and names and "." not in value and value not in names:  # no class near that name: list them
-        hint = f" (the classes are {', '.join(sorted(set(names)))})"
-    return f"{' or '.join(allowed) or 'another value'}{hint}"
-
-
-def _union_classes(message: str) -> tuple[list[str], list[str]]:
-    """The classes a union option takes, as words (``a ModelCheckpoint (or a subclass)``, ``a list of
-    Callback``), and their import paths; empty for a union of plain types."""
-    found = _PHRASE["subtypes"].search(message)
-    kinds, classes = [], []
-    for single, item in re.findall(r"<class '([\w.]+)'>|[\w.]+\[([\w.]+)\]", found.group(1) if found else ""):
-        path = single or item
-        if "." not in path:
-            continue  # a builtin type: its own `Expected a <class ...>` line names it
-        name = path.rpartition(".")[2]
-        kinds.append(f"a list of {name}" if item else f"a {name} (or a subclass)")
-        classes.append(path)
-    return kinds, classes
-
-
-def _class_names(paths: list[str]) -> list[str]:
-    """The short names of the classes at ``paths`` and of their imported subclasses that can be created (an
-    abstract base such as Logger is no choice)."""
-    names = []
-    for path in paths:
-        module, _, name = path.rpartition(".")
+    (place, classes), name, chosen = named, s.value, s.key in CHOSEN
+    at, module_name, attr = f"{s.where()}{s.shown(place.shown)}", *s.value.rpartition(".")[::2]
+    found, problem, match = _named(name, classes), "", ""
+    if found is None and module_name:
         try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-        names += [] if inspect.isabstract(cls) else [cls.__name__]
-        names += _subclass_names(cls, concrete=True)
-    return names
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            problem = f"no module {err.name or module_name}"
+        else:
+            found = getattr(module, attr, None)
+            there = [n for n in dir(module) if not n.startswith("_") and isinstance(getattr(module, n), type)]
+            match = next((n for n in there if n.lower() == attr.lower()), "") or _closest(attr, there)
+            problem = "" if found is not None else f"{module_name} has no {attr}"
+    choices = f"(the choices are {', '.join(_subclass_names(classes[0]))})"
+    if problem:
+        hint = (
+            f": did you mean {module_name}.{match}?"
+            if match
+            else ": check the import path (package.module.Class)"
+        )
+        return f"{at}: no such class ({problem}){hint}{f' {choices}' if chosen and not match else ''}"
+    if chosen and found is None:
+        names = _subclass_names(classes[0])
+        match = _closest(name, names) or next((n for n in names if n.lower() == name.lower()), "")
+        return f"{at}: no such {s.key[0]} class{f': did you mean {match}?' if match else ''} {choices}"
+    if chosen and not (isinstance(found, type) and issubclass(found, classes[0])):
+        return (  # importable, but not a model / data class (`os.system`): say that, not "null"
+            f"{at}: not an {classes[0].__name__} subclass, so it is not used (nothing was run): choose one of"
+            f" {', '.join(_subclass_names(classes[0]))}, or a subclass of your own"
+        )
+    if (
+        isinstance(found, type)
+        and issubclass(found, tuple(classes))
+        or _called(ctx, s.key)
+        and callable(found)
+    ):
+        return None
+    return f"{at}: expected {_expected(place.annotation, s.text)}"
 
 
-# In order: the first that recognises the message words it.
-RULES = (
-    _invalid_yaml,
-    _missing_file,
-    _not_a_file,
-    _unknown_command,
-    _unknown_class_option,
-    _unknown_option,
-    _required_argument,
-    _class_not_importable,
-    _wrong_value,
-)
+def _unknown_key(ctx: Context, s: Setting) -> str | None:
+    place = _place(ctx, s.key)
+    if place.known:
+        return None
+    key, where = place.shown, s.where()
+    what = f"unknown key {key}" if where else f"unknown option --{key}"
+    owner = place.owner
+    first = next(iter(inspect.signature(owner).parameters), None) if owner else None
+    if ".init_args." in key and s.key[-1] == first:
+        # The network's first argument is not an option: the model calls Net(num_classes, ...) with the
+        # data's classes.
+        name = f"{owner.__module__}.{owner.__qualname__}"
+        return (
+            f"{where}{what}: {first} is the first argument of {name}, which the model passes itself (the"
+            " number of classes, from the data): leave it out"
+        )
+    match = _closest(key, place.candidates)
+    if match:
+        return f"{where}{what}: did you mean {'' if where else '--'}{match}?"
+    return f"{where}{what}: see {ctx.prog} {ctx.command} --help for the options"
+
+
+def _group(ctx: Context, s: Setting) -> str | None:
+    """A group of settings (``--model.optim``) given one value: jsonargparse read it as a file name."""
+    place = _place(ctx, s.key)
+    if not place.group or isinstance(s.value, dict) or Path(s.text).is_file():
+        return None
+    key, listed = place.shown, f"{ctx.prog} {ctx.command} --help lists them"
+    if s.file:
+        return (
+            f"{s.where()}{key}: {s.text}: {key} is a group of settings, not one value: write them on the"
+            f" lines below it, indented ({listed})"
+        )
+    return (
+        f"--{key}={s.text}: {key} is a group of settings, not one value: set them one by one,"
+        f" --{key}.FIELD=VALUE ({listed}), or give a YAML file of them"
+    )
+
+
+def _required(ctx: Context, s: Setting) -> str | None:
+    """A class named without an argument it requires (``--model=ImageClassifier`` without its net)."""
+    named = _class_named(ctx, s)
+    cls = _named(s.value, named[1]) if named else None
+    if cls is None:
+        return None
+    place = named[0]
+    called = _called(ctx, s.key)  # its first argument comes from the class it is given to
+    given = {x.key[len(s.key)] for x in ctx.settings if x.key[: len(s.key)] == s.key and x.key != s.key}
+    defaults = _node(ctx.defaults, s.key)  # a project's default model may give its network
+    given |= set(defaults.get("init_args") or {}) if hasattr(defaults, "get") else set()
+    params = list(inspect.signature(cls).parameters.values())[1 if called else 0 :]
+    missing = [
+        p.name
+        for p in params
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if p.name not in given and (*s.key, p.name) not in PASSED
+    ]
+    if not missing:
+        return None
+    key, name, needs = place.shown, s.text.rpartition(".")[2], ", ".join(missing)
+    if s.file:
+        return f"{s.where()}{key}: {name} needs {needs}: set it under its init_args"
+    return f"--{key}={name} needs {needs}: add {' '.join(f'--{key}.{a}=VALUE' for a in missing)}"
+
+
+def _value(ctx: Context, s: Setting) -> str | None:
+    """A value its argument's type refuses, checked alone by a parser of that one argument."""
+    place = _place(ctx, s.key)
+    if not place.known or place.group or place.annotation is None or _class_named(ctx, s):
+        return None
+    parser = ArgumentParser(exit_on_error=False)
+    try:
+        parser.add_argument("--value", type=place.annotation)
+    except Exception:  # noqa: BLE001 (a type jsonargparse cannot take is not checked here)
+        return None
+    try:
+        if s.file:
+            parser.parse_object({"value": s.value})
+        else:
+            parser.parse_args([f"--value={s.text}"])
+    except ArgumentError:
+        return f"{s.where()}{s.shown(place.shown)}: expected {_expected(place.annotation, s.text)}"
+    return None
+
+
+def _flow(value: object) -> str:
+    """``value`` as YAML writes it on one line (``true``, ``null``, ``[1, 2]``)."""
+    return yaml.safe_dump(value, default_flow_style=True).partition("\n...")[0].strip()  # no end marker
+
+
+def _expected(tp: object, text: str) -> str:
+    """What a type allows, in words: the choices of its Literals, its classes, its plain types."""
+    members = _flat(tp)
+    choices = [
+        _flow(c) for m in members if typing.get_origin(m) is typing.Literal for c in typing.get_args(m)
+    ]
+    kinds, plain = [], []
+    for member in members:
+        origin = typing.get_origin(member)
+        if origin in (list, tuple, set, collections.abc.Iterable, collections.abc.Sequence):
+            item = (typing.get_args(member) or (object,))[0]
+            kinds.append(f"a list of {getattr(item, '__name__', item)}")
+        elif member in TYPE_NAMES:
+            plain.append(TYPE_NAMES[member])
+        elif isinstance(member, type):
+            kinds.append(f"a {member.__name__} (or a subclass)")
+    allowed = ([f"one of {', '.join(dict.fromkeys(choices))}"] if choices else []) + kinds
+    allowed += list(dict.fromkeys(plain))
+    concrete = [c for cls in _classes(tp) for c in (cls, *_subclasses(cls)) if not inspect.isabstract(c)]
+    names = sorted({c.__name__ for c in concrete})
+    match = _closest(text, choices) or _closest(text.rpartition(".")[2], names)
+    hint = f" (did you mean {match}?)" if match and match != text else ""
+    if not hint and names and "." not in text and text not in names:  # no class near that name: list them
+        hint = f" (the classes are {', '.join(names)})"
+    return f"{' or '.join(allowed) or 'another value'}{hint}"
 
 
 # Packages whose classes a config names and whose constructors raise for the user's set-up, not a bug of
