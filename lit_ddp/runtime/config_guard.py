@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from lit_ddp.errors import UserError
-from lit_ddp.utils import config_files
+from lit_ddp.utils import command_line, config_files
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
 MAX_NODES = 100_000
@@ -95,12 +95,11 @@ def _replaced(key: str, settings: set[str], lists: set[str]) -> str | None:
     return next((s for s in sorted(lists) if key.startswith(f"{s}.")), None)
 
 
-def _flag_key(argv: list[str], i: int) -> str | None:
-    arg = argv[i]
-    if not arg.startswith("--") or arg.split("=", 1)[0] in NOT_SETTINGS:
+def _flag_key(option: str | None) -> str | None:
+    if not option or not option.startswith("--") or option in NOT_SETTINGS:
         return None
     # `--trainer.callbacks+=X` appends to trainer.callbacks: the same setting, for a later file to replace.
-    return arg[2:].partition("=")[0].removesuffix("+").replace(".init_args.", ".")
+    return option[2:].removesuffix("+").replace(".init_args.", ".")
 
 
 def check_arguments(argv: list[str]) -> None:
@@ -131,7 +130,7 @@ def _check_order(argv: list[str]) -> dict[str, str]:
     given: dict[str, str] = {}  # in command-line order
     recipes: set[str] = set()
     at = dict(config_files(argv))
-    for i, arg in enumerate(argv):
+    for i, option, value in command_line(argv):
         if i in at:
             path = at[i]
             try:
@@ -166,17 +165,14 @@ def _check_order(argv: list[str]) -> dict[str, str]:
             given.update({key: str(path) for key in settings})
             if recipe:
                 recipes.add(str(path))
-        elif (key := _flag_key(argv, i)) is not None:
-            given[key] = arg if "=" in arg or i + 1 >= len(argv) else f"{arg} {argv[i + 1]}"
+        elif (key := _flag_key(option)) is not None:
+            given[key] = argv[i] if "=" in argv[i] or value is None else f"{argv[i]} {value}"
     return given
 
 
 def model_given(argv: list[str]) -> bool:
     """Whether the command line or a config file chooses the model class (``--model=...``, ``model:``)."""
-    if any(
-        arg in ("--model", "--model.class_path") or arg.startswith(("--model=", "--model.class_path="))
-        for arg in argv
-    ):
+    if any(option in ("--model", "--model.class_path") for _, option, _ in command_line(argv)):
         return True
     for _, path in config_files(argv):
         try:
