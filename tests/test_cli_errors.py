@@ -9,6 +9,7 @@ test_scaffold.py assert through the whole CLI.
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 import lit_ddp.cli as cli
 from lit_ddp import cli_errors
@@ -109,3 +110,22 @@ def test_a_mistake_no_check_finds_is_jsonargparses_first_line() -> None:
 
 def test_the_module_reads_no_message_text() -> None:
     assert "import re\n" not in Path(cli_errors.__file__).read_text()
+
+
+def test_no_check_finds_fault_with_the_recipes_and_presets(monkeypatch) -> None:
+    """Every setting of the shipped configs fits its key, class and type: a check that flagged one would name
+    a setting that is not at fault in place of jsonargparse's line."""
+    from jsonargparse import ArgumentError
+    from lightning.pytorch.cli import LightningCLI
+
+    def refuse(self, parser, args) -> None:
+        raise ArgumentError(None, "refused")
+
+    monkeypatch.setattr(LightningCLI, "parse_arguments", refuse)
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    presets = sorted((REPO / "configs" / "presets").glob("*.yaml"))
+    runs = [[str(c)] for c in configs] + [[str(configs[0]), str(p)] for p in presets]
+    for files in runs:
+        with pytest.raises(cli.UserError) as err:
+            cli.build_cli(["fit", *(arg for f in files for arg in ("--config", f))], run=True)
+        assert str(err.value).startswith("refused (see "), (files, err.value)
