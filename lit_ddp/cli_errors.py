@@ -189,32 +189,17 @@ def config_file_problem(argv: list[str]) -> str | None:
                 f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
                 f" --config {path}"
             )
-        problem = _trainer_not_a_mapping(path, content)
-        if problem:
-            return problem
-    return None
-
-
-def _trainer_not_a_mapping(path: Path, content: object) -> str | None:
-    """The line for a ``trainer:`` that holds no mapping of settings: left empty (its lines commented out),
-    a value, or a list. jsonargparse takes it as the whole trainer group, dropping every trainer setting of
-    the files before it, and the run then failed on it with an AttributeError traceback."""
-    if not isinstance(content, dict):
-        return None
-    # A config for the root parser holds each subcommand's settings under its name.
-    sections = [((), content)] + [
-        ((cmd,), content[cmd]) for cmd in COMMANDS if isinstance(content.get(cmd), dict)
-    ]
-    for keys, section in sections:
-        if "trainer" in section and not isinstance(section["trainer"], dict):
-            value = section["trainer"]
-            shown = "" if value is None else f" {_flow(value)}"
-            line = _key_line(path, (*keys, "trainer"))
-            at = f", line {line}" if line else ""
-            return (
-                f"{path}{at}: trainer:{shown} holds no Trainer settings: write them on the lines below it,"
-                " indented (`  max_epochs: 3`), or remove the line"
-            )
+        # A `trainer:` holding no mapping (left empty, its lines commented out; a value; a list): jsonargparse
+        # takes it as the whole trainer group, dropping the trainer settings of the files before it, and the
+        # run then failed on it with an AttributeError traceback.
+        command = next((word for _, option, word in command_line(argv) if option is None), "fit")
+        for s in _file_settings(path, command):
+            if s.key == ("trainer",) and not isinstance(s.value, dict):
+                shown = "" if s.value is None else f" {s.text}"
+                return (
+                    f"{s.where()}trainer:{shown} holds no Trainer settings: write them on the lines below it,"
+                    " indented (`  max_epochs: 3`), or remove the line"
+                )
     return None
 
 
