@@ -279,6 +279,7 @@ class LitDDPCLI(LightningCLI):
             # The class each top-level key takes, for the settings under it to be checked against.
             bases = {"trainer": self.trainer_class, "model": self.model_class, "data": self.datamodule_class}
             bases |= {key: cls for key, (cls, _) in CALLBACKS.items()} | OPT_IN_CALLBACKS
+            bases |= {"seed_everything": bool | int, "dist_timeout": float}  # LightningCLI's, and ours
             raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")

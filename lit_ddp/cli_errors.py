@@ -244,15 +244,18 @@ def _class_keys(cls: type) -> set[str]:
     return {".".join(_normal(key.split("."))) for key in parser.get_defaults().keys()} if parser else set()
 
 
+def _annotations(function: object) -> dict:
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 (an annotation that does not resolve: that argument is not checked)
+        return {}
+
+
 def _hints(cls: type) -> dict:
     """The argument types of ``cls``'s constructor and of those it passes ``**kwargs`` to."""
     hints: dict = {}
     for base in reversed(cls.__mro__):
-        if "__init__" in vars(base):
-            try:
-                hints.update(typing.get_type_hints(base.__init__))
-            except Exception:  # noqa: BLE001 (an annotation that does not resolve: that argument is not checked)
-                continue
+        hints |= _annotations(base.__init__) if "__init__" in vars(base) else {}
     return hints
 
 
@@ -343,8 +346,9 @@ def _place(ctx: Context, key: tuple[str, ...]) -> Place:
     base = ctx.bases.get(key[0])
     if base is None:
         name = ".".join(key)
-        if name in ctx.keys:
-            return Place(name)
+        if name in ctx.keys:  # the subcommand's own arguments: Trainer.fit's ckpt_path, ...
+            method = getattr(ctx.bases.get("trainer"), ctx.command, None)
+            return Place(name, annotation=_annotations(method).get(name))
         return (
             Place(name, group=True)
             if any(k.startswith(f"{name}.") for k in ctx.keys)
@@ -354,6 +358,8 @@ def _place(ctx: Context, key: tuple[str, ...]) -> Place:
         return (
             Place("trainer", group=True) if len(key) == 1 else _in_class(ctx, key[:1], base, key[1:], False)
         )
+    if not isinstance(base, type) or base in TYPE_NAMES:  # a plain setting (--dist_timeout)
+        return Place(".".join(key), known=len(key) == 1, annotation=base)
     if len(key) == 1:
         return Place(key[0], annotation=base | None)
     given = _given(ctx, key[:1])
@@ -596,7 +602,10 @@ def _expected(tp: object, text: str) -> str:
     """What a type allows, in words: the choices of its Literals, its classes, its plain types."""
     members = _flat(tp)
     choices = [
-        _flow(c) for m in members if typing.get_origin(m) is typing.Literal for c in typing.get_args(m)
+        c if isinstance(c, str) else _flow(c)
+        for m in members
+        if typing.get_origin(m) is typing.Literal
+        for c in typing.get_args(m)
     ]
     kinds, plain = [], []
     for member in members:

@@ -79,6 +79,8 @@ ROWS = [
         "{tmp}/csv.yaml, line 2: trainer.logger: CSVLogger needs save_dir: set it under its init_args",
     ),
     (["fit", "--trainer.max_epochs=abc"], {}, "--trainer.max_epochs=abc: expected an integer or null"),
+    (["fit", "--dist_timeout=abc"], {}, "--dist_timeout=abc: expected a number"),
+    (["validate", "--weights_only=maybe"], {}, "--weights_only=maybe: expected true or false or null"),
     (
         ["fit", "--model.optim.name=sgdd"],
         {},
