@@ -465,6 +465,11 @@ def _class_named(ctx: Context, s: Setting) -> tuple[Place, list[type]] | None:
 
 def _class_choice(ctx: Context, s: Setting) -> str | None:
     """A class name that does not import, or names a class the option does not take."""
+    if isinstance(s.value, list):  # a YAML list of classes (trainer.callbacks): each one's class_path
+        paths = [c.get("class_path") for c in s.value if isinstance(c, dict)]
+        named = [dataclasses.replace(s, value=p, text=p) for p in paths if isinstance(p, str)]
+        lines = (_class_choice(ctx, one) for one in named)
+        return next(filter(None, lines), None)
     named = _class_named(ctx, s)
     if named is None:
         return None
@@ -612,7 +617,10 @@ def _expected(tp: object, text: str) -> str:
         origin = typing.get_origin(member)
         if origin in (list, tuple, set, collections.abc.Iterable, collections.abc.Sequence):
             item = (typing.get_args(member) or (object,))[0]
-            kinds.append(f"a list of {getattr(item, '__name__', item)}")
+            kinds.append(f"a list of {item.__name__ if isinstance(item, type) else 'them'}")
+        elif origin is collections.abc.Callable:  # the model's network: a class, or a function building one
+            returned = typing.get_args(member)[-1] if typing.get_args(member) else object
+            kinds.append(f"a {getattr(returned, '__name__', 'callable')} class or a function returning one")
         elif member in TYPE_NAMES:
             plain.append(TYPE_NAMES[member])
         elif isinstance(member, type):

@@ -63,6 +63,17 @@ ROWS = [
         " did you mean lit_ddp.callbacks.EMA?",
     ),
     (
+        ["fit", "--config", "{tmp}/ema.yaml"],
+        {"ema.yaml": "trainer:\n  callbacks:\n    - class_path: lit_ddp.callbacks.EMAA\n"},
+        "{tmp}/ema.yaml, line 2: trainer.callbacks: lit_ddp.callbacks.EMAA: no such class"
+        " (lit_ddp.callbacks has no EMAA): did you mean lit_ddp.callbacks.EMA?",
+    ),
+    (
+        ["fit", "--model=ImageClassifier", "--model.net=LeNett"],
+        {},
+        "--model.net=LeNett: expected a Module class or a function returning one (did you mean LeNet?)",
+    ),
+    (
         ["fit", "--checkpoint=lit_ddp.callbacks.EMA"],
         {},
         "--checkpoint=lit_ddp.callbacks.EMA: expected a ModelCheckpoint (or a subclass) or null",
