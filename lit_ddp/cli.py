@@ -64,7 +64,7 @@ from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.wandb_resume import place_wandb_runs
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
-from lit_ddp.utils import imported, local_path
+from lit_ddp.utils import command_line, imported, local_path
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
@@ -186,9 +186,8 @@ def classes_named(args: list[str] | dict) -> set[str]:
     picked class's own defaults (jsonargparse issue 460)."""
     configs: list[object] = [args] if isinstance(args, dict) else []
     named = set()
-    for i, arg in enumerate([] if isinstance(args, dict) else args):
-        option, eq, value = arg.partition("=")
-        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    for _, option, value in [] if isinstance(args, dict) else command_line(args):
+        value = value or ""
         if option in ("-c", "--config"):
             try:
                 path = Path(value)
