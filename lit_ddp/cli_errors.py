@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 
-from lit_ddp.utils import command_line, config_files
+from lit_ddp.utils import NOT_SETTINGS, command_line, config_files
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
 # Every command `main` takes, the two it hands to their own parsers included (cli.main).
@@ -34,8 +34,6 @@ NOT_OPTIONS = {
     "optimizer": "the models build their optimizer from --model.optim.* (name, lr, weight_decay, momentum)",
     "lr_scheduler": "the models build their schedule from --model.optim.* (schedule, warmup_epochs)",
 }
-# Options that are not settings.
-NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
 # Arguments the CLI fills in itself: the data's number of classes is linked to the model's (cli.py).
 PASSED = {("model", "num_classes")}
 TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "text"}

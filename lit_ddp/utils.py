@@ -94,6 +94,10 @@ def local_path(value: str | os.PathLike, option: str) -> str:
     return expanded
 
 
+# Options of the command itself, not settings of the run (the config files, help, printing the config).
+NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
+
+
 def command_line(argv: list[str]) -> list[tuple[int, str | None, str | None]]:
     """``(position, option, value)`` of each word of ``argv`` that is not an option's value: the one place
     the command line is read. ``--key=value`` and ``--key value`` give ``("--key", "value")``, an option

@@ -17,12 +17,10 @@ from pathlib import Path
 import yaml
 
 from lit_ddp.errors import UserError
-from lit_ddp.utils import command_line, config_files
+from lit_ddp.utils import NOT_SETTINGS, command_line, config_files
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
 MAX_NODES = 100_000
-# Options that are not settings a config file could replace.
-NOT_SETTINGS = ("--config", "-c", "--help", "-h", "--print_config")
 # Settings jsonargparse accepts that the run then replaces without a word.
 UNUSED = {
     # cli.py links the data's num_classes to the model's, at instantiation, over any value given
