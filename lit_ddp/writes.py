@@ -1,16 +1,19 @@
 """The one way lit_ddp writes a file: a temporary file beside it, fsync, rename; a failure is one line.
 
 A reader (a resumed run, a script reading predictions.csv, TensorBoard) sees the old file or the whole new
-one, never half of one: a killed job leaves at worst a hidden ``.<name>.tmp-<pid>``, which the next write of
-that name removes. A full disk, a quota, a file size limit, a read-only or unwritable folder raise
-``WriteError``, a ``UserError`` naming the file and the fix (``advice``: the fix on that disk, then the
-option that puts the file elsewhere), instead of an OSError traceback (torch's zip writer wraps the OSError
-in a RuntimeError: it is found in the chain). A lock, whose creation is the claim, cannot be a rename:
-``create_file`` makes it with O_EXCL and fails the same way. docs/faults.md lists every writer."""
+one, never half of one: a killed job leaves at worst a hidden ``.<name>.tmp-<host>-<pid>``, which the next
+write of that name on that host removes once that process is gone. In a folder that several nodes share, a
+pid names no process on another host: its temporary files are its own to remove, so two writers never
+share one, nor remove each other's. A full disk, a quota, a file size limit, a read-only or unwritable
+folder raise ``WriteError``, a ``UserError`` naming the file and the fix (``advice``: the fix on that disk,
+then the option that puts the file elsewhere), instead of an OSError traceback (torch's zip writer wraps
+the OSError in a RuntimeError: it is found in the chain). A lock, whose creation is the claim, cannot be a
+rename: ``create_file`` makes it with O_EXCL and fails the same way. docs/faults.md lists every writer."""
 
 import contextlib
 import errno
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -100,6 +103,35 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def _host() -> str:
+    return socket.gethostname().replace(os.sep, "_") or "localhost"
+
+
+def _temporary(path: Path, pid: int | None = None) -> Path:
+    return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid() if pid is None else pid}")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
+
+
+def _remove_stale(path: Path) -> None:
+    """This host's temporary files of ``path`` whose writer was killed; a live writer's, and other hosts',
+    stay."""
+    prefix = _temporary(path, 0).name[:-1]
+    for stale in path.parent.glob(f"{prefix}*"):
+        pid = stale.name[len(prefix) :]
+        if pid.isdigit() and _gone(int(pid)):
+            with contextlib.suppress(OSError):
+                stale.unlink()
+
+
 @contextlib.contextmanager
 def atomic_file(
     path: str | os.PathLike, what: str, mode: str = "wb", elsewhere: str | None = RUN_FOLDER, **open_args
@@ -108,7 +140,7 @@ def atomic_file(
     raises. ``what`` names the file in the line a failed write gives (``WriteError``), ``elsewhere`` the
     option that puts it on another disk."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = _temporary(path)
     try:
         with _failing_as(what, path, elsewhere):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,9 +154,7 @@ def atomic_file(
             tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by an earlier writer that was killed
-        with contextlib.suppress(OSError):
-            stale.unlink()
+    _remove_stale(path)
 
 
 def write_file(

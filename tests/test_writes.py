@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,30 @@ def read_only(monkeypatch: pytest.MonkeyPatch) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(file))
 
     monkeypatch.setattr(writes, "open", refuse, raising=False)
+
+
+def test_a_write_removes_only_this_hosts_temporary_files_whose_writer_is_gone(tmp_path: Path) -> None:
+    """A shared folder: another node's writer may have the same pid and a live writer here the same name. The
+    temporary file is named by host and pid; a write removes this host's left by a killed writer, nothing
+    else (it removed every ``.<name>.tmp-*``, another writer's half-written file included)."""
+    path, host = tmp_path / "file.bin", socket.gethostname()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        killed = tmp_path / f".file.bin.tmp-{host}-{gone.stdout.strip()}"
+        writing_here = tmp_path / f".file.bin.tmp-{host}-{live.pid}"
+        other_node = tmp_path / f".file.bin.tmp-node7-{gone.stdout.strip()}"  # a pid of another machine
+        for temporary in (killed, writing_here, other_node):
+            temporary.write_bytes(b"half")
+        with writes.atomic_file(path, "the test file") as f:
+            f.write(b"new")
+            assert (tmp_path / f".file.bin.tmp-{host}-{os.getpid()}").is_file()
+        assert path.read_bytes() == b"new" and not killed.exists()
+        assert writing_here.read_bytes() == b"half" and other_node.read_bytes() == b"half"
+    finally:
+        live.communicate(b"")
 
 
 def test_a_read_only_disk_is_one_line_naming_the_file(tmp_path: Path, read_only) -> None:

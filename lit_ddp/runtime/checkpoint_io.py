@@ -2,11 +2,11 @@
 
 * Writes are atomic: the checkpoint streams into a hidden temporary file *in the target directory*, is
   fsync-ed, then ``os.replace``-d over the target (and the directory fsync-ed). A job killed mid-write
-  leaves the previous ``last.ckpt`` intact, plus at worst a stray ``.last.ckpt.tmp-<pid>`` that the next
-  successful write of that name removes. Lightning's own local save serialises the whole checkpoint into
-  memory, writes it to the *system* temp dir (fsspec transaction) and ``shutil.move``-s it: on a cluster,
-  where /tmp is a local disk and checkpoints live on a shared filesystem, that move is a copy, and a crash
-  during it truncates the target; nothing is fsync-ed; a small /tmp fails large checkpoints.
+  leaves the previous ``last.ckpt`` intact, plus at worst a stray ``.last.ckpt.tmp-<host>-<pid>`` that the
+  next successful write of that name on that host removes. Lightning's own local save serialises the whole
+  checkpoint into memory, writes it to the *system* temp dir (fsspec transaction) and ``shutil.move``-s it:
+  on a cluster, where /tmp is a local disk and checkpoints live on a shared filesystem, that move is a copy,
+  and a crash during it truncates the target; nothing is fsync-ed; a small /tmp fails large checkpoints.
 * Reads use ``torch.load(weights_only=True)``: a checkpoint cannot run code when it is loaded. lit_ddp's
   own hyperparameter types are allow-listed. A missing, truncated or foreign file, or one that pickles
   other objects, is a ``UserError`` naming it.
