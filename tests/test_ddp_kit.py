@@ -5,6 +5,7 @@ The built-in recipes through ``python -m lit_ddp doctor``: test_doctor.py.
     python -m pytest tests/test_ddp_kit.py -q      # one 2-process and one 1-process launch for all cases
 """
 
+import os
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier, LeNetCIFAR
 from lit_ddp.testing import Report, check_ddp_invariants
 from lit_ddp.testing.checks import Case, _warnings, run_cases
-from lit_ddp.testing.launch import LaunchError, launch
+from lit_ddp.testing.launch import LaunchError, LaunchStopped, free_ports, launch
 
 # Small sets: 2 × 8 per step, 2 steps; 17 validation images (uneven shards of 9 and 8).
 SHAPES = {"train_size": 96, "val_size": 40, "test_size": 8, "batch_size": 8}
@@ -238,6 +239,60 @@ FAILED = r"^2-process run failed \(rank [01] exited with 3(, rank 1 exited with 
 def test_a_launch_says_failed_or_timed_out_as_it_happened(tmp_path: Path, code, timeout, says) -> None:
     with pytest.raises(LaunchError, match=says):
         launch(2, ["-c", code], tmp_path, timeout)
+
+
+@pytest.mark.timeout(120)
+def test_a_launch_ends_its_ranks_when_told_to_stop(tmp_path: Path) -> None:
+    stop, raised = threading.Event(), []
+
+    def run() -> None:
+        try:
+            launch(
+                1,
+                ["-c", "import pathlib, time; pathlib.Path('up').touch(); time.sleep(600)"],
+                tmp_path,
+                600,
+                stop=stop,
+            )
+        except LaunchError as err:
+            raised.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    while not (tmp_path / "up").exists() and thread.is_alive():  # the rank is running
+        thread.join(0.05)
+    stop.set()
+    thread.join()
+    assert len(raised) == 1 and isinstance(raised[0], LaunchStopped), raised
+    assert str(raised[0]).endswith(": the launch beside it failed")
+
+
+def test_free_ports_side_by_side_are_distinct() -> None:
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+
+
+class FailsOnTwoProcessesHangsOnOne(ShapesDataModule):
+    """Its 2-process ranks stop with a one-line mistake; its 1-process rank never ends on its own."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if os.environ.get("WORLD_SIZE") == "2":
+            raise UserError("the 2-process ranks found a mistake")
+        if os.environ.get("WORLD_SIZE") == "1":
+            threading.Event().wait()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(240)  # the 1-process rank would wait forever: only the stop ends it
+def test_the_one_process_launch_beside_a_failed_two_process_launch_is_ended_and_the_failure_reported(
+    tmp_path: Path,
+) -> None:
+    """The 2-process and 1-process launches run side by side; the first to fail ends the other, and its
+    error (here a rank's one-line mistake) is what the caller gets, not the other's 'stopped'."""
+    case = Case(LeNetCIFAR(), FailsOnTwoProcessesHangsOnOne(**SHAPES), checks=("grads",))
+    with pytest.raises(UserError, match="^the 2-process ranks found a mistake$"):
+        run_cases([case], timeout=600, workdir=tmp_path)
 
 
 def test_a_split_too_small_for_the_checks_is_one_line(tmp_path: Path) -> None:

@@ -13,8 +13,10 @@ import math
 import pickle
 import re
 import tempfile
+import threading
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from torch import nn
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.testing.config import instantiate
-from lit_ddp.testing.launch import LaunchError, launch
+from lit_ddp.testing.launch import LaunchError, LaunchStopped, free_ports, launch
 from lit_ddp.testing.record import load
 from lit_ddp.testing.worker import Job, user_error_file
 
@@ -879,8 +881,8 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
 
 def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | None = None) -> list[Report]:
     """The checks of several cases in one 2-process and one 1-process launch (each launch costs a few
-    seconds of start-up): for a test suite with many models or data modules. Warnings are not raised here,
-    only reported."""
+    seconds of start-up), side by side: the 1-process ranks use what the 2-process ones leave of the CPUs.
+    For a test suite with many models or data modules. Warnings are not raised here, only reported."""
     with tempfile.TemporaryDirectory(prefix="lit_ddp_checks_") as tmp:
         root = Path(workdir).resolve() if workdir is not None else Path(tmp)
         try:
@@ -888,19 +890,30 @@ def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | Non
         except OSError as err:
             raise UserError(f"cannot create the workdir {root} ({err.strerror}): pass another one") from None
         plans = [_jobs(case, f"case{i}", root) for i, case in enumerate(cases)]
-        for world_size in (2, 1):
+        stop = threading.Event()  # a failed launch ends the other: its error is the one to report
+
+        def run_world(world_size: int, port: int) -> None:
             jobs = [j for jobs, _ in plans for j in jobs[world_size]]
             jobs_file = root / f"jobs_{world_size}.pkl"
-            jobs_file.write_bytes(pickle.dumps(jobs))
             command = ["-m", "lit_ddp.testing.worker", str(jobs_file)]
             try:
+                jobs_file.write_bytes(pickle.dumps(jobs))
                 # In this process's folder, as fit would run: relative paths in the config mean the same.
-                launch(world_size, command, Path.cwd(), timeout, f"log{world_size}_rank", logs_dir=root)
-            except LaunchError:
-                for rank in range(world_size):  # a rank's UserError is the one line to report
-                    if (found := user_error_file(jobs_file, rank)).is_file():
+                launch(world_size, command, Path.cwd(), timeout, f"log{world_size}_rank", root, port, stop)
+            except LaunchStopped:
+                raise
+            except BaseException as err:
+                stop.set()
+                for rank in range(world_size if isinstance(err, LaunchError) else 0):
+                    if (found := user_error_file(jobs_file, rank)).is_file():  # a rank's one line to report
                         raise UserError(found.read_text()) from None
                 raise
+
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lit_ddp_launch") as pool:
+            futures = [pool.submit(run_world, w, port) for w, port in zip((2, 1), free_ports(2), strict=True)]
+        errors = [f.exception() for f in futures]
+        for error in sorted((e for e in errors if e is not None), key=lambda e: isinstance(e, LaunchStopped)):
+            raise error
         return [
             _evaluate(case, f"case{i}", root, facts)
             for i, (case, (_, facts)) in enumerate(zip(cases, plans, strict=True))
