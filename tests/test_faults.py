@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, cli_env, read_scalars, run_cli
+from conftest import HELPERS, REPO, TINY_SHAPES, cli_env, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
@@ -403,31 +403,12 @@ def test_b_ctrl_c_during_the_sanity_check_leaves_no_run_folder_and_says_why(tmp_
     assert not list(tmp_path.glob("logs/**/version_*")) and not list(tmp_path.glob("logs/**/.*.lock"))
 
 
-# `python -m lit_ddp fit` that says when it is importing torch, and waits there for the signal.
-IMPORTING = """
-import runpy, signal, sys
-
-
-class Gate:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch":
-            sys.meta_path.remove(self)
-            print("importing torch", flush=True)
-            signal.pause()  # the test's Ctrl-C lands inside the import
-
-
-sys.meta_path.insert(0, Gate())
-sys.argv = ["lit_ddp", "fit"]
-runpy.run_module("lit_ddp", run_name="__main__", alter_sys=True)
-"""
-
-
 @pytest.mark.timeout(120)
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of
     the import it stopped."""
     child = subprocess.Popen(
-        [sys.executable, "-c", IMPORTING],
+        [sys.executable, str(HELPERS / "import_gate.py"), "lit_ddp", "fit"],
         cwd=tmp_path,
         env=cli_env(),
         stdout=subprocess.PIPE,

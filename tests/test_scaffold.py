@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -280,6 +281,28 @@ def test_quotes_in_any_answer_give_a_package_that_imports(tmp_path: Path, answer
     if key == "project_name":
         assert docstring.startswith(f"{value}.\n")
     assert template.generated_problems(tmp_path / "proj") == []
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_the_projects_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    """A Ctrl-C in the seconds ``python -m PKG`` takes to import torch printed a KeyboardInterrupt traceback
+    of the import it stopped."""
+    new([str(tmp_path / "proj"), "--no-input"])
+    paths = (str(tmp_path / "proj"), str(REPO), os.environ.get("PYTHONPATH"))
+    pythonpath = os.pathsep.join(p for p in paths if p)
+    child = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "helpers" / "import_gate.py"), "proj", "fit"],
+        cwd=tmp_path / "proj",
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline() == "importing torch\n"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out) == (130, ""), err
+    assert err == "python -m proj: stopped by Ctrl-C while starting: nothing was run\n"
 
 
 def test_a_line_break_in_an_answer_is_refused_in_one_line(tmp_path: Path) -> None:

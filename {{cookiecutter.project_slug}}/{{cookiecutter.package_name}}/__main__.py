@@ -11,10 +11,13 @@ default, and its classes known by short name (``--model.net=Net``, ``--data=MyDa
     sbatch scripts/sbatch_single_node.sh
 """
 
-from lit_ddp.cli import main as lit_ddp_main
+from lit_ddp.entry import starting
 
-from .data import MyDataModule
-from .models import Net
+with starting(f"python -m {__package__}"):  # a Ctrl-C during the seconds of import: one line, exit 130
+    from lit_ddp.cli import main as lit_ddp_main
+
+    from .data import MyDataModule
+    from .models import Net
 
 # What runs when the command line names no --model / --data: configs/default.yaml spells it out.
 MODEL = {
