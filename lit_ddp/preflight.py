@@ -1,10 +1,11 @@
 """Preflight: what a command line asks of the Trainer and the machine, checked before any Trainer or process
 exists.
 
-``RunPlan.of(config)`` reads the parsed config (LightningCLI's, its classes not yet built) and what this
-machine has into a typed plan; ``problems(plan)`` runs each row of ``ROWS`` over it, one line per problem,
-naming the option and the fix. The CLI reports every line and stops (exit 2) before the Trainer is built.
-tests/test_preflight.py holds the table of command lines and the lines (or plan fields) they give.
+``RunPlan.of(config)`` reads the parsed config (LightningCLI's, its classes not yet built), what this machine
+has and what a launcher (torchrun, srun, mpirun) set in the environment into a typed plan; ``problems(plan)``
+runs each row of ``ROWS`` over it, one line per problem, naming the option and the fix. The CLI reports every
+line and stops (exit 2) before the Trainer is built. tests/test_preflight.py holds the table of command lines
+and the lines (or plan fields) they give.
 """
 
 import os
@@ -25,6 +26,74 @@ WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "floa
 # What Lightning takes for --trainer.devices: a count, auto, a list of indices or a text of them ("0,1").
 DEVICES = re.compile(r"\s*(auto|-?\d+|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*")
 DEVICES_FIX = "pass a count (--trainer.devices=2), -1 or auto for all of them, or a list of indices ([0,1])"
+
+
+# What each launcher sets in every process it starts: (name, world size, processes on this node, the
+# launcher's own flags for those two). Read in this order; srun only inside a job step (SLURM_STEP_ID), since
+# a batch script's own shell sees the allocation's SLURM_NTASKS too.
+LAUNCHERS = (
+    ("torchrun", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "--nnodes and --nproc_per_node"),
+    ("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "-np and -npernode"),  # Open MPI
+    ("mpirun", "PMI_SIZE", "MPI_LOCALNRANKS", "-np and -ppn"),  # MPICH, Intel MPI
+    ("srun", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "--nodes and --ntasks-per-node"),
+)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """The launcher that started this process: its name, how many processes it started and how many of them
+    on this node (None where it does not say), and its flags for those two."""
+
+    name: str
+    world: int
+    per_node: int | None
+    flags: str
+    starts_devices: bool = False  # srun with one task or in an interactive shell: Lightning starts the ranks
+
+
+def launcher_world(environ=None) -> Launcher | None:
+    """The launcher whose variables ``environ`` (default: this process's) holds, or None."""
+    environ = os.environ if environ is None else environ
+    for name, world, local, flags in LAUNCHERS:
+        if world not in environ or (name == "srun" and "SLURM_STEP_ID" not in environ):
+            continue
+        if world == "WORLD_SIZE" and "TORCHELASTIC_RUN_ID" not in environ:
+            name = "the launcher"  # another that sets torch's variables (or Lightning's own ranks > 0)
+        try:
+            # SLURM_NTASKS_PER_NODE may read "4(x2)": the count is what comes first.
+            per_node = int(re.match(r"\d+", environ[local]).group()) if local in environ else None
+            size = int(environ[world])
+        except (ValueError, AttributeError):
+            continue
+        # Lightning's rule for a shell inside an allocation (SLURMEnvironment.job_name).
+        shell = name == "srun" and environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
+        return Launcher(name, size, per_node, flags, starts_devices=name == "srun" and (size == 1 or shell))
+    return None
+
+
+def launcher_mismatch(launcher: Launcher | None, devices: int, num_nodes: int) -> str | None:
+    """The line for a launcher that started another number of processes than ``devices × num_nodes``, which
+    Lightning would join into one training (it compares them only when its strategy takes the launcher's
+    environment, else each process trains alone); None where they agree or Lightning starts the ranks."""
+    if launcher is None or launcher.starts_devices:
+        return None
+    wanted = devices * num_nodes
+    if launcher.world == wanted:
+        return None
+    asked = f"--trainer.devices={devices} × --trainer.num_nodes={num_nodes} = {wanted}"
+    per_node = launcher.per_node
+    nodes = launcher.world // per_node if per_node else None
+    fix = f"--trainer.devices={per_node}" if per_node else "--trainer.devices"
+    fix += f" --trainer.num_nodes={nodes}" if nodes and nodes != num_nodes else ""
+    if launcher.name == "the launcher":
+        return (
+            f"the launcher started {launcher.world} processes (WORLD_SIZE) but {asked}: make them equal"
+            f" ({fix})"
+        )
+    return (
+        f"{launcher.name} started {launcher.world} processes but {asked}: make them equal ({fix}, or"
+        f" {launcher.name}'s {launcher.flags})"
+    )
 
 
 def _get(config, key: str, default=None):
@@ -63,11 +132,14 @@ class RunPlan:
     root_dir: str = "."
     logger_dirs: tuple[str, ...] = ()
     cuda_devices: int = 0  # this machine's
+    launcher: Launcher | None = None  # what started this process, from the environment
+    manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
 
     @classmethod
-    def of(cls, config, cuda_devices: int | None = None) -> "RunPlan":
+    def of(cls, config, cuda_devices: int | None = None, environ=None) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``data``); ``cuda_devices``: this
-        machine's count unless given."""
+        machine's count, ``environ`` its environment, unless given."""
+        environ = os.environ if environ is None else environ
         trainer = _get(config, "trainer", {})
         data_args = _get(_get(config, "data", {}), "init_args", {})
         if cuda_devices is None:
@@ -83,6 +155,8 @@ class RunPlan:
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             logger_dirs=_logger_dirs(_get(trainer, "logger")),
             cuda_devices=cuda_devices,
+            launcher=launcher_world(environ),
+            manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
         )
 
     @property
@@ -194,9 +268,32 @@ def _logger_dir(plan: RunPlan) -> str | None:
     return next((line for line in found if line), None)
 
 
+def _nodes_without_launcher(plan: RunPlan) -> str | None:
+    # Lightning's own launcher starts the processes of one node only: the other nodes' must be started there,
+    # with the rendezvous address and the node's rank. Without those, rank 0 waited 600 s for nodes that
+    # never come, then blamed a stuck rank.
+    if plan.num_nodes > 1 and plan.launcher is None and not plan.manual_start:
+        return (
+            f"--trainer.num_nodes={plan.num_nodes}, but nothing started this job on {plan.num_nodes} nodes:"
+            f" launch it on every node with torchrun (--nnodes={plan.num_nodes}) or srun, or set MASTER_ADDR,"
+            " MASTER_PORT and NODE_RANK on each node; on one machine leave --trainer.num_nodes out"
+        )
+    return None
+
+
+def _launcher_world(plan: RunPlan) -> str | None:
+    # Where the plan names the device count; auto and -1 are Lightning's to count: runtime/launch.py checks
+    # those against the built Trainer, with this same line.
+    if plan.device_count is None:
+        return None
+    return launcher_mismatch(plan.launcher, plan.device_count, plan.num_nodes)
+
+
 # Each row: a plan → None, or the one line naming the option and the fix. In the order they are reported.
 ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "devices": _no_devices,
+    "nodes": _nodes_without_launcher,
+    "launcher": _launcher_world,
     "gpus": _missing_gpus,
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,

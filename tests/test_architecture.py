@@ -30,7 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"models", "errors", "utils", "compat"},
     "data": {"data", "errors", "utils", "writes"},
     "callbacks": {"callbacks", "models", "data", "errors", "utils", "compat", "writes"},
-    "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes"},
+    # preflight: the launcher's world, read alike before the Trainer and against it (runtime/launch.py)
+    "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes", "preflight"},
     "scaffold": {"scaffold", "errors", "writes"},
     "cli_errors": {"utils"},  # the classes it checks against come from the CLI
     # what a run is asked to be, checked before anything is built (preflight.py)

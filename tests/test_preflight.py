@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY_RUN
 
 from lit_ddp.cli import main
-from lit_ddp.preflight import ROWS, RunPlan, problems
+from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
 LINES = [
@@ -91,8 +91,28 @@ def test_every_problem_is_a_line_of_its_own(tmp_path: Path, monkeypatch, capsys)
     ]
 
 
-# (plan, the start of its line) for the rows that read the machine: given here, not this machine's.
+TORCHRUN = Launcher("torchrun", 2, 2, "--nnodes and --nproc_per_node")
+
+# (plan, the start of its line) for the rows that read the machine or the launcher that started the process:
+# given here, not this machine's or this process's.
 MACHINE = [
+    # Rank 0 waited 600 s for nodes nothing would start, then blamed a stuck rank.
+    (
+        RunPlan(num_nodes=2),
+        "--trainer.num_nodes=2, but nothing started this job on 2 nodes: launch it on every node with"
+        " torchrun (--nnodes=2) or srun, or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each node",
+    ),
+    # Two processes that each trained alone into the same folder.
+    (
+        RunPlan(devices=1, launcher=TORCHRUN),
+        "torchrun started 2 processes but --trainer.devices=1 × --trainer.num_nodes=1 = 1: make them equal"
+        " (--trainer.devices=2, or torchrun's --nnodes and --nproc_per_node)",
+    ),
+    (
+        RunPlan(devices=2, num_nodes=2, launcher=Launcher("the launcher", 2, None, "")),
+        "the launcher started 2 processes (WORLD_SIZE) but --trainer.devices=2 × --trainer.num_nodes=2 = 4:"
+        " make them equal (--trainer.devices)",
+    ),
     (
         RunPlan(accelerator="gpu", cuda_devices=0),
         "--trainer.accelerator=gpu, but this machine has no CUDA GPU: pass --trainer.accelerator=cpu",
@@ -127,6 +147,10 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(strategy="fsdp", cuda_devices=1),
         RunPlan(accelerator="cpu", devices=8, strategy="ddp", cuda_devices=0),
         RunPlan(root_dir="s3://bucket/runs"),  # a remote store checks its own permissions
+        RunPlan(num_nodes=2, manual_start=True),  # MASTER_ADDR and NODE_RANK set on each node by hand
+        RunPlan(devices=2, launcher=TORCHRUN),
+        RunPlan(devices="auto", launcher=TORCHRUN),  # Lightning's count: checked against the built Trainer
+        RunPlan(devices=1, launcher=Launcher("srun", 1, 1, "", starts_devices=True)),  # Lightning starts them
     ]
     for plan in fits:
         plan = plan if plan.root_dir.startswith("s3") else replace(plan, root_dir=str(tmp_path))
@@ -170,3 +194,26 @@ def test_the_global_batch_counts_every_process_and_accumulated_batch() -> None:
     assert RunPlan(devices=[0, 1], num_nodes=2, per_device_batch=32).global_batch == 2 * 2 * 32
     assert RunPlan(devices="0,1,2", per_device_batch=8).device_count is None  # Lightning reads the text
     assert RunPlan(devices=-1, per_device_batch=8).global_batch is None  # every device: known once built
+
+
+# What each launcher sets in every process it starts (test_launchers.py starts them for real).
+ENVIRONMENTS = [
+    ({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}, ("torchrun", 2, 2, False)),
+    ({"WORLD_SIZE": "4"}, ("the launcher", 4, None, False)),  # torch's variables, not torchrun's
+    ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, ("mpirun", 2, 2, False)),
+    ({"PMI_SIZE": "2", "MPI_LOCALNRANKS": "2"}, ("mpirun", 2, 2, False)),
+    ({"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_STEP_ID": "0"}, ("srun", 8, 4, False)),
+    ({"SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}, ("srun", 1, None, True)),  # one task: Lightning's launch
+    ({"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "bash"}, ("srun", 2, None, True)),
+    ({"SLURM_NTASKS": "2"}, None),  # a batch script's own shell, outside a job step
+    ({}, None),
+]
+
+
+@pytest.mark.parametrize(("environ", "expected"), ENVIRONMENTS)
+def test_the_plan_reads_the_launcher_from_the_environment(environ: dict, expected) -> None:
+    found = launcher_world(environ)
+    got = found and (found.name, found.world, found.per_node, found.starts_devices)
+    assert got == expected
+    assert RunPlan.of({}, cuda_devices=0, environ=environ).launcher == found
+    assert RunPlan.of({}, cuda_devices=0, environ={"MASTER_ADDR": "10.0.0.1"}).manual_start

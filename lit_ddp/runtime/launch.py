@@ -11,8 +11,6 @@
   torchrun process, which this cannot reach: see the README for its flags.
 """
 
-import os
-import re
 import socket
 from datetime import timedelta
 
@@ -27,82 +25,33 @@ from torch.distributed import TCPStore
 
 from lit_ddp.compat import is_subprocess_launch
 from lit_ddp.errors import UserError
+from lit_ddp.preflight import launcher_mismatch, launcher_world
 
 LOOPBACK = ("127.0.0.1", "localhost")
-
-
-# What each launcher sets in every process it starts: (name, world size, processes on this node, the
-# launcher's own flags for those two). Read in this order; srun only inside a job step (SLURM_STEP_ID), since
-# a batch script's own shell sees the allocation's SLURM_NTASKS too.
-LAUNCHERS = (
-    ("torchrun", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "--nnodes and --nproc_per_node"),
-    ("mpirun", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "-np and -npernode"),  # Open MPI
-    ("mpirun", "PMI_SIZE", "MPI_LOCALNRANKS", "-np and -ppn"),  # MPICH, Intel MPI
-    ("srun", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "--nodes and --ntasks-per-node"),
-)
-
-
-def launcher_world(environ=None) -> tuple[str, int, int | None, str] | None:
-    """(launcher, processes it started, of which on this node, its flags), or None without a launcher."""
-    environ = os.environ if environ is None else environ
-    for name, world, local, flags in LAUNCHERS:
-        if world not in environ or (name == "srun" and "SLURM_STEP_ID" not in environ):
-            continue
-        if world == "WORLD_SIZE" and "TORCHELASTIC_RUN_ID" not in environ:
-            name = "the launcher"  # another that sets torch's variables (or Lightning's own ranks > 0)
-        try:
-            # SLURM_NTASKS_PER_NODE may read "4(x2)": the count is what comes first.
-            per_node = int(re.match(r"\d+", environ[local]).group()) if local in environ else None
-            return name, int(environ[world]), per_node, flags
-        except (ValueError, AttributeError):
-            continue
-    return None
 
 
 def check_launcher_world(trainer: Trainer, environ=None) -> None:
     """UserError unless the processes a launcher (torchrun, srun, mpirun) started are this job's
     ``devices × num_nodes`` processes, which Lightning joins into one training.
 
-    Lightning compares the two only when its strategy uses the launcher's cluster environment; otherwise
-    (``--trainer.devices`` left out or 1, or mpirun without mpi4py) each process trains alone: N separate
-    trainings writing into the same folder. A single srun task is let through: Lightning then starts the
-    devices' processes itself. ``--trainer.num_nodes`` > 1 needs a launcher (or the variables of a manual
-    start) on every node."""
-    environ = os.environ if environ is None else environ
-    found = launcher_world(environ)
-    if found is None:
-        # Lightning's own launcher starts the processes of one node only: the other nodes' must be started
-        # there, with the rendezvous address and the node's rank (Lightning's "general cluster" recipe).
-        # Without those, rank 0 waits for nodes that never come, then blames a stuck rank.
-        manual = {"MASTER_ADDR", "NODE_RANK"} & set(environ)
-        if trainer.num_nodes > 1 and not manual:
-            raise UserError(
-                f"--trainer.num_nodes={trainer.num_nodes}, but nothing started this job on"
-                f" {trainer.num_nodes} nodes: launch it on every node with torchrun"
-                f" (--nnodes={trainer.num_nodes}) or srun, or set MASTER_ADDR, MASTER_PORT and NODE_RANK on"
-                " each node; on one machine leave --trainer.num_nodes out"
-            )
+    Preflight checks the counts where the config names the devices (``preflight.launcher_mismatch``); here
+    they are checked again with the Trainer's own count (auto, -1), and what only the built strategy tells:
+    whether Lightning joins the launcher's processes at all (not without mpi4py under mpirun: N separate
+    trainings writing into the same folder) and whether the launcher's settings agree with it."""
+    launcher = launcher_world(environ)
+    if launcher is None or launcher.starts_devices:
         return
-    name, world, per_node, flags = found
-    if name == "srun" and (world == 1 or SLURMEnvironment.job_name() in ("bash", "interactive")):
-        return  # one task (Lightning starts the devices' processes), or a shell (Lightning's rule too)
+    mismatch = launcher_mismatch(launcher, trainer.num_devices, trainer.num_nodes)
+    if mismatch is not None:
+        raise UserError(mismatch)
     env = getattr(trainer.strategy, "cluster_environment", None)
-    wanted = trainer.num_devices * trainer.num_nodes
-    devices = f"--trainer.devices={trainer.num_devices} × --trainer.num_nodes={trainer.num_nodes} = {wanted}"
-    if world != wanted:
-        nodes = world // per_node if per_node else None
-        fix = f"--trainer.devices={per_node}" if per_node else "--trainer.devices"
-        fix += f" --trainer.num_nodes={nodes}" if nodes and nodes != trainer.num_nodes else ""
-        raise UserError(
-            f"{name} started {world} processes but {devices}: make them equal ({fix}, or {name}'s {flags})"
-            if name != "the launcher"
-            else f"the launcher started {world} processes (WORLD_SIZE) but {devices}: make them equal ({fix})"
-        )
+    name, world = launcher.name, launcher.world
     if world > 1 and not (env is not None and env.creates_processes_externally):
         hint = " (Lightning reads mpirun's world with mpi4py: pip install mpi4py)" if name == "mpirun" else ""
         raise UserError(
             f"{name} started {world} processes, but Lightning does not join them into one training{hint}:"
-            f" start the job with torchrun or srun, or without {name} (--trainer.devices={wanted})"
+            f" start the job with torchrun or srun, or without {name}"
+            f" (--trainer.devices={trainer.num_devices * trainer.num_nodes})"
         )
     if isinstance(env, TorchElasticEnvironment | SLURMEnvironment):
         try:
