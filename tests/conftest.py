@@ -1,6 +1,7 @@
 """Shared fixtures: small datasets in their real on-disk formats, and a CLI runner."""
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -63,6 +64,23 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def ctrl_c_while_importing(module: str, *args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` given a Ctrl-C (SIGINT) inside its import of torch: the signal is sent once
+    the process says it is there (helpers/import_gate.py), not after a guessed delay."""
+    child = subprocess.Popen(
+        [sys.executable, str(HELPERS / "import_gate.py"), module, *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout.readline() == "importing torch\n"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 def run_folder(root: Path, args: list[str]) -> Path:

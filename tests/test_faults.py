@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import HELPERS, REPO, TINY_SHAPES, cli_env, read_scalars, run_cli
+from conftest import REPO, TINY_SHAPES, cli_env, ctrl_c_while_importing, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
@@ -407,19 +407,9 @@ def test_b_ctrl_c_during_the_sanity_check_leaves_no_run_folder_and_says_why(tmp_
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of
     the import it stopped."""
-    child = subprocess.Popen(
-        [sys.executable, str(HELPERS / "import_gate.py"), "lit_ddp", "fit"],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout.readline() == "importing torch\n"
-    child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=60)
-    assert (child.returncode, out) == (130, ""), err
-    assert err == "lit_ddp: stopped by Ctrl-C while starting: nothing was run\n"
+    result = ctrl_c_while_importing("lit_ddp", "fit", cwd=tmp_path, env=cli_env())
+    assert (result.returncode, result.stdout) == (130, ""), result.stderr
+    assert result.stderr == "lit_ddp: stopped by Ctrl-C while starting: nothing was run\n"
 
 
 @pytest.mark.slow

@@ -9,13 +9,13 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
+from conftest import ctrl_c_while_importing
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -290,19 +290,10 @@ def test_ctrl_c_while_the_projects_command_line_imports_is_one_line_and_exit_130
     new([str(tmp_path / "proj"), "--no-input"])
     paths = (str(tmp_path / "proj"), str(REPO), os.environ.get("PYTHONPATH"))
     pythonpath = os.pathsep.join(p for p in paths if p)
-    child = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "helpers" / "import_gate.py"), "proj", "fit"],
-        cwd=tmp_path / "proj",
-        env={**os.environ, "PYTHONPATH": pythonpath},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdout.readline() == "importing torch\n"
-    child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=60)
-    assert (child.returncode, out) == (130, ""), err
-    assert err == "python -m proj: stopped by Ctrl-C while starting: nothing was run\n"
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    result = ctrl_c_while_importing("proj", "fit", cwd=tmp_path / "proj", env=env)
+    assert (result.returncode, result.stdout) == (130, ""), result.stderr
+    assert result.stderr == "python -m proj: stopped by Ctrl-C while starting: nothing was run\n"
 
 
 def test_a_line_break_in_an_answer_is_refused_in_one_line(tmp_path: Path) -> None:
