@@ -10,7 +10,7 @@ read it. An evaluation epoch has no collective per batch, so ranks may run diffe
 
 The same hook refuses a training batch larger than a device's training shard: the loader would draw the
 whole shard as one smaller batch, while the global batch printed, logged and used by ``scale_lr`` would be
-the one asked for (``--data.batch_size=100000`` on 24 images scaled the lr by 390).
+the one asked for: a learning rate scaled for a batch no step ever takes.
 """
 
 import math

@@ -1,10 +1,10 @@
 """A full disk, a quota or a read-only remount during a run: one line, and what survived.
 
-Without this, a checkpoint write that fails with ENOSPC or EROFS ended the run with 78–171 lines of chained
-tracebacks: torch's writer wraps the OSError in a RuntimeError, Lightning's teardown flushes TensorBoard
-into the same full disk and raises again, and TensorBoard's background writer thread dies with a traceback
-of its own. Checkpoint writes are atomic (checkpoint_io.py), so the previous ``last.ckpt`` is intact; the
-line says so, and which path could not be written.
+A checkpoint write that fails with ENOSPC or EROFS would end the run in chained tracebacks: torch's writer
+wraps the OSError in a RuntimeError, Lightning's teardown flushes TensorBoard into the same full disk and
+raises again, and TensorBoard's background writer thread dies with a traceback of its own. Checkpoint writes
+are atomic (checkpoint_io.py), so the previous ``last.ckpt`` is intact; the line says so, and which path could
+not be written.
 """
 
 from pathlib import Path
