@@ -103,12 +103,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _host() -> str:
-    return socket.gethostname().replace(os.sep, "_") or "localhost"
-
-
-def _temporary(path: Path, pid: int | None = None) -> Path:
-    return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid() if pid is None else pid}")
+def _temporary_prefix(path: Path) -> str:
+    """``.<name>.tmp-<host>-``: this host's temporary files of ``path`` end in their writer's pid."""
+    return f".{path.name}.tmp-{socket.gethostname().replace(os.sep, '_')}-"
 
 
 def _gone(pid: int) -> bool:
@@ -117,14 +114,14 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # alive, another user's
-        return False
+        pass
     return False
 
 
 def _remove_stale(path: Path) -> None:
     """This host's temporary files of ``path`` whose writer was killed; a live writer's, and other hosts',
     stay."""
-    prefix = _temporary(path, 0).name[:-1]
+    prefix = _temporary_prefix(path)
     for stale in path.parent.glob(f"{prefix}*"):
         pid = stale.name[len(prefix) :]
         if pid.isdigit() and _gone(int(pid)):
@@ -140,7 +137,7 @@ def atomic_file(
     raises. ``what`` names the file in the line a failed write gives (``WriteError``), ``elsewhere`` the
     option that puts it on another disk."""
     path = Path(path)
-    tmp = _temporary(path)
+    tmp = path.with_name(f"{_temporary_prefix(path)}{os.getpid()}")
     try:
         with _failing_as(what, path, elsewhere):
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -911,9 +911,11 @@ def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | Non
 
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lit_ddp_launch") as pool:
             futures = [pool.submit(run_world, w, port) for w, port in zip((2, 1), free_ports(2), strict=True)]
-        errors = [f.exception() for f in futures]
-        for error in sorted((e for e in errors if e is not None), key=lambda e: isinstance(e, LaunchStopped)):
-            raise error
+        # The launch that failed, not the one it ended.
+        errors = [error for future in futures if (error := future.exception()) is not None]
+        errors.sort(key=lambda error: isinstance(error, LaunchStopped))
+        if errors:
+            raise errors[0]
         return [
             _evaluate(case, f"case{i}", root, facts)
             for i, (case, (_, facts)) in enumerate(zip(cases, plans, strict=True))
