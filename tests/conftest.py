@@ -1,9 +1,11 @@
 """Shared fixtures: small datasets in their real on-disk formats, and a CLI runner."""
 
+import atexit
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
 sys.path.insert(0, str(HELPERS))  # the tests import the helper scripts (imagenet_tree, the probes) by name
+
+from forked_cli import ForkedCli, startup_change  # noqa: E402  (found on the path set above)
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 # A quiet CPU run, on 2 DDP processes or on one plain process (no DDP: the training sampler shuffles by
@@ -51,19 +55,47 @@ WITH_PROBES = {"PYTHONPATH": str(HELPERS)}
 
 
 def run_cli(
-    args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None
+    args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None, new_session: bool = False
 ) -> subprocess.CompletedProcess:
-    """``python -m lit_ddp ARGS`` in a subprocess, in ``cwd`` (made if missing), with ``cli_env(env)``;
-    fails the test (not hangs) past ``timeout`` seconds."""
+    """``python -m lit_ddp ARGS`` in a process of its own, in ``cwd`` (made if missing), with
+    ``cli_env(env)``; fails the test (not hangs) past ``timeout`` seconds. ``new_session``: the process
+    starts a session (as a terminal's job does), so a signal to its group reaches the job and nothing else,
+    and a timeout kills all of it. Forked from this test process's server of commands where the environment
+    allows (helpers/forked_cli.py)."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", "lit_ddp", *args],
-        cwd=cwd,
-        env=cli_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env = cli_env(env)
+    server = forked_cli_server()
+    if server is not None and startup_change(env, server.env) is None:
+        return server.run(args, cwd, env, timeout, new_session)
+    command = [sys.executable, "-m", "lit_ddp", *args]
+    child = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=new_session,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as expired:
+        (os.killpg if new_session else os.kill)(child.pid, signal.SIGKILL)
+        out, err = child.communicate()
+        raise subprocess.TimeoutExpired(command, timeout, out, err) from expired
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+_forked_cli: list[ForkedCli | None] = []
+
+
+def forked_cli_server() -> ForkedCli | None:
+    """This test process's server of forked commands (helpers/forked_cli.py), started at its first use; None
+    where every command should be a new interpreter: ``LIT_DDP_TESTS_FORK=0``, or a CUDA device present."""
+    if not _forked_cli:
+        import torch
+
+        usable = os.environ.get("LIT_DDP_TESTS_FORK", "1") != "0" and not torch.cuda.is_available()
+        folder = Path(tempfile.mkdtemp(prefix="lit_ddp_cli_"))  # short: a socket's path has 107 bytes at most
+        _forked_cli.append(ForkedCli(cli_env(), folder) if usable else None)
+        if usable:
+            atexit.register(_forked_cli[0].close)
+    return _forked_cli[0]
 
 
 def ctrl_c_while_importing(module: str, *args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -60,19 +60,10 @@ def job(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """``python -m lit_ddp ARGS`` as a job of its own (a new session, as a terminal starts one): a probe's
     ``sigint_group`` reaches all of it and nothing else, and past the timeout the whole job is killed, not its
     main process alone (ddp_spawn's ranks would be left waiting for it)."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "lit_ddp", *args]
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=cli_env(ENV), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
     try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"the job did not end in {RUN_TIMEOUT} s: {(out + err)[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        return run_cli(args, cwd=cwd, env=ENV, timeout=RUN_TIMEOUT, new_session=True)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"the job did not end in {RUN_TIMEOUT} s: {(expired.output + expired.stderr)[-3000:]}")
 
 
 def batches(probe: Path, rank: int = 0) -> list[tuple[int, int, list[int]]]:

@@ -1,0 +1,230 @@
+"""``python -m lit_ddp ARGS`` for the tests, without paying for the imports on every command.
+
+A test that runs the command line waits about ten seconds for torch, Lightning and torchmetrics to import
+before the command reads its first argument, and the suite runs hundreds of them. Here one server process
+per pytest worker imports ``lit_ddp.cli`` once, then forks a child per command. The child is a real process
+of its own (its own pid, environment, working folder, file descriptors 0-2, signal handling, exit status and
+interpreter shutdown) running ``lit_ddp``'s ``__main__`` as ``python -m lit_ddp`` would; only the import of
+modules that import nothing process-wide (a rule test_architecture enforces) is shared. Ranks a command
+starts (``ddp``, ``ddp_spawn``, torchrun) are new interpreters as always.
+
+What the fork cannot give is what an interpreter reads before its first line: ``PYTHON*`` variables other
+than PYTHONPATH, and the thread-library variables libgomp reads when it loads. A command whose environment
+changes one of those runs as a plain subprocess; so does every command when ``LIT_DDP_TESTS_FORK=0`` or a
+CUDA device is present (a CUDA test runs exactly the user's process).
+
+    python tests/helpers/forked_cli.py SOCKET   # the server; prints "ready" once it listens
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Read by an interpreter or a thread library before the command's first line, so a fork cannot change them.
+STARTUP_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "LD_", "MALLOC_")
+FORK_SAFE = {"PYTHONPATH", "PYTHONUNBUFFERED"}  # sys.path is set per child; stdio is unbuffered in both
+
+
+def startup_change(env: dict[str, str], base: dict[str, str]) -> str | None:
+    """The first variable that ``env`` sets unlike ``base`` and that only a new interpreter reads."""
+    for key in sorted(set(env) | set(base)):
+        if key.startswith(STARTUP_PREFIXES) and key not in FORK_SAFE and env.get(key) != base.get(key):
+            return key
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+
+def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
+    """In the forked child: become ``python -m lit_ddp ARGS`` in the request's folder and environment."""
+    import importlib
+    import runpy
+
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    # As `python -m`: the working folder first, then PYTHONPATH, then the interpreter's own.
+    sys.path[:] = [os.getcwd(), *dict.fromkeys(extra), *(p for p in base_path if p not in extra)]
+    importlib.invalidate_caches()
+    sys.argv = ["-m", *request["args"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+def serve(path: str) -> None:
+    """Import the command's modules, then fork one child per request until the test worker goes away."""
+    import gc
+
+    import lit_ddp.cli  # noqa: F401  the seconds this server exists to pay once
+
+    gc.freeze()  # the imported objects stay out of each child's collections: their pages stay shared
+
+    env_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in env_paths]  # without this script's folder
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so SIGCHLD wakes the selector
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(wake_r, selectors.EVENT_READ, "child")
+    selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "worker")
+    print("ready", flush=True)
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        for key, _ in selector.select():
+            if key.data == "worker" and not os.read(sys.stdin.fileno(), 4096):
+                for pid in waiting:  # the pytest worker is gone: so are its commands
+                    os.kill(pid, signal.SIGKILL)
+                return
+            if key.data == "child":
+                os.read(wake_r, 4096)
+                while waiting:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                    if pid == 0:
+                        break
+                    if pid in waiting:
+                        conn = waiting.pop(pid)
+                        reply = {"status": os.waitstatus_to_exitcode(status)}
+                        conn.sendall(json.dumps(reply).encode() + b"\n")
+                        conn.close()
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                while part := conn.recv(1 << 20):  # the rest of the request, up to the client's shutdown
+                    message += part
+                pid = os.fork()
+                if pid == 0:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    selector.close()
+                    for sock in (listener, conn, *waiting.values()):
+                        sock.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _child(json.loads(message), fds, base_path)  # exits through SystemExit, never returns
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                waiting[pid] = conn
+
+
+# ---------------------------------------------------------------------------------------------- the client
+
+
+class ForkedCli:
+    """One server per test process, started at the first command and gone with the process."""
+
+    def __init__(self, env: dict[str, str], folder: Path) -> None:
+        self.env = env
+        self.path = str(folder / "cli.sock")
+        self.server = subprocess.Popen(
+            [sys.executable, __file__, self.path], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        line = self.server.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the forked-CLI server did not start (exit {self.server.wait()})")
+
+    def close(self) -> None:
+        """End the server (its children have ended with their tests) and remove its socket's folder."""
+        self.server.stdin.close()
+        self.server.wait(timeout=30)
+        shutil.rmtree(Path(self.path).parent, ignore_errors=True)
+
+    def run(
+        self,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        new_session: bool = False,
+        module: str = "lit_ddp",
+    ) -> subprocess.CompletedProcess:
+        """As ``subprocess.run([python, -m, MODULE, *args], capture_output=True, text=True, timeout=...)``;
+        ``new_session`` as Popen's ``start_new_session``, and then a timeout kills the whole session."""
+        command = [sys.executable, "-m", module, *args]
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.path)
+        request = dict(args=list(args), cwd=str(cwd), env=env, new_session=new_session, module=module)
+        stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what subprocess would inherit
+        socket.send_fds(conn, [json.dumps(request).encode()], [stdin, out_w, err_w])
+        conn.shutdown(socket.SHUT_WR)
+        if stdin != 0:
+            os.close(stdin)
+        os.close(out_w)
+        os.close(err_w)
+        deadline = time.monotonic() + timeout
+        replies = conn.makefile("rb")
+        pid = json.loads(replies.readline())["pid"]
+        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+        selector = selectors.DefaultSelector()
+        for fd in chunks:
+            selector.register(fd, selectors.EVENT_READ)
+        timed_out = False
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            ready = selector.select(max(left, 0))
+            if not ready and left <= 0:
+                timed_out = True
+                break
+            for key, _ in ready:
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    selector.unregister(key.fd)
+        selector.close()
+        if timed_out:
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if new_session else os.kill)(pid, signal.SIGKILL)
+        status = json.loads(replies.readline())["status"]
+        replies.close()
+        conn.close()
+        out, err = (_text(b"".join(chunks[fd])) for fd in (out_r, err_r))
+        os.close(out_r)
+        os.close(err_r)
+        if timed_out:
+            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(command, status, out, err)
+
+
+def _text(data: bytes) -> str:
+    """Decoded as subprocess's text mode does: the locale's encoding, universal newlines."""
+    import locale
+
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

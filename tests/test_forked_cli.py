@@ -1,0 +1,64 @@
+"""The tests' command runner (helpers/forked_cli.py): a forked command is the process a new interpreter
+would be, as far as a command can tell, and its result reads as subprocess.run's."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, run_cli
+from forked_cli import startup_change
+
+pytestmark = pytest.mark.skipif(forked_cli_server() is None, reason="commands run as plain subprocesses here")
+
+
+def probe(tmp_path, *args, env=None, **kwargs) -> subprocess.CompletedProcess:
+    env = cli_env({**WITH_PROBES, **(env or {})})
+    return forked_cli_server().run(list(args), tmp_path, env, timeout=60, module="fork_probe", **kwargs)
+
+
+def test_a_forked_command_has_its_own_process_folder_environment_and_main_module(tmp_path):
+    result = probe(tmp_path, "report", env={"FORK_PROBE": "yes"})
+    seen = json.loads(result.stdout)
+    assert result.returncode == 0
+    assert seen["pid"] not in (os.getpid(), forked_cli_server().server.pid)
+    assert seen["cwd"] == seen["path0"] == str(tmp_path)  # `python -m` puts the working folder first
+    assert seen["env"] == "yes" and "FORK_PROBE" not in os.environ
+    assert seen["argv"][1:] == ["report"] and seen["argv"][0].endswith("fork_probe.py")
+    assert seen["main_spec"] == "fork_probe"  # what Lightning's launcher and multiprocessing read
+    assert seen["sigint"] and seen["sid"] == os.getsid(0)
+    assert seen["stdin"] == [os.fstat(0).st_dev, os.fstat(0).st_ino]  # this process's stdin, as inherited
+    assert result.stderr == "to stderr\nline two\n"  # text mode's universal newlines, as subprocess's
+
+
+def test_exit_codes_signals_and_tracebacks_read_as_subprocess_reports_them(tmp_path):
+    assert probe(tmp_path, "exit", "3").returncode == 3
+    assert probe(tmp_path, "signal").returncode == -15
+    raised = probe(tmp_path, "raise")
+    assert raised.returncode == 1 and raised.stderr.rstrip().endswith("ValueError: from the probe")
+
+
+def test_a_new_session_and_a_timeout_that_kills_it(tmp_path):
+    assert json.loads(probe(tmp_path, "report", new_session=True).stdout)["sid"] != os.getsid(0)
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        forked_cli_server().run(
+            ["sleep"], tmp_path, cli_env(WITH_PROBES), timeout=3, new_session=True, module="fork_probe"
+        )
+    assert expired.value.output == "sleeping\n"
+
+
+def test_what_only_a_new_interpreter_reads_makes_a_plain_subprocess():
+    base = {"PATH": "/bin", "PYTHONPATH": "a"}
+    assert startup_change({**base, "PYTHONPATH": "a:b", "AWS_REGION": "x"}, base) is None
+    assert startup_change({**base, "PYTHONWARNINGS": "error"}, base) == "PYTHONWARNINGS"
+    assert startup_change({**base, "OMP_NUM_THREADS": "1"}, base) == "OMP_NUM_THREADS"
+
+
+def test_lit_ddp_forked_says_what_a_new_interpreter_says(tmp_path):
+    args = ["fit", *CPU, "--trainer.devices=0"]
+    forked = run_cli(args, tmp_path)
+    plain = subprocess.run([sys.executable, "-m", "lit_ddp", *args], cwd=tmp_path, env=cli_env(),
+                           capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert (forked.returncode, forked.stdout, forked.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    assert forked.returncode == 2 and forked.stderr.startswith("lit_ddp: error: --trainer.devices=0")
