@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import DDP2, ONE, REPO, run_cli
 from helpers import s3
 from imagenet_tree import make_tree
 from streaming_runs import (
+    ARGS,
+    ENV,
     PROCESSES,
     assert_same_weights,
     fit,
@@ -335,6 +337,47 @@ def test_stopped_mid_epoch_resumes_on_another_process_count_to_the_uninterrupted
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert torch.load(last_ckpt(run), weights_only=True)["global_step"] == 6
     assert_same_weights(weights(run), weights(streaming_reference(before)), atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_jpeg_shards_decoded_on_the_device_train_one_model_on_1_and_2_processes_and_resume_across_them(
+    tmp_path: Path,
+) -> None:
+    """ImageFolder shards decoded on the device (``--data.decode=gpu``, here on the CPU) through the real
+    command: 2 × 4 trains the model 1 × 8 trains, and a 2-process run stopped mid-epoch by SIGTERM resumes on
+    one process to the same weights."""
+    from lit_ddp.data.convert import convert
+
+    special = make_tree(tmp_path / "tree")
+    for unreadable in ("truncated", "corrupt"):  # a dropped sample changes a rank's mean: not this test's
+        special[unreadable].unlink()
+    convert(str(tmp_path / "tree"), str(tmp_path / "shards"), shard_mb=0.05)
+    encoded = [
+        "fit", "--model=lit_ddp.models.LeNetCIFAR", "--data=lit_ddp.data.StreamingDataModule",
+        f"--data.url={tmp_path / 'shards'}", "--data.decode=gpu", "--data.draft=false",
+        "--data.num_workers=0", "--data.image_size=32", "--data.val_resize=36",
+        "--data.augmentation=lit_ddp.data.RandomResizedCropFlip",
+        *ARGS[1:],  # ARGS[0] holds out CIFAR samples: these shards have their own val split
+    ]  # fmt: skip
+    on = {1: [*ONE, "--data.batch_size=8"], 2: [*DDP2, "--data.batch_size=4"]}  # 26 images: 4 steps an epoch
+
+    def run(name: str, processes: int, *args: str) -> Path:
+        cwd = tmp_path / name
+        cwd.mkdir()
+        proc = run_cli([*encoded, *on[processes], *args], cwd=cwd, env=ENV, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return cwd
+
+    two = weights(run("two", 2))
+    assert_same_weights(weights(run("one", 1)), two, atol=1e-5)
+    stopped = run("stopped", 2, *stop_mid_epoch(5, tmp_path / "probe"))
+    assert torch.load(last_ckpt(stopped), weights_only=True)["global_step"] in (6, 7)  # mid-epoch 2
+    proc = run_cli([*encoded, *on[1], "--ckpt_path=last"], cwd=stopped, env=ENV, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torch.load(last_ckpt(stopped), weights_only=True)["global_step"] == 8
+    assert_same_weights(weights(stopped), two, atol=1e-5)
 
 
 @pytest.mark.slow
