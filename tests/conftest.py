@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
 sys.path.insert(0, str(HELPERS))  # the tests import the helper scripts (imagenet_tree, the probes) by name
 
-from forked_cli import ForkedCli, startup_change  # noqa: E402  (found on the path set above)
+from forked_cli import ForkedCli, ServerGone, startup_change  # noqa: E402  (found on the path set above)
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 # A quiet CPU run, on 2 DDP processes or on one plain process (no DDP: the training sampler shuffles by
@@ -66,7 +66,10 @@ def run_cli(
     env = cli_env(env)
     server = forked_cli_server()
     if server is not None and startup_change(env, server.env) is None:
-        return server.run(args, cwd, env, timeout, new_session)
+        try:
+            return server.run(args, cwd, env, timeout, new_session)
+        except ServerGone:  # nothing was started: this process's commands run plainly from now on
+            _forked_cli[0] = None
     command = [sys.executable, "-m", "lit_ddp", *args]
     child = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

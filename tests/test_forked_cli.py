@@ -8,14 +8,14 @@ import sys
 
 import pytest
 from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, run_cli
-from forked_cli import startup_change
+from forked_cli import ForkedCli, ServerGone, startup_change
 
 pytestmark = pytest.mark.skipif(forked_cli_server() is None, reason="commands run as plain subprocesses here")
 
 
-def probe(tmp_path, *args, env=None, **kwargs) -> subprocess.CompletedProcess:
+def probe(tmp_path, *args, env=None, timeout=60, **kwargs) -> subprocess.CompletedProcess:
     env = cli_env({**WITH_PROBES, **(env or {})})
-    return forked_cli_server().run(list(args), tmp_path, env, timeout=60, module="fork_probe", **kwargs)
+    return forked_cli_server().run(list(args), tmp_path, env, timeout=timeout, module="fork_probe", **kwargs)
 
 
 def test_a_forked_command_has_its_own_process_folder_environment_and_main_module(tmp_path):
@@ -42,10 +42,20 @@ def test_exit_codes_signals_and_tracebacks_read_as_subprocess_reports_them(tmp_p
 def test_a_new_session_and_a_timeout_that_kills_it(tmp_path):
     assert json.loads(probe(tmp_path, "report", new_session=True).stdout)["sid"] != os.getsid(0)
     with pytest.raises(subprocess.TimeoutExpired) as expired:
-        forked_cli_server().run(
-            ["sleep"], tmp_path, cli_env(WITH_PROBES), timeout=3, new_session=True, module="fork_probe"
-        )
+        probe(tmp_path, "sleep", timeout=3, new_session=True)
     assert expired.value.output == "sleeping\n"
+    with pytest.raises(subprocess.TimeoutExpired):  # its output closed early, its process still running
+        probe(tmp_path, "sleep_closed", timeout=3)
+    assert probe(tmp_path, "exit", "0").returncode == 0  # the server outlives its clients' timeouts
+
+
+def test_a_server_that_has_ended_is_reported_before_anything_runs(tmp_path):
+    server = ForkedCli(cli_env(), tmp_path, preload="json")
+    server.server.kill()
+    server.server.wait()
+    with pytest.raises(ServerGone):  # run_cli then runs the command as a plain subprocess
+        server.run(["fit"], tmp_path, cli_env(), timeout=10)
+    server.close()
 
 
 def test_what_only_a_new_interpreter_reads_makes_a_plain_subprocess():

@@ -25,3 +25,7 @@ if __name__ == "__main__":
     elif action == "sleep":
         print("sleeping", flush=True)
         signal.pause()
+    elif action == "sleep_closed":  # its output closed, still running
+        os.close(1)
+        os.close(2)
+        signal.pause()

@@ -13,7 +13,7 @@ than PYTHONPATH, and the thread-library variables libgomp reads when it loads. A
 changes one of those runs as a plain subprocess; so does every command when ``LIT_DDP_TESTS_FORK=0`` or a
 CUDA device is present (a CUDA test runs exactly the user's process).
 
-    python tests/helpers/forked_cli.py SOCKET   # the server; prints "ready" once it listens
+    python tests/helpers/forked_cli.py SOCKET lit_ddp.cli   # the server; prints "ready" once it listens
 """
 
 from __future__ import annotations
@@ -68,11 +68,13 @@ def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
     sys.exit(0)
 
 
-def serve(path: str) -> None:
-    """Import the command's modules, then fork one child per request until the test worker goes away."""
+def serve(path: str, preload: str) -> None:
+    """Import ``preload`` (the command's modules), then fork one child per request until the test worker
+    goes away."""
     import gc
+    import importlib
 
-    import lit_ddp.cli  # noqa: F401  the seconds this server exists to pay once
+    importlib.import_module(preload)  # the seconds this server exists to pay once
 
     gc.freeze()  # the imported objects stay out of each child's collections: their pages stay shared
 
@@ -104,15 +106,17 @@ def serve(path: str) -> None:
                     if pid == 0:
                         break
                     if pid in waiting:
-                        conn = waiting.pop(pid)
-                        reply = {"status": os.waitstatus_to_exitcode(status)}
-                        conn.sendall(json.dumps(reply).encode() + b"\n")
-                        conn.close()
+                        _reply(waiting.pop(pid), {"status": os.waitstatus_to_exitcode(status)}, close=True)
             if key.data == "accept":
                 conn, _ = listener.accept()
-                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-                while part := conn.recv(1 << 20):  # the rest of the request, up to the client's shutdown
-                    message += part
+                try:
+                    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                    while part := conn.recv(1 << 20):  # the rest of the request, up to the client's shutdown
+                        message += part
+                    request = json.loads(message)
+                except (OSError, ValueError):  # a client gone mid-request: nothing was started for it
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
@@ -122,11 +126,19 @@ def serve(path: str) -> None:
                         sock.close()
                     os.close(wake_r)
                     os.close(wake_w)
-                    _child(json.loads(message), fds, base_path)  # exits through SystemExit, never returns
+                    _child(request, fds, base_path)  # exits through SystemExit, never returns
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 waiting[pid] = conn
+                _reply(conn, {"pid": pid})
+
+
+def _reply(conn: socket.socket, message: dict, close: bool = False) -> None:
+    """A line to the client; a client that has gone (its test failed or timed out) is not an error here."""
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    if close:
+        conn.close()
 
 
 # ---------------------------------------------------------------------------------------------- the client
@@ -135,12 +147,11 @@ def serve(path: str) -> None:
 class ForkedCli:
     """One server per test process, started at the first command and gone with the process."""
 
-    def __init__(self, env: dict[str, str], folder: Path) -> None:
+    def __init__(self, env: dict[str, str], folder: Path, preload: str = "lit_ddp.cli") -> None:
         self.env = env
         self.path = str(folder / "cli.sock")
-        self.server = subprocess.Popen(
-            [sys.executable, __file__, self.path], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
+        command = [sys.executable, __file__, self.path, preload]
+        self.server = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         line = self.server.stdout.readline()
         if line.strip() != b"ready":
             raise RuntimeError(f"the forked-CLI server did not start (exit {self.server.wait()})")
@@ -166,28 +177,72 @@ class ForkedCli:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self.path)
+        try:
+            conn.connect(self.path)
+        except OSError as err:  # the server has ended (killed for memory, say): the caller runs it plainly
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            conn.close()
+            raise ServerGone(str(err)) from err
         request = dict(args=list(args), cwd=str(cwd), env=env, new_session=new_session, module=module)
-        stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what subprocess would inherit
+        stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what a subprocess would inherit
         socket.send_fds(conn, [json.dumps(request).encode()], [stdin, out_w, err_w])
         conn.shutdown(socket.SHUT_WR)
-        if stdin != 0:
-            os.close(stdin)
-        os.close(out_w)
-        os.close(err_w)
+        for fd in (out_w, err_w) if stdin == 0 else (out_w, err_w, stdin):
+            os.close(fd)
+        pid = _read(conn, "pid")
+        kill = os.killpg if new_session else os.kill
         deadline = time.monotonic() + timeout
-        replies = conn.makefile("rb")
-        pid = json.loads(replies.readline())["pid"]
-        chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-        selector = selectors.DefaultSelector()
+        try:
+            out, err, timed_out = _read_until_closed(out_r, err_r, deadline)
+            try:  # the command may end after it closed its output, as communicate() waits for that too
+                status = None if timed_out else _read(conn, "status", deadline - time.monotonic())
+            except TimeoutError:
+                timed_out = True
+            if timed_out:
+                with contextlib.suppress(ProcessLookupError):
+                    kill(pid, signal.SIGKILL)
+                _read(conn, "status")
+        except BaseException:  # a test stopped meanwhile (pytest-timeout, Ctrl-C): so is its command
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
+            raise
+        finally:
+            conn.close()
+            os.close(out_r)
+            os.close(err_r)
+        if timed_out:
+            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
+        return subprocess.CompletedProcess(command, status, out, err)
+
+
+class ServerGone(RuntimeError):
+    """The server of forked commands no longer answers."""
+
+
+def _read(conn: socket.socket, field: str, timeout: float | None = None) -> int:
+    """The server's next line, one JSON object holding ``field``; TimeoutError past ``timeout`` seconds."""
+    conn.settimeout(None if timeout is None else max(timeout, 0.01))
+    line = b""
+    while not line.endswith(b"\n"):
+        part = conn.recv(1)
+        if not part:
+            raise RuntimeError(f"the forked-CLI server ended before it sent the command's {field}")
+        line += part
+    return json.loads(line)[field]
+
+
+def _read_until_closed(out_r: int, err_r: int, deadline: float) -> tuple[str, str, bool]:
+    """Both pipes read to their end, as ``communicate`` does (the command's own children may hold them), or
+    up to ``deadline``: (stdout, stderr, whether the deadline came first)."""
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    with selectors.DefaultSelector() as selector:
         for fd in chunks:
             selector.register(fd, selectors.EVENT_READ)
-        timed_out = False
         while selector.get_map():
             left = deadline - time.monotonic()
             ready = selector.select(max(left, 0))
             if not ready and left <= 0:
-                timed_out = True
                 break
             for key, _ in ready:
                 data = os.read(key.fd, 1 << 16)
@@ -195,19 +250,8 @@ class ForkedCli:
                     chunks[key.fd].append(data)
                 else:
                     selector.unregister(key.fd)
-        selector.close()
-        if timed_out:
-            with contextlib.suppress(ProcessLookupError):
-                (os.killpg if new_session else os.kill)(pid, signal.SIGKILL)
-        status = json.loads(replies.readline())["status"]
-        replies.close()
-        conn.close()
-        out, err = (_text(b"".join(chunks[fd])) for fd in (out_r, err_r))
-        os.close(out_r)
-        os.close(err_r)
-        if timed_out:
-            raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
-        return subprocess.CompletedProcess(command, status, out, err)
+        timed_out = bool(selector.get_map())
+    return _text(b"".join(chunks[out_r])), _text(b"".join(chunks[err_r])), timed_out
 
 
 def _text(data: bytes) -> str:
@@ -227,4 +271,4 @@ def _is_open(fd: int) -> bool:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(*sys.argv[1:])
