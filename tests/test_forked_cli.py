@@ -10,19 +10,25 @@ import pytest
 from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, run_cli
 from forked_cli import ForkedCli, ServerGone, startup_change
 
-pytestmark = pytest.mark.skipif(forked_cli_server() is None, reason="commands run as plain subprocesses here")
+
+def shared_server() -> ForkedCli:
+    """This process's server, which run_cli uses; the test is skipped where commands run plainly."""
+    server = forked_cli_server()
+    if server is None:
+        pytest.skip("commands run as plain subprocesses here (LIT_DDP_TESTS_FORK=0, or a CUDA device)")
+    return server
 
 
 def probe(tmp_path, *args, env=None, timeout=60, **kwargs) -> subprocess.CompletedProcess:
     env = cli_env({**WITH_PROBES, **(env or {})})
-    return forked_cli_server().run(list(args), tmp_path, env, timeout=timeout, module="fork_probe", **kwargs)
+    return shared_server().run(list(args), tmp_path, env, timeout=timeout, module="fork_probe", **kwargs)
 
 
 def test_a_forked_command_has_its_own_process_folder_environment_and_main_module(tmp_path):
     result = probe(tmp_path, "report", env={"FORK_PROBE": "yes"})
     seen = json.loads(result.stdout)
     assert result.returncode == 0
-    assert seen["pid"] not in (os.getpid(), forked_cli_server().server.pid)
+    assert seen["pid"] not in (os.getpid(), shared_server().server.pid)
     assert seen["cwd"] == seen["path0"] == str(tmp_path)  # `python -m` puts the working folder first
     assert seen["env"] == "yes" and "FORK_PROBE" not in os.environ
     assert seen["argv"][1:] == ["report"] and seen["argv"][0].endswith("fork_probe.py")
@@ -67,6 +73,7 @@ def test_what_only_a_new_interpreter_reads_makes_a_plain_subprocess():
 
 def test_lit_ddp_forked_says_what_a_new_interpreter_says(tmp_path):
     args = ["fit", *CPU, "--trainer.devices=0"]
+    shared_server()
     forked = run_cli(args, tmp_path)
     plain = subprocess.run([sys.executable, "-m", "lit_ddp", *args], cwd=tmp_path, env=cli_env(),
                            capture_output=True, text=True, timeout=240)  # fmt: skip
