@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import ctrl_c_while_importing
+from conftest import ctrl_c_while_importing, run_cli
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -56,11 +56,9 @@ def run(
 
 
 def new_cli(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
-    """``python -m lit_ddp new ARGS``; ``stdin``: the text typed at its prompts (EOF after it)."""
-    # PYTHONPATH: this checkout's lit_ddp, whatever is installed; the caller's entries kept after it.
-    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "lit_ddp", "new", *args]
-    return run(command, cwd=cwd, timeout=120, stdin=stdin, PYTHONPATH=pythonpath)
+    """``python -m lit_ddp new ARGS`` (this checkout's lit_ddp, whatever is installed); ``stdin``: the text
+    typed at its prompts (EOF after it)."""
+    return run_cli(["new", *args], cwd=cwd, timeout=120, input=stdin)
 
 
 def python_lines(project: Path) -> int:

@@ -170,9 +170,11 @@ class ForkedCli:
         timeout: float,
         new_session: bool = False,
         module: str = "lit_ddp",
+        input: str | None = None,
     ) -> subprocess.CompletedProcess:
-        """As ``subprocess.run([python, -m, MODULE, *args], capture_output=True, text=True, timeout=...)``;
-        ``new_session`` as Popen's ``start_new_session``, and then a timeout kills the whole session."""
+        """As ``subprocess.run([python, -m, MODULE, *args], capture_output=True, text=True, input=...,
+        timeout=...)``; ``new_session`` as Popen's ``start_new_session``, and then a timeout kills the whole
+        session."""
         command = [sys.executable, "-m", module, *args]
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -185,7 +187,12 @@ class ForkedCli:
             conn.close()
             raise ServerGone(str(err)) from err
         request = dict(args=list(args), cwd=str(cwd), env=env, new_session=new_session, module=module)
-        stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what a subprocess would inherit
+        if input is not None:  # the text, then the end of the file, as a pipe (a prompt's answers)
+            stdin, typed = os.pipe()
+            with os.fdopen(typed, "w") as pipe:  # a prompt's few lines: within a pipe's buffer
+                pipe.write(input)
+        else:
+            stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what a subprocess inherits
         socket.send_fds(conn, [json.dumps(request).encode()], [stdin, out_w, err_w])
         conn.shutdown(socket.SHUT_WR)
         for fd in (out_w, err_w) if stdin == 0 else (out_w, err_w, stdin):
