@@ -61,21 +61,24 @@ def run_cli(
     env: dict | None = None,
     new_session: bool = False,
     input: str | None = None,
+    module: str = "lit_ddp",
 ) -> subprocess.CompletedProcess:
-    """``python -m lit_ddp ARGS`` in a process of its own, in ``cwd`` (made if missing), with
-    ``cli_env(env)``; fails the test (not hangs) past ``timeout`` seconds. ``new_session``: the process
-    starts a session (as a terminal's job does), so a signal to its group reaches the job and nothing else,
-    and a timeout kills all of it. ``input``: its standard input (else this process's). Forked from this
-    test process's server of commands where the environment allows (helpers/forked_cli.py)."""
+    """``python -m lit_ddp ARGS`` (or ``python -m MODULE ARGS``: a generated project's package, in ``cwd``
+    or on the ``PYTHONPATH`` of ``env``, on this checkout's lit_ddp) in a process of its own, in ``cwd``
+    (made if missing), with ``cli_env(env)``; fails the test (not hangs) past ``timeout`` seconds.
+    ``new_session``: the process starts a session (as a terminal's job does), so a signal to its group
+    reaches the job and nothing else, and a timeout kills all of it. ``input``: its standard input (else
+    this process's). Forked from this test process's server of commands where the environment allows
+    (helpers/forked_cli.py)."""
     cwd.mkdir(parents=True, exist_ok=True)
     env = cli_env(env)
     server = forked_cli_server()
     if server is not None and startup_change(env, server.env) is None:
         try:
-            return server.run(args, cwd, env, timeout, new_session, input=input)
+            return server.run(args, cwd, env, timeout, new_session, module=module, input=input)
         except ServerGone:  # nothing was started: this process's commands run plainly from now on
             _forked_cli[0] = None
-    command = [sys.executable, "-m", "lit_ddp", *args]
+    command = [sys.executable, "-m", module, *args]
     child = subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=new_session, stdin=None if input is None else subprocess.PIPE,

@@ -451,11 +451,8 @@ def test_a_generated_project_switches_its_data_to_shards_by_config(tmp_path: Pat
     readme = (project / "README.md").read_text()
     commands = ["shard data/my_images shards/my_images", "fit --config configs/streaming.yaml --data.url="]
     assert all(f"python -m cat_dog {c}" in readme for c in commands)
-    env = {"PYTHONPATH": f"{project}{os.pathsep}{REPO}"}
-    cli = [sys.executable, "-m", "cat_dog"]
-    sharded = run(
-        [*cli, "shard", "data/my_images", "shards/my_images", "--shard-mb=0.05"], cwd=project, **env
-    )
+    shard = ["shard", "data/my_images", "shards/my_images", "--shard-mb=0.05"]
+    sharded = run_cli(shard, cwd=project, module="cat_dog")
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     quick = [
         "--data.batch_size=8",
@@ -464,7 +461,7 @@ def test_a_generated_project_switches_its_data_to_shards_by_config(tmp_path: Pat
         "--trainer.accelerator=cpu",
     ]
     args = ["--config", "configs/streaming.yaml", "--data.url=shards/my_images", *quick]
-    fit = run([*cli, "fit", *args, "--trainer.enable_progress_bar=false"], cwd=project, **env)
+    fit = run_cli(["fit", *args, "--trainer.enable_progress_bar=false"], cwd=project, module="cat_dog")
     assert fit.returncode == 0, fit.stderr[-3000:]
     (run_dir,) = project.glob("logs/streaming/version_*")
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -787,12 +784,11 @@ def test_the_projects_suite_stays_green_with_the_users_own_network_and_data(tmp_
 
 def test_the_projects_help_lists_doctor_not_new_and_doctor_names_the_projects_configs(tmp_path: Path) -> None:
     project = bake(tmp_path, project_name="Cat Dog", model_families="lenet_cifar")
-    env = {"PYTHONPATH": f"{project}{os.pathsep}{REPO}"}
-    main_help = run([sys.executable, "-m", "cat_dog", "--help"], cwd=project, **env)
+    main_help = run_cli(["--help"], cwd=project, module="cat_dog")
     assert main_help.returncode == 0, main_help.stderr
     assert "usage: python -m cat_dog" in main_help.stdout and "doctor --config" in main_help.stdout
     assert "new DEST" not in main_help.stdout  # lit_ddp's project generator is not the project's
-    doctor_help = run([sys.executable, "-m", "cat_dog", "doctor", "--help"], cwd=project, **env)
+    doctor_help = run_cli(["doctor", "--help"], cwd=project, module="cat_dog")
     assert doctor_help.returncode == 0, doctor_help.stderr
     text = doctor_help.stdout
     assert "usage: python -m cat_dog doctor" in text and "python -m lit_ddp" not in text
