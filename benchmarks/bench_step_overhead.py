@@ -40,6 +40,7 @@ import argparse
 import cProfile
 import io
 import json
+import math
 import os
 import pstats
 import subprocess
@@ -384,6 +385,36 @@ def print_device_ops() -> None:
         kernels = sum(name not in views for name in device.names)
         print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")
     print_metric_update_ops(views)
+    print_nan_check_cost()
+
+
+def print_nan_check_cost(checks: int = 400, rounds: int = 7) -> None:
+    """NanGuard's check of a step's gradients on a CPU, the total norm read as one number: torch's
+    ``get_total_norm`` against the guard's own norm of norms (runtime/nan_guard.py), on TinyNet's gradient
+    shapes and LeNet's; host µs of one check (``checks`` in a row, ``rounds`` taking turns, one thread)."""
+    from lit_ddp.runtime.nan_guard import _total_norm
+
+    g = torch.Generator().manual_seed(0)
+    lenet = ((6, 3, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 400), (120,), (84, 120), (84,), (10, 84), (10,))
+    models = {"TinyNet": [p.shape for p in TinyNet().parameters()], "LeNet": lenet}
+    checks_of = {"torch get_total_norm": torch.nn.utils.get_total_norm, "lit_ddp NanGuard": _total_norm}
+
+    def seconds(check, grads: list[torch.Tensor]) -> float:
+        start = time.perf_counter()
+        for _ in range(checks):
+            math.isfinite(check(grads, 2.0).item())
+        return (time.perf_counter() - start) / checks * 1e6
+
+    cases = {}
+    for model, shapes in models.items():
+        grads = [torch.randn(shape, generator=g) for shape in shapes]
+        label = f"{model} ({len(shapes)} tensors)"
+        cases |= {f"{name}, {label}": partial(seconds, check, grads) for name, check in checks_of.items()}
+    timed = summarize(interleaved(cases, rounds))
+    print("\n| gradients' check, CPU | host µs per step, median (range) |")
+    print("|---|---:|")
+    for name, row in timed.items():
+        print(f"| {name} | {row['median']:.1f} ({row['min']:.1f}–{row['max']:.1f}) |")
 
 
 def print_metric_update_ops(views: set[str], updates: int = 2000, rounds: int = 7) -> None:

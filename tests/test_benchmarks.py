@@ -98,6 +98,8 @@ def test_the_step_overhead_benchmark_runs_every_mode_on_a_few_steps() -> None:
         int(rows[f"{name}"][1]) for name in ("lit_ddp TopKAccuracy", "torchmetrics MulticlassAccuracy")
     )
     assert ours < theirs  # the accuracy's update launches fewer kernels than torchmetrics' stat scores
+    checks = [label for label in rows if label.startswith(("torch get_total_norm, ", "lit_ddp NanGuard, "))]
+    assert len(checks) == 4  # the gradients' check, torch's and the guard's, on two models' shapes
 
 
 @pytest.mark.slow

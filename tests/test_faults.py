@@ -3,6 +3,7 @@ bad checkpoints, bad launch arguments. Each injects its fault with tests/helpers
 outcomes."""
 
 import ast
+import math
 import os
 import signal
 import subprocess
@@ -971,6 +972,22 @@ def test_d_nan_guard_catches_any_non_finite_gradient_and_passes_large_finite_one
         optimizer = _optimizer_with_grads(finite, grads)
         with pytest.raises(NonFiniteLossError, match="^non-finite loss or gradients"):
             NanGuard().on_before_optimizer_step(_Stub(scaler=None), None, optimizer)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_d_nan_guards_cpu_norm_is_torchs_total_norm(norm_type: float) -> None:
+    """On a CPU the guard takes the norm of the gradients' norms itself, tensor by tensor: the value
+    get_total_norm gives, for the shapes and dtypes of a model's gradients, and NaN where it gives NaN."""
+    from lit_ddp.runtime.nan_guard import _total_norm
+
+    g = torch.Generator().manual_seed(0)
+    torchs = torch.nn.utils.get_total_norm
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        shapes = ((6, 3, 5, 5), (6,), (120, 400), (10,))  # LeNet's kinds of parameters
+        grads = [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+        torch.testing.assert_close(_total_norm(grads, norm_type), torchs(grads, norm_type))
+        grads[2][7, 11] = float("nan")
+        assert _total_norm(grads, norm_type).isnan() and torchs(grads, norm_type).isnan()
 
 
 def test_d_clipping_under_mixed_precision_gets_an_unfused_optimizer() -> None:

@@ -10,11 +10,11 @@ Under ``16-mixed`` precision an overflow is the GradScaler's business: it skips 
 scale, by design and again whenever the scale has grown too far. The guard then stops only when every step
 of ``max_skipped_steps`` in a row was skipped, which a diverged loss causes and the scaler cannot cure.
 The check is the total norm of the gradients (torch.nn.utils.get_total_norm: fused per device where
-torch has a fused kernel), read as one number: a NaN or inf anywhere makes it non-finite. The norm is the
-2-norm, whose CPU kernel is vectorised (the inf-norm's is not). fp16 gradients get the inf-norm, the
-largest absolute value, which overflows only if a gradient is already infinite: a sum of finite fp16
-squares overflows at 65504 (``16-true``). In fp32 and bf16 the 2-norm overflows only beyond ~1e19, where
-the optimizer's own squares have overflowed too.
+torch has a fused kernel; on a CPU the same norm of norms, tensor by tensor), read as one number: a NaN
+or inf anywhere makes it non-finite. The norm is the 2-norm, whose CPU kernel is vectorised (the
+inf-norm's is not). fp16 gradients get the inf-norm, the largest absolute value, which overflows only if a
+gradient is already infinite: a sum of finite fp16 squares overflows at 65504 (``16-true``). In fp32 and
+bf16 the 2-norm overflows only beyond ~1e19, where the optimizer's own squares have overflowed too.
 
 Reading the verdict on the host waits for the GPU to finish every kernel queued so far, which stalls the
 next step's launch on every step. On CUDA the guard therefore copies the verdict to pinned host memory
@@ -41,6 +41,16 @@ def _position(trainer: Trainer) -> tuple[int, int, int]:
     """(optimizer step, epoch, batch in the epoch) of the step being taken."""
     batch = batch_in_progress(trainer)
     return trainer.global_step, trainer.current_epoch, batch
+
+
+def _total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
+    """The norm of the gradients' norms, as ``torch.nn.utils.get_total_norm`` computes it. On a CPU its
+    grouping, foreach dispatch and no-grad wrapper cost several times the per-tensor norms of a small model
+    (docs/benchmarks.md, the NanGuard hook), and no kernel fuses there: the norms are taken one by one."""
+    if all(g.is_cpu for g in grads):
+        norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
+        return torch.linalg.vector_norm(norms, norm_type)
+    return torch.nn.utils.get_total_norm(grads, norm_type)
 
 
 class NonFiniteLossError(UserError):
@@ -81,7 +91,7 @@ class NanGuard(Callback):
             return
         self._read_pending(trainer)  # the previous step's verdict (next_step): arrived long ago
         norm_type = math.inf if any(g.dtype == torch.float16 for g in grads) else 2.0
-        largest = torch.nn.utils.get_total_norm(grads, norm_type)  # NaN and ±inf propagate
+        largest = _total_norm(grads, norm_type)  # NaN and ±inf propagate
         on_cuda = largest.device.type == "cuda"
         if self.read == "now" or (self.read == "auto" and not on_cuda):
             # No position passed: _judge reads this step's only if it fails.
