@@ -39,6 +39,14 @@ TINY_RUN = [
 ]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The Ctrl-C tests send SIGINT as a terminal does. A suite started in the background of a shell script or
+    # under nohup has SIGINT ignored, and every process it starts would inherit that and never see the
+    # signal: the processes the tests start get it as a terminal's job does.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def cli_env(env: dict | None = None) -> dict[str, str]:
     """The environment of a subprocess the tests start: this process's, with ``env`` on top, and PYTHONPATH
     this checkout, then ``env``'s entries (tests/ for the probes), then the caller's own, kept: on a machine
