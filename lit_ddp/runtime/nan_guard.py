@@ -46,7 +46,8 @@ def _position(trainer: Trainer) -> tuple[int, int, int]:
 def _total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
     """The norm of the gradients' norms, as ``torch.nn.utils.get_total_norm`` computes it. On a CPU its
     grouping, foreach dispatch and no-grad wrapper cost several times the per-tensor norms of a small model
-    (docs/benchmarks.md, the NanGuard hook), and no kernel fuses there: the norms are taken one by one."""
+    (docs/benchmarks.md, ``bench_step_overhead --device-ops``), and no kernel fuses there: the norms are
+    taken one by one."""
     if all(g.is_cpu for g in grads):
         norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
         return torch.linalg.vector_norm(norms, norm_type)
