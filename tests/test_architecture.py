@@ -214,6 +214,34 @@ def test_models_and_data_know_nothing_above_them(part: str) -> None:
             assert not module.startswith(("lit_ddp.callbacks", "lit_ddp.runtime", "lit_ddp.cli")), path
 
 
+MODEL_TREE = ("modules", "named_modules", "children", "named_children", "parameters", "named_parameters")
+
+
+def _model_tree_walks(path: Path) -> list[str]:
+    """Calls that walk a module's layers or parameters (``model.modules()`` and its kin)."""
+    rel = path.relative_to(PACKAGE.parent)
+    return [
+        f"{rel}:{node.lineno} calls .{node.func.attr}()"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in MODEL_TREE
+    ]
+
+
+def test_the_data_modules_read_what_the_model_declares_not_its_layers(tmp_path: Path) -> None:
+    """A data module asks the model (``batch_norm_per_device``), it does not walk its layers: what a network
+    needs of its batches is the model's to say. The check flags a planted walk."""
+    problems = [p for path in sorted((PACKAGE / "data").rglob("*.py")) for p in _model_tree_walks(path)]
+    assert not problems, "the data modules walk the model's layers:\n" + "\n".join(problems)
+    planted = PACKAGE / "data" / "_planted_for_test.py"
+    planted.write_text("def f(trainer):\n    return list(trainer.lightning_module.modules())\n")
+    try:
+        assert _model_tree_walks(planted) == ["lit_ddp/data/_planted_for_test.py:2 calls .modules()"]
+    finally:
+        planted.unlink()
+
+
 def test_importing_the_cli_changes_no_process_wide_state() -> None:
     """Warning and logger filters are set by main() (runtime/quiet.py), torch's weights-only allow-list by
     build_cli, not by importing lit_ddp.cli."""

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TINY_RUN
+from torch import nn
 
 from lit_ddp.cli import build_cli, main
 
@@ -77,6 +78,46 @@ def test_a_last_training_batch_of_one_image_is_left_out_under_batchnorm(tmp_path
     plain = ["fit", *TINY, "--data.train_size=65", "--trainer.limit_val_batches=0"]
     plain = build_cli([*plain, f"--trainer.default_root_dir={tmp_path / 'plain'}"])
     assert plain.trainer.num_training_batches == 3
+
+
+def test_the_model_says_whether_its_batch_norm_normalises_each_devices_batch() -> None:
+    """ImageClassifier.batch_norm_per_device: true with a BatchNorm layer, false without one, and false for
+    layers synchronised over several processes (they carry the group they span), true again on one."""
+    from types import SimpleNamespace
+
+    from lit_ddp.models import LeNetCIFAR
+
+    assert not LeNetCIFAR().batch_norm_per_device
+    model = LeNetCIFAR(batch_norm=True)
+    assert model.batch_norm_per_device
+    model.net = nn.SyncBatchNorm.convert_sync_batchnorm(model.net)
+    model.trainer = SimpleNamespace(world_size=2)
+    assert not model.batch_norm_per_device
+    model.trainer = SimpleNamespace(world_size=1)
+    assert model.batch_norm_per_device
+
+
+def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: Path) -> None:
+    """A model that declares batch_norm_per_device gets its one-image last batch left out, whatever its layers
+    hold (none here): a data module looks at nothing else of the model."""
+    from lightning import Trainer
+
+    from lit_ddp.data import ShapesDataModule
+    from lit_ddp.models import LeNetCIFAR
+    from lit_ddp.models.classifier import BATCH_NORM_TYPES
+
+    class Declared(LeNetCIFAR):
+        batch_norm_per_device = True
+
+    model = Declared()
+    assert not any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())
+    data = ShapesDataModule(train_size=65, val_size=16, test_size=16, batch_size=32, num_workers=0)
+    trainer = Trainer(
+        max_epochs=1, limit_val_batches=0, accelerator="cpu", devices=1, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(model, data)
+    assert trainer.num_training_batches == 2 and trainer.global_step == 2
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ import torch
 from lightning import LightningDataModule
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
@@ -61,10 +61,6 @@ SPLIT_OF_STAGE = {
 
 # The splits each stage's ``setup`` loads (predict reads the test split unless predict_dir is given).
 SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
-
-# torch's layers that normalise over the batch in training (their Lazy* forms and timm's BatchNormAct2d are
-# subclasses): they cannot normalise a batch of one image ("Expected more than 1 value per channel").
-BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 class ImageDataModule(LightningDataModule):
@@ -139,7 +135,6 @@ class ImageDataModule(LightningDataModule):
         self.predict_dir = local_path(predict_dir, "--data.predict_dir") if predict_dir is not None else None
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(self.predict_dir) if self.predict_dir is not None else []
-        self._drop_single = False  # decided in setup("fit"), from the model's layers
         self._epoch = 0  # the training epoch whose samples are being counted
         self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)
         self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
@@ -202,29 +197,16 @@ class ImageDataModule(LightningDataModule):
             f" give {fix}"
         )
 
-    def _check_batch_norm(self, model: nn.Module | None) -> None:
-        """Training batches of one image cannot pass torch's BatchNorm layers (here, before the strategy
-        swaps them for synchronised ones): refuse ``batch_size=1``; otherwise leave out an epoch's last
-        batch if it would hold one image per device (``_drop_one_image_batch``)."""
-        has_bn = model is not None and any(isinstance(m, BATCH_NORM_TYPES) for m in model.modules())
-        if has_bn and self.batch_size == 1:
+    def _check_batch_norm(self, model: object) -> None:
+        """Training batches of one image cannot pass a BatchNorm that normalises each device's batch alone
+        (the model says so: ``ImageClassifier.batch_norm_per_device``, read here before the strategy swaps
+        in synchronised layers): refuse ``batch_size=1``; otherwise an epoch's last batch that would hold one
+        image per device is left out (``_drop_one_image_batch``)."""
+        if self.batch_size == 1 and getattr(model, "batch_norm_per_device", False):
             raise UserError(
                 "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
                 " device; pass --data.batch_size=2 or more, or a model without BatchNorm"
             )
-        self._drop_single = has_bn
-
-    def _batch_norm_spans_devices(self) -> bool:
-        """Whether every BatchNorm of the model normalises over all devices' batches: with
-        ``--trainer.sync_batchnorm`` on several processes the strategy has replaced them (before it builds the
-        training loader) by layers that carry the ``process_group`` they normalise over (torch's SyncBatchNorm
-        and lit_ddp's CPU one), and N devices' one-image batches are N images to them, as to one process."""
-        trainer = self.trainer
-        model = trainer.lightning_module if trainer is not None and trainer.world_size > 1 else None
-        if model is None:
-            return False
-        layers = [m for m in model.modules() if isinstance(m, BATCH_NORM_TYPES)]
-        return all(hasattr(m, "process_group") for m in layers)
 
     # ---- loaders -------------------------------------------------------------------------------
 
@@ -332,11 +314,12 @@ class ImageDataModule(LightningDataModule):
 
     def _drop_one_image_batch(self, shard: int) -> bool:
         """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
-        model with BatchNorm cannot normalise one image in training. Shards are equal on every rank, so
-        every rank decides alike and takes the same steps."""
-        if shard % self.batch_size != 1 or shard == 1 or not self._drop_single:
+        model whose BatchNorm normalises each device's batch cannot train on one image. Shards are equal on
+        every rank, so every rank decides alike and takes the same steps."""
+        if shard % self.batch_size != 1 or shard == 1:
             return False
-        if self._batch_norm_spans_devices():
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if not getattr(model, "batch_norm_per_device", False):
             return False
         rank_zero_info(
             f"the last training batch of each epoch would hold 1 image per device ({shard} ="

@@ -78,6 +78,11 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
     return MetricCollection(metrics, compute_groups=False)
 
 
+# torch's layers that normalise over the batch in training (their Lazy* forms and timm's BatchNormAct2d are
+# subclasses): they cannot normalise a batch of one image ("Expected more than 1 value per channel").
+BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
 class LossMean(MeanMetric):
     """The sample-weighted mean of batch losses, reduced over ranks like ``MeanMetric``.
 
@@ -323,6 +328,21 @@ class ImageClassifier(LightningModule):
             rank_zero_info(f"lit_ddp: --model.cuda_graph=auto: the step runs without CUDA graphs: {blocker}")
         elif blocker is None and not on_cuda and self.cuda_graph is True:
             rank_zero_info("lit_ddp: --model.cuda_graph=true without a CUDA device: the same step, eagerly")
+
+    @property
+    def batch_norm_per_device(self) -> bool:
+        """Whether a layer of the network normalises over this device's training batch alone (BatchNorm): it
+        cannot train on one image per device, so a data module leaves such a batch out. Layers the strategy
+        made synchronised (``--trainer.sync_batchnorm`` on several processes) normalise over every device's
+        batch: they carry the ``process_group`` they span, and N devices' one-image batches are N images."""
+        layers = [m for m in self.modules() if isinstance(m, BATCH_NORM_TYPES)]
+        if not layers:
+            return False
+        try:
+            several = self.trainer.world_size > 1
+        except RuntimeError:  # not attached to a Trainer: one process
+            several = False
+        return not (several and all(hasattr(m, "process_group") for m in layers))
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
