@@ -40,7 +40,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, problems
-from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, named_by, packages_of
+from lit_ddp.preflight.checkpoint import packages_of
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
 from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.console import Console
@@ -53,7 +53,6 @@ from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
-    check_run_state,
     checkpoint_model_overrides,
     experiment_name,
     load_ckpt_file,
@@ -286,17 +285,20 @@ class LitDDPCLI(LightningCLI):
             _expand_paths(self.config[subcommand])
             # W&B's run folder under logs/<recipe>/ unless the user named one (runtime/wandb_resume.py)
             place_wandb_runs(self.config[subcommand], experiment_name(self.config[subcommand].get("config")))
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        self._checkpoint = load_ckpt_file(ckpt_path)  # kept for prepare_ckpt_path's shape check
-        # ...and jsonargparse would import what they name: only what this command or lit_ddp trusts.
-        named = named_by(self.config[subcommand]) if subcommand else set()
-        packages = packages_of(self.default_model, self.default_data)
-        check_checkpoint_names(self._checkpoint, ckpt_path, named, packages)
+        config = self.config[subcommand] if subcommand else self.config
+        self._checkpoint = load_ckpt_file(config.get("ckpt_path"))  # kept for prepare_ckpt_path's shape check
+        # Every problem of the plan, a line each (main prints them), before anything is built: jsonargparse
+        # would import what the checkpoint's hyperparameters name (only what this command or lit_ddp trusts).
+        packages = frozenset(packages_of(self.default_model, self.default_data))
+        plan = RunPlan.of(
+            config, subcommand=subcommand or "fit", checkpoint=self._checkpoint, packages=packages
+        )
+        found = problems(plan)
+        if found:
+            raise UserError("\n".join(found))
+        ckpt_path = plan.ckpt_path
         if self._checkpoint is not None:
             chosen = self.config[subcommand]["model"]
-            # ...it holds what the subcommand needs besides weights (a fit: the run's state to resume)...
-            takes_weights = "weights" in (chosen.get("init_args") or {})
-            check_run_state(self._checkpoint, ckpt_path, subcommand, takes_weights)
             # ...and they replace the model settings given here: say so, naming each one.
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
             picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
@@ -345,9 +347,6 @@ class LitDDPCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
         trainer_config = config.get("trainer", {})
-        found = problems(RunPlan.of(self._subcommand_config(self.config)))
-        if found:  # every one, a line each (main prints them)
-            raise UserError("\n".join(found))
         plugins = kwargs.get("plugins", trainer_config.get("plugins"))
         # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
         # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.

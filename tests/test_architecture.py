@@ -34,8 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes", "preflight"},
     "scaffold": {"scaffold", "errors", "writes"},
     "cli_errors": {"utils"},  # the classes it checks against come from the CLI
-    # what a run is asked to be, checked before anything is built (preflight.py)
-    "preflight": {"utils"},
+    # what a run is asked to be, checked before anything is built (preflight/)
+    "preflight": {"preflight", "utils"},
     "cli": {
         "cli",
         "cli_errors",

@@ -1,7 +1,8 @@
-"""The preflight table (lit_ddp/preflight.py): a command line → the one line it gets before any Trainer or
+"""The preflight table (lit_ddp/preflight/): a command line → the one line it gets before any Trainer or
 process exists (exit 2, nothing written), or the plan field it gives. Rows that depend on the machine (its
 CUDA devices) are checked on a plan with the machine given, so they hold on any test machine."""
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from conftest import TINY_RUN
 
 from lit_ddp.cli import main
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
+from lit_ddp.preflight.checkpoint import packages_of
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
 LINES = [
@@ -157,6 +159,86 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         assert problems(plan) == [], plan
 
 
+COMPOSED = "lit_ddp.models.ImageClassifier"
+# Every form jsonargparse reads a class path from: a dict, YAML or JSON in a string, the path of a YAML file,
+# a dotted key, a class under init_args, a list, in any argument.
+FORMS = [
+    ({"_class_path": COMPOSED, "net": {"class_path": "helpers.Net"}}, "helpers.Net", "net.class_path"),
+    ({"_class_path": COMPOSED, "net.class_path": "helpers.Net"}, "helpers.Net", "net.class_path"),
+    (
+        {
+            "_class_path": COMPOSED,
+            "net": {"class_path": "lit_ddp.models.LeNet", "init_args": {"block": "class_path: helpers.Net"}},
+        },
+        "helpers.Net",
+        "net.init_args.block.class_path",
+    ),
+    ({"optim": "class_path: helpers.Net"}, "helpers.Net", "optim.class_path"),
+    ({"top_k": '[{"class_path": "helpers.Net"}]'}, "helpers.Net", "top_k[0].class_path"),
+    ({"top_k": [1, "class_path: helpers.Net"]}, "helpers.Net", "top_k[1].class_path"),
+]
+WEIGHTS = {"state_dict": {}}  # torch.save({"state_dict": ...}), ModelCheckpoint(save_weights_only=True)
+RUN = {"state_dict": {}, "pytorch-lightning_version": "2.6", "loops": {}, "optimizer_states": []}
+THEIRS = {
+    **RUN,
+    "hyper_parameters": {"_class_path": "helpers.Net", "weights": "ResNet50_Weights.IMAGENET1K_V2"},
+}
+
+# (plan, a pattern its line matches from the start, or None for none) for the rows that read the --ckpt_path
+# file, loaded as data: test_surface_checkpoint.py gives such files on the command line (nothing imported,
+# nothing written).
+CHECKPOINTS = [
+    *[
+        (RunPlan(ckpt_path="x.ckpt", checkpoint={**RUN, "hyper_parameters": hparams}), pattern)
+        for hparams, named, key in FORMS
+        for pattern in [rf"x.ckpt names {named} \(hyper_parameters.{re.escape(key)}\),"]
+    ],
+    # named by the command, it is the user's choice
+    *[
+        (RunPlan(ckpt_path="x.ckpt", checkpoint={**RUN, "hyper_parameters": h}, named=frozenset({n})), None)
+        for h, n, _ in FORMS
+    ],
+    # A name the command gives is trusted on purpose; a dotted string that names no module is data.
+    (RunPlan(ckpt_path="x.ckpt", checkpoint=THEIRS), ".*names helpers.Net"),
+    (RunPlan(ckpt_path="x.ckpt", checkpoint=THEIRS, named=frozenset({"helpers.Net"})), None),
+    # the project's own classes (the packages of main()'s default model and data)
+    (
+        RunPlan(
+            ckpt_path="x.ckpt",
+            checkpoint={
+                **RUN,
+                "hyper_parameters": {"_class_path": COMPOSED, "net": {"class_path": "proj.Net"}},
+            },
+            packages=frozenset(packages_of({"class_path": "proj.models.X"})),
+        ),
+        None,
+    ),
+    # weights only: fit started again at epoch 1 with no word, or a KeyError traceback
+    (
+        RunPlan(ckpt_path="w.pt", checkpoint=WEIGHTS, takes_weights=True),
+        r".*: to train a new run from its weights, pass --model.weights=w.pt in",
+    ),
+    (
+        RunPlan(subcommand="test", ckpt_path="w.pt", checkpoint=WEIGHTS, takes_weights=True),
+        r".*: to test with its weights, pass --model.weights=w.pt and no --ckpt",
+    ),
+    (RunPlan(ckpt_path="last.ckpt", checkpoint=RUN, takes_weights=True), None),
+]
+
+
+@pytest.mark.parametrize(("plan", "pattern"), CHECKPOINTS)
+def test_the_checkpoint_rows_read_the_file_as_data(
+    tmp_path: Path, monkeypatch, plan: RunPlan, pattern: str | None
+) -> None:
+    # A string naming a file is read from the working folder, as jsonargparse reads it.
+    monkeypatch.chdir(tmp_path)
+    found = problems(replace(plan, root_dir=str(tmp_path)))
+    if pattern is None:
+        assert found == [], found
+    else:
+        assert len(found) == 1 and re.match(pattern, found[0]), found
+
+
 # Command line → plan fields, read from the parsed config before anything is built.
 FIELDS = [
     (["--trainer.devices=1"], {"accelerator": "cpu", "per_device_batch": 32, "global_batch": 32}),
@@ -187,7 +269,8 @@ def test_every_row_has_a_case_in_the_table(tmp_path: Path) -> None:
         for name, row in ROWS.items()
         if row(replace(plan, root_dir=str(tmp_path)))
     }
-    assert machine | {row for row, _, _ in LINES} == set(ROWS)
+    files = {name for plan, _ in CHECKPOINTS for name, row in ROWS.items() if row(plan)}
+    assert machine | files | {row for row, _, _ in LINES} == set(ROWS)
 
 
 def test_the_global_batch_counts_every_process_and_accumulated_batch() -> None:

@@ -1,6 +1,5 @@
 """What a checkpoint says is data: it names no code to import, and it is not scored as another model."""
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +8,10 @@ import pytest
 import torch
 from conftest import TINY_RUN, cli_env
 from test_mistakes import one_error_line
+from test_preflight import FORMS
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.checkpoint_guard import check_checkpoint_names, packages_of
-from lit_ddp.runtime.resume import check_run_state
 
 
 @pytest.fixture(scope="module")
@@ -31,25 +29,6 @@ def _edited(ckpt: Path, dest: Path, **hparams) -> Path:
 
 
 COMPOSED = "lit_ddp.models.ImageClassifier"
-
-
-# Every form jsonargparse reads a class path from: a dict, YAML or JSON in a string, the path of a YAML file,
-# a dotted key, a class under init_args, a list, in any argument.
-FORMS = [
-    ({"_class_path": COMPOSED, "net": {"class_path": "helpers.Net"}}, "helpers.Net", "net.class_path"),
-    ({"_class_path": COMPOSED, "net.class_path": "helpers.Net"}, "helpers.Net", "net.class_path"),
-    (
-        {
-            "_class_path": COMPOSED,
-            "net": {"class_path": "lit_ddp.models.LeNet", "init_args": {"block": "class_path: helpers.Net"}},
-        },
-        "helpers.Net",
-        "net.init_args.block.class_path",
-    ),
-    ({"optim": "class_path: helpers.Net"}, "helpers.Net", "optim.class_path"),
-    ({"top_k": '[{"class_path": "helpers.Net"}]'}, "helpers.Net", "top_k[0].class_path"),
-    ({"top_k": [1, "class_path: helpers.Net"]}, "helpers.Net", "top_k[1].class_path"),
-]
 
 
 @pytest.mark.parametrize(
@@ -96,36 +75,11 @@ def test_a_checkpoint_naming_code_imports_nothing(
     assert not list(tmp_path.rglob("predictions.csv"))
 
 
-@pytest.mark.parametrize(("hparams", "named", "key"), FORMS)
-def test_every_form_of_a_class_path_in_a_checkpoint_is_checked(
-    tmp_path: Path, monkeypatch, hparams: dict, named: str, key: str
-) -> None:
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match=rf"^x.ckpt names {named} \(hyper_parameters.{re.escape(key)}\),"):
-        check_checkpoint_names({"hyper_parameters": hparams}, "x.ckpt", named=set(), packages={"lit_ddp"})
-    # named by the command, it is the user's choice
-    check_checkpoint_names({"hyper_parameters": hparams}, "x.ckpt", named={named}, packages={"lit_ddp"})
-
-
 def test_a_checkpoint_of_lit_ddps_classes_or_a_class_the_command_names_loads(
     ckpt: Path, tmp_path: Path
 ) -> None:
     cli = build_cli(["validate", *TINY_RUN, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"])
     assert 0.0 <= float(cli.trainer.callback_metrics["val/acc"]) <= 1.0
-    # A name the command gives is trusted on purpose; a dotted string that names no module is data.
-    theirs = {"hyper_parameters": {"_class_path": "helpers.Net", "weights": "ResNet50_Weights.IMAGENET1K_V2"}}
-    check_checkpoint_names(theirs, "x.ckpt", named={"helpers.Net"}, packages={"lit_ddp"})
-    with pytest.raises(UserError, match="names helpers.Net"):
-        check_checkpoint_names(theirs, "x.ckpt", named=set(), packages={"lit_ddp"})
-    project = {
-        "hyper_parameters": {
-            "_class_path": "lit_ddp.models.ImageClassifier",
-            "net": {"class_path": "proj.Net"},
-        }
-    }
-    check_checkpoint_names(
-        project, "x.ckpt", named=set(), packages=packages_of({"class_path": "proj.models.X"})
-    )
 
 
 def test_validating_another_models_checkpoint_with_the_default_model_named_is_refused(
@@ -358,17 +312,3 @@ def test_a_checkpoint_of_weights_only_is_one_line_saying_what_it_lacks(
     line = one_error_line(capsys, [subcommand, *TINY_RUN, f"--ckpt_path={weights}", root])
     assert line.startswith(f"checkpoint {weights} holds weights only, not {what} (no {missing}): ")
     assert not (tmp_path / "lightning_logs").exists()
-
-
-def test_weights_only_points_to_model_weights_where_the_model_takes_it() -> None:
-    weights = {"state_dict": {}}
-    with pytest.raises(
-        UserError, match=r": to train a new run from its weights, pass --model.weights=w.pt in"
-    ):
-        check_run_state(weights, "w.pt", "fit", takes_weights=True)
-    with pytest.raises(
-        UserError, match=r": to test with its weights, pass --model.weights=w.pt and no --ckpt"
-    ):
-        check_run_state(weights, "w.pt", "test", takes_weights=True)
-    run = {"state_dict": {}, "pytorch-lightning_version": "2.6", "loops": {}, "optimizer_states": []}
-    check_run_state(run, "last.ckpt", "fit", takes_weights=True)

@@ -349,38 +349,6 @@ def _no_hpc_checkpoint(root: str) -> bool:
     return is_local_path(root) and not any(Path(root).glob("hpc_ckpt_*.ckpt"))
 
 
-# What a checkpoint needs besides its weights: Lightning's version (which its loader reads first), and to be
-# resumed by fit, the loops' position (epoch, batch) and the optimizer's state.
-LIGHTNING_VERSION = "pytorch-lightning_version"
-RUN_STATE = {"loops": "loop state (epoch, batch)", "optimizer_states": "optimizer state"}
-
-
-def check_run_state(checkpoint: dict | None, ckpt_path: str, subcommand: str, takes_weights: bool) -> None:
-    """UserError when ``checkpoint`` holds weights without what ``subcommand`` needs: fit resumed its epoch 1
-    from a file with no loop state, with no word, and stopped on Lightning's KeyError (a traceback) for one
-    with no optimizer state or Lightning version (``torch.save({"state_dict": ...})``,
-    ``ModelCheckpoint(save_weights_only=True)``). ``takes_weights``: the model has ``--model.weights``, which
-    starts a new run from a file's weights."""
-    if not checkpoint:
-        return
-    needed = {LIGHTNING_VERSION: "Lightning version", **(RUN_STATE if subcommand == "fit" else {})}
-    missing = [name for key, name in needed.items() if key not in checkpoint]
-    if not missing:
-        return
-    if takes_weights and subcommand == "fit":
-        fix = f"to train a new run from its weights, pass --model.weights={ckpt_path} in place of --ckpt_path"
-    elif takes_weights:
-        fix = f"to {subcommand} with its weights, pass --model.weights={ckpt_path} and no --ckpt_path"
-    elif subcommand == "fit":
-        fix = "resume from a checkpoint that a fit wrote (its run's last.ckpt), or start a new run without it"
-    else:
-        fix = "pass a checkpoint that a run wrote (its run's last.ckpt or best checkpoint)"
-    what = "a run's state to resume" if subcommand == "fit" else "a Lightning checkpoint"
-    raise UserError(
-        f"checkpoint {ckpt_path} holds weights only, not {what} (no {', no '.join(missing)}): {fix}"
-    )
-
-
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""

@@ -1,23 +1,25 @@
-"""Preflight: what a command line asks of the Trainer and the machine, checked before any Trainer or process
-exists.
+"""Preflight: what a command line asks of the Trainer, the machine and the checkpoint it names, checked
+before any class is built, any process started or anything imported from the checkpoint.
 
 ``RunPlan.of(config)`` reads the parsed config (LightningCLI's, its classes not yet built), what this machine
-has and what a launcher (torchrun, srun, mpirun) set in the environment into a typed plan; ``problems(plan)``
-runs each row of ``ROWS`` over it, one line per problem, naming the option and the fix. The CLI reports every
-line and stops (exit 2) before the Trainer is built. tests/test_preflight.py holds the table of command lines
-and the lines (or plan fields) they give.
+has, what a launcher (torchrun, srun, mpirun) set in the environment and the ``--ckpt_path`` file, loaded
+as data, into a typed plan; ``problems(plan)`` runs each row of ``ROWS`` over it, one line per problem,
+naming the option and the fix. The CLI reports every line and stops (exit 2) as soon as it has parsed the
+command line. tests/test_preflight.py holds the table of command lines and plans, and the lines (or plan
+fields) they give.
 """
 
 import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
+from lit_ddp.preflight.checkpoint import LIBRARY, missing_run_state, named_by, untrusted_name
 from lit_ddp.utils import imported
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
@@ -134,14 +136,31 @@ class RunPlan:
     cuda_devices: int = 0  # this machine's
     launcher: Launcher | None = None  # what started this process, from the environment
     manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
+    subcommand: str = "fit"
+    ckpt_path: str | None = None
+    # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
+    checkpoint: dict | None = field(default=None, compare=False, repr=False)
+    takes_weights: bool = False  # the model has --model.weights, which starts a run from a file's weights
+    named: frozenset[str] = frozenset()  # the class paths and dotted names the command line and configs give
+    packages: frozenset[str] = frozenset({LIBRARY})  # lit_ddp's and the project's: their classes are trusted
 
     @classmethod
-    def of(cls, config, cuda_devices: int | None = None, environ=None) -> "RunPlan":
-        """The plan of one subcommand's parsed config (``trainer``, ``data``); ``cuda_devices``: this
-        machine's count, ``environ`` its environment, unless given."""
+    def of(
+        cls,
+        config,
+        cuda_devices: int | None = None,
+        environ=None,
+        subcommand: str = "fit",
+        checkpoint: dict | None = None,
+        packages: frozenset[str] = frozenset({LIBRARY}),
+    ) -> "RunPlan":
+        """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
+        ``cuda_devices``: this machine's count, ``environ`` its environment, unless given; ``checkpoint``:
+        the ``ckpt_path`` file, loaded; ``packages``: the project's (``preflight.checkpoint.packages_of``)."""
         environ = os.environ if environ is None else environ
         trainer = _get(config, "trainer", {})
         data_args = _get(_get(config, "data", {}), "init_args", {})
+        model_args = _get(_get(config, "model", {}), "init_args", {})
         if cuda_devices is None:
             cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return cls(
@@ -157,6 +176,13 @@ class RunPlan:
             cuda_devices=cuda_devices,
             launcher=launcher_world(environ),
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
+            subcommand=subcommand,
+            ckpt_path=_get(config, "ckpt_path"),
+            checkpoint=checkpoint,
+            takes_weights="weights"
+            in (model_args.as_dict() if hasattr(model_args, "as_dict") else model_args),
+            named=frozenset(named_by(config)) if checkpoint else frozenset(),
+            packages=frozenset(packages),
         )
 
     @property
@@ -289,6 +315,15 @@ def _launcher_world(plan: RunPlan) -> str | None:
     return launcher_mismatch(plan.launcher, plan.device_count, plan.num_nodes)
 
 
+def _checkpoint_names(plan: RunPlan) -> str | None:
+    # jsonargparse would import what the checkpoint's hyperparameters name, when LightningCLI reads them.
+    return untrusted_name(plan.checkpoint, plan.ckpt_path, set(plan.named), set(plan.packages))
+
+
+def _checkpoint_state(plan: RunPlan) -> str | None:
+    return missing_run_state(plan.checkpoint, plan.ckpt_path, plan.subcommand, plan.takes_weights)
+
+
 # Each row: a plan → None, or the one line naming the option and the fix. In the order they are reported.
 ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "devices": _no_devices,
@@ -300,6 +335,8 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
+    "checkpoint_names": _checkpoint_names,
+    "checkpoint_state": _checkpoint_state,
 }
 
 

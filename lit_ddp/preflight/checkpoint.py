@@ -1,4 +1,7 @@
-"""What a checkpoint may name: only code the user already chose, checked before anything is imported.
+"""What a checkpoint given as ``--ckpt_path`` may name and must hold, read before anything is imported from
+it: the preflight's checkpoint rows (``lit_ddp.preflight.ROWS``).
+
+What it may name: only code the user already chose.
 
 A checkpoint loads with ``weights_only=True``, yet LightningCLI (``_parse_ckpt_path``) hands its
 ``hyper_parameters`` to jsonargparse, which imports whatever a class path in them names. jsonargparse finds
@@ -13,6 +16,8 @@ A dotted name found that way must be one of:
 
 Anything else that would import a module (the one ``evil.py`` or ``helpers.py`` in the working directory
 among them) is one line, before any import.
+
+What it must hold: besides its weights, what the subcommand reads (``missing_run_state``).
 """
 
 import importlib.util
@@ -22,8 +27,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
-
-from lit_ddp.errors import UserError
 
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -135,13 +138,13 @@ def _option(key: str, saved_class: object) -> str:
     return f"--model={saved_class} {option}" if isinstance(saved_class, str) else option
 
 
-def check_checkpoint_names(
+def untrusted_name(
     checkpoint: dict | None, ckpt_path: str, named: set[str], packages: set[str]
-) -> None:
-    """UserError when ``checkpoint``'s hyperparameters name code outside ``packages`` (lit_ddp's and the
-    project's, see ``packages_of``) and ``named`` (what the command line and the configs give)."""
+) -> str | None:
+    """The line for a name in ``checkpoint``'s hyperparameters outside ``packages`` (lit_ddp's and the
+    project's, see ``packages_of``) and ``named`` (what the command line and the configs give), or None."""
     if not checkpoint:
-        return
+        return None
     # Lightning drops `_instantiator` before jsonargparse sees the rest (it imports it only in
     # LightningModule.load_from_checkpoint, which the CLI does not call).
     hparams = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k != "_instantiator"}
@@ -151,8 +154,41 @@ def check_checkpoint_names(
         # A class path always imports; another dotted string only where it names a module (a Callable
         # argument): `ResNet50_Weights.IMAGENET1K_V2` is a weights name, not code.
         if is_class_path or _names_a_module(value):
-            raise UserError(
+            return (
                 f"{ckpt_path} names {value} ({key}), which is not lit_ddp's, the project's, or named by"
                 f" this command: it is not imported (a checkpoint must not run code); if you trust the file,"
                 f" name the class yourself: {_option(key, hparams.get('_class_path'))}={value}"
             )
+    return None
+
+
+# What a checkpoint needs besides its weights: Lightning's version (which its loader reads first), and to be
+# resumed by fit, the loops' position (epoch, batch) and the optimizer's state.
+LIGHTNING_VERSION = "pytorch-lightning_version"
+RUN_STATE = {"loops": "loop state (epoch, batch)", "optimizer_states": "optimizer state"}
+
+
+def missing_run_state(
+    checkpoint: dict | None, ckpt_path: str, subcommand: str, takes_weights: bool
+) -> str | None:
+    """The line for a ``checkpoint`` of weights without what ``subcommand`` needs, or None: fit resumed its
+    epoch 1 from a file with no loop state, with no word, and stopped on Lightning's KeyError (a traceback)
+    for one with no optimizer state or Lightning version (``torch.save({"state_dict": ...})``,
+    ``ModelCheckpoint(save_weights_only=True)``). ``takes_weights``: the model has ``--model.weights``,
+    which starts a new run from a file's weights."""
+    if not checkpoint:
+        return None
+    needed = {LIGHTNING_VERSION: "Lightning version", **(RUN_STATE if subcommand == "fit" else {})}
+    missing = [name for key, name in needed.items() if key not in checkpoint]
+    if not missing:
+        return None
+    if takes_weights and subcommand == "fit":
+        fix = f"to train a new run from its weights, pass --model.weights={ckpt_path} in place of --ckpt_path"
+    elif takes_weights:
+        fix = f"to {subcommand} with its weights, pass --model.weights={ckpt_path} and no --ckpt_path"
+    elif subcommand == "fit":
+        fix = "resume from a checkpoint that a fit wrote (its run's last.ckpt), or start a new run without it"
+    else:
+        fix = "pass a checkpoint that a run wrote (its run's last.ckpt or best checkpoint)"
+    what = "a run's state to resume" if subcommand == "fit" else "a Lightning checkpoint"
+    return f"checkpoint {ckpt_path} holds weights only, not {what} (no {', no '.join(missing)}): {fix}"
