@@ -375,14 +375,14 @@ if __name__ == "__main__":
 
 @pytest.mark.ddp
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_classes_defined_in_a_script_or_a_function_travel_to_the_ranks(tmp_path: Path) -> None:
     """Pickled by name, they failed in the ranks with an AttributeError traceback (a script's) or were
     refused (a function's); by value, the kit runs them."""
     script = tmp_path / "check_mine.py"
     script.write_text(SCRIPT)
     result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=280
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=580
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "first-step gradients 2×b = 1×2b" in result.stdout

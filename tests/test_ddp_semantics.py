@@ -478,7 +478,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.ddp
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_metrics_are_not_shared_with_ddp_spawns_workers(tmp_path: Path) -> None:
     """ddp_spawn pickles the module into its workers through shared memory: their in-place metric updates
     were the launching process's states too, so a validate after fit counted the workers' samples with its
@@ -495,7 +495,7 @@ def test_metrics_are_not_shared_with_ddp_spawns_workers(tmp_path: Path) -> None:
         env=cli_env(),
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=350,
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stderr[-3000:]

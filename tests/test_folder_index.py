@@ -263,7 +263,7 @@ def validate_on_two_ranks(tree: Path, cache: Path, out: Path) -> list[dict]:
 
 @pytest.mark.ddp
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(400)
 def test_a_second_rank_on_the_same_node_does_not_list_the_tree(tmp_path: Path) -> None:
     make_tree(tmp_path / "tree", train_per_class=2, val_per_class=3)
     time.sleep(fi.SETTLE_NS / 1e9)  # a tree made long before the run

@@ -218,7 +218,7 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
 
 @pytest.mark.slow
 @pytest.mark.ddp
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(500)
 def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None:
     """Every socket a 2-process ``ddp`` run listens on is bound to 127.0.0.1 (torch's store would use all)."""
     result = run(

@@ -128,7 +128,7 @@ def two_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 @pytest.mark.ddp
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize("name, sizes, shape, options", CASES, ids=[c[0] for c in CASES])
 def test_two_ranks_match_batchnorm_on_the_whole_batch(
     two_rank_results: list[dict], name: str, sizes: tuple[int, ...], shape: tuple[int, ...], options: dict
