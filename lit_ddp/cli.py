@@ -40,9 +40,9 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, problems
+from lit_ddp.preflight.arguments import argument_problems, model_given
 from lit_ddp.preflight.checkpoint import packages_of
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
-from lit_ddp.runtime.config_guard import check_arguments, model_given
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
@@ -263,10 +263,10 @@ class LitDDPCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
         argv = [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
-        check_arguments(argv)  # an alias bomb, a setting replaced by a later --config or unused
-        problem = config_file_problem(argv)
-        if problem:
-            raise UserError(problem)
+        # An alias bomb, a setting replaced by a later --config or unused; then a key given twice in a file.
+        found = argument_problems(argv) or [p for p in (config_file_problem(argv),) if p]
+        if found:
+            raise UserError("\n".join(found))
         picked = classes_named(args if isinstance(args, dict) else argv)
         defaults = {"model": self.default_model, "data": self.default_data}
         for choice_parser in self._choice_parsers:

@@ -7,10 +7,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import REPO, TINY_RUN
 
 from lit_ddp.cli import main
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
+from lit_ddp.preflight.arguments import argument_problems
 from lit_ddp.preflight.checkpoint import packages_of
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
@@ -300,3 +301,105 @@ def test_the_plan_reads_the_launcher_from_the_environment(environ: dict, expecte
     assert got == expected
     assert RunPlan.of({}, cuda_devices=0, environ=environ).launcher == found
     assert RunPlan.of({}, cuda_devices=0, environ={"MASTER_ADDR": "10.0.0.1"}).manual_start
+
+
+# ---- the command line and its files, before jsonargparse reads them (preflight/arguments.py) ------------
+
+RECIPE = str(REPO / "configs" / "lenet_shapes.yaml")
+OTHER_RECIPE = str(REPO / "configs" / "lenet_cifar.yaml")
+DEBUG = str(REPO / "configs" / "presets" / "debug.yaml")
+EMA = str(REPO / "configs" / "presets" / "ema.yaml")
+ADDED = "--trainer.callbacks+=lightning.pytorch.callbacks.EarlyStopping"
+LATER_WINS = "(later arguments override earlier ones)"
+NUM_CLASSES = "would not be used: the data decides the number of classes (its dataset or class folders)"
+# Files the cases name by key, written under tmp_path: a preset of the model's and the data's settings, a
+# file setting num_classes, and nine levels of ten aliases (10^9 nodes: jsonargparse hung with no output).
+FILES = {
+    "bs.yaml": "data:\n  init_args:\n    batch_size: 16\nmodel:\n  init_args:\n    optim:\n      lr: 0.01\n",
+    "c.yaml": "model:\n  init_args:\n    num_classes: 5\n",
+    "bomb.yaml": "\n".join(
+        ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    ),
+}
+
+# Command line → the start of each line it gets. Each case ran something other than what was asked, once.
+ARGUMENTS = [
+    # `fit --trainer.max_epochs=1 --config configs/lenet_shapes.yaml` ran the recipe's 12 epochs.
+    (
+        ["--trainer.max_epochs=1", "--config", RECIPE],
+        [
+            f"--config {RECIPE} sets trainer.max_epochs after --trainer.max_epochs=1 did, and the later one"
+            f" wins: put --trainer.max_epochs=1 after --config {RECIPE} {LATER_WINS}"
+        ],
+    ),
+    # Spelled with a space, or through init_args, it is the same setting.
+    (
+        ["--model.init_args.batch_norm", "true", "--config", RECIPE],
+        [f"--config {RECIPE} sets model.batch_norm after --model.init_args.batch_norm true"],
+    ),
+    # A preset's trainer.callbacks list replaced the list the option appended to: no EarlyStopping ran.
+    (
+        [ADDED, "--trainer.callbacks.monitor=val/loss", "--config", EMA],
+        [
+            f"--config {EMA} sets trainer.callbacks after {ADDED} did, and the later one wins: put {ADDED}"
+            f" after --config {EMA} {LATER_WINS}"
+        ],
+    ),
+    # An argument of an entry of that list is replaced with it.
+    (
+        ["--trainer.callbacks.decay=0.5", "--config", EMA],
+        [f"--config {EMA} sets trainer.callbacks after --trainer.callbacks.decay=0.5 did"],
+    ),
+    # `--config presets/debug.yaml --config configs/lenet_cifar.yaml` ran the full recipe.
+    (
+        ["--config", DEBUG, "--config", RECIPE],
+        [
+            f"--config {RECIPE} sets trainer.max_epochs after {DEBUG} did, and the later one wins: give"
+            f" --config {DEBUG} after --config {RECIPE}"
+        ],
+    ),
+    # A preset of the model's or the data's settings is replaced by a recipe after it.
+    (
+        ["--config", "bs.yaml", "--config", RECIPE],
+        [f"--config {RECIPE} sets data.batch_size after bs.yaml did, and the later one wins: give --config"],
+    ),
+    # Two recipes were refused in either order, each time advising the other order.
+    *(
+        (
+            ["--config", first, "--config", second],
+            [f"--config {second} sets data after {first} did, and the later one wins: {first} and {second}"],
+        )
+        for first, second in ((RECIPE, OTHER_RECIPE), (OTHER_RECIPE, RECIPE))
+    ),
+    # `--model.num_classes=5` was accepted and ignored: the data's 10 classes won.
+    (["--model.num_classes=5"], [f"--model.num_classes=5 {NUM_CLASSES}"]),
+    (["--config", "c.yaml"], [f"c.yaml: model.num_classes {NUM_CLASSES}"]),
+    # Every line at once; a file too large to read is the only line (reading it further would hang).
+    (
+        ["--model.num_classes=5", "--trainer.max_epochs=1", "--config", RECIPE],
+        [f"--config {RECIPE} sets trainer.max_epochs after", f"--model.num_classes=5 {NUM_CLASSES}"],
+    ),
+    (
+        ["--model.num_classes=5", "--config", "bomb.yaml"],
+        [
+            "bomb.yaml expands to more than 100,000 YAML nodes (anchors and aliases repeated inside each"
+            " other): it is not read; write the settings out plainly"
+        ],
+    ),
+    # In the order that does what was asked: no line. A preset after a recipe adjusts it.
+    (["--config", RECIPE, "--config", DEBUG, "--config", "bs.yaml", "--trainer.max_epochs=1"], []),
+    (["--config", EMA, ADDED, "--trainer.callbacks.monitor=val/loss"], []),
+]
+
+
+@pytest.mark.parametrize(("argv", "starts"), ARGUMENTS)
+def test_the_argument_rows_read_the_command_line_and_its_files(
+    tmp_path: Path, monkeypatch, argv: list[str], starts: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    lines = argument_problems(["fit", *argv])
+    assert len(lines) == len(starts) and all(map(str.startswith, lines, starts)), lines
+    assert all(LATER_WINS in line for line in lines if "later one wins" in line)

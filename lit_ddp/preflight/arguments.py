@@ -1,4 +1,6 @@
-"""Config files checked before jsonargparse reads them: their size, and an order that would drop a setting.
+"""The command line and its config files, checked before jsonargparse reads them: the files' size, and an
+order or a setting that would drop what was asked without a word. ``argument_problems(argv)`` gives a line
+per problem; the CLI reports them and stops before parsing.
 
 - A YAML alias bomb (``a1: [*a0, *a0, ...]`` nine levels deep) is a few hundred bytes that expand to
   billions of nodes: jsonargparse walks the expansion and hangs with no output. The size a file expands to
@@ -16,7 +18,6 @@ from pathlib import Path
 
 import yaml
 
-from lit_ddp.errors import UserError
 from lit_ddp.utils import NOT_SETTINGS, command_line, config_files
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
@@ -100,31 +101,34 @@ def _flag_key(option: str | None) -> str | None:
     return option[2:].removesuffix("+").replace(".init_args.", ".")
 
 
-def check_arguments(argv: list[str]) -> None:
-    """UserError for a ``--config`` file that expands past ``MAX_NODES``, a setting that a later file
-    replaces (see the module's docstring), or a setting that would be accepted and not used."""
-    _check_sizes(argv)
-    given = _check_order(argv)
+def argument_problems(argv: list[str]) -> list[str]:
+    """One line for each ``--config`` file that expands past ``MAX_NODES`` (nothing else is read then), else
+    for the first setting that a later file replaces (see the module's docstring), and for each setting
+    that would be accepted and not used."""
+    too_large = _sizes(argv)
+    if too_large:
+        return too_large
+    given, replaced = _order(argv)
+    lines = [replaced] if replaced else []
     for key, why in UNUSED.items():
-        if key in given:
+        if key in given:  # the option as given, or the file that sets it
             setting = given[key] if given[key].startswith("--") else f"{given[key]}: {key}"
-            raise UserError(f"{setting} would not be used: {why}")
+            lines.append(f"{setting} would not be used: {why}")
+    return lines
 
 
-def _check_sizes(argv: list[str]) -> None:
-    files = config_files(argv)
-    for _, path in files:
-        size = expanded_size(path)
-        if size is not None and size > MAX_NODES:
-            raise UserError(
-                f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside"
-                " each other): it is not read; write the settings out plainly"
-            )
+def _sizes(argv: list[str]) -> list[str]:
+    return [
+        f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside each"
+        " other): it is not read; write the settings out plainly"
+        for _, path in config_files(argv)
+        if (expanded_size(path) or 0) > MAX_NODES
+    ]
 
 
-def _check_order(argv: list[str]) -> dict[str, str]:
-    """Each setting given -> the option or file that gives it last; UserError where a later file replaces
-    an option, or a recipe a preset."""
+def _order(argv: list[str]) -> tuple[dict[str, str], str | None]:
+    """Each setting given -> the option or file that gives it last, and the line for the first place where
+    a later file replaces an option, or a recipe a preset (None if none does)."""
     given: dict[str, str] = {}  # in command-line order
     recipes: set[str] = set()
     at = dict(config_files(argv))
@@ -156,7 +160,7 @@ def _check_order(argv: list[str]) -> dict[str, str]:
                     )
                 else:
                     fix = f"give --config {earlier} after --config {path}"
-                raise UserError(
+                return given, (
                     f"--config {path} sets {key} after {earlier} did, and the later one wins: {fix}"
                     " (later arguments override earlier ones)"
                 )
@@ -165,7 +169,7 @@ def _check_order(argv: list[str]) -> dict[str, str]:
                 recipes.add(str(path))
         elif (key := _flag_key(option)) is not None:
             given[key] = argv[i] if "=" in argv[i] or value is None else f"{argv[i]} {value}"
-    return given
+    return given, None
 
 
 def model_given(argv: list[str]) -> bool:
