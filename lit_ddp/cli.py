@@ -35,7 +35,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
 from lit_ddp.callbacks.sinks import run_dir
-from lit_ddp.cli_errors import config_file_problem, constructor_failure, exception_chain, explain
+from lit_ddp.cli_errors import constructor_failure, exception_chain, explain
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.models import ImageClassifier
@@ -263,8 +263,7 @@ class LitDDPCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # Before jsonargparse reads them: it would keep a duplicate key's last value without a word.
         argv = [] if isinstance(args, dict) else [str(a) for a in (sys.argv[1:] if args is None else args)]
-        # An alias bomb, a setting replaced by a later --config or unused; then a key given twice in a file.
-        found = argument_problems(argv) or [p for p in (config_file_problem(argv),) if p]
+        found = argument_problems(argv)  # an alias bomb, a key given twice, a setting a later file replaces
         if found:
             raise UserError("\n".join(found))
         picked = classes_named(args if isinstance(args, dict) else argv)

@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser
 
-from lit_ddp.utils import NOT_SETTINGS, command_line, config_files
+from lit_ddp.utils import NOT_SETTINGS, command_line, config_files, yaml_flow, yaml_key_line
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
 # Every command `main` takes, the two it hands to their own parsers included (cli.main).
@@ -53,7 +53,7 @@ class Setting:
     def where(self) -> str:
         if self.file is None:
             return ""
-        line = _key_line(self.file, self.yaml_keys)
+        line = yaml_key_line(self.file, self.yaml_keys)
         return f"{self.file}, line {line}: " if line else f"{self.file}: "
 
     def shown(self, key: str) -> str:
@@ -149,70 +149,7 @@ def _walk(tree: object, path: Path, yaml_keys: tuple[str, ...], key: tuple[str, 
         elif isinstance(value, dict) and value:
             yield from _walk(value, path, here, (*key, name))
         else:
-            yield Setting((*key, name), value, _flow(value), path, here)
-
-
-class _DuplicateKey(yaml.constructor.ConstructorError):
-    pass
-
-
-class _DuplicateKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (YAML keeps the last,
-    silently: `max_epochs: 1` above `max_epochs: 90` would run 90 epochs)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                problem = f"{key!r} is given already on line {seen[key]}"
-                raise _DuplicateKey(None, None, problem, key_node.start_mark)
-            seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-def config_file_problem(argv: list[str]) -> str | None:
-    """The line for a ``--config`` file that is empty or gives a key twice, or None: jsonargparse takes the
-    last value of a duplicate without a word, and reports an empty file as ``Unexpected config: ``."""
-    for _, path in config_files(argv):
-        try:
-            content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
-        except _DuplicateKey as err:
-            return f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
-        except yaml.YAMLError:
-            continue  # jsonargparse reports invalid YAML itself (see _invalid_yaml)
-        if content is None:
-            return (
-                f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
-                f" --config {path}"
-            )
-        # A `trainer:` holding no mapping (left empty, its lines commented out; a value; a list): jsonargparse
-        # takes it as the whole trainer group, dropping the trainer settings of the files before it, and the
-        # run then failed on it with an AttributeError traceback.
-        command = next((word for _, option, word in command_line(argv) if option is None), "fit")
-        for s in _file_settings(path, command):
-            if s.key == ("trainer",) and not isinstance(s.value, dict):
-                shown = "" if s.value is None else f" {s.text}"
-                return (
-                    f"{s.where()}trainer:{shown} holds no Trainer settings: write them on the lines below it,"
-                    " indented (`  max_epochs: 3`), or remove the line"
-                )
-    return None
-
-
-def _key_line(path: Path, keys: tuple[str, ...]) -> int | None:
-    """The line (from 1) of the mapping key reached through ``keys`` in the YAML file ``path``."""
-    node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
-    line = None
-    for key in keys:
-        if not isinstance(node, yaml.MappingNode):
-            return None
-        found = next(((k, v) for k, v in node.value if getattr(k, "value", None) == key), None)
-        if found is None:
-            return None
-        line, node = found[0].start_mark.line + 1, found[1]
-    return line
+            yield Setting((*key, name), value, yaml_flow(value), path, here)
 
 
 def _closest(name: str, candidates: Iterable[str]) -> str:
@@ -596,16 +533,11 @@ def _value(ctx: Context, s: Setting) -> str | None:
     return None
 
 
-def _flow(value: object) -> str:
-    """``value`` as YAML writes it on one line (``true``, ``null``, ``[1, 2]``)."""
-    return yaml.safe_dump(value, default_flow_style=True).partition("\n...")[0].strip()  # no end marker
-
-
 def _expected(tp: object, text: str) -> str:
     """What a type allows, in words: the choices of its Literals, its classes, its plain types."""
     members = _flat(tp)
     choices = [
-        c if isinstance(c, str) else _flow(c)
+        c if isinstance(c, str) else yaml_flow(c)
         for m in members
         if typing.get_origin(m) is typing.Literal
         for c in typing.get_args(m)

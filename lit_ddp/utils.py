@@ -10,6 +10,7 @@ import types
 from pathlib import Path, PurePath
 
 import lightning as L
+import yaml
 
 from lit_ddp.errors import UserError
 
@@ -125,3 +126,22 @@ def config_files(argv: list[str]) -> list[tuple[int, Path]]:
     words = command_line(argv)
     files = [(i, Path(value)) for i, option, value in words if option in ("-c", "--config") and value]
     return [(i, path) for i, path in files if path.is_file()]
+
+
+def yaml_key_line(path: Path, keys: tuple[str, ...]) -> int | None:
+    """The line (from 1) of the mapping key reached through ``keys`` in the YAML file ``path``."""
+    node = yaml.compose(path.read_text(), Loader=yaml.SafeLoader)
+    line = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        found = next(((k, v) for k, v in node.value if getattr(k, "value", None) == key), None)
+        if found is None:
+            return None
+        line, node = found[0].start_mark.line + 1, found[1]
+    return line
+
+
+def yaml_flow(value: object) -> str:
+    """``value`` as YAML writes it on one line (``true``, ``null``, ``[1, 2]``)."""
+    return yaml.safe_dump(value, default_flow_style=True).partition("\n...")[0].strip()  # no end marker

@@ -137,34 +137,6 @@ def test_a_negative_lr_or_weight_decay_is_one_line(
     assert not (tmp_path / "lightning_logs").exists()
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (
-            "trainer:\n  max_epochs: 1\n  log_every_n_steps: 5\n  max_epochs: 90\n",
-            "my.yaml, line 4: 'max_epochs' is given already on line 2: keep one of them",
-        ),
-        ("", "my.yaml holds no settings (it is empty or only comments): put settings in it, or leave out"),
-        ("# a recipe to write\n", "my.yaml holds no settings (it is empty or only comments)"),
-        # trainer's settings all commented out, a value, a list: an AttributeError traceback
-        (
-            "trainer:\n  # max_epochs: 3\nseed_everything: 1\n",
-            "my.yaml, line 1: trainer: holds no Trainer settings: write them on the lines below it, indented",
-        ),
-        ("seed_everything: 1\ntrainer: 5\n", "my.yaml, line 2: trainer: 5 holds no Trainer settings"),
-        ("trainer:\n- max_epochs\n", "my.yaml, line 1: trainer: [max_epochs] holds no Trainer settings"),
-    ],
-)
-def test_a_duplicate_key_or_an_empty_config_file_is_one_clear_line(
-    tmp_path: Path, capsys, text: str, expected: str
-) -> None:
-    """A duplicate key silently took the last value (90 epochs); an empty file: `Unexpected config: `."""
-    config = tmp_path / "my.yaml"
-    config.write_text(text)
-    line = one_error_line(capsys, ["fit", f"--config={config}", f"--trainer.default_root_dir={tmp_path}"])
-    assert line.startswith(f"{tmp_path / expected}"), line
-
-
 def test_16_mixed_on_a_cpu_is_recorded_as_the_bf16_mixed_that_ran(tmp_path: Path) -> None:
     """Lightning runs 16-mixed as bf16-mixed on a CPU; config.yaml said 16-mixed, so a re-run of it on a GPU
     would train in another precision than the run it reproduces."""

@@ -317,6 +317,13 @@ NUM_CLASSES = "would not be used: the data decides the number of classes (its da
 FILES = {
     "bs.yaml": "data:\n  init_args:\n    batch_size: 16\nmodel:\n  init_args:\n    optim:\n      lr: 0.01\n",
     "c.yaml": "model:\n  init_args:\n    num_classes: 5\n",
+    "twice.yaml": "trainer:\n  max_epochs: 1\n  log_every_n_steps: 5\n  max_epochs: 90\n",
+    "empty.yaml": "",
+    "comments.yaml": "# a recipe to write\n",
+    "commented.yaml": "trainer:\n  # max_epochs: 3\nseed_everything: 1\n",
+    "value.yaml": "seed_everything: 1\ntrainer: 5\n",
+    "list.yaml": "trainer:\n- max_epochs\n",
+    "nested.yaml": "fit:\n  trainer:\n",
     "bomb.yaml": "\n".join(
         ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
         + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
@@ -387,6 +394,21 @@ ARGUMENTS = [
             " other): it is not read; write the settings out plainly"
         ],
     ),
+    # A duplicate key silently took the last value (90 epochs); an empty file was `Unexpected config: `.
+    (["--config", "twice.yaml"], ["twice.yaml, line 4: 'max_epochs' is given already on line 2: keep one"]),
+    (
+        ["--config", "empty.yaml"],
+        ["empty.yaml holds no settings (it is empty or only comments): put settings in it, or leave out"],
+    ),
+    (["--config", "comments.yaml"], ["comments.yaml holds no settings (it is empty or only comments)"]),
+    # trainer's settings all commented out, a value, a list: an AttributeError traceback.
+    (
+        ["--config", "commented.yaml"],
+        ["commented.yaml, line 1: trainer: holds no Trainer settings: write them on the lines below it"],
+    ),
+    (["--config", "value.yaml"], ["value.yaml, line 2: trainer: 5 holds no Trainer settings"]),
+    (["--config", "list.yaml"], ["list.yaml, line 1: trainer: [max_epochs] holds no Trainer settings"]),
+    (["--config", "nested.yaml"], ["nested.yaml, line 2: trainer: holds no Trainer settings"]),  # fit: {...}
     # In the order that does what was asked: no line. A preset after a recipe adjusts it.
     (["--config", RECIPE, "--config", DEBUG, "--config", "bs.yaml", "--trainer.max_epochs=1"], []),
     (["--config", EMA, ADDED, "--trainer.callbacks.monitor=val/loss"], []),

@@ -1,11 +1,15 @@
-"""The command line and its config files, checked before jsonargparse reads them: the files' size, and an
-order or a setting that would drop what was asked without a word. ``argument_problems(argv)`` gives a line
-per problem; the CLI reports them and stops before parsing.
+"""The command line and its config files, checked before jsonargparse reads them: the files' size and
+shape, and an order or a setting that would drop what was asked without a word. ``argument_problems(argv)``
+gives a line per problem; the CLI reports them and stops before parsing.
 
 - A YAML alias bomb (``a1: [*a0, *a0, ...]`` nine levels deep) is a few hundred bytes that expand to
   billions of nodes: jsonargparse walks the expansion and hangs with no output. The size a file expands to
   is counted on the composed node graph (each alias is counted as often as it is used, in linear time,
   without expanding anything) and refused past ``MAX_NODES``.
+- jsonargparse keeps the last of a key given twice in one file without a word (``max_epochs: 1`` above
+  ``max_epochs: 90`` ran 90 epochs), reports an empty file as ``Unexpected config: ``, and takes a
+  ``trainer:`` that holds no mapping (its lines commented out, a value, a list) as the whole trainer group,
+  dropping the trainer settings of the files before it (the run then failed with an AttributeError).
 - jsonargparse applies arguments left to right, the later winning: ``--trainer.max_epochs=1 --config
   recipe.yaml`` runs the recipe's 12 epochs, and ``--config presets/debug.yaml --config recipe.yaml`` the
   recipe's 30. An option replaced by a later ``--config`` (``--trainer.callbacks+=X`` too: a file's
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from lit_ddp.utils import NOT_SETTINGS, command_line, config_files
+from lit_ddp.utils import NOT_SETTINGS, command_line, config_files, yaml_flow, yaml_key_line
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
 MAX_NODES = 100_000
@@ -56,6 +60,55 @@ def expanded_size(path: Path, limit: int = MAX_NODES) -> int | None:
         return sizes[id(node)]
 
     return 0 if root is None else size(root)
+
+
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                problem = f"{key!r} is given already on line {seen[key]}"
+                raise _DuplicateKey(None, None, problem, key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def _file_problem(path: Path, command: str) -> str | None:
+    """The line for a config file that gives a key twice, holds no settings, or a ``trainer:`` that holds no
+    settings, or None."""
+    try:
+        content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as err:
+        return f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
+    except yaml.YAMLError:
+        return None  # jsonargparse reports invalid YAML itself (cli_errors.py words it)
+    if content is None:
+        return (
+            f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
+            f" --config {path}"
+        )
+    # A config for the root parser holds each subcommand's settings under its name.
+    keys = (command,) if isinstance(content, dict) and isinstance(content.get(command), dict) else ()
+    tree = content[command] if keys else content
+    if not isinstance(tree, dict) or "trainer" not in tree:
+        return None
+    trainer = tree["trainer"]
+    if isinstance(trainer, dict) and trainer:
+        return None
+    line = yaml_key_line(path, (*keys, "trainer"))
+    where = f"{path}, line {line}" if line else str(path)
+    shown = "" if trainer is None else f" {yaml_flow(trainer)}"
+    return (
+        f"{where}: trainer:{shown} holds no Trainer settings: write them on the lines below it, indented"
+        " (`  max_epochs: 3`), or remove the line"
+    )
 
 
 def _settings(tree, prefix: str = "") -> set[str]:
@@ -108,8 +161,10 @@ def argument_problems(argv: list[str]) -> list[str]:
     too_large = _sizes(argv)
     if too_large:
         return too_large
+    command = next((word for _, option, word in command_line(argv) if option is None), "fit")
+    lines = [line for _, path in config_files(argv) if (line := _file_problem(path, command))]
     given, replaced = _order(argv)
-    lines = [replaced] if replaced else []
+    lines += [replaced] if replaced else []
     for key, why in UNUSED.items():
         if key in given:  # the option as given, or the file that sets it
             setting = given[key] if given[key].startswith("--") else f"{given[key]}: {key}"
