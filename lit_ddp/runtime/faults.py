@@ -39,7 +39,8 @@ from lit_ddp.runtime.position import run_position
 
 DEFAULT_DIST_TIMEOUT_S = 600.0
 
-# gloo raises a plain RuntimeError for a failed collective whose only structure is its text; these two are
+# gloo raises a plain RuntimeError for a failed collective whose only structure is its text (a typed error is
+# pytorch/pytorch#14433; these two go when gloo raises DistBackendError/DistNetworkError as NCCL does);
 # pinned, one test each, against the installed torch's gloo (tests/test_faults.py, torch 2.14.1).
 GLOO_TIMED_OUT = re.compile(r"Timed out waiting \d+ms for (send|recv) operation")
 GLOO_PEER_CLOSED = re.compile(r"Connection (closed|reset) by peer")
