@@ -55,6 +55,19 @@ LINES = [
         ["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=a_file/logs"],
         "--trainer.logger.init_args.save_dir=a_file/logs cannot be written",
     ),
+    # validate and test scored the random initial weights, with no word (a leading word is the subcommand).
+    *(
+        (
+            "random_weights",
+            [command],
+            f"{command} with no --ckpt_path would score the model's random initial weights: pass"
+            " --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
+            " --ckpt_path=untrained to score them on purpose",
+        )
+        for command in ("validate", "test")
+    ),
+    # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
+    ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
 ]
 
 
@@ -72,8 +85,9 @@ def test_each_row_is_one_line_before_anything_is_built(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("")
     seen = _spy(monkeypatch)
+    command, args = (args[0], args[1:]) if args[:1] in (["validate"], ["test"]) else ("fit", args)
     with pytest.raises(SystemExit) as stop:
-        main(["fit", *TINY_RUN, *args])
+        main([command, *TINY_RUN, *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(err) == 1, err
     assert err[0].startswith(f"lit_ddp: error: {line}"), err[0]

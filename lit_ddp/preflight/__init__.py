@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
-from lit_ddp.preflight.checkpoint import LIBRARY, missing_run_state, named_by, untrusted_name
+from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
 from lit_ddp.utils import imported
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
@@ -141,6 +141,7 @@ class RunPlan:
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
     checkpoint: dict | None = field(default=None, compare=False, repr=False)
     takes_weights: bool = False  # the model has --model.weights, which starts a run from a file's weights
+    loads_weights: bool = False  # and it is given
     named: frozenset[str] = frozenset()  # the class paths and dotted names the command line and configs give
     packages: frozenset[str] = frozenset({LIBRARY})  # lit_ddp's and the project's: their classes are trusted
 
@@ -181,6 +182,7 @@ class RunPlan:
             checkpoint=checkpoint,
             takes_weights="weights"
             in (model_args.as_dict() if hasattr(model_args, "as_dict") else model_args),
+            loads_weights=bool(_get(model_args, "weights")),
             named=frozenset(named_by(config)) if checkpoint else frozenset(),
             packages=frozenset(packages),
         )
@@ -324,6 +326,28 @@ def _checkpoint_state(plan: RunPlan) -> str | None:
     return missing_run_state(plan.checkpoint, plan.ckpt_path, plan.subcommand, plan.takes_weights)
 
 
+def _random_weights(plan: RunPlan) -> str | None:
+    # validate and test scored the model's random initial weights, with no word.
+    if plan.subcommand in ("validate", "test") and plan.ckpt_path is None and not plan.loads_weights:
+        return (
+            f"{plan.subcommand} with no --ckpt_path would score the model's random initial weights: pass"
+            f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
+            f" --ckpt_path={UNTRAINED} to score them on purpose"
+        )
+    return None
+
+
+def _no_hpc_checkpoint(plan: RunPlan) -> str | None:
+    # Lightning's SLURM checkpoint, which it looks for in default_root_dir (and raises a ValueError, after
+    # start-up, when there is none; a remote folder is its to look in); lit_ddp's stop writes last.ckpt.
+    if plan.ckpt_path != "hpc" or "://" in plan.root_dir or any(Path(plan.root_dir).glob("hpc_ckpt_*.ckpt")):
+        return None
+    return (
+        f"--ckpt_path=hpc: no hpc_ckpt_N.ckpt in {plan.root_dir} (lit_ddp saves a stopped run as last.ckpt):"
+        " pass --ckpt_path=last, or --ckpt_path=PATH to a checkpoint"
+    )
+
+
 # Each row: a plan → None, or the one line naming the option and the fix. In the order they are reported.
 ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "devices": _no_devices,
@@ -337,6 +361,8 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "logger_dir": _logger_dir,
     "checkpoint_names": _checkpoint_names,
     "checkpoint_state": _checkpoint_state,
+    "random_weights": _random_weights,
+    "hpc_checkpoint": _no_hpc_checkpoint,
 }
 
 

@@ -31,6 +31,7 @@ import yaml
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 LIBRARY = "lit_ddp"
+UNTRAINED = "untrained"  # --ckpt_path=untrained: validate or test the model as built, on purpose
 # The keys whose string jsonargparse imports as it is (a dotted key such as `net.class_path` is nested).
 CLASS_KEYS = ("class_path", "_class_path")
 # A file a string names is read as jsonargparse would, unless it is binary (a NUL in its first bytes: a

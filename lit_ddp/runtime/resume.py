@@ -30,7 +30,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.checkpoint_io import is_local_path, load_checkpoint_file
+from lit_ddp.preflight.checkpoint import UNTRAINED
+from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.runtime.wandb_resume import continue_wandb_run, is_wandb_run
 from lit_ddp.utils import flatten
@@ -38,7 +39,6 @@ from lit_ddp.writes import write_file
 
 SPECIAL = ("last", "best", "hpc", "registry")
 # `validate`/`test --ckpt_path=untrained`: score the model as built (random, or --model.weights) on purpose.
-UNTRAINED = "untrained"
 DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
 
 
@@ -343,12 +343,6 @@ def _hparams_summary(checkpoint: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
 
 
-def _no_hpc_checkpoint(root: str) -> bool:
-    """Whether a local ``root`` holds none of Lightning's SLURM checkpoints (``hpc_ckpt_N.ckpt``); a remote
-    one is Lightning's to look in."""
-    return is_local_path(root) and not any(Path(root).glob("hpc_ckpt_*.ckpt"))
-
-
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""
@@ -372,18 +366,9 @@ def prepare_ckpt_path(
     ``trainer.logger`` as given, which MLflow's run is rebuilt from).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
-    job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights. ``validate``
-    and ``test`` with no ``ckpt_path`` refuse for the same reason, unless the model loaded ``--model.weights``
-    or ``ckpt_path`` is ``untrained``: then the model as built is scored, on purpose."""
-    if ckpt_path == UNTRAINED:
-        return None
-    if ckpt_path is None:
-        if subcommand in ("validate", "test") and not (model.hparams.get("weights") or None):
-            raise UserError(
-                f"{subcommand} with no --ckpt_path would score the model's random initial weights: pass"
-                f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
-                f" --ckpt_path={UNTRAINED} to score them on purpose"
-            )
+    job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights (without
+    ``ckpt_path`` preflight refused them already, unless ``--model.weights`` or ``untrained`` says so)."""
+    if ckpt_path in (None, UNTRAINED):  # with no weights at all, preflight refused validate and test
         return None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer, model, datamodule)
@@ -411,13 +396,6 @@ def prepare_ckpt_path(
             f"{'starting from' if subcommand == 'fit' else subcommand + ':'} {best} (best {monitor})"
         )
         ckpt_path, checkpoint = str(best), None
-    elif ckpt_path == "hpc" and _no_hpc_checkpoint(trainer.default_root_dir):
-        # Lightning's SLURM checkpoint, which it looks for there (and raises a ValueError, after start-up,
-        # when there is none); lit_ddp's stop writes last.ckpt instead (preemption.py).
-        raise UserError(
-            f"--ckpt_path=hpc: no hpc_ckpt_N.ckpt in {trainer.default_root_dir} (lit_ddp saves a stopped run"
-            " as last.ckpt): pass --ckpt_path=last, or --ckpt_path=PATH to a checkpoint"
-        )
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path
     path = Path(ckpt_path)
