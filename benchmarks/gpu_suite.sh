@@ -99,7 +99,7 @@ PY
     jpeg_4cpus)  # a node with 4 CPUs per GPU, decoding on them
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --json "$OUT/jpeg_4cpus.json" \
         2>&1 | tee "$OUT/jpeg_4cpus.log" ;;
-    gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.decode=gpu), a batch ahead
+    gpu_decode)  # the same 4 CPUs, the batch decoded on the GPU (--data.gpu_decode=true), a batch ahead
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode \
         --json "$OUT/gpu_decode.json" 2>&1 | tee "$OUT/gpu_decode.log" ;;
     gpu_decode_inline)  # the same, decoded in the training loop (--data.decode_ahead=false): the A/B

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info, rank_zero_warn
 
 from lit_ddp.data.augmentation import Augmentation, RandomResizedCropFlip
 from lit_ddp.data.base import ImageDataModule
@@ -42,6 +42,16 @@ from lit_ddp.errors import UserError
 from lit_ddp.utils import local_path
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
+
+
+def deprecated_gpu_decode(decode: str, gpu_decode: bool | None) -> str:
+    """Older configs' ``gpu_decode: true|false``, still read, into ``decode``."""
+    if gpu_decode is None:
+        return decode
+    new = "gpu" if gpu_decode else "cpu"
+    was = str(gpu_decode).lower()
+    rank_zero_deprecation(f"--data.gpu_decode={was} is deprecated: use --data.decode={new}")
+    return new
 
 
 class ImageNetDataModule(ImageDataModule):
@@ -69,6 +79,7 @@ class ImageNetDataModule(ImageDataModule):
             random_erasing, which run in the workers.
         decode_ahead: with decode=gpu, each batch is decoded on a thread while the batch before it trains;
             false: in the training loop, between steps (device_decode.py says why ahead is the default).
+        gpu_decode: deprecated: ``decode`` (true is ``gpu``, false ``cpu``).
         **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
             num_workers None (the default), the CPU cores this process may use, shared over the node's
             devices, less one per device, as memory allows (``workers.auto_num_workers``; docs/gpu.md).
@@ -90,6 +101,7 @@ class ImageNetDataModule(ImageDataModule):
         index_cache: str | None = None,
         decode: str = "cpu",
         decode_ahead: bool = True,
+        gpu_decode: bool | None = None,
         **kwargs,
     ) -> None:
         super().__init__(batch_size=batch_size, augmentation=augmentation, **kwargs)
@@ -97,6 +109,7 @@ class ImageNetDataModule(ImageDataModule):
             raise UserError(f"val_resize={val_resize} must be at least image_size={image_size}")
         self.data_dir = Path(local_path(data_dir, "--data.data_dir"))  # a YAML config's ~, $VAR unexpanded
         self.unreadable = UnreadableFiles(strict=strict)
+        decode = deprecated_gpu_decode(decode, gpu_decode)
         self.decode_images(decode, image_size, val_resize, draft, exif_transpose, ahead=decode_ahead)
         self.index_cache = (
             Path(local_path(index_cache, "--data.index_cache"))
