@@ -168,7 +168,13 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(devices=2, launcher=TORCHRUN),
         RunPlan(devices="auto", launcher=TORCHRUN),  # Lightning's count: checked against the built Trainer
         RunPlan(devices=1, launcher=Launcher("srun", 1, 1, "", starts_devices=True)),  # Lightning starts them
+        RunPlan(subcommand="validate", ckpt_path="untrained"),  # the weights as built, on purpose
+        RunPlan(subcommand="test", loads_weights=True),  # --model.weights: a file's weights
+        RunPlan(subcommand="predict"),  # refused later if no run has a last.ckpt (runtime/resume.py)
+        RunPlan(ckpt_path="hpc", root_dir="s3://bucket/runs"),  # Lightning looks in a remote folder itself
+        RunPlan(ckpt_path="hpc"),  # with hpc_ckpt_1.ckpt in the run's folder (below)
     ]
+    (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
     for plan in fits:
         plan = plan if plan.root_dir.startswith("s3") else replace(plan, root_dir=str(tmp_path))
         assert problems(plan) == [], plan
