@@ -80,15 +80,22 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _file_problem(path: Path, command: str) -> str | None:
-    """The line for a config file that gives a key twice, holds no settings, or a ``trainer:`` that holds no
-    settings, or None."""
+INVALID = object()  # a file that is not YAML: jsonargparse reports it, and cli_errors.py words the line
+
+
+def _read(path: Path) -> tuple[object, str | None]:
+    """A config file's content, read once for every check, and the line for a key it gives twice (its
+    content is then INVALID, as a file's that is not YAML)."""
     try:
-        content = yaml.load(path.read_text(), Loader=_DuplicateKeyLoader)  # noqa: S506 (a SafeLoader)
+        return yaml.load(path.read_text(), Loader=_DuplicateKeyLoader), None  # noqa: S506 (a SafeLoader)
     except _DuplicateKey as err:
-        return f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
+        return INVALID, f"{path}, line {err.problem_mark.line + 1}: {err.problem}: keep one of them"
     except yaml.YAMLError:
-        return None  # jsonargparse reports invalid YAML itself (cli_errors.py words it)
+        return INVALID, None
+
+
+def _shape(path: Path, content: object, command: str) -> str | None:
+    """The line for a config file that holds no settings, or a ``trainer:`` that holds none, or None."""
     if content is None:
         return (
             f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
@@ -156,14 +163,27 @@ def _flag_key(option: str | None) -> str | None:
 
 def argument_problems(argv: list[str]) -> list[str]:
     """One line for each ``--config`` file that expands past ``MAX_NODES`` (nothing else is read then), else
-    for the first setting that a later file replaces (see the module's docstring), and for each setting
-    that would be accepted and not used."""
-    too_large = _sizes(argv)
+    for each file that gives a key twice or has no settings where it needs some, for the first setting
+    that a later file replaces (see the module's docstring), and for each setting that would be accepted
+    and not used."""
+    files = config_files(argv)
+    too_large = [
+        f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside each"
+        " other): it is not read; write the settings out plainly"
+        for _, path in files
+        if (expanded_size(path) or 0) > MAX_NODES
+    ]
     if too_large:
         return too_large
-    command = next((word for _, option, word in command_line(argv) if option is None), "fit")
-    lines = [line for _, path in config_files(argv) if (line := _file_problem(path, command))]
-    given, replaced = _order(argv)
+    words = command_line(argv)
+    command = next((word for _, option, word in words if option is None), "fit")
+    lines, contents = [], {}
+    for i, path in files:
+        content, line = _read(path)
+        line = line or (None if content is INVALID else _shape(path, content, command))
+        lines += [line] if line else []
+        contents[i] = (path, content)
+    given, replaced = _order(argv, words, contents)
     lines += [replaced] if replaced else []
     for key, why in UNUSED.items():
         if key in given:  # the option as given, or the file that sets it
@@ -172,28 +192,17 @@ def argument_problems(argv: list[str]) -> list[str]:
     return lines
 
 
-def _sizes(argv: list[str]) -> list[str]:
-    return [
-        f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside each"
-        " other): it is not read; write the settings out plainly"
-        for _, path in config_files(argv)
-        if (expanded_size(path) or 0) > MAX_NODES
-    ]
-
-
-def _order(argv: list[str]) -> tuple[dict[str, str], str | None]:
+def _order(argv: list[str], words: list, contents: dict) -> tuple[dict[str, str], str | None]:
     """Each setting given -> the option or file that gives it last, and the line for the first place where
-    a later file replaces an option, or a recipe a preset (None if none does)."""
+    a later file replaces an option, or a recipe a preset (None if none does). ``words``: ``argv`` read by
+    ``command_line``; ``contents``: each config file's position → (its path, its content)."""
     given: dict[str, str] = {}  # in command-line order
     recipes: set[str] = set()
-    at = dict(config_files(argv))
-    for i, option, value in command_line(argv):
-        if i in at:
-            path = at[i]
-            try:
-                content = yaml.safe_load(path.read_text())
-            except yaml.YAMLError:
-                continue  # jsonargparse reports invalid YAML itself
+    for i, option, value in words:
+        if i in contents:
+            path, content = contents[i]
+            if content is INVALID:
+                continue  # said already, or jsonargparse's to report
             # A preset after the recipe adjusts it (stacked presets are the design); a recipe, which chooses
             # the model or data class, after a preset replaces the preset's settings instead. A file that
             # only sets the model's or the data's arguments (`data: {init_args: ...}`) is a preset.

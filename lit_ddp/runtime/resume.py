@@ -38,7 +38,6 @@ from lit_ddp.utils import flatten
 from lit_ddp.writes import write_file
 
 SPECIAL = ("last", "best", "hpc", "registry")
-# `validate`/`test --ckpt_path=untrained`: score the model as built (random, or --model.weights) on purpose.
 DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
 
 
