@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_SHAPES, cli_env, ctrl_c_while_importing, read_scalars, run_cli
+from forked_cli import FRESH_RANKS
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
@@ -224,7 +225,9 @@ def test_a_rank_still_starting_when_the_rendezvous_times_out_is_named_as_a_start
     """No rank imports torch and Lightning within 1 s, so rank 0's rendezvous gives up on rank 1 while it is
     still starting: the line says that start-up shares --dist_timeout and how to fix it, not that a rank is
     stuck, and the rank that was starting does not outlive the job."""
-    result = ddp_fit(tmp_path, "--dist_timeout=1")
+    # A new interpreter for rank 1 (the test runner's fork of one would have imported torch already)
+    env = {**ENV, FRESH_RANKS: "1"}
+    result = run_cli([*DDP_FIT, "--dist_timeout=1"], cwd=tmp_path, env=env, timeout=RUN_TIMEOUT)
     assert result.returncode == 1
     (line,) = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
     assert line.startswith(

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, run_cli
-from forked_cli import ForkedCli, ServerGone, startup_change
+from forked_cli import FRESH_RANKS, ForkedCli, ServerGone, startup_change
 
 
 def shared_server() -> ForkedCli:
@@ -53,6 +53,29 @@ def test_a_new_session_and_a_timeout_that_kills_it(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):  # its output closed early, its process still running
         probe(tmp_path, "sleep_closed", timeout=3)
     assert probe(tmp_path, "exit", "0").returncode == 0  # the server outlives its clients' timeouts
+
+
+def test_the_first_ranks_a_command_starts_are_forks_and_the_commands_children(tmp_path):
+    result = probe(tmp_path, "launch")
+    command, first, third = (json.loads(line) for line in result.stdout.splitlines())
+    second = json.loads((tmp_path / "rank.log").read_text().splitlines()[0])
+    assert result.returncode == 0 and result.stderr == "to stderr\nline two\n" * 2
+    assert (tmp_path / "rank.log").read_text().endswith("to stderr\nline two\n")  # stderr=STDOUT, to a file
+    assert first["ppid"] == second["ppid"] == third["ppid"] == command["pid"]  # the fault monitor reads it
+    assert first["env"] == "rank" and first["cwd"] == first["path0"] == str(tmp_path)
+    assert first["argv"] == command["argv"][:1] + ["report"] and first["main_spec"] == "fork_probe"
+    assert first["sigint"] and first["sid"] == command["sid"]
+    assert [first["preloaded"], second["preloaded"], third["preloaded"]] == [True, True, False]  # 2 spares
+
+
+def test_ddp_spawns_ranks_are_forks_and_a_fresh_ranks_command_gets_new_interpreters(tmp_path):
+    forked = probe(tmp_path, "spawn")
+    fresh = probe(tmp_path, "spawn", env={FRESH_RANKS: "1"})
+    assert forked.returncode == fresh.returncode == 0, forked.stderr + fresh.stderr
+    command, *ranks = (json.loads(line) for line in forked.stdout.splitlines())
+    assert [rank["ppid"] for rank in ranks] == [command["pid"]] * 2 and all(r["preloaded"] for r in ranks)
+    assert [rank["rank"] for rank in ranks] == [0, 1]  # what the spawned function was handed
+    assert not any(json.loads(line)["preloaded"] for line in fresh.stdout.splitlines()[1:])
 
 
 def test_a_server_that_has_ended_is_reported_before_anything_runs(tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CPU, TINY_RUN, run_cli
+from forked_cli import FRESH_RANKS
 
 from lit_ddp.runtime import quiet
 
@@ -75,7 +76,8 @@ def test_ranks_started_by_ddp_spawn_print_none_of_the_silenced_warnings(tmp_path
     this run printed torch's LeafSpec deprecation once per process and Lightning's sync_dist advice for each
     perf/ key from rank 0."""
     spawn = ["--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
-    result = run_cli(["fit", *CPU, *TINY_RUN, *spawn], tmp_path, timeout=540)
+    # New interpreters, not the test runner's forks: what a fork's parent imported may have warned already.
+    result = run_cli(["fit", *CPU, *TINY_RUN, *spawn], tmp_path, timeout=540, env={FRESH_RANKS: "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Trainer.fit` stopped" in result.stderr + result.stdout  # the ranks trained to the end
     warned = [q.pattern for q in quiet.CONSOLE if q.kind == "warning"]

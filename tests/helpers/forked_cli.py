@@ -5,8 +5,13 @@ before the command reads its first argument, and the suite runs hundreds of them
 per pytest worker imports ``lit_ddp.cli`` once, then forks a child per command. The child is a real process
 of its own (its own pid, environment, working folder, file descriptors 0-2, signal handling, exit status and
 interpreter shutdown) running ``lit_ddp``'s ``__main__`` as ``python -m lit_ddp`` would; only the import of
-modules that import nothing process-wide (a rule test_architecture enforces) is shared. Ranks a command
-starts (``ddp``, ``ddp_spawn``, torchrun) are new interpreters as always.
+modules that import nothing process-wide (a rule test_architecture enforces) is shared.
+
+The first rank a command starts as ``python -m MODULE ARGS`` (Lightning's ``ddp`` launcher) is forked too:
+before the command runs a line, it forks an idle copy of itself (the spare), and its ``subprocess.Popen``
+hands that command to the spare. The rank is then the command's child, as the launcher's would be (the
+fault monitor's parent watch reads that), and its ``Popen`` waits, polls and kills it as usual. Further
+ranks, ``ddp_spawn``'s and torchrun's are new interpreters as always.
 
 What the fork cannot give is what an interpreter reads before its first line: ``PYTHON*`` variables other
 than PYTHONPATH, and the thread-library variables libgomp reads when it loads. A command whose environment
@@ -19,7 +24,9 @@ CUDA device is present (a CUDA test runs exactly the user's process).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import multiprocessing.util
 import os
 import selectors
 import shutil
@@ -48,17 +55,25 @@ def startup_change(env: dict[str, str], base: dict[str, str]) -> str | None:
 
 def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
     """In the forked child: become ``python -m lit_ddp ARGS`` in the request's folder and environment."""
-    import importlib
-    import runpy
-
     if request["new_session"]:
         os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # Before the command runs a line: clean copies, each closing the command's ends of the earlier ones'.
+    for _ in range(SPARES):
+        _Spare.idle.append(_Spare(base_path, [spare.conn for spare in _Spare.idle]))
+    subprocess.Popen = _RankPopen
+    multiprocessing.util.spawnv_passfds = _spawn_rank
+    _become(request, base_path)
+
+
+def _become(request: dict, base_path: list[str]) -> None:
+    """Run ``python -m MODULE ARGS`` here, in the request's folder and environment; never returns."""
+    import importlib
+    import runpy
+
+    _enter(request)
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     # As `python -m`: the working folder first, then PYTHONPATH, then the interpreter's own.
     sys.path[:] = [os.getcwd(), *dict.fromkeys(extra), *(p for p in base_path if p not in extra)]
@@ -68,12 +83,134 @@ def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
     sys.exit(0)
 
 
+def _enter(request: dict) -> None:
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+
+
+# ---------------------------------------------------------------------------------------------- the ranks
+
+SPARES = 2  # a 2-process run's ranks: ddp starts one, ddp_spawn two, the trust kit's 2-process launch two
+FRESH_RANKS = "LIT_DDP_TESTS_FRESH_RANKS"  # set in a command's environment: its ranks are new interpreters
+# Signals a job's process group gets (a Ctrl-C, a scheduler's stop): an idle spare is no process of the job's.
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SPAWN_MAIN = "from multiprocessing.spawn import spawn_main"
+# Linux passes at most 253 descriptors in one message; ddp_spawn passes one per tensor it shares (dozens)
+MAX_FDS = 253
+STARTUP_ENV: dict[str, str] = {}  # the server's environment before its imports: its spares' too
+
+
+class _Spare:
+    """An idle fork of a command, made before it runs a line, waiting to become a process the command starts
+    (a rank); it ends with the command (the end of its socket) if the command starts none."""
+
+    idle: list[_Spare] = []
+
+    def __init__(self, base_path: list[str], close: list[socket.socket]) -> None:
+        ours, theirs = socket.socketpair()
+        self.pid = os.fork()
+        if self.pid:
+            theirs.close()
+            self.conn = ours
+            return
+        for conn in (ours, *close):
+            conn.close()
+        _Spare.idle.clear()  # the earlier spares are the command's, not this one's
+        handlers = {s: signal.signal(s, signal.SIG_IGN) for s in JOB_SIGNALS}
+        message, fds = b"", []
+        while not message.endswith(b"\n"):
+            part, received, _, _ = socket.recv_fds(theirs, 1 << 20, MAX_FDS)
+            if not part:  # the command ended without starting a rank
+                os._exit(0)
+            message, fds = message + part, fds + received
+        theirs.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        request = json.loads(message)
+        _place(fds, request["targets"])
+        if request["kind"] == "module":
+            _become(request, base_path)
+        _enter(request)
+        sys.argv = request["argv"]  # as `python -c CODE ARGS` sets it: spawn_main reads it
+        exec(request["code"], {"__name__": "__main__"})  # spawn_main: it exits with the process's code
+        sys.exit(0)
+
+    @classmethod
+    def take(cls, env: dict[str, str]) -> _Spare | None:
+        """An idle spare for a process of this environment, if one is left and can become it."""
+        if env.get(FRESH_RANKS) or not cls.idle or startup_change(env, STARTUP_ENV) is not None:
+            return None
+        try:
+            return cls.idle.pop()  # atomic: the trust kit starts its launches from two threads
+        except IndexError:
+            return None
+
+    def start(self, request: dict, fds: list[int], targets: list[int]) -> int:
+        message = json.dumps({**request, "targets": targets}).encode() + b"\n"
+        socket.send_fds(self.conn, [message], fds)
+        self.conn.close()
+        return self.pid
+
+
+def _place(fds: list[int], targets: list[int]) -> None:
+    """Each received descriptor at the number it had (or was meant to have) in the command's child."""
+    floor = max([*targets, *fds, 2]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, floor) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(moved, targets, strict=True):
+        os.dup2(fd, target)
+        os.close(fd)
+
+
+class _RankPopen(subprocess.Popen):
+    """``subprocess.Popen`` in a forked command: ``[python, -m, MODULE, ARGS]`` (Lightning's ``ddp``
+    launcher, the trust kit's ranks) becomes a spare while one is left."""
+
+    def __init__(self, args, *rest, **kwargs) -> None:
+        self._spare = None
+        plain = not rest and set(kwargs) <= {"env", "cwd", "stdin", "stdout", "stderr"}
+        if plain and isinstance(args, list | tuple) and list(args[:2]) == [sys.executable, "-m"]:
+            self._spare = _Spare.take(dict(os.environ if kwargs.get("env") is None else kwargs["env"]))
+        super().__init__(args, *rest, **kwargs)
+
+    def _execute_child(self, args, *rest) -> None:
+        if self._spare is None:
+            return super()._execute_child(args, *rest)
+        # CPython's order: executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
+        # shell, then the six ends of the standard streams' pipes (-1: inherited)
+        cwd, env, pipes = rest[4], rest[5], rest[9:15]
+        p2cread, _, _, c2pwrite, _, errwrite = pipes
+        stdio = {target: fd for target, fd in enumerate((p2cread, c2pwrite, errwrite)) if fd != -1}
+        request = dict(kind="module", module=args[2], args=[str(a) for a in args[3:]])
+        request |= dict(cwd=os.fspath(cwd or os.getcwd()), env=dict(os.environ if env is None else env))
+        self.pid = self._spare.start(request, list(stdio.values()), list(stdio))
+        self._child_created = True
+        self._close_pipe_fds(*pipes)
+
+
+_spawnv_passfds = multiprocessing.util.spawnv_passfds
+
+
+def _spawn_rank(path: str, args: list[str], passfds: list[int]) -> int:
+    """multiprocessing's start of a ``spawn`` process (``ddp_spawn``'s ranks): a spare while one is left."""
+    at = next((i for i, a in enumerate(args) if isinstance(a, str) and a.startswith(SPAWN_MAIN)), None)
+    spare = _Spare.take(dict(os.environ)) if at is not None and len(passfds) <= MAX_FDS else None
+    if spare is None:
+        return _spawnv_passfds(path, args, passfds)
+    request = dict(kind="spawn", code=args[at], argv=["-c", *args[at + 1 :]])
+    request |= dict(cwd=os.getcwd(), env=dict(os.environ))
+    return spare.start(request, list(passfds), list(passfds))
+
+
 def serve(path: str, preload: str) -> None:
     """Import ``preload`` (the command's modules), then fork one child per request until the test worker
     goes away."""
     import gc
     import importlib
 
+    STARTUP_ENV.update(os.environ)  # what its interpreter started with (an import may set more)
     importlib.import_module(preload)  # the seconds this server exists to pay once
 
     gc.freeze()  # the imported objects stay out of each child's collections: their pages stay shared
