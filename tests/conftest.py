@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "helpers"
 sys.path.insert(0, str(HELPERS))  # the tests import the helper scripts (imagenet_tree, the probes) by name
 
-from forked_cli import ForkedCli, ServerGone, startup_change  # noqa: E402  (found on the path set above)
+from forked_cli import ForkedCli, ForkedPopen, ServerGone, startup_change, what_runs  # noqa: E402  (on the path above)
 
 # Tiny Shapes runs: seconds per epoch, still a real train/val/test pipeline.
 # A quiet CPU run, on 2 DDP processes or on one plain process (no DDP: the training sampler shuffles by
@@ -115,6 +116,65 @@ def forked_cli_server() -> ForkedCli | None:
         if usable:
             atexit.register(_forked_cli[0].close)
     return _forked_cli[0]
+
+
+def python(argv: list, **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen([python, *argv], **kwargs)`` for ``argv`` = ``-m MODULE ...``, ``-c CODE ...`` or
+    ``SCRIPT ...``: forked from this test process's server where the environment allows (as ``run_cli``),
+    so that a helper process or a rank starts without importing torch again. Its parent is the server, not
+    this process: a test of what a process's parent sees starts it with subprocess."""
+    server = forked_cli_server()
+    env = kwargs.get("env")
+    if (
+        server is not None
+        and what_runs(argv) is not None
+        and startup_change(env or dict(os.environ), server.env) is None
+    ):
+        try:
+            return ForkedPopen(server, argv, **kwargs)
+        except ServerGone:
+            _forked_cli[0] = None
+    return subprocess.Popen([sys.executable, *argv], **kwargs)
+
+
+def run_python(
+    argv: list, input: str | None = None, timeout: float | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *argv], ...)`` through ``python()``: ``input``, ``timeout`` (the process is
+    killed past it, and TimeoutExpired raised), ``capture_output``, ``check`` and Popen's arguments."""
+    if kwargs.pop("capture_output", False):
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    check = kwargs.pop("check", False)
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    with python(argv, **kwargs) as process:
+        try:
+            out, err = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    if check:
+        result.check_returncode()
+    return result
+
+
+@pytest.fixture(autouse=True, scope="session")
+def forked_kit_ranks():
+    """The trust kit's ranks (``lit_ddp.testing.launch``), started from a test, are ``python()`` processes:
+    forked from the server, not imported anew. What the kit reads of them (output, exit status, kill) is
+    the same; a kit run inside a command (``doctor``) forks its ranks as any command's (forked_cli.py)."""
+    from lit_ddp.testing import launch
+
+    def popen(args, **kwargs) -> subprocess.Popen:
+        if args[:1] == [sys.executable]:
+            return python(args[1:], **kwargs)
+        return subprocess.Popen(args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "subprocess", types.SimpleNamespace(**{**vars(subprocess), "Popen": popen}))
+        yield
 
 
 def ctrl_c_while_importing(module: str, *args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import REPO, TINY_RUN, cli_env
+from conftest import REPO, TINY_RUN, cli_env, run_python
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from collect_gpu_results import collect  # noqa: E402
@@ -72,13 +72,13 @@ def test_the_suite_records_versions_and_collects_on_a_machine_without_a_gpu(tmp_
     assert collected["lenet_cifar_workers_epoch_s"] is None
 
 
-STEP_OVERHEAD = [sys.executable, str(REPO / "benchmarks" / "bench_step_overhead.py")]
+STEP_OVERHEAD = [str(REPO / "benchmarks" / "bench_step_overhead.py")]
 FEW_STEPS = ["--steps", "6", "--warmup", "2", "--procs", "1", "--rounds", "1"]
 
 
 def _step_overhead(*args: str) -> str:
     """benchmarks/bench_step_overhead.py, shrunk: its standard output, after it exits 0."""
-    out = subprocess.run([*STEP_OVERHEAD, *args], capture_output=True, text=True, timeout=240, check=False)
+    out = run_python([*STEP_OVERHEAD, *args], capture_output=True, text=True, timeout=240, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
@@ -121,10 +121,10 @@ def test_the_step_overhead_benchmark_counts_the_device_ops_of_the_data_path_and_
 def test_the_streaming_benchmark_records_every_variant_through_the_harness(tmp_path: Path) -> None:
     """benchmarks/bench_streaming.py on 30 images, one round: its JSON record is the harness's."""
     out = tmp_path / "streaming.json"
-    script = [sys.executable, str(REPO / "benchmarks" / "bench_streaming.py")]
+    script = [str(REPO / "benchmarks" / "bench_streaming.py")]
     args = ["--images", "30", "--rounds", "1", "--shard-mb", "0.05", "--out", str(out)]
     env = cli_env({"TMPDIR": str(tmp_path)})
-    result = subprocess.run([*script, *args], capture_output=True, text=True, timeout=280, env=env)
+    result = run_python([*script, *args], capture_output=True, text=True, timeout=280, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["command"] and record["machine"] and "commit" in record
@@ -142,14 +142,13 @@ def test_the_default_fit_benchmark_times_a_fresh_fit_and_records_its_outcome(tmp
     its JSON record holds the wall time, the run's val/acc by epoch and the load it ran under."""
     out = tmp_path / "default_fit.json"
     script = [
-        sys.executable,
         str(REPO / "benchmarks" / "bench_default_fit.py"),
         "--rounds",
         "1",
         "--out",
         str(out),
     ]
-    result = subprocess.run([*script, *TINY_RUN], capture_output=True, text=True, timeout=280)
+    result = run_python([*script, *TINY_RUN], capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["command"] and record["machine"] and "commit" in record
@@ -161,11 +160,11 @@ def test_the_default_fit_benchmark_times_a_fresh_fit_and_records_its_outcome(tmp
 
 @pytest.mark.timeout(600)  # two runs of up to 240 s each
 def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_a_cpu(tmp_path: Path) -> None:
-    run = [sys.executable, str(REPO / "benchmarks" / "profile_gpu.py")]
+    run = [str(REPO / "benchmarks" / "profile_gpu.py")]
     env = cli_env()
     decode = [*run, "decode", "--device=cpu", "--images=24", "--batch-size=4", "--batches=2"]
     decode += ["--num-workers=1", f"--dir={tmp_path / 'jpegs'}", f"--json={tmp_path / 'decode.json'}"]
-    result = subprocess.run(decode, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
+    result = run_python(decode, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     stages = json.loads((tmp_path / "decode.json").read_text())["ms_per_batch"]
     assert set(stages) == {"load", "nvjpeg", "decode", "crop", "crop_each"}
@@ -174,7 +173,7 @@ def test_the_gpu_profile_times_the_decode_stages_and_profiles_the_lenet_step_on_
     for side in ("lit_ddp", "floor"):
         lenet = [*run, "lenet", f"--side={side}", "--device=cpu", "--warmup=2", "--steps=3", "--batch-size=8"]
         lenet += [f"--json={tmp_path / side}.json", f"--table={tmp_path / side}.txt"]
-        result = subprocess.run(lenet, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
+        result = run_python(lenet, cwd=tmp_path, env=env, timeout=240, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
         step = json.loads((tmp_path / f"{side}.json").read_text())
         assert step["side"] == side and step["ms_per_step"] > 0 and step["host_self_ms_per_step"] > 0
@@ -211,10 +210,10 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
     (null, never filled in); asked with a mode (the lenet_cudagraphs part), lit_ddp compiled in it. Without
     compile, lit_ddp with one DataLoader worker too (``--workers 1``)."""
     out = tmp_path / "lenet.json"
-    script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
+    script = [str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu"]
     script += ["--train-size=256", "--rounds=1", "--tutorial-workers=0", f"--json={out}"]
     script += [f"--compile={compile}"] if compile else ["--workers", "1"]
-    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=300, capture_output=True, text=True)
+    result = run_python(script, cwd=tmp_path, env=cli_env(), timeout=300, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     sides = ("lenet_cifar_epoch_s", "lenet_cifar_eager_epoch_s", "tutorial_lenet_epoch_s")
@@ -234,8 +233,8 @@ def test_the_lenet_gpu_benchmark_times_lit_ddp_the_floors_and_the_tutorial_on_a_
 
 
 def test_the_lenet_gpu_benchmarks_graphed_sides_refuse_a_device_without_cuda_graphs() -> None:
-    script = [sys.executable, str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu", "--graphed"]
-    result = subprocess.run(script, env=cli_env(), timeout=120, capture_output=True, text=True)
+    script = [str(REPO / "benchmarks" / "bench_lenet_gpu.py"), "--device=cpu", "--graphed"]
+    result = run_python(script, env=cli_env(), timeout=120, capture_output=True, text=True)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert (
         result.stderr.strip()
@@ -280,11 +279,11 @@ def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
     few small JPEGs: the figure, which of the two it measured, and the decode's own time beside the step's
     (on a CPU, no device span)."""
     out = tmp_path / "jpeg.json"
-    script = [sys.executable, str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
+    script = [str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
     script += ["--images=32", "--width=64", "--height=48", "--batch-size=8", "--image-size=32"]
     script += ["--arch=resnet18", "--num-classes=10", "--num-workers=1", "--warmup=1", "--steps=2"]
     script += [f"--dir={tmp_path / 'jpegs'}", f"--json={out}", *([] if ahead else ["--no-decode-ahead"])]
-    result = subprocess.run(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
+    result = run_python(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["decode_ahead"] is ahead and record["gpu_decode"] is True

@@ -6,13 +6,12 @@ The built-in recipes through ``python -m lit_ddp doctor``: test_doctor.py.
 """
 
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_python
 from torch.utils.data import DistributedSampler
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -381,9 +380,7 @@ def test_classes_defined_in_a_script_or_a_function_travel_to_the_ranks(tmp_path:
     refused (a function's); by value, the kit runs them."""
     script = tmp_path / "check_mine.py"
     script.write_text(SCRIPT)
-    result = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=580
-    )
+    result = run_python([str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=580)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "first-step gradients 2×b = 1×2b" in result.stdout
 

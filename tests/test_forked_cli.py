@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, run_cli
-from forked_cli import FRESH_RANKS, ForkedCli, ServerGone, startup_change
+from conftest import CPU, WITH_PROBES, cli_env, forked_cli_server, python, run_cli, run_python
+from forked_cli import FRESH_RANKS, ForkedCli, ForkedPopen, ServerGone, startup_change
 
 
 def shared_server() -> ForkedCli:
@@ -76,6 +76,29 @@ def test_ddp_spawns_ranks_are_forks_and_a_fresh_ranks_command_gets_new_interpret
     assert [rank["ppid"] for rank in ranks] == [command["pid"]] * 2 and all(r["preloaded"] for r in ranks)
     assert [rank["rank"] for rank in ranks] == [0, 1]  # what the spawned function was handed
     assert not any(json.loads(line)["preloaded"] for line in fresh.stdout.splitlines()[1:])
+
+
+def test_a_python_process_the_tests_start_is_forked_and_reads_as_popen(tmp_path):
+    shared_server()
+    env = cli_env(WITH_PROBES)
+    module = run_python(["-m", "fork_probe", "report"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert module.returncode == 0 and json.loads(module.stdout)["preloaded"]
+    assert module.stderr == "to stderr\nline two\n"
+    exits = "import sys; print(sys.argv, sys.path[0]); sys.exit(3)"
+    code = run_python(["-c", exits, "x"], capture_output=True)
+    assert (code.returncode, code.stdout) == (3, b"['-c', 'x'] \n")
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[1:], sys.path[0], input())\n")
+    ran = run_python([str(script), "a"], input="typed", capture_output=True, text=True, check=True)
+    assert ran.stdout == f"__main__ ['a'] {tmp_path} typed\n"
+    sleeping = python(["-m", "fork_probe", "sleep"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    assert isinstance(sleeping, ForkedPopen) and sleeping.stdout.readline() == "sleeping\n"
+    assert sleeping.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeping.wait(timeout=0.5)
+    sleeping.terminate()
+    assert sleeping.wait(timeout=30) == -15 and sleeping.poll() == -15
+    sleeping.stdout.close()
 
 
 def test_a_server_that_has_ended_is_reported_before_anything_runs(tmp_path):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import inspect
 import json
 import multiprocessing.util
 import os
@@ -69,18 +70,44 @@ def _child(request: dict, fds: list[int], base_path: list[str]) -> None:
 
 
 def _become(request: dict, base_path: list[str]) -> None:
-    """Run ``python -m MODULE ARGS`` here, in the request's folder and environment; never returns."""
+    """Run what ``python -m MODULE ARGS``, ``python SCRIPT ARGS`` or ``python -c CODE ARGS`` runs, here, in
+    the request's folder and environment; never returns."""
     import importlib
     import runpy
+    import types
 
     _enter(request)
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    # As `python -m`: the working folder first, then PYTHONPATH, then the interpreter's own.
-    sys.path[:] = [os.getcwd(), *dict.fromkeys(extra), *(p for p in base_path if p not in extra)]
+    # As python does: the script's folder (or the working one) first, then PYTHONPATH, then its own.
+    script = request.get("script")
+    first = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()
+    sys.path[:] = [first, *dict.fromkeys(extra), *(p for p in base_path if p not in extra)]
     importlib.invalidate_caches()
-    sys.argv = ["-m", *request["args"]]
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    if request.get("module"):
+        sys.argv = ["-m", *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    elif script:
+        sys.argv = [script, *request["args"]]
+        runpy.run_path(script, run_name="__main__")
+    else:
+        sys.path[0] = ""  # as `python -c`
+        sys.argv = ["-c", *request["args"]]
+        main = sys.modules["__main__"] = types.ModuleType("__main__")
+        exec(compile(request["code"], "<string>", "exec"), main.__dict__)
     sys.exit(0)
+
+
+def what_runs(argv: list[str]) -> dict | None:
+    """What ``python ARGV`` runs, as a request's fields (module, script or code, and args), or None for a
+    command line a fork cannot give (interpreter options such as -u or -W)."""
+    argv = [os.fspath(a) for a in argv]
+    if argv[:1] == ["-m"] and len(argv) > 1:
+        return dict(module=argv[1], args=argv[2:])
+    if argv[:1] == ["-c"] and len(argv) > 1:
+        return dict(code=argv[1], args=argv[2:])
+    if argv and not argv[0].startswith("-"):
+        return dict(script=argv[0], args=argv[1:])
+    return None
 
 
 def _enter(request: dict) -> None:
@@ -129,7 +156,7 @@ class _Spare:
             signal.signal(s, handler)
         request = json.loads(message)
         _place(fds, request["targets"])
-        if request["kind"] == "module":
+        if request["kind"] == "python":
             _become(request, base_path)
         _enter(request)
         sys.argv = request["argv"]  # as `python -c CODE ARGS` sets it: spawn_main reads it
@@ -164,30 +191,45 @@ def _place(fds: list[int], targets: list[int]) -> None:
         os.close(fd)
 
 
+# What a spare can take of Popen's arguments: the rest (a preexec_fn, a new session, ...) start a process.
+PLAIN = {"env", "cwd", "stdin", "stdout", "stderr", "text", "universal_newlines", "encoding", "errors"}
+# Popen._execute_child's arguments after ``args``, by name: it is called with them in this order.
+CHILD_ARGS = list(inspect.signature(subprocess.Popen._execute_child).parameters)[2:]
+
+
+def _stdio(child: dict) -> dict[int, int]:
+    """The descriptors Popen made for the child's standard streams (the others are inherited)."""
+    ends = (child["p2cread"], child["c2pwrite"], child["errwrite"])
+    return {target: fd for target, fd in enumerate(ends) if fd != -1}
+
+
+def _pipes(child: dict) -> list[int]:
+    return [child[k] for k in ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")]
+
+
 class _RankPopen(subprocess.Popen):
-    """``subprocess.Popen`` in a forked command: ``[python, -m, MODULE, ARGS]`` (Lightning's ``ddp``
-    launcher, the trust kit's ranks) becomes a spare while one is left."""
+    """``subprocess.Popen`` in a forked command: ``[python, -m MODULE | -c CODE | SCRIPT, ARGS]``
+    (Lightning's ``ddp`` launcher, the trust kit's ranks, a benchmark's variants) becomes a spare while one
+    is left."""
 
     def __init__(self, args, *rest, **kwargs) -> None:
         self._spare = None
-        plain = not rest and set(kwargs) <= {"env", "cwd", "stdin", "stdout", "stderr"}
-        if plain and isinstance(args, list | tuple) and list(args[:2]) == [sys.executable, "-m"]:
+        plain = not rest and set(kwargs) <= PLAIN
+        python = isinstance(args, list | tuple) and list(args[:1]) == [sys.executable]
+        if plain and python and what_runs(args[1:]) is not None:
             self._spare = _Spare.take(dict(os.environ if kwargs.get("env") is None else kwargs["env"]))
         super().__init__(args, *rest, **kwargs)
 
     def _execute_child(self, args, *rest) -> None:
         if self._spare is None:
             return super()._execute_child(args, *rest)
-        # CPython's order: executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
-        # shell, then the six ends of the standard streams' pipes (-1: inherited)
-        cwd, env, pipes = rest[4], rest[5], rest[9:15]
-        p2cread, _, _, c2pwrite, _, errwrite = pipes
-        stdio = {target: fd for target, fd in enumerate((p2cread, c2pwrite, errwrite)) if fd != -1}
-        request = dict(kind="module", module=args[2], args=[str(a) for a in args[3:]])
-        request |= dict(cwd=os.fspath(cwd or os.getcwd()), env=dict(os.environ if env is None else env))
+        child = dict(zip(CHILD_ARGS, rest, strict=False))
+        request = dict(kind="python", **what_runs(args[1:]), cwd=os.fspath(child["cwd"] or os.getcwd()))
+        request["env"] = dict(os.environ if child["env"] is None else child["env"])
+        stdio = _stdio(child)
         self.pid = self._spare.start(request, list(stdio.values()), list(stdio))
         self._child_created = True
-        self._close_pipe_fds(*pipes)
+        self._close_pipe_fds(*_pipes(child))
 
 
 _spawnv_passfds = multiprocessing.util.spawnv_passfds
@@ -299,6 +341,19 @@ class ForkedCli:
         self.server.wait(timeout=30)
         shutil.rmtree(Path(self.path).parent, ignore_errors=True)
 
+    def start(self, request: dict, stdio: list[int]) -> socket.socket:
+        """Hand the server a request and the descriptors of the process's standard streams; the
+        connection it answers on (the pid, then the exit status). ServerGone: nothing was started."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self.path)
+        except OSError as err:  # the server has ended (killed for memory, say): the caller runs it plainly
+            conn.close()
+            raise ServerGone(str(err)) from err
+        socket.send_fds(conn, [json.dumps(request).encode()], stdio)
+        conn.shutdown(socket.SHUT_WR)
+        return conn
+
     def run(
         self,
         args: list[str],
@@ -315,14 +370,6 @@ class ForkedCli:
         command = [sys.executable, "-m", module, *args]
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(self.path)
-        except OSError as err:  # the server has ended (killed for memory, say): the caller runs it plainly
-            for fd in (out_r, out_w, err_r, err_w):
-                os.close(fd)
-            conn.close()
-            raise ServerGone(str(err)) from err
         request = dict(args=list(args), cwd=str(cwd), env=env, new_session=new_session, module=module)
         if input is not None:  # the text, then the end of the file, as a pipe (a prompt's answers)
             stdin, typed = os.pipe()
@@ -330,10 +377,15 @@ class ForkedCli:
                 pipe.write(input)
         else:
             stdin = 0 if _is_open(0) else os.open(os.devnull, os.O_RDONLY)  # what a subprocess inherits
-        socket.send_fds(conn, [json.dumps(request).encode()], [stdin, out_w, err_w])
-        conn.shutdown(socket.SHUT_WR)
-        for fd in (out_w, err_w) if stdin == 0 else (out_w, err_w, stdin):
-            os.close(fd)
+        try:
+            conn = self.start(request, [stdin, out_w, err_w])
+        except ServerGone:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w) if stdin == 0 else (out_w, err_w, stdin):
+                os.close(fd)
         pid = _read(conn, "pid")
         kill = os.killpg if new_session else os.kill
         deadline = time.monotonic() + timeout
@@ -358,6 +410,55 @@ class ForkedCli:
         if timed_out:
             raise subprocess.TimeoutExpired(command, timeout, output=out, stderr=err)
         return subprocess.CompletedProcess(command, status, out, err)
+
+
+class ForkedPopen(subprocess.Popen):
+    """``subprocess.Popen([python, *ARGV], ...)`` whose process the server forks: its pipes, ``communicate``,
+    ``poll``, ``wait``, ``send_signal`` and ``returncode`` are Popen's. What differs: the process is the
+    server's child, not this one's (``os.waitpid`` does not see it)."""
+
+    def __init__(self, server: ForkedCli, argv: list[str], **kwargs) -> None:
+        self._server, self._request = server, what_runs(argv)
+        if self._request is None:
+            raise ValueError(f"a fork cannot run python {' '.join(map(str, argv))}")
+        super().__init__([sys.executable, *argv], **kwargs)
+
+    def _execute_child(self, args, *rest) -> None:
+        child = dict(zip(CHILD_ARGS, rest, strict=False))
+        stdio = _stdio(child)
+        inherited = [n for n in range(3) if n not in stdio]
+        stdio |= {n: n if _is_open(n) else os.open(os.devnull, os.O_RDWR) for n in inherited}
+        request = {**self._request, "cwd": os.fspath(child["cwd"] or os.getcwd())}
+        request |= dict(env=dict(os.environ if child["env"] is None else child["env"]))
+        request |= dict(new_session=bool(child["start_new_session"]))
+        try:
+            self._conn = self._server.start(request, [stdio[n] for n in range(3)])
+            self.pid = _read(self._conn, "pid")
+        finally:
+            for n in inherited:
+                if stdio[n] != n:
+                    os.close(stdio[n])
+            self._close_pipe_fds(*_pipes(child))
+        self._child_created = True
+
+    def _internal_poll(self, *args, **kwargs) -> int | None:
+        if self.returncode is None and _ready(self._conn):
+            self.returncode = _read(self._conn, "status")
+        return self.returncode
+
+    def _wait(self, timeout: float | None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = _read(self._conn, "status", timeout)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+        return self.returncode
+
+
+def _ready(conn: socket.socket) -> bool:
+    with selectors.DefaultSelector() as selector:
+        selector.register(conn, selectors.EVENT_READ)
+        return bool(selector.select(0))
 
 
 class ServerGone(RuntimeError):
