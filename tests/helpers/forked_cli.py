@@ -443,16 +443,20 @@ class ForkedPopen(subprocess.Popen):
 
     def _internal_poll(self, *args, **kwargs) -> int | None:
         if self.returncode is None and _ready(self._conn):
-            self.returncode = _read(self._conn, "status")
+            self._ended(_read(self._conn, "status"))
         return self.returncode
 
     def _wait(self, timeout: float | None) -> int:
         if self.returncode is None:
             try:
-                self.returncode = _read(self._conn, "status", timeout)
+                self._ended(_read(self._conn, "status", timeout))
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
         return self.returncode
+
+    def _ended(self, status: int) -> None:
+        self.returncode = status
+        self._conn.close()
 
 
 def _ready(conn: socket.socket) -> bool:
