@@ -7,11 +7,13 @@ of its own (its own pid, environment, working folder, file descriptors 0-2, sign
 interpreter shutdown) running ``lit_ddp``'s ``__main__`` as ``python -m lit_ddp`` would; only the import of
 modules that import nothing process-wide (a rule test_architecture enforces) is shared.
 
-The first rank a command starts as ``python -m MODULE ARGS`` (Lightning's ``ddp`` launcher) is forked too:
-before the command runs a line, it forks an idle copy of itself (the spare), and its ``subprocess.Popen``
-hands that command to the spare. The rank is then the command's child, as the launcher's would be (the
-fault monitor's parent watch reads that), and its ``Popen`` waits, polls and kills it as usual. Further
-ranks, ``ddp_spawn``'s and torchrun's are new interpreters as always.
+The first two processes a command starts as ``python -m MODULE | -c CODE | SCRIPT`` (Lightning's ``ddp``
+launcher, the trust kit) or through multiprocessing's ``spawn`` (``ddp_spawn``) are forked too: before the
+command runs a line, it forks two idle copies of itself (spares), and its ``subprocess.Popen`` and
+multiprocessing's spawn hand such a process to a spare. The rank is then the command's child, as a new
+interpreter would be (the fault monitor's parent watch reads that), and its ``Popen`` waits, polls and kills
+it as usual. Further ranks, torchrun's, and those of a command run with ``LIT_DDP_TESTS_FRESH_RANKS=1`` are
+new interpreters. ``ForkedPopen`` is the same for a process a test starts: the server forks it.
 
 What the fork cannot give is what an interpreter reads before its first line: ``PYTHON*`` variables other
 than PYTHONPATH, and the thread-library variables libgomp reads when it loads. A command whose environment
@@ -207,16 +209,23 @@ def _pipes(child: dict) -> list[int]:
     return [child[k] for k in ("p2cread", "p2cwrite", "c2pread", "c2pwrite", "errread", "errwrite")]
 
 
+def _where(child: dict) -> dict:
+    """The folder and environment Popen was asked to start the child in (default: this process's)."""
+    env = dict(os.environ if child["env"] is None else child["env"])
+    return dict(cwd=os.fspath(child["cwd"] or os.getcwd()), env=env)
+
+
 class _RankPopen(subprocess.Popen):
     """``subprocess.Popen`` in a forked command: ``[python, -m MODULE | -c CODE | SCRIPT, ARGS]``
     (Lightning's ``ddp`` launcher, the trust kit's ranks, a benchmark's variants) becomes a spare while one
     is left."""
 
     def __init__(self, args, *rest, **kwargs) -> None:
-        self._spare = None
+        self._spare = self._runs = None
         plain = not rest and set(kwargs) <= PLAIN
-        python = isinstance(args, list | tuple) and list(args[:1]) == [sys.executable]
-        if plain and python and what_runs(args[1:]) is not None:
+        if plain and isinstance(args, list | tuple) and list(args[:1]) == [sys.executable]:
+            self._runs = what_runs(args[1:])
+        if self._runs is not None:
             self._spare = _Spare.take(dict(os.environ if kwargs.get("env") is None else kwargs["env"]))
         super().__init__(args, *rest, **kwargs)
 
@@ -224,8 +233,7 @@ class _RankPopen(subprocess.Popen):
         if self._spare is None:
             return super()._execute_child(args, *rest)
         child = dict(zip(CHILD_ARGS, rest, strict=False))
-        request = dict(kind="python", **what_runs(args[1:]), cwd=os.fspath(child["cwd"] or os.getcwd()))
-        request["env"] = dict(os.environ if child["env"] is None else child["env"])
+        request = dict(kind="python", **self._runs, **_where(child))
         stdio = _stdio(child)
         self.pid = self._spare.start(request, list(stdio.values()), list(stdio))
         self._child_created = True
@@ -428,9 +436,7 @@ class ForkedPopen(subprocess.Popen):
         stdio = _stdio(child)
         inherited = [n for n in range(3) if n not in stdio]
         stdio |= {n: n if _is_open(n) else os.open(os.devnull, os.O_RDWR) for n in inherited}
-        request = {**self._request, "cwd": os.fspath(child["cwd"] or os.getcwd())}
-        request |= dict(env=dict(os.environ if child["env"] is None else child["env"]))
-        request |= dict(new_session=bool(child["start_new_session"]))
+        request = {**self._request, **_where(child), "new_session": bool(child["start_new_session"])}
         try:
             self._conn = self._server.start(request, [stdio[n] for n in range(3)])
             self.pid = _read(self._conn, "pid")
