@@ -35,13 +35,13 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
 from lit_ddp.callbacks.sinks import run_dir
-from lit_ddp.cli_errors import constructor_failure, exception_chain, explain
 from lit_ddp.data import ImageDataModule
-from lit_ddp.errors import UserError
+from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, problems
 from lit_ddp.preflight.arguments import argument_problems, model_given
 from lit_ddp.preflight.checkpoint import packages_of
+from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout

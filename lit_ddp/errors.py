@@ -1,4 +1,6 @@
-"""Errors that are the user's to fix: the CLI prints them as one line, without a traceback."""
+"""Errors that are the user's to fix: the CLI prints them as one line, without a traceback. Besides lit_ddp's
+own, a library class named in the config that refuses the user's set-up while it is created is one line too
+(``constructor_failure``)."""
 
 
 class UserError(Exception):
@@ -7,3 +9,49 @@ class UserError(Exception):
     The message must name the problem and the fix in one sentence, e.g.
     ``CIFAR-10 not found in data/cifar-10-batches-py: pass --data.download=true ...``.
     """
+
+
+# Packages whose classes a config names and whose constructors raise for the user's set-up, not a bug of
+# theirs: the missing package, the tracking store that needs an opt-in. A class of the user's own keeps
+# its traceback, which shows where in their code it failed.
+LIBRARIES = ("lightning", "pytorch_lightning", "lit_ddp", "torch", "torchvision", "torchmetrics")
+
+
+def exception_chain(err: BaseException | None) -> list[BaseException]:
+    """``err``, then what caused it (``__cause__``, else ``__context__``), down to the first exception."""
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    return chain
+
+
+def constructor_failure(err: BaseException) -> str | None:
+    """One line for an exception that a library class named in the config (a logger, a callback, a plugin)
+    raised while jsonargparse created it: the class, the exception's type and its own message. None for
+    anything else, and for a class of the user's own (its traceback shows where it failed)."""
+    chain = exception_chain(err)
+    root = chain[-1]
+    cls = _constructed_class(root)
+    if len(chain) < 2 or cls is None:
+        return None
+    library = cls.__module__.split(".")[0] in LIBRARIES
+    if not (library or isinstance(root, ImportError)):
+        return None
+    message = " ".join(str(root).split()) or "(no message)"
+    return f"{cls.__name__} could not be created: {type(root).__name__}: {message}"
+
+
+def _constructed_class(err: BaseException) -> type | None:
+    """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the
+    outermost constructor in the traceback outside jsonargparse."""
+    tb = err.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        module = frame.f_globals.get("__name__", "")
+        if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
+            if not module.startswith("jsonargparse"):
+                return type(frame.f_locals["self"])
+        tb = tb.tb_next
+    return None

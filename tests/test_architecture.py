@@ -2,7 +2,6 @@
 Lightning's loop internals.
 
     errors, utils, writes  ←  models, data  ←  callbacks  ←  runtime  ←  testing  ←  cli
-    (cli_errors: its messages)
 
 Parsed from the source (every import, also inside functions), so a violation fails here before review.
 """
@@ -33,12 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     # preflight: the launcher's world, read alike before the Trainer and against it (runtime/launch.py)
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes", "preflight"},
     "scaffold": {"scaffold", "errors", "writes"},
-    "cli_errors": {"utils"},  # the classes it checks against come from the CLI
     # what a run is asked to be, checked before anything is built (preflight/)
     "preflight": {"preflight", "utils"},
     "cli": {
         "cli",
-        "cli_errors",
         "preflight",
         "compat",
         "runtime",

@@ -10,7 +10,7 @@ from lightning import Callback
 from test_mistakes import one_error_line
 
 from lit_ddp.cli import main
-from lit_ddp.cli_errors import constructor_failure
+from lit_ddp.errors import constructor_failure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from imagenet_tree import make_tree  # noqa: E402

@@ -80,7 +80,7 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-INVALID = object()  # a file that is not YAML: jsonargparse reports it, and cli_errors.py words the line
+INVALID = object()  # a file that is not YAML: jsonargparse reports it, and settings.py words the line
 
 
 def _read(path: Path) -> tuple[object, str | None]:

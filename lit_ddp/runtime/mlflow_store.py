@@ -13,7 +13,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from lit_ddp.errors import UserError
+from lit_ddp.errors import UserError, exception_chain
 from lit_ddp.utils import imported
 from lit_ddp.writes import ADVICE, advice
 
@@ -36,15 +36,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _chain(err: BaseException) -> list[BaseException]:
-    chain, seen = [], set()
-    while err is not None and id(err) not in seen:
-        chain.append(err)
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return chain
-
-
 def _mlflow_logger_args(logger_config) -> list[dict]:
     """The constructor arguments of each MLFlowLogger (or subclass) in the CLI's ``trainer.logger``."""
     from lightning.pytorch.loggers import MLFlowLogger
@@ -64,7 +55,7 @@ def _problem(err: BaseException, uri: str) -> str | None:
     import requests
     from mlflow.tracking.registry import UnsupportedModelRegistryStoreURIException
 
-    for e in _chain(err):
+    for e in exception_chain(err):
         if isinstance(e, UnsupportedModelRegistryStoreURIException):
             schemes = ", ".join(f"{s}:" for s in e.supported_uri_schemes if s)
             return (
@@ -101,4 +92,4 @@ def check_mlflow_stores(logger_config) -> None:
             if problem is not None:
                 raise UserError(problem) from None
             # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports
-            # it, as one line naming the logger (cli_errors.constructor_failure).
+            # it, as one line naming the logger (errors.constructor_failure).

@@ -1,9 +1,9 @@
-"""lit_ddp/cli_errors.py finds the setting at fault from structure, not from jsonargparse's message.
+"""lit_ddp/preflight/settings.py finds the setting at fault from structure, not from jsonargparse's message.
 
 Each row makes the real CLI raise jsonargparse's ArgumentError, with its text replaced by a meaningless one
-before cli_errors sees it: the line can only come from the command line, the config files, the parser's keys
-and the classes' signatures. The lines themselves are the ones tests/test_mistakes.py, test_cli.py and
-test_scaffold.py assert through the whole CLI.
+before preflight.settings sees it: the line can only come from the command line, the config files, the
+parser's keys and the classes' signatures. The lines themselves are the ones tests/test_mistakes.py,
+test_cli.py and test_scaffold.py assert through the whole CLI.
 """
 
 from pathlib import Path
@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 
 import lit_ddp.cli as cli
-from lit_ddp import cli_errors
+from lit_ddp.preflight import settings
 
 NOTHING_TO_READ = "an error"
 
@@ -108,7 +108,7 @@ def test_the_line_comes_from_structure_not_the_message(
 ) -> None:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    explain = cli_errors.explain
+    explain = settings.explain
     monkeypatch.setattr(cli, "explain", lambda message, *args: explain(NOTHING_TO_READ, *args))
     with pytest.raises(cli.UserError) as err:
         cli.build_cli([arg.format(tmp=tmp_path) for arg in argv], run=True)
@@ -117,12 +117,12 @@ def test_the_line_comes_from_structure_not_the_message(
 
 def test_a_mistake_no_check_finds_is_jsonargparses_first_line() -> None:
     """Nothing given is at fault here: the line is the message's first one, and where to read more."""
-    line = cli_errors.explain("Problem one\n  details\n", ["fit"], [], {}, "python -m lit_ddp")
+    line = settings.explain("Problem one\n  details\n", ["fit"], [], {}, "python -m lit_ddp")
     assert line == "Problem one (see python -m lit_ddp fit --help)"
 
 
 def test_the_module_reads_no_message_text() -> None:
-    assert "import re\n" not in Path(cli_errors.__file__).read_text()
+    assert "import re\n" not in Path(settings.__file__).read_text()
 
 
 def test_no_check_finds_fault_with_the_recipes_and_presets(monkeypatch) -> None:

@@ -1,4 +1,5 @@
-"""One line for each way a command line or a config file can be wrong.
+"""The settings a command line and its config files give, checked against the parser's keys and the chosen
+classes' signatures: one line for the first that does not fit, when jsonargparse refuses the command line.
 
 jsonargparse reports a mistyped option with 70 lines of usage, a wrong type with the union's internals and
 invalid YAML as ``"<unicode string>", line 2``. A user needs the option (or the file and line), what it
@@ -6,7 +7,7 @@ expects, and the closest valid name. jsonargparse's ArgumentError carries only t
 read it: it checks what the user gave (each ``--key=value``, each ``--config`` file's keys) against the
 parser's keys, the chosen classes' signatures and their arguments' types, and words the first setting that
 does not fit. Where none is found, the line is jsonargparse's first one. Invalid YAML is told by yaml's own
-exception types; a duplicate key or an empty file by our own loader, before jsonargparse reads the file.
+exception types; a duplicate key or an empty file by ``preflight.arguments``, before jsonargparse reads it.
 """
 
 import collections.abc
@@ -564,49 +565,3 @@ def _expected(tp: object, text: str) -> str:
     if not hint and names and "." not in text and text not in names:  # no class near that name: list them
         hint = f" (the classes are {', '.join(names)})"
     return f"{' or '.join(allowed) or 'another value'}{hint}"
-
-
-# Packages whose classes a config names and whose constructors raise for the user's set-up, not a bug of
-# theirs: the missing package, the tracking store that needs an opt-in. A class of the user's own keeps
-# its traceback, which shows where in their code it failed.
-LIBRARIES = ("lightning", "pytorch_lightning", "lit_ddp", "torch", "torchvision", "torchmetrics")
-
-
-def exception_chain(err: BaseException | None) -> list[BaseException]:
-    """``err``, then what caused it (``__cause__``, else ``__context__``), down to the first exception."""
-    chain, seen = [], set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        chain.append(err)
-        err = err.__cause__ or err.__context__
-    return chain
-
-
-def constructor_failure(err: BaseException) -> str | None:
-    """One line for an exception that a library class named in the config (a logger, a callback, a plugin)
-    raised while jsonargparse created it: the class, the exception's type and its own message. None for
-    anything else, and for a class of the user's own (its traceback shows where it failed)."""
-    chain = exception_chain(err)
-    root = chain[-1]
-    cls = _constructed_class(root)
-    if len(chain) < 2 or cls is None:
-        return None
-    library = cls.__module__.split(".")[0] in LIBRARIES
-    if not (library or isinstance(root, ImportError)):
-        return None
-    message = " ".join(str(root).split()) or "(no message)"
-    return f"{cls.__name__} could not be created: {type(root).__name__}: {message}"
-
-
-def _constructed_class(err: BaseException) -> type | None:
-    """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the
-    outermost constructor in the traceback outside jsonargparse."""
-    tb = err.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        module = frame.f_globals.get("__name__", "")
-        if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
-            if not module.startswith("jsonargparse"):
-                return type(frame.f_locals["self"])
-        tb = tb.tb_next
-    return None
