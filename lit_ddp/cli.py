@@ -47,7 +47,6 @@ from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world
-from lit_ddp.runtime.mlflow_store import check_mlflow_stores
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
@@ -316,9 +315,6 @@ class LitDDPCLI(LightningCLI):
                 self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
 
     def instantiate_classes(self) -> None:
-        # An MLflow store that cannot be used is one line now, not a traceback at its creation or minutes of
-        # retries at the run's first log.
-        check_mlflow_stores(self._subcommand_config(self.config).get("trainer", {}).get("logger"))
         try:
             super().instantiate_classes()
         except ValueError as err:  # jsonargparse's, around what a named class's constructor raised

@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes", "preflight"},
     "scaffold": {"scaffold", "errors", "writes"},
     # what a run is asked to be, checked before anything is built (preflight/)
-    "preflight": {"preflight", "utils"},
+    "preflight": {"preflight", "errors", "utils", "writes"},
     "cli": {
         "cli",
         "preflight",

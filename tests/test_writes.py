@@ -166,7 +166,7 @@ def test_the_first_files_of_a_run_go_through_the_shared_writer(
 def test_a_failed_write_mid_run_names_the_fix_on_that_disk_and_one_other_place(tmp_path: Path) -> None:
     """With a last.ckpt to resume from, another --trainer.default_root_dir is no fix (the resume finds
     last.ckpt in this one); the MLflow store's line offered two other places at once."""
-    from lit_ddp.runtime.mlflow_store import _problem
+    from lit_ddp.preflight.mlflow import _problem
     from lit_ddp.runtime.write_errors import write_error
 
     read_only = OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "x"))

@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
+from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
 from lit_ddp.utils import imported
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
@@ -133,6 +134,7 @@ class RunPlan:
     per_device_batch: int | None = None
     root_dir: str = "."
     logger_dirs: tuple[str, ...] = ()
+    mlflow_stores: tuple[tuple[str, str], ...] = ()  # (tracking URI, experiment) of each MLflow logger
     cuda_devices: int = 0  # this machine's
     launcher: Launcher | None = None  # what started this process, from the environment
     manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
@@ -174,6 +176,7 @@ class RunPlan:
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             logger_dirs=_logger_dirs(_get(trainer, "logger")),
+            mlflow_stores=mlflow_stores(_get(trainer, "logger")),
             cuda_devices=cuda_devices,
             launcher=launcher_world(environ),
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
@@ -296,6 +299,13 @@ def _logger_dir(plan: RunPlan) -> str | None:
     return next((line for line in found if line), None)
 
 
+def _mlflow_store(plan: RunPlan) -> str | None:
+    # An unknown scheme was a traceback from the logger's creation; a server that does not answer, minutes of
+    # MLflow's retries at the run's first log.
+    found = (store_problem(uri, experiment) for uri, experiment in plan.mlflow_stores)
+    return next((line for line in found if line), None)
+
+
 def _nodes_without_launcher(plan: RunPlan) -> str | None:
     # Lightning's own launcher starts the processes of one node only: the other nodes' must be started there,
     # with the rendezvous address and the node's rank. Without those, rank 0 waited 600 s for nodes that
@@ -359,6 +369,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
+    "mlflow_store": _mlflow_store,
     "checkpoint_names": _checkpoint_names,
     "checkpoint_state": _checkpoint_state,
     "random_weights": _random_weights,

@@ -1,4 +1,5 @@
-"""An MLflow tracking store that cannot be used: one line before the run, within seconds.
+"""An MLflow tracking store that cannot be used: one line before the run, within seconds (the preflight's
+``mlflow_store`` row).
 
 MLFlowLogger resolves its store when the config creates it, and first reaches it at the run's first log: a
 URI of a scheme MLflow has no store for stopped the config's instantiation with MLflow's exception under
@@ -13,7 +14,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from lit_ddp.errors import UserError, exception_chain
+from lit_ddp.errors import exception_chain
 from lit_ddp.utils import imported
 from lit_ddp.writes import ADVICE, advice
 
@@ -36,8 +37,9 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _mlflow_logger_args(logger_config) -> list[dict]:
-    """The constructor arguments of each MLFlowLogger (or subclass) in the CLI's ``trainer.logger``."""
+def mlflow_stores(logger_config) -> tuple[tuple[str, str], ...]:
+    """(tracking URI, experiment) of each MLFlowLogger (or subclass) in the config's ``trainer.logger``, by
+    MLFlowLogger's own rule: its ``tracking_uri``, or its ``save_dir`` as a local file store."""
     from lightning.pytorch.loggers import MLFlowLogger
 
     found = []
@@ -46,8 +48,9 @@ def _mlflow_logger_args(logger_config) -> list[dict]:
         cls = imported(class_path) if isinstance(class_path, str) else None
         if isinstance(cls, type) and issubclass(cls, MLFlowLogger):
             init_args = config.get("init_args") or {}
-            found.append(dict(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args))
-    return found
+            uri = init_args.get("tracking_uri") or f"file:{init_args.get('save_dir') or './mlruns'}"
+            found.append((uri, init_args.get("experiment_name") or "lightning_logs"))
+    return tuple(found)
 
 
 def _problem(err: BaseException, uri: str) -> str | None:
@@ -73,23 +76,17 @@ def _problem(err: BaseException, uri: str) -> str | None:
     return None
 
 
-def check_mlflow_stores(logger_config) -> None:
-    """UserError, before the run, for each MLflow logger in ``logger_config`` whose store cannot be used."""
-    loggers = _mlflow_logger_args(logger_config)
-    if not loggers:
-        return
-    from mlflow.tracking import MlflowClient
-
-    for init_args in loggers:
-        # MLFlowLogger's own rule: tracking_uri, or its save_dir as a local file store.
-        save_dir = init_args.get("save_dir") or "./mlruns"
-        uri = init_args.get("tracking_uri") or f"file:{save_dir}"
-        try:
-            with _environment(PROBE_ENV):
-                MlflowClient(uri).get_experiment_by_name(init_args.get("experiment_name") or "lightning_logs")
-        except Exception as err:
-            problem = _problem(err, uri)
-            if problem is not None:
-                raise UserError(problem) from None
-            # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports
-            # it, as one line naming the logger (errors.constructor_failure).
+def store_problem(uri: str, experiment: str) -> str | None:
+    """The line for an MLflow store at ``uri`` that cannot be used, asked once; None where it answers."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        return None  # the logger's creation names the missing package (errors.constructor_failure)
+    try:
+        with _environment(PROBE_ENV):
+            MlflowClient(uri).get_experiment_by_name(experiment)
+    except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
+        # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
+        # as one line naming the logger (errors.constructor_failure).
+        return _problem(err, uri)
+    return None
