@@ -186,7 +186,7 @@ def lit_ddp_epoch(
     torch.manual_seed(0)
     callbacks: list[L.Callback] = []
     if args.cli_callbacks:  # what `fit` adds, less what the Trainer flags turn off (as the CLI does)
-        from lit_ddp.cli import CALLBACKS, OFF_SWITCHES  # here: the CLI needs jsonargparse, the rest not
+        from lit_ddp.assembly import CALLBACKS, OFF_SWITCHES
 
         off = tuple(OFF_SWITCHES.values())
         callbacks += [cls(**kw) for cls, kw in CALLBACKS.values() if not issubclass(cls, off)]

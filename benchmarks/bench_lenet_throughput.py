@@ -45,7 +45,7 @@ from torchvision import transforms
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, interleaved, one_cpu_epoch  # noqa: E402
 
-from lit_ddp.cli import CALLBACKS, OFF_SWITCHES
+from lit_ddp.assembly import CALLBACKS, OFF_SWITCHES
 from lit_ddp.compat import restore_stop_flag_broadcast, skip_stop_flag_broadcast
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.shapes import draw_shapes

@@ -9,8 +9,8 @@ taking turns ``--rounds`` times:
   bare         the same step as a bare ``LightningModule`` through ``Trainer.fit``: no logger, callbacks,
                progress bar, summary or checkpoints (Lightning's floor);
   defaults     ``bare`` with Lightning's defaults on (TensorBoard logger, progress bar, summary, checkpoint);
-  callbacks    ``bare`` with lit_ddp's default callbacks (lit_ddp/cli.py ``CALLBACKS``, every one, progress
-               bar and checkpoints included) and its TensorBoard logger, as ``python -m lit_ddp fit``;
+  callbacks    ``bare`` with lit_ddp's default callbacks (lit_ddp/assembly.py ``CALLBACKS``, every one,
+               progress bar and checkpoints included) and its TensorBoard logger, as ``lit_ddp fit``;
   callbacks_redraw_each_batch
                ``callbacks`` with the progress bar redrawn after every batch, as Lightning's does
                (``console.REDRAW_S = 0``): lit_ddp's callbacks before the bar was throttled;
@@ -61,8 +61,8 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, write_results  # noqa: E402
 
+from lit_ddp.assembly import CALLBACKS  # noqa: E402
 from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
-from lit_ddp.cli import CALLBACKS  # noqa: E402
 from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
 from lit_ddp.data.batch import Batch  # noqa: E402
 from lit_ddp.models import ImageClassifier  # noqa: E402

@@ -17,23 +17,19 @@
 """
 
 import inspect
-import os
 import sys
 from pathlib import Path
 
 import yaml
 from jsonargparse import ArgumentError
-from lightning import Callback, Trainer
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
-from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
-from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
-from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
+from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS, class_path, trainer_arguments
 from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
@@ -42,10 +38,8 @@ from lit_ddp.preflight import RunPlan, problems
 from lit_ddp.preflight.arguments import argument_problems, model_given
 from lit_ddp.preflight.checkpoint import packages_of
 from lit_ddp.preflight.settings import explain
-from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path, with_atomic_checkpoint_io
-from lit_ddp.runtime.console import Console
+from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
-from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
@@ -59,9 +53,7 @@ from lit_ddp.runtime.resume import (
     share_run_folder,
 )
 from lit_ddp.runtime.run_lock import hold_run_dir
-from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
 from lit_ddp.runtime.wandb_resume import place_wandb_runs
-from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 from lit_ddp.utils import command_line, imported, local_path
 from lit_ddp.writes import write_file
 
@@ -85,33 +77,6 @@ def description(prog: str) -> str:
     return DESCRIPTION
 
 
-# The default callbacks, in the order Lightning calls them (it moves checkpoint callbacks last): each is named
-# for what a user sees or is protected from (docs/architecture.md gives the reason for each; a test compares).
-# The key is the config key: `--KEY.ARG=VALUE` sets an argument, `--KEY=null` (`KEY: null` in YAML) leaves
-# the callback out. The values are each callback's defaults for lit_ddp.
-CALLBACKS: dict[str, tuple[type[Callback], dict]] = {
-    # what the run prints: quieted upstream noise, unreadable files, the epoch line (+ the bar and summary)
-    "console": (Console, {}),
-    # a stop signal saves last.ckpt; a NaN stops before the update; a lost rank is named; nothing left half
-    "resilience": (Resilience, {}),
-    # TensorBoard (or the logger picked): step loss, learning rate, throughput, images, confusion, run info
-    "dashboard": (Dashboard, {}),
-    # predict: predictions.csv in the run directory, one row per image, the same on any device count
-    "predictions": (PredictionWriter, {}),
-    # the best epoch by val/acc, and last.ckpt: always the newest state, which --ckpt_path=last resumes
-    "checkpoint": (
-        ModelCheckpoint,
-        {
-            "monitor": "val/acc",
-            "mode": "max",
-            "filename": "epoch{epoch:03d}-step{step}",
-            "auto_insert_metric_name": False,
-        },
-    ),
-    "last_checkpoint": (LastCheckpoint, {}),
-}
-
-
 class SaveRunConfig(SaveConfigCallback):
     """config.yaml in the run's folder for every logger, written atomically (writes.py). Lightning's callback
     saves it in ``Trainer.log_dir``, which a logger without a local folder (MLflow on a database or a server)
@@ -130,29 +95,6 @@ class SaveRunConfig(SaveConfigCallback):
             text = self.parser.dump(self.config, skip_none=False)
             write_file(Path(folder) / self.config_filename, text, "the run's config")
         self.already_saved = trainer.strategy.broadcast(True)
-
-
-# Off unless named (`--KEY=CLASS_PATH`, or `KEY: {class_path: ...}` in YAML): each changes how a run goes,
-# not what a user sees or keeps. docs/architecture.md lists both tables with the reason for each entry.
-OPT_IN_CALLBACKS: dict[str, type[Callback]] = {
-    # one collection at train start, then gc.freeze(): no full collection stalls the ranks mid-epoch
-    "gc_freeze": FreezeGC,
-}
-
-
-def _class_path(cls: type) -> str:
-    # The shortest public import path, as users would write it in YAML.
-    module = "lightning.pytorch.callbacks" if cls is ModelCheckpoint else cls.__module__
-    return f"{module}.{cls.__name__}"
-
-
-OFF_SWITCHES = {"enable_checkpointing": ModelCheckpoint}
-BAREBONES_OFF = {
-    "enable_progress_bar": False,
-    "enable_model_summary": False,
-    "log_every_n_steps": 0,
-    "num_sanity_val_steps": 0,
-}
 
 
 def _as_default(choice: str | type | dict) -> dict:
@@ -245,7 +187,7 @@ class LitDDPCLI(LightningCLI):
         parser.link_arguments("data.num_classes", "model.init_args.num_classes", apply_on="instantiate")
         for key, (callback_class, init_args) in CALLBACKS.items():
             parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
-            parser.set_defaults({key: {"class_path": _class_path(callback_class), "init_args": init_args}})
+            parser.set_defaults({key: {"class_path": class_path(callback_class), "init_args": init_args}})
         for key, callback_class in OPT_IN_CALLBACKS.items():
             parser.add_subclass_arguments(callback_class, key, required=False, fail_untyped=False)
             parser.set_defaults({key: None})
@@ -341,61 +283,13 @@ class LitDDPCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
-        trainer_config = config.get("trainer", {})
-        plugins = kwargs.get("plugins", trainer_config.get("plugins"))
-        # sync_batchnorm=true alone gets torch's nn.SyncBatchNorm, which refuses CPU: our plugin picks
-        # torch's on CUDA and an all-reduce BatchNorm elsewhere, unless the user passed a LayerSync plugin.
-        if trainer_config.get("sync_batchnorm"):
-            plugins = with_sync_batchnorm(plugins)
-        kwargs["plugins"] = with_atomic_checkpoint_io(plugins)  # atomic writes, safe loads
-        callbacks = kwargs.get("callbacks", trainer_config.get("callbacks")) or []
-        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
-        ours = [config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)]
-        # Lightning's raw-speed mode refuses the features it turns off: a recipe's logging cadence or our
-        # callbacks for them would make it a refusal, so they are turned off with it (its opt-ins, such as
-        # a profiler, stay the user's to drop).
-        barebones = bool(trainer_config.get("barebones"))
-        if barebones:
-            kwargs.update(BAREBONES_OFF)
-        # A Trainer flag that turns a feature off turns our callback for it off too (Lightning would refuse
-        # a progress bar callback with enable_progress_bar=false).
-        for flag, kind in OFF_SWITCHES.items():
-            if trainer_config.get(flag) is False or barebones:
-                ours = [c for c in ours if not isinstance(c, kind)]
-        if trainer_config.get("limit_val_batches") == 0:  # no validation: no val/acc for the best checkpoint
-            ours = [c for c in ours if c is not config.get("checkpoint")]
-        if self.subcommand != "predict":  # predictions.csv is predict's alone
-            ours = [c for c in ours if not isinstance(c, PredictionWriter)]
-        ours = [c for c in ours if c is not None]
-        kwargs["callbacks"] = [*callbacks, *ours, *self._console_parts(ours, callbacks, trainer_config)]
-        for callback in ours:
+        chosen = {key: config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)}
+        experiment = experiment_name(self._subcommand_config(self.config).get("config"))
+        trainer_config = {**config.get("trainer", {}), **kwargs}  # as LightningCLI merges them
+        kwargs |= trainer_arguments(trainer_config, chosen, self.subcommand, experiment)
+        for callback in kwargs["callbacks"]:
             if isinstance(callback, Resilience):
                 callback.report_lost_ranks_to(self.lost_rank)
-        if not any(isinstance(c, ModelCheckpoint) for c in kwargs["callbacks"]):
-            # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
-            kwargs["enable_checkpointing"] = False
-        for flag, kind in (
-            ("enable_progress_bar", AnyProgressBar),
-            ("enable_model_summary", AnyModelSummary),
-        ):
-            # Likewise `--console.progress_bar=false` means no bar, and `--console.model_summary=false` no
-            # summary: Lightning would add its own default in their place (a bar counting epochs from 0, with
-            # v_num; a table with a FLOPs column of zeros). A bar or summary of the user's, or the flag set to
-            # true, stays.
-            if trainer_config.get(flag) is None and not any(isinstance(c, kind) for c in kwargs["callbacks"]):
-                kwargs[flag] = False
-        if trainer_config.get("logger") in (None, True) and not barebones:
-            # Lightning's default logger, without its placeholder hparams summary (hp_metric = -1), which
-            # TensorBoard would show instead of RunInfo's, with the real validation metrics. One folder per
-            # recipe (logs/lenet_cifar/version_N), so `--ckpt_path=last` never finds another experiment's run.
-            # A full disk while writing events is one line too (runtime/write_errors.py).
-            logger: TensorBoardLogger = WriteSafeTensorBoardLogger(
-                save_dir=trainer_config.get("default_root_dir") or os.getcwd(),
-                name=experiment_name(self._subcommand_config(self.config).get("config")),
-                version=SLURMEnvironment.job_id(),
-                default_hp_metric=False,
-            )
-            kwargs["logger"] = logger
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as err:  # Lightning's checks of Trainer options: a sentence naming the option
@@ -410,27 +304,6 @@ class LitDDPCLI(LightningCLI):
         # in on_train_batch_end, which StepLoss must see to write that step's loss: Timer goes first.
         trainer.callbacks.sort(key=lambda callback: not isinstance(callback, Timer))
         return trainer
-
-    @staticmethod
-    def _console_parts(ours: list[Callback], theirs: list[Callback], trainer_config) -> list[Callback]:
-        """The progress bar and model summary our console shows, unless a Trainer flag turns them off or the
-        user's callbacks bring their own (Lightning takes one of each)."""
-        console = next((c for c in ours if isinstance(c, Console)), None)
-        if console is None:
-            return []
-        barebones = trainer_config.get("barebones")
-        off = {
-            AnyProgressBar: trainer_config.get("enable_progress_bar") is False or barebones,
-            AnyModelSummary: trainer_config.get("enable_model_summary") is False or barebones,
-        }
-        parts = console.lightning_parts()
-        return [
-            p
-            for p in parts
-            if not any(
-                isinstance(p, k) and (o or any(isinstance(c, k) for c in theirs)) for k, o in off.items()
-            )
-        ]
 
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world

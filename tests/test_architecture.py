@@ -1,7 +1,7 @@
 """The package's layers depend one way, and only lit_ddp/compat.py touches private Lightning/torch names and
 Lightning's loop internals.
 
-    errors, utils, writes  ←  models, data  ←  callbacks  ←  runtime  ←  testing  ←  cli
+    errors, utils, writes  ←  models, data  ←  callbacks  ←  runtime  ←  assembly, testing  ←  cli
 
 Parsed from the source (every import, also inside functions), so a violation fails here before review.
 """
@@ -34,8 +34,11 @@ ALLOWED: dict[str, set[str]] = {
     "scaffold": {"scaffold", "errors", "writes"},
     # what a run is asked to be, checked before anything is built (preflight/)
     "preflight": {"preflight", "errors", "utils", "writes"},
+    # the Trainer's arguments from the config: the default callbacks, the flags for what is off, the logger
+    "assembly": {"callbacks", "runtime", "errors", "utils", "compat", "writes"},
     "cli": {
         "cli",
+        "assembly",
         "preflight",
         "compat",
         "runtime",
@@ -282,7 +285,7 @@ def _table_keys(text: str, heading: str) -> list[tuple[str, str]]:
 
 
 def test_the_default_and_opt_in_callbacks_are_the_ones_docs_architecture_lists_with_a_reason() -> None:
-    from lit_ddp.cli import CALLBACKS, OPT_IN_CALLBACKS
+    from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS
 
     text = (ROOT / "docs" / "architecture.md").read_text()
     defaults = _table_keys(text, "## What `python -m lit_ddp fit` runs")

@@ -304,8 +304,8 @@ def test_the_default_run_is_the_recipe_yaml_and_the_class_defaults(tmp_path: Pat
 
 
 def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(tmp_path: Path) -> None:
+    from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS
     from lit_ddp.callbacks import PredictionWriter
-    from lit_ddp.cli import CALLBACKS, OPT_IN_CALLBACKS
 
     root = f"--trainer.default_root_dir={tmp_path}"
     args = [*TINY_SHAPES, root]  # with the progress bar (QUICK turns it off)
@@ -324,8 +324,8 @@ def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(
 def test_a_default_fit_runs_a_handful_of_callbacks_and_predict_adds_its_writer(tmp_path: Path) -> None:
     """Six default callbacks at most, each named for what a user sees or is protected from; a fit's
     trainer holds at most eight in all, Lightning's progress bar, model summary and config saver included."""
+    from lit_ddp.assembly import CALLBACKS
     from lit_ddp.callbacks import PredictionWriter
-    from lit_ddp.cli import CALLBACKS
 
     assert len(CALLBACKS) <= 6
     args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}"]

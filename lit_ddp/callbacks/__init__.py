@@ -2,7 +2,7 @@
 last.ckpt: plain callbacks on Lightning's public API.
 
 Which of them a ``python -m lit_ddp`` run gets, and in which order, is declared in one list in
-lit_ddp/cli.py (``CALLBACKS``).
+lit_ddp/assembly.py (``CALLBACKS``).
 """
 
 from lit_ddp.callbacks.confusion import ConfusionMatrix

@@ -5,7 +5,7 @@ Each entry names the module that emits it, a fragment of that module's source, a
 as emitted and why it is silenced. tests/test_quiet.py checks, per entry, that the installed library still
 holds the fragment and that the pattern matches the example: an upstream rewording fails there, by name,
 instead of leaving a filter that silences nothing. Nothing is silenced on import: ``main()`` calls
-``quiet_console()``; the ``QuietConsole`` callback (a default, cli.CALLBACKS) calls it again in whatever
+``quiet_console()``; the ``QuietConsole`` callback (a default, assembly.CALLBACKS) calls it again in whatever
 process runs the ranks' work, with ``quiet_evaluation()`` for validate/test/predict (ddp_spawn's ranks are
 fresh interpreters that ``main()`` never ran in); PreemptionCheckpoint calls ``quiet_exact_resume()`` while
 a resumed epoch starts; doctor and ``lit_ddp.testing`` build the CLI inside ``quiet_args_given()``.
