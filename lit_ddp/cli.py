@@ -20,7 +20,6 @@ import inspect
 import sys
 from pathlib import Path
 
-import yaml
 from jsonargparse import ArgumentError
 from lightning import Trainer
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -35,7 +34,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, problems
-from lit_ddp.preflight.arguments import argument_problems, model_given
+from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import packages_of
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path
@@ -54,7 +53,7 @@ from lit_ddp.runtime.resume import (
 )
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.runtime.wandb_resume import place_wandb_runs
-from lit_ddp.utils import command_line, imported, local_path
+from lit_ddp.utils import imported, local_path
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
@@ -102,48 +101,6 @@ def _as_default(choice: str | type | dict) -> dict:
     if isinstance(choice, dict):
         return choice
     return {"class_path": choice if isinstance(choice, str) else f"{choice.__module__}.{choice.__qualname__}"}
-
-
-def _picks_a_class(value: object) -> bool:
-    """Whether a ``--model`` / ``--data`` value, or a config file's ``model:`` / ``data:``, picks the class: a
-    class name, ``{class_path: ...}``, null, or a file holding one; init_args alone keep the default class."""
-    if isinstance(value, str):
-        try:
-            path = Path(value)
-            value = yaml.safe_load(path.read_text() if path.suffix in (".yaml", ".yml", ".json") else value)
-        except (OSError, yaml.YAMLError):
-            return True  # a class name (or a bad value, which jsonargparse then reports)
-        if isinstance(value, str):
-            return True
-    return value is None or (isinstance(value, dict) and "class_path" in value)
-
-
-def classes_named(args: list[str] | dict) -> set[str]:
-    """Which of "model" and "data" the command line (or its config files) picks a class for.
-
-    The default class is set only for the others: given as a default, jsonargparse would keep its init_args
-    that the picked class also takes (ShapesDataModule's augmentation in ImageNetDataModule) in place of the
-    picked class's own defaults (jsonargparse issue 460)."""
-    configs: list[object] = [args] if isinstance(args, dict) else []
-    named = set()
-    for _, option, value in [] if isinstance(args, dict) else command_line(args):
-        value = value or ""
-        if option in ("-c", "--config"):
-            try:
-                path = Path(value)
-                configs.append(yaml.safe_load(path.read_text() if path.is_file() else value))
-            except (OSError, yaml.YAMLError):
-                pass  # jsonargparse reports it
-        for key in ("model", "data"):
-            if option == f"--{key}.class_path" or (option == f"--{key}" and _picks_a_class(value)):
-                named.add(key)
-    for config in configs:
-        if not isinstance(config, dict):
-            continue
-        # a config for the root parser holds each subcommand's settings under its name
-        for section in (config, *(v for v in config.values() if isinstance(v, dict))):
-            named |= {key for key in ("model", "data") if key in section and _picks_a_class(section[key])}
-    return named
 
 
 class LitDDPCLI(LightningCLI):
@@ -246,7 +203,7 @@ class LitDDPCLI(LightningCLI):
             overridden = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),
-                None if model_given(argv) else self.default_model["class_path"],  # --model chosen: checked
+                None if "model" in picked else self.default_model["class_path"],  # --model chosen: checked
                 ckpt_path,
                 self._checkpoint,
             )

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from lit_ddp.cli import LitDDPCLI, build_cli, classes_named
+from lit_ddp.cli import LitDDPCLI, build_cli
+from lit_ddp.preflight.arguments import classes_named
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 

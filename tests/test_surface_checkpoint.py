@@ -102,6 +102,24 @@ def test_validating_another_models_checkpoint_with_the_default_model_named_is_re
         assert "val/acc" in cli.trainer.callback_metrics
 
 
+def test_model_settings_without_a_class_leave_the_class_to_the_checkpoint(
+    ckpt: Path, tmp_path: Path, caplog
+) -> None:
+    """A recipe's `model:` with settings alone picks no class: a project whose default model is another
+    class validates a LeNetCIFAR checkpoint, naming the setting the checkpoint replaces. It was refused as
+    `--model=ArchClassifier, but ... holds a LeNetCIFAR`, for a --model nobody gave."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  init_args:\n    optim:\n      lr: 0.5\n")
+    args = ["validate", f"--config={recipe}", *TINY_RUN, f"--ckpt_path={ckpt}"]
+    with caplog.at_level("INFO"):
+        cli = build_cli(
+            [*args, f"--trainer.default_root_dir={tmp_path}"], model="lit_ddp.models.ArchClassifier"
+        )
+    assert type(cli.model).__name__ == "LeNetCIFAR" and "val/acc" in cli.trainer.callback_metrics
+    note = f"lit_ddp: note: {ckpt} keeps the model settings it was trained with, over --model.optim.lr=0.5"
+    assert any(message.startswith(note) for message in caplog.messages), caplog.messages
+
+
 def test_a_checkpoint_that_does_not_fit_points_to_its_runs_config(ckpt: Path, tmp_path: Path, capsys) -> None:
     """The advice was "pass the same --model and --model.* options", which cannot fix a 5-class head (the
     data decides num_classes); the run's config.yaml can."""

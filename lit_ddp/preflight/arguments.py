@@ -1,6 +1,7 @@
 """The command line and its config files, checked before jsonargparse reads them: the files' size and
 shape, and an order or a setting that would drop what was asked without a word. ``argument_problems(argv)``
-gives a line per problem; the CLI reports them and stops before parsing.
+gives a line per problem; the CLI reports them and stops before parsing. ``classes_named(argv)`` says which of
+the model and the data the command line picks a class for (the others get the command's default class).
 
 - A YAML alias bomb (``a1: [*a0, *a0, ...]`` nine levels deep) is a few hundred bytes that expand to
   billions of nodes: jsonargparse walks the expansion and hangs with no output. The size a file expands to
@@ -236,15 +237,43 @@ def _order(argv: list[str], words: list, contents: dict) -> tuple[dict[str, str]
     return given, None
 
 
-def model_given(argv: list[str]) -> bool:
-    """Whether the command line or a config file chooses the model class (``--model=...``, ``model:``)."""
-    if any(option in ("--model", "--model.class_path") for _, option, _ in command_line(argv)):
-        return True
-    for _, path in config_files(argv):
+def _picks_a_class(value: object) -> bool:
+    """Whether a ``--model`` / ``--data`` value, or a config file's ``model:`` / ``data:``, picks the class: a
+    class name, ``{class_path: ...}``, null, or a file holding one; init_args alone keep the default class."""
+    if isinstance(value, str):
         try:
-            content = yaml.safe_load(path.read_text())
-        except yaml.YAMLError:
-            continue
-        if isinstance(content, dict) and "model" in _settings(content):
+            path = Path(value)
+            value = yaml.safe_load(path.read_text() if path.suffix in (".yaml", ".yml", ".json") else value)
+        except (OSError, yaml.YAMLError):
+            return True  # a class name (or a bad value, which jsonargparse then reports)
+        if isinstance(value, str):
             return True
-    return False
+    return value is None or (isinstance(value, dict) and "class_path" in value)
+
+
+def classes_named(args: list[str] | dict) -> set[str]:
+    """Which of "model" and "data" the command line (or its config files) picks a class for.
+
+    The default class is set only for the others: given as a default, jsonargparse would keep its init_args
+    that the picked class also takes (ShapesDataModule's augmentation in ImageNetDataModule) in place of the
+    picked class's own defaults (jsonargparse issue 460)."""
+    configs: list[object] = [args] if isinstance(args, dict) else []
+    named = set()
+    for _, option, value in [] if isinstance(args, dict) else command_line(args):
+        value = value or ""
+        if option in ("-c", "--config"):
+            try:
+                path = Path(value)
+                configs.append(yaml.safe_load(path.read_text() if path.is_file() else value))
+            except (OSError, yaml.YAMLError):
+                pass  # jsonargparse reports it
+        for key in ("model", "data"):
+            if option == f"--{key}.class_path" or (option == f"--{key}" and _picks_a_class(value)):
+                named.add(key)
+    for config in configs:
+        if not isinstance(config, dict):
+            continue
+        # a config for the root parser holds each subcommand's settings under its name
+        for section in (config, *(v for v in config.values() if isinstance(v, dict))):
+            named |= {key for key in ("model", "data") if key in section and _picks_a_class(section[key])}
+    return named
