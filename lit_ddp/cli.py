@@ -33,7 +33,7 @@ from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
-from lit_ddp.preflight import RunPlan, problems
+from lit_ddp.preflight import RunPlan, experiment_name, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import packages_of
 from lit_ddp.preflight.settings import explain
@@ -46,7 +46,6 @@ from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
     checkpoint_model_overrides,
-    experiment_name,
     load_ckpt_file,
     prepare_ckpt_path,
     share_run_folder,
@@ -124,6 +123,7 @@ class LitDDPCLI(LightningCLI):
         self.default_model, self.default_data, self.prog = _as_default(model), _as_default(data), prog
         self.lost_rank = lost_rank if lost_rank is not None else LostRankReport()
         self.rendezvous = None  # rank 0's store on 127.0.0.1, held for the run (runtime/launch.py)
+        self.plan: RunPlan | None = None  # what the preflight read from the command line (parse_arguments)
         super().__init__(*args, **kwargs)
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
@@ -191,6 +191,7 @@ class LitDDPCLI(LightningCLI):
             config, subcommand=subcommand or "fit", checkpoint=self._checkpoint, packages=packages
         )
         found = problems(plan)
+        self.plan = plan
         if found:
             raise UserError("\n".join(found))
         ckpt_path = plan.ckpt_path
@@ -241,9 +242,8 @@ class LitDDPCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs) -> Trainer:
         config = self._subcommand_config(self.config_init)
         chosen = {key: config.get(key) for key in (*CALLBACKS, *OPT_IN_CALLBACKS)}
-        experiment = experiment_name(self._subcommand_config(self.config).get("config"))
         trainer_config = {**config.get("trainer", {}), **kwargs}  # as LightningCLI merges them
-        kwargs |= trainer_arguments(trainer_config, chosen, self.subcommand, experiment)
+        kwargs |= trainer_arguments(trainer_config, chosen, self.subcommand, self.plan.experiment)
         for callback in kwargs["callbacks"]:
             if isinstance(callback, Resilience):
                 callback.report_lost_ranks_to(self.lost_rank)

@@ -197,8 +197,8 @@ def ctrl_c_while_importing(module: str, *args: str, cwd: Path, env: dict) -> sub
 def run_folder(root: Path, args: list[str]) -> Path:
     """The folder under ``root`` (the run's default_root_dir) that a CLI run with ``args`` logs into: its
     recipe's name (the first --config choosing the model or data), or lightning_logs without one, as the
-    CLI names it (lit_ddp.runtime.resume.experiment_name)."""
-    from lit_ddp.runtime.resume import experiment_name
+    CLI names it (lit_ddp.preflight.experiment_name)."""
+    from lit_ddp.preflight import experiment_name
 
     configs = [a.split("=", 1)[1] for a in args if a.startswith("--config=")]
     return root / experiment_name(configs)

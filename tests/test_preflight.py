@@ -297,6 +297,18 @@ def test_the_plan_reads_the_command_line(tmp_path: Path, monkeypatch, args: list
     assert {key: getattr(plan, key) for key in fields} == fields, plan
 
 
+def test_the_plan_names_the_run_folder_after_the_recipe(tmp_path: Path, monkeypatch) -> None:
+    from lit_ddp.cli import build_cli
+
+    monkeypatch.chdir(tmp_path)
+    recipe = tmp_path / "my_recipe.yaml"
+    recipe.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\n")
+    seen = _spy(monkeypatch)
+    build_cli([f"--config={recipe}", *TINY_RUN], run=False)
+    build_cli(TINY_RUN, run=False)
+    assert [plan.experiment for plan in seen] == ["my_recipe", "lightning_logs"]
+
+
 def test_every_row_has_a_case_in_the_table(tmp_path: Path) -> None:
     machine = {
         name

@@ -11,7 +11,7 @@ from lightning import Callback
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
-from lit_ddp.runtime.resume import experiment_name
+from lit_ddp.preflight import experiment_name
 
 TINY = TINY_RUN
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
@@ -121,6 +122,30 @@ def _logger_dirs(loggers) -> tuple[str, ...]:
     return tuple(folders)
 
 
+DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
+
+
+def experiment_name(config_files) -> str:
+    """The folder a run logs into under ``default_root_dir``: the recipe's name.
+
+    The recipe is the first ``--config`` file that chooses the model or the data (presets such as
+    ``presets/debug.yaml`` only adjust it): ``configs/lenet_cifar.yaml`` → ``lenet_cifar``. A run's own saved
+    ``<name>/version_N/config.yaml``, given back with ``--config``, is that run's experiment, ``<name>``.
+    With no recipe file: ``lightning_logs``, as Lightning names it."""
+    for file in config_files or []:
+        path = Path(str(file))
+        try:
+            content = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):  # parsed already by the CLI: this is not where it fails
+            continue
+        if not isinstance(content, dict) or not ({"model", "data"} & set(content)):
+            continue
+        if path.name == "config.yaml" and path.parent.name.startswith("version_"):
+            return path.parent.parent.name
+        return path.stem
+    return DEFAULT_EXPERIMENT
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """What the run is asked to be, from the config before anything is built, and the machine it is on."""
@@ -133,6 +158,7 @@ class RunPlan:
     accumulate_grad_batches: int = 1
     per_device_batch: int | None = None
     root_dir: str = "."
+    experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
     logger_dirs: tuple[str, ...] = ()
     mlflow_stores: tuple[tuple[str, str], ...] = ()  # (tracking URI, experiment) of each MLflow logger
     cuda_devices: int = 0  # this machine's
@@ -175,6 +201,7 @@ class RunPlan:
             accumulate_grad_batches=int(_get(trainer, "accumulate_grad_batches", 1)),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
+            experiment=experiment_name(_get(config, "config")),
             logger_dirs=_logger_dirs(_get(trainer, "logger")),
             mlflow_stores=mlflow_stores(_get(trainer, "logger")),
             cuda_devices=cuda_devices,

@@ -13,15 +13,14 @@ since resuming one would train (and overwrite) another experiment.
 knows the best only in the process that trained (``trainer.validate(ckpt_path="best")`` after ``fit``), so
 in a new process its ``best`` is always an error.
 
-Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``experiment_name``), so runs of
-different recipes never share the folder ``last`` searches.
+Each recipe logs into a folder of its own (``logs/<recipe>/version_N``, see ``preflight.experiment_name``),
+so runs of different recipes never share the folder ``last`` searches.
 """
 
 import csv
 import io
 from pathlib import Path
 
-import yaml
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -38,28 +37,6 @@ from lit_ddp.utils import flatten
 from lit_ddp.writes import write_file
 
 SPECIAL = ("last", "best", "hpc", "registry")
-DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
-
-
-def experiment_name(config_files) -> str:
-    """The folder a run logs into under ``default_root_dir``: the recipe's name.
-
-    The recipe is the first ``--config`` file that chooses the model or the data (presets such as
-    ``presets/debug.yaml`` only adjust it): ``configs/lenet_cifar.yaml`` → ``lenet_cifar``. A run's own saved
-    ``<name>/version_N/config.yaml``, given back with ``--config``, is that run's experiment, ``<name>``.
-    With no recipe file: ``lightning_logs``, as Lightning names it."""
-    for file in config_files or []:
-        path = Path(str(file))
-        try:
-            content = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError):  # parsed already by the CLI: this is not where it fails
-            continue
-        if not isinstance(content, dict) or not ({"model", "data"} & set(content)):
-            continue
-        if path.name == "config.yaml" and path.parent.name.startswith("version_"):
-            return path.parent.parent.name
-        return path.stem
-    return DEFAULT_EXPERIMENT
 
 
 def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | None:
