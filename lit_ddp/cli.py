@@ -36,8 +36,9 @@ from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, experiment_name, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import packages_of
+from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals, load_ckpt_file
 from lit_ddp.preflight.settings import explain
-from lit_ddp.runtime.checkpoint_io import allow_checkpoint_globals, is_local_path
+from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
@@ -46,7 +47,6 @@ from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
     checkpoint_model_overrides,
-    load_ckpt_file,
     prepare_ckpt_path,
     share_run_folder,
 )

@@ -29,11 +29,13 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"models", "errors", "utils", "compat"},
     "data": {"data", "errors", "utils", "writes"},
     "callbacks": {"callbacks", "models", "data", "errors", "utils", "compat", "writes"},
-    # preflight: the launcher's world, read alike before the Trainer and against it (runtime/launch.py)
+    # preflight: the launcher's world, read alike before the Trainer and against it (runtime/launch.py), and
+    # the checkpoint reader every load goes through
     "runtime": {"runtime", "callbacks", "models", "data", "errors", "utils", "compat", "writes", "preflight"},
     "scaffold": {"scaffold", "errors", "writes"},
-    # what a run is asked to be, checked before anything is built (preflight/)
-    "preflight": {"preflight", "errors", "utils", "writes"},
+    # what a run is asked to be, checked before anything is built (preflight/); models: the checkpoint
+    # allow-list of lit_ddp's hyperparameter types (models/weights.py)
+    "preflight": {"preflight", "models", "errors", "utils", "writes"},
     # the Trainer's arguments from the config: the default callbacks, the flags for what is off, the logger
     "assembly": {"callbacks", "runtime", "errors", "utils", "compat", "writes"},
     "cli": {

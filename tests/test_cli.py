@@ -10,6 +10,7 @@ from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.models import LeNetCIFAR
+from lit_ddp.preflight import checkpoint_file
 from lit_ddp.runtime import resume
 
 QUICK = [
@@ -541,7 +542,9 @@ def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
     evaluate = ["validate", *QUICK, f"--trainer.default_root_dir={tmp_path / 'eval'}", f"--ckpt_path={ckpt}"]
     opened = []  # by lit_ddp's checks, before Lightning's own load: once, for the note and the shape check
     load = resume.load_checkpoint_file
-    monkeypatch.setattr(resume, "load_checkpoint_file", lambda *a, **k: opened.append(a[0]) or load(*a, **k))
+    counted = lambda *a, **k: opened.append(a[0]) or load(*a, **k)  # noqa: E731
+    for module in (resume, checkpoint_file):  # the command line's file, then last/best and the shape check
+        monkeypatch.setattr(module, "load_checkpoint_file", counted)
     with caplog.at_level("INFO"):
         cli = build_cli([*evaluate, "--model.batch_norm=true", "--model.optim.lr=0.1"])
     assert opened == [str(ckpt)]

@@ -614,7 +614,7 @@ def test_e_atomic_writes_are_for_local_paths_remote_ones_keep_lightnings_writer(
 def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path: Path, mmap: bool) -> None:
     """Read from the file (zip or legacy, the globals its pickle names) and the exception's type, never
     torch's message text: a legacy file loads with mmap asked, an unsafe one names the class it holds."""
-    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+    from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 
     legacy = tmp_path / "legacy.ckpt"
     torch.save({"state_dict": {"w": torch.ones(2)}}, legacy, _use_new_zipfile_serialization=False)
@@ -649,7 +649,7 @@ def test_e_a_checkpoint_that_pickles_code_is_not_trusted_and_never_told_to_allow
 ) -> None:
     """It said "allow-list them with torch.serialization.add_safe_globals([...])": impossible from the
     command line, and an invitation to allow-list posix.system."""
-    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+    from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 
     crafted, witness = tmp_path / "crafted.ckpt", tmp_path / "ran"
     torch.save({"state_dict": {}, "hyper_parameters": {"x": RunsACommand(witness)}}, crafted)
@@ -672,7 +672,7 @@ def test_e_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path: Path, cont
     """A JPEG passed as --ckpt_path was 'corrupt or truncated', as if a checkpoint had been damaged."""
     import zipfile
 
-    from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+    from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 
     path = tmp_path / "photo.jpg"
     if content == "zip":

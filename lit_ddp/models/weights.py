@@ -11,8 +11,9 @@ from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.utils import local_path
 
-# Besides tensors and containers, lit_ddp's own checkpoints hold their saved hyperparameters' types
-# (runtime/checkpoint_io.py allow-lists the same ones for resuming). weights_only: loading runs no code.
+# Besides tensors and containers, lit_ddp's own checkpoints hold their saved hyperparameters' types: an
+# OptimConfig or a Path passed from Python in older ones (lit_ddp now writes them as plain data,
+# utils.plain_data). Every weights-only load of lit_ddp allows these (preflight/checkpoint_file.py too).
 CHECKPOINT_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
 NAMES_SHOWN = 6  # tensor names listed in the log line before "…"
 
@@ -23,7 +24,7 @@ def _reason(err: Exception) -> str:
     return (unsafe or lines or [type(err).__name__])[0].split(". ")[0]
 
 
-def _unsafe_globals(path: Path) -> list[str]:
+def unsafe_globals(path: Path) -> list[str]:
     """The globals ``path``'s pickle names that the weights-only unpickler would refuse (read from the
     file's structure by torch, not from an error's text); [] for a file torch cannot read at all."""
     allowed = {f"{g.__module__}.{g.__qualname__}" for g in CHECKPOINT_GLOBALS}
@@ -45,7 +46,7 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
         with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
             loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError … on foreign files
-        unsafe = _unsafe_globals(path)
+        unsafe = unsafe_globals(path)
         if unsafe:
             raise UserError(
                 f"weights file {path} names code that a weights-only load refuses to import"

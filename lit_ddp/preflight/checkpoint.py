@@ -32,6 +32,8 @@ import yaml
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 LIBRARY = "lit_ddp"
 UNTRAINED = "untrained"  # --ckpt_path=untrained: validate or test the model as built, on purpose
+# --ckpt_path values Lightning or lit_ddp resolve to a file themselves (runtime/resume.py)
+SPECIAL = ("last", "best", "hpc", "registry")
 # The keys whose string jsonargparse imports as it is (a dotted key such as `net.class_path` is nested).
 CLASS_KEYS = ("class_path", "_class_path")
 # A file a string names is read as jsonargparse would, unless it is binary (a NUL in its first bytes: a

@@ -29,14 +29,12 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.errors import UserError
-from lit_ddp.preflight.checkpoint import UNTRAINED
-from lit_ddp.runtime.checkpoint_io import load_checkpoint_file
+from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
+from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.runtime.wandb_resume import continue_wandb_run, is_wandb_run
 from lit_ddp.utils import flatten
 from lit_ddp.writes import write_file
-
-SPECIAL = ("last", "best", "hpc", "registry")
 
 
 def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | None:
@@ -317,14 +315,6 @@ def _hparams_summary(checkpoint: dict) -> str:
     hparams = checkpoint.get("hyper_parameters", {})
     shown = {k: v for k, v in hparams.items() if not k.startswith("_") and not isinstance(v, dict)}
     return ", ".join(f"{k}={v}" for k, v in shown.items()) or "no recorded hyperparameters"
-
-
-def load_ckpt_file(ckpt_path: str | None) -> dict | None:
-    """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
-    wrong with it; None for the special values (``last``, ...), a URL, or None."""
-    if ckpt_path and ckpt_path not in (*SPECIAL, UNTRAINED) and "://" not in str(ckpt_path):
-        return load_checkpoint_file(ckpt_path, mmap=True)
-    return None
 
 
 def prepare_ckpt_path(
