@@ -35,7 +35,7 @@ from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, experiment_name, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
-from lit_ddp.preflight.checkpoint import packages_of
+from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals, load_ckpt_file
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
@@ -46,7 +46,6 @@ from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import (
-    checkpoint_model_overrides,
     prepare_ckpt_path,
     share_run_folder,
 )

@@ -18,6 +18,9 @@ Anything else that would import a module (the one ``evil.py`` or ``helpers.py`` 
 among them) is one line, before any import.
 
 What it must hold: besides its weights, what the subcommand reads (``missing_run_state``).
+
+What it replaces: the model settings the command line gave that its own hyperparameters override, named in
+a note (``checkpoint_model_overrides``), and a model class other than its own, refused.
 """
 
 import importlib.util
@@ -27,6 +30,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
+
+from lit_ddp.errors import UserError
+from lit_ddp.utils import flatten
 
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -195,3 +201,35 @@ def missing_run_state(
         fix = "pass a checkpoint that a run wrote (its run's last.ckpt or best checkpoint)"
     what = "a run's state to resume" if subcommand == "fit" else "a Lightning checkpoint"
     return f"checkpoint {ckpt_path} holds weights only, not {what} (no {', no '.join(missing)}): {fix}"
+
+
+def checkpoint_model_overrides(
+    chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
+) -> str | None:
+    """A line naming the model settings the user chose that the checkpoint replaces, or None.
+
+    LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
+    command line and config files: the checkpoint's values win (they shaped its weights and optimizer
+    state), silently. ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and
+    ``default_class`` the model class when no --model is given; ``checkpoint`` is the file, loaded.
+    A model class other than the checkpoint's, chosen explicitly, is an error: it cannot load those weights.
+    """
+    hparams = checkpoint.get("hyper_parameters") or {}
+    saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
+    if saved_class and chosen_class not in (saved_class, default_class):
+        short, saved = chosen_class.rsplit(".", 1)[-1], saved_class.rsplit(".", 1)[-1]
+        raise UserError(
+            f"--model={short}, but {ckpt_path} holds a {saved}: leave --model out (the checkpoint decides"
+            f" the model) or pass a {short} checkpoint"
+        )
+    given = flatten(chosen.get("init_args") or {}, sep=".")
+    default = flatten(defaults.get("init_args") or {}, sep=".")
+    saved = flatten(hparams, sep=".")
+    replaced = [
+        f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
+        for key in given
+        if key in saved and given[key] != default.get(key) and given[key] != saved[key]
+    ]
+    if not replaced:
+        return None
+    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}"

@@ -33,7 +33,6 @@ from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run, is_mlflow_run_id
 from lit_ddp.runtime.wandb_resume import continue_wandb_run, is_wandb_run
-from lit_ddp.utils import flatten
 from lit_ddp.writes import write_file
 
 
@@ -277,38 +276,6 @@ def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> No
         f"checkpoint {path} does not fit {type(model).__name__}: {'; '.join(problems)}. It was saved by"
         f" {saved_as} with {_hparams_summary(checkpoint)}: {fix}"
     )
-
-
-def checkpoint_model_overrides(
-    chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
-) -> str | None:
-    """A line naming the model settings the user chose that the checkpoint replaces, or None.
-
-    LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
-    command line and config files: the checkpoint's values win (they shaped its weights and optimizer
-    state), silently. ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and
-    ``default_class`` the model class when no --model is given; ``checkpoint`` is the file, loaded.
-    A model class other than the checkpoint's, chosen explicitly, is an error: it cannot load those weights.
-    """
-    hparams = checkpoint.get("hyper_parameters") or {}
-    saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
-    if saved_class and chosen_class not in (saved_class, default_class):
-        short, saved = chosen_class.rsplit(".", 1)[-1], saved_class.rsplit(".", 1)[-1]
-        raise UserError(
-            f"--model={short}, but {ckpt_path} holds a {saved}: leave --model out (the checkpoint decides"
-            f" the model) or pass a {short} checkpoint"
-        )
-    given = flatten(chosen.get("init_args") or {}, sep=".")
-    default = flatten(defaults.get("init_args") or {}, sep=".")
-    saved = flatten(hparams, sep=".")
-    replaced = [
-        f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
-        for key in given
-        if key in saved and given[key] != default.get(key) and given[key] != saved[key]
-    ]
-    if not replaced:
-        return None
-    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}"
 
 
 def _hparams_summary(checkpoint: dict) -> str:
