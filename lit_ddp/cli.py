@@ -78,7 +78,11 @@ class SaveRunConfig(SaveConfigCallback):
     """config.yaml in the run's folder for every logger, written atomically (writes.py). Lightning's callback
     saves it in ``Trainer.log_dir``, which a logger without a local folder (MLflow on a database or a server)
     leaves None (the run stopped there on an AssertionError), and which for W&B is the ``save_dir`` of every
-    run. Its run's folder is then the one its checkpoints go into."""
+    run. Its run's folder is then the one its checkpoints go into.
+
+    Fork of ``lightning.pytorch.cli.SaveConfigCallback``: it writes into ``Trainer.log_dir``, not atomically;
+    goes when it writes beside the run's checkpoints for every logger, whole or not at all.
+    """
 
     def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
         if self.already_saved:

@@ -296,3 +296,43 @@ def test_the_default_and_opt_in_callbacks_are_the_ones_docs_architecture_lists_w
     assert [key for key, _ in opt_in] == list(OPT_IN_CALLBACKS)
     assert all(len(reason) > 20 for _, reason in defaults + opt_in)
     assert not set(CALLBACKS) & set(OPT_IN_CALLBACKS)
+
+
+# Upstream classes made to be subclassed: a subclass of one is lit_ddp's own part, not a fork.
+EXTENSION_BASES = ("Callback", "LightningModule", "LightningDataModule", "LightningCLI", "Metric")
+FORK_LINE = re.compile(r"Fork of ``([\w.]+)(?:\([^)]*\))?``: \S.*; goes when \S")
+
+
+def _package_classes() -> list[type]:
+    import importlib
+    import inspect
+
+    found = []
+    for path in _modules():
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        if name.startswith("lit_ddp.scaffold"):
+            continue  # the project generator: no upstream part
+        module = importlib.import_module(name)
+        found += [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == name]
+    return found
+
+
+def test_every_fork_of_an_upstream_part_says_what_it_lacks_and_when_the_fork_goes() -> None:
+    forks, unsaid = {}, []
+    for cls in _package_classes():
+        said = FORK_LINE.search(" ".join((cls.__dict__.get("__doc__") or "").split()))
+        parts = [
+            base
+            for base in cls.__bases__
+            if base.__module__.split(".")[0] in ("lightning", "pytorch_lightning", "torchmetrics")
+            and base.__name__ not in EXTENSION_BASES
+        ]
+        if parts and said is None:
+            unsaid.append(f"{cls.__module__}.{cls.__qualname__} ({', '.join(b.__name__ for b in parts)})")
+        if said is not None:
+            forks[cls.__name__] = said.group(1)
+    assert unsaid == [], "add `Fork of ``UPSTREAM``: what it lacks; goes when ...` to each docstring"
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    listed = {name: upstream.strip("`") for name, upstream in _table_keys(text, "## Forks of upstream parts")}
+    assert listed == forks

@@ -68,6 +68,12 @@ class _Throttled:
 
 
 class RichBar(_Throttled, RichProgressBar):
+    """Lightning's rich bar, counting epochs from 1, without ``v_num``, redrawn at most every ``REDRAW_S``.
+
+    Fork of ``lightning.pytorch.callbacks.RichProgressBar``: it counts epochs from 0, shows ``v_num`` and
+    redraws every ``refresh_rate`` batches; goes when it counts from 1 and throttles its redraws by time.
+    """
+
     _described: tuple | None = None  # (task, epoch) whose description is ours
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
@@ -94,6 +100,12 @@ class RichBar(_Throttled, RichProgressBar):
 
 
 class TQDMBar(_Throttled, TQDMProgressBar):
+    """Lightning's tqdm bar (where rich is not installed), as ``RichBar`` changes it.
+
+    Fork of ``lightning.pytorch.callbacks.TQDMProgressBar``: it counts epochs from 0, shows ``v_num`` and
+    redraws every ``refresh_rate`` batches; goes when it counts from 1 and throttles its redraws by time.
+    """
+
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         return _bar_metrics(trainer, super().get_metrics(trainer, pl_module))
 
@@ -107,7 +119,12 @@ ProgressBar = RichBar if importlib.util.find_spec("rich") is not None else TQDMB
 
 
 class ModelSummary(LightningModelSummary):
-    """The modules that hold parameters, their type and size, and the totals; printed once, by rank 0."""
+    """The modules that hold parameters, their type and size, and the totals; printed once, by rank 0.
+
+    Fork of ``lightning.pytorch.callbacks.ModelSummary``: its table has a FLOPs column of zeros without an
+    example input and counts modules in train and eval mode, torchmetrics' metrics among them; goes when it
+    leaves both out.
+    """
 
     @staticmethod
     def summarize(

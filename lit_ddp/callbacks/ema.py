@@ -35,7 +35,12 @@ def _tensors(module: nn.Module) -> dict[str, Tensor]:
 
 
 class EMA(Callback):
-    """Keeps the EMA of the weights with ``decay`` per optimizer step (0.999: a horizon of ~1000 steps)."""
+    """Keeps the EMA of the weights with ``decay`` per optimizer step (0.999: a horizon of ~1000 steps).
+
+    Fork of ``lightning.pytorch.callbacks.EMAWeightAveraging``: it averages each rank's own BatchNorm
+    statistics, so under DDP the ranks' averages differ; goes when it averages buffers alike on every rank
+    through a public API.
+    """
 
     def __init__(self, decay: float = 0.999) -> None:
         if not 0.0 <= decay <= 1.0:

@@ -18,6 +18,13 @@ from lit_ddp.compat import at_last_batch
 
 
 class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` at the end of every training epoch and after every validation inside one.
+
+    Fork of ``lightning.pytorch.callbacks.ModelCheckpoint(save_last=True)``: it writes ``last.ckpt`` where
+    it saves a checkpoint, so with validation every N epochs the epochs after the last one never reach it;
+    goes when ``save_last`` saves at every training epoch's end.
+    """
+
     def __init__(self, filename: str = "last", enable_version_counter: bool = False, **kwargs) -> None:
         # One file, rewritten (never last-v1.ckpt), at every epoch's end whatever the validation schedule.
         kwargs["save_on_train_epoch_end"] = True

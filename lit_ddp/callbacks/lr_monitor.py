@@ -6,7 +6,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearnin
 
 
 class LearningRateMonitor(_LightningLearningRateMonitor):
-    """Logs ``lr-<Optimizer>/pg<N>``, the learning rate of each param group (Lightning's callback)."""
+    """Logs ``lr-<Optimizer>/pg<N>``, the learning rate of each param group (Lightning's callback).
+
+    Fork of ``lightning.pytorch.callbacks.LearningRateMonitor``: it raises in a run without a logger; goes
+    when it skips one.
+    """
 
     def on_train_start(self, trainer: Trainer, *args, **kwargs) -> None:
         if trainer.loggers:

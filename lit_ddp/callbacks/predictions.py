@@ -45,6 +45,10 @@ class PredictionWriter(Callback):
 
     A relative ``filename`` stays inside the run directory (``../x.csv`` is refused); an absolute one is
     written where it says. Either way a file that this callback did not write is never replaced.
+
+    Fork of ``lightning.pytorch.callbacks.BasePredictionWriter``: its epoch-end writer is handed every batch's
+    whole output, which Lightning holds, and the sampler's indices, which no longer match once an unreadable
+    file is left out; goes when it passes the indices each batch carries.
     """
 
     def __init__(self, filename: str = "predictions.csv", top_k: int = 5) -> None:

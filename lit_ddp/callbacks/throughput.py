@@ -30,6 +30,9 @@ class Throughput(Callback):
     Step time is measured on the host from the end of one training step to the end of the next; the part
     before ``on_train_batch_start`` is the data wait (loader fetch, host→device copy, on-device
     augmentation). Validation in the middle of an epoch is excluded from step time.
+
+    Fork of ``lightning.pytorch.callbacks.ThroughputMonitor``: it reports no time spent waiting for data; goes
+    when it logs that wait, reduced over the ranks in a hook every rank runs.
     """
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

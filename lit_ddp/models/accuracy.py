@@ -19,6 +19,10 @@ class TopKAccuracy(Metric):
     Picks the same classes as ``MulticlassAccuracy(num_classes, top_k, average="micro")``: ``argmax`` for
     one, ``topk`` for more (ties go the way torch's kernels break them, as there), so the two agree sample
     by sample. An epoch without a sample computes 0, as torchmetrics does.
+
+    Fork of ``torchmetrics.classification.MulticlassAccuracy``: its micro top-k update goes through stat
+    scores, several device operations a step where two sums do; goes when its micro update costs no more
+    operations than two sums (``bench_step_overhead.py --device-ops``).
     """
 
     is_differentiable = False

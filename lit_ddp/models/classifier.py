@@ -90,6 +90,10 @@ class LossMean(MeanMetric):
     would report the finite mean of the other batches, and checks every update (a host sync on a GPU).
     Its ``nan_strategy="disable"`` skips the check but also replaces the weights by ones (torchmetrics
     1.9; Lightning-AI/torchmetrics#3434), which would weight a short last batch like a full one.
+
+    Fork of ``torchmetrics.aggregation.MeanMetric``: it drops NaN or checks every update for it, and
+    ``nan_strategy="disable"`` weights every batch alike (Lightning-AI/torchmetrics#3434); goes when that
+    issue is fixed.
     """
 
     def update(self, value: Tensor | float, weight: Tensor | float = 1.0) -> None:

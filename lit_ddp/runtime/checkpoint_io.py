@@ -37,7 +37,12 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's torch CheckpointIO with atomic local writes and safe, explained loads."""
+    """Lightning's torch CheckpointIO with atomic local writes and safe, explained loads.
+
+    Fork of ``lightning.fabric.plugins.TorchCheckpointIO``: its local save goes through the system's temporary
+    folder and a move, a copy on a shared filesystem that a crash truncates, with no fsync; goes when its
+    local save writes beside the target and renames it.
+    """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or not is_local_path(path):

@@ -49,7 +49,11 @@ def flat_params(params, prefix: str = "") -> dict:
 
 class ResumedMLFlowLogger(MLFlowLogger):
     """An MLFlowLogger that continues a run: a parameter the run already has with another value keeps that
-    value (MLflow refuses the change); the change is said once and recorded in a tag."""
+    value (MLflow refuses the change); the change is said once and recorded in a tag.
+
+    Fork of ``lightning.pytorch.loggers.MLFlowLogger``: on a resumed run it logs parameters the run holds with
+    another value, which MLflow refuses; goes when it keeps a resumed run's logged values.
+    """
 
     @rank_zero_only
     def log_hyperparams(self, params) -> None:

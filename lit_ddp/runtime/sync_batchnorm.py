@@ -76,6 +76,9 @@ class AllReduceSyncBatchNorm(nn.BatchNorm2d):  # any (N, C, *) input: _check_inp
     In training with more than one rank: normalise with the mean and variance of all ranks' batches and
     update the running statistics with them, identically on every rank (unbiased variance, as BatchNorm).
     In eval, with one rank, or without an initialised process group: plain BatchNorm. Accepts (N, C, *).
+
+    Fork of ``torch.nn.SyncBatchNorm``: it raises on a CPU (pytorch/pytorch#78078 was closed unmerged); goes
+    when it runs on gloo.
     """
 
     def __init__(
@@ -194,6 +197,9 @@ class SyncBatchNormPlugin(TorchSyncBatchNorm):
     """Lightning LayerSync: torch's nn.SyncBatchNorm on CUDA, AllReduceSyncBatchNorm elsewhere (CPU/gloo).
 
     Lightning applies it when fitting with a multi-process strategy and reverts it at the end of fit.
+
+    Fork of ``lightning.pytorch.plugins.TorchSyncBatchNorm``: it converts to ``torch.nn.SyncBatchNorm``, which
+    raises on a CPU; goes when that runs on gloo.
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None) -> None:

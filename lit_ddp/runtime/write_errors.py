@@ -35,8 +35,11 @@ def checkpoint_write_error(err: OSError, path: Path) -> UserError:
 
 
 class WriteSafeTensorBoardLogger(TensorBoardLogger):
-    """Lightning's TensorBoardLogger whose failed writes end the run with one line, not tracebacks from the
-    writer thread and from every later flush."""
+    """Lightning's TensorBoardLogger whose failed writes end the run with one line.
+
+    Fork of ``lightning.pytorch.loggers.TensorBoardLogger``: a failed write ends the run in tracebacks from
+    its writer thread and every later flush; goes when it raises the first OSError once.
+    """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
