@@ -327,8 +327,8 @@ def _logger_dir(plan: RunPlan) -> str | None:
 
 
 def _mlflow_store(plan: RunPlan) -> str | None:
-    # An unknown scheme was a traceback from the logger's creation; a server that does not answer, minutes of
-    # MLflow's retries at the run's first log.
+    # MLFlowLogger reports a scheme MLflow has no store for as a traceback from its creation, and a server
+    # that does not answer after minutes of retries at the run's first log.
     found = (store_problem(uri, experiment) for uri, experiment in plan.mlflow_stores)
     return next((line for line in found if line), None)
 
