@@ -50,7 +50,6 @@ def test_the_data_modules_read_folders_under_a_tilde(home: Path) -> None:
 
 
 def test_shards_under_a_tilde_are_read_from_the_home_folder(home: Path) -> None:
-    pytest.importorskip("streaming")
     from streaming_runs import make_cifar_shards
 
     from lit_ddp.data import StreamingDataModule
