@@ -9,10 +9,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.layer_sync import LayerSync
 
-from lit_ddp.assembly import BAREBONES_OFF, CALLBACKS, trainer_arguments
+from lit_ddp.assembly import BAREBONES_OFF, CALLBACKS, OPT_IN_CALLBACKS, trainer_arguments
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, ModelSummary, PredictionWriter, ProgressBar
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 from lit_ddp.runtime.console import Console
+from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 
@@ -63,6 +64,8 @@ ROWS = [
     ),
     # The flag is the user's and Lightning honours it: the bar is left out, the flag left alone.
     ("enable_progress_bar=false", {"enable_progress_bar": False}, {}, "fit", [*FIT[:5], ModelSummary], {}),
+    # An opt-in named in the config runs after the defaults, before the console's bar and summary.
+    ("gc_freeze named", {}, {"gc_freeze": FreezeGC()}, "fit", [*FIT[:5], FreezeGC, *FIT[5:]], {}),
     # Lightning takes one bar: the user's.
     ("a bar of the user's", {"callbacks": [USERS_BAR()]}, {}, "fit", [USERS_BAR, *FIT[:5], ModelSummary], {}),
     # Lightning's raw-speed mode refuses what it turns off.
@@ -115,6 +118,6 @@ def test_checkpoints_are_written_atomically_and_sync_batchnorm_runs_on_any_backe
     assert trainer_arguments({"plugins": [own_io]}, {}, "fit", "recipe")["plugins"] == [own_io]
 
 
-def test_the_table_holds_every_default_callback() -> None:
+def test_the_table_holds_every_default_and_opt_in_callback() -> None:
     seen = {t for row in ROWS for t in row[4]}
-    assert {cls for cls, _ in CALLBACKS.values()} <= seen
+    assert {cls for cls, _ in CALLBACKS.values()} | set(OPT_IN_CALLBACKS.values()) <= seen
