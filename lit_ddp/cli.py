@@ -36,7 +36,7 @@ from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import RunPlan, experiment_name, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
-from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals, load_ckpt_file
+from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
@@ -186,17 +186,14 @@ class LitDDPCLI(LightningCLI):
             # W&B's run folder under logs/<recipe>/ unless the user named one (runtime/wandb_resume.py)
             place_wandb_runs(self.config[subcommand], experiment_name(self.config[subcommand].get("config")))
         config = self.config[subcommand] if subcommand else self.config
-        self._checkpoint = load_ckpt_file(config.get("ckpt_path"))  # kept for prepare_ckpt_path's shape check
         # Every problem of the plan, a line each (main prints them), before anything is built: jsonargparse
         # would import what the checkpoint's hyperparameters name (only what this command or lit_ddp trusts).
         packages = frozenset(packages_of(self.default_model, self.default_data))
-        plan = RunPlan.of(
-            config, subcommand=subcommand or "fit", checkpoint=self._checkpoint, packages=packages
-        )
+        plan = self.plan = RunPlan.of(config, subcommand=subcommand or "fit", packages=packages)
         found = problems(plan)
-        self.plan = plan
         if found:
             raise UserError("\n".join(found))
+        self._checkpoint = plan.checkpoint  # the --ckpt_path file, read once: prepare_ckpt_path's shape check
         ckpt_path = plan.ckpt_path
         if self._checkpoint is not None:
             chosen = self.config[subcommand]["model"]

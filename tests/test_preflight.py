@@ -80,6 +80,18 @@ LINES = [
         )
         for command in ("validate", "test")
     ),
+    # A --ckpt_path that cannot be read is a line among the others (test_every_problem_is_a_line_of_its_own),
+    # not the only one; test_faults has the file's other faults.
+    (
+        "checkpoint_file",
+        ["validate", "--ckpt_path=a_file"],
+        "checkpoint a_file is corrupt or truncated",
+    ),
+    (
+        "checkpoint_file",
+        ["validate", "--ckpt_path=no_such.ckpt"],
+        "checkpoint no_such.ckpt does not exist: pass --ckpt_path=PATH to an existing .ckpt file",
+    ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
 ]
@@ -111,14 +123,15 @@ def test_each_row_is_one_line_before_anything_is_built(
 
 def test_every_problem_is_a_line_of_its_own(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    args = ["--trainer.precision=64", "--trainer.accumulate_grad_batches=0"]
+    args = ["--trainer.precision=64", "--trainer.accumulate_grad_batches=0", "--ckpt_path=no_such.ckpt"]
     with pytest.raises(SystemExit) as stop:
         main(["fit", *TINY_RUN, *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2
-    assert [e.split("=")[0] for e in err] == [
-        "lit_ddp: error: --trainer.accumulate_grad_batches",
-        "lit_ddp: error: --trainer.precision",
+    assert [e.split("=")[0].split(" ")[:3] for e in err] == [
+        ["lit_ddp:", "error:", "--trainer.accumulate_grad_batches"],
+        ["lit_ddp:", "error:", "--trainer.precision"],
+        ["lit_ddp:", "error:", "checkpoint"],
     ]
 
 

@@ -20,7 +20,9 @@ import torch
 import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 
+from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
+from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
 from lit_ddp.utils import imported
 
@@ -168,6 +170,7 @@ class RunPlan:
     ckpt_path: str | None = None
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
     checkpoint: dict | None = field(default=None, compare=False, repr=False)
+    checkpoint_problem: str | None = None  # why the --ckpt_path file cannot be read, where it cannot
     takes_weights: bool = False  # the model has --model.weights, which starts a run from a file's weights
     loads_weights: bool = False  # and it is given
     named: frozenset[str] = frozenset()  # the class paths and dotted names the command line and configs give
@@ -185,8 +188,15 @@ class RunPlan:
     ) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
         ``cuda_devices``: this machine's count, ``environ`` its environment, unless given; ``checkpoint``:
-        the ``ckpt_path`` file, loaded; ``packages``: the project's (``preflight.checkpoint.packages_of``)."""
+        the ``ckpt_path`` file, loaded here (weights-only, memory-mapped) unless given; ``packages``: the
+        project's (``preflight.checkpoint.packages_of``)."""
         environ = os.environ if environ is None else environ
+        checkpoint_problem = None
+        if checkpoint is None:
+            try:
+                checkpoint = load_ckpt_file(_get(config, "ckpt_path"))
+            except UserError as err:  # a folder, a missing, foreign, truncated or untrusted file
+                checkpoint_problem = str(err)
         trainer = _get(config, "trainer", {})
         data_args = _get(_get(config, "data", {}), "init_args", {})
         model_args = _get(_get(config, "model", {}), "init_args", {})
@@ -210,6 +220,7 @@ class RunPlan:
             subcommand=subcommand,
             ckpt_path=_get(config, "ckpt_path"),
             checkpoint=checkpoint,
+            checkpoint_problem=checkpoint_problem,
             takes_weights="weights"
             in (model_args.as_dict() if hasattr(model_args, "as_dict") else model_args),
             loads_weights=bool(_get(model_args, "weights")),
@@ -354,6 +365,10 @@ def _launcher_world(plan: RunPlan) -> str | None:
     return launcher_mismatch(plan.launcher, plan.device_count, plan.num_nodes)
 
 
+def _checkpoint_file(plan: RunPlan) -> str | None:
+    return plan.checkpoint_problem
+
+
 def _checkpoint_names(plan: RunPlan) -> str | None:
     # jsonargparse would import what the checkpoint's hyperparameters name, when LightningCLI reads them.
     return untrusted_name(plan.checkpoint, plan.ckpt_path, set(plan.named), set(plan.packages))
@@ -397,6 +412,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
     "mlflow_store": _mlflow_store,
+    "checkpoint_file": _checkpoint_file,
     "checkpoint_names": _checkpoint_names,
     "checkpoint_state": _checkpoint_state,
     "random_weights": _random_weights,
