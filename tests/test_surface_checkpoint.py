@@ -106,8 +106,8 @@ def test_model_settings_without_a_class_leave_the_class_to_the_checkpoint(
     ckpt: Path, tmp_path: Path, caplog
 ) -> None:
     """A recipe's `model:` with settings alone picks no class: a project whose default model is another
-    class validates a LeNetCIFAR checkpoint, naming the setting the checkpoint replaces. It was refused as
-    `--model=ArchClassifier, but ... holds a LeNetCIFAR`, for a --model nobody gave."""
+    class validates a LeNetCIFAR checkpoint, naming the setting the checkpoint replaces, instead of refusing
+    `--model=ArchClassifier, but ... holds a LeNetCIFAR` for a --model nobody gave."""
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model:\n  init_args:\n    optim:\n      lr: 0.5\n")
     args = ["validate", f"--config={recipe}", *TINY_RUN, f"--ckpt_path={ckpt}"]
