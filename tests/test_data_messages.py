@@ -257,3 +257,35 @@ def test_fewer_class_names_than_classes_is_one_line_not_a_half_named_predictions
     args = ["predict", f"--data={__name__}._FewNames", "--data.batch_size=8", "--ckpt_path=untrained"]
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
     assert "_FewNames has 2 class_names for num_classes=10: give one name per class" in line
+
+
+class NoTestImages(ShapesDataModule):
+    """A data module of a user's own whose test split came out empty."""
+
+    def load_split(self, split: str):
+        data = super().load_split(split)
+        return torch.utils.data.Subset(data, []) if split == "test" else data
+
+
+@pytest.mark.parametrize("stage", ["fit", "test"])
+def test_a_trainer_of_your_own_gets_the_splits_checks_too(tmp_path: Path, stage: str) -> None:
+    """The data module checks its splits in its own setup: a plain Lightning Trainer, with none of lit_ddp's
+    callbacks, is told a batch larger than the training split, or an empty test split, in one line."""
+    from lightning import Trainer
+
+    from lit_ddp.models import LeNetCIFAR
+
+    quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    trainer = Trainer(default_root_dir=tmp_path, max_epochs=1, accelerator="cpu", **quiet)
+    model = LeNetCIFAR(num_classes=ShapesDataModule().num_classes)
+    with pytest.raises(UserError) as err:
+        if stage == "fit":
+            trainer.fit(model, datamodule=ShapesDataModule(train_size=24, val_size=8, batch_size=32))
+        else:
+            trainer.test(model, datamodule=NoTestImages(test_size=8, batch_size=8))
+    expected = (
+        "--data.batch_size=32 is more than the 24 training images"
+        if stage == "fit"
+        else "the test split holds no sample: test would report no metric"
+    )
+    assert str(err.value).startswith(expected)

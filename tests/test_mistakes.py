@@ -47,8 +47,8 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled
     assert line.startswith("--data.batch_size=100000 is more than the 24 training images: every step would")
     assert line.endswith("pass --data.batch_size=24 or less")
     assert not list(tmp_path.rglob("*.ckpt"))
+    from lit_ddp.data.split_checks import check_training_batch_fits
     from lit_ddp.errors import UserError
-    from lit_ddp.runtime.eval_limits import check_training_batch_fits
 
     check_training_batch_fits(32, range(63), world_size=2)  # shards of 32 (padded): one full batch each
     with pytest.raises(UserError, match="more than the 32 training images on each of 2 devices"):
@@ -58,8 +58,8 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled
 def test_an_empty_training_split_is_named_not_answered_with_a_batch_size_of_zero() -> None:
     """A data module of the user's own whose load_split("train") returned no sample was told to "pass
     --data.batch_size=0 or less", a batch size the data module itself refuses."""
+    from lit_ddp.data.split_checks import check_training_batch_fits
     from lit_ddp.errors import UserError
-    from lit_ddp.runtime.eval_limits import check_training_batch_fits
 
     with pytest.raises(UserError) as err:
         check_training_batch_fits(8, range(0), world_size=2)
@@ -216,8 +216,8 @@ def test_validating_or_testing_an_empty_split_is_one_line_not_a_silent_success(s
     Lightning's "Total length of DataLoader across ranks is zero" and exited 0."""
     from lightning.pytorch.trainer.states import TrainerFn
 
+    from lit_ddp.data.split_checks import check_split_evaluated
     from lit_ddp.errors import UserError
-    from lit_ddp.runtime.eval_limits import check_split_evaluated
 
     check_split_evaluated(stage, range(1))
     split = "val" if stage == "validate" else "test"

@@ -46,6 +46,7 @@ from lit_ddp.data.samplers import (
     UnpaddedDistributedSampler,
     stable_seed,
 )
+from lit_ddp.data.split_checks import check_split_evaluated, check_training_batch_fits
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
 from lit_ddp.utils import global_batch_size, local_path, plain_data
@@ -177,6 +178,12 @@ class ImageDataModule(LightningDataModule):
                 self._check_tensor_split(split, *data)
                 data = TensorImageDataset(*data)
             setattr(self, f"{split}_set", data)
+        if self.trainer is not None and stage == "fit":
+            check_training_batch_fits(
+                self.batch_size, getattr(self, "train_set", None), self.trainer.world_size
+            )
+        if stage in ("validate", "test"):
+            check_split_evaluated(stage, getattr(self, f"{SPLITS_OF_STAGE[stage][0]}_set", None))
 
     def _check_tensor_split(self, split: str, images: Tensor, labels: Tensor) -> None:
         """UserError for a (images, labels) split that is not (N, C, H, W) uint8 and N labels, naming the

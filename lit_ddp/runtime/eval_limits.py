@@ -7,10 +7,6 @@ rank 0 and 0.5 × 1 → 0 on rank 1, which raises there while rank 0 goes on and
 fraction is taken of the largest shard's batch count, computed alike on every rank from the dataset's size,
 and handed to Lightning as that count (a rank with fewer batches runs all of its own), before its loops
 read it. An evaluation epoch has no collective per batch, so ranks may run different counts.
-
-The same hook refuses a training batch larger than a device's training shard: the loader would draw the
-whole shard as one smaller batch, while the global batch printed, logged and used by ``scale_lr`` would be
-the one asked for: a learning rate scaled for a batch no step ever takes.
 """
 
 import math
@@ -54,36 +50,6 @@ def batches_of_fraction(limit: str, fraction: float, samples: int, world_size: i
     return batches
 
 
-def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> None:
-    """UserError when ``batch_size`` is more than the training images one device gets (its padded shard)."""
-    if train_set is None:
-        return
-    if len(train_set) == 0:  # no batch size fits: name the split, not a batch size of 0
-        raise UserError(
-            "the training split holds no sample: the data module's load_split('train') returned an empty"
-            " split; check the data it reads (its data_dir, its files, its size options)"
-        )
-    shard = math.ceil(len(train_set) / world_size)
-    if batch_size > shard:
-        on = f" on each of {world_size} devices" if world_size > 1 else ""
-        raise UserError(
-            f"--data.batch_size={batch_size} is more than the {shard} training images{on}: every step would"
-            f" take {shard}, not {batch_size} (the global batch and a scaled lr would be wrong): pass"
-            f" --data.batch_size={shard} or less"
-        )
-
-
-def check_split_evaluated(stage: str, dataset) -> None:
-    """UserError when ``validate`` or ``test`` would read an empty split: it logged no metric and exited 0."""
-    if dataset is not None and len(dataset) == 0:
-        stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn (a str enum)
-        split = "val" if stage == "validate" else "test"
-        raise UserError(
-            f"the {split} split holds no sample: {stage} would report no metric; check the data the data"
-            f" module reads for it (its load_split('{split}'), data_dir, files, size options)"
-        )
-
-
 class EvenEvalLimits(Callback):
     """Turns a fractional evaluation limit into one batch count for all ranks, for the run; restores it."""
 
@@ -94,10 +60,6 @@ class EvenEvalLimits(Callback):
         # Called after the data module's setup (its splits exist), before any loop builds a loader and
         # before configure_optimizers reads the global batch.
         dm = trainer.datamodule
-        if stage == "fit" and isinstance(dm, ImageDataModule):
-            check_training_batch_fits(dm.batch_size, getattr(dm, "train_set", None), trainer.world_size)
-        if stage in ("validate", "test") and isinstance(dm, ImageDataModule):
-            check_split_evaluated(stage, getattr(dm, LIMITS[stage][0][1], None))
         if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
             return  # one process: Lightning's own rule is the same; another data module: its own sampler
         for limit, split in LIMITS.get(stage, ()):

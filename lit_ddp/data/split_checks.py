@@ -1,0 +1,42 @@
+"""What a data module's splits must hold for the stage the Trainer runs, checked in its ``setup`` (so in a
+Trainer of your own too): a training batch no larger than a device's training shard, and a sample in the
+split that ``validate`` or ``test`` scores.
+
+A batch larger than the shard: the loader would draw the whole shard as one smaller batch, while the global
+batch printed, logged and used by ``scale_lr`` would be the one asked for: a learning rate scaled for a
+batch no step ever takes. An empty split: ``validate`` and ``test`` would log no metric and exit 0.
+"""
+
+import math
+
+from lit_ddp.errors import UserError
+
+
+def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> None:
+    """UserError when ``batch_size`` is more than the training images one device gets (its padded shard)."""
+    if train_set is None:
+        return
+    if len(train_set) == 0:  # no batch size fits: name the split, not a batch size of 0
+        raise UserError(
+            "the training split holds no sample: the data module's load_split('train') returned an empty"
+            " split; check the data it reads (its data_dir, its files, its size options)"
+        )
+    shard = math.ceil(len(train_set) / world_size)
+    if batch_size > shard:
+        on = f" on each of {world_size} devices" if world_size > 1 else ""
+        raise UserError(
+            f"--data.batch_size={batch_size} is more than the {shard} training images{on}: every step would"
+            f" take {shard}, not {batch_size} (the global batch and a scaled lr would be wrong): pass"
+            f" --data.batch_size={shard} or less"
+        )
+
+
+def check_split_evaluated(stage: str, dataset) -> None:
+    """UserError when ``validate`` or ``test`` would read an empty split: it logged no metric and exited 0."""
+    if dataset is not None and len(dataset) == 0:
+        stage = getattr(stage, "value", stage)  # Lightning passes a TrainerFn (a str enum)
+        split = "val" if stage == "validate" else "test"
+        raise UserError(
+            f"the {split} split holds no sample: {stage} would report no metric; check the data the data"
+            f" module reads for it (its load_split('{split}'), data_dir, files, size options)"
+        )
