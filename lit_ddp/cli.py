@@ -33,10 +33,11 @@ from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
-from lit_ddp.preflight import RunPlan, experiment_name, problems
+from lit_ddp.preflight import RunPlan, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
+from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
@@ -50,8 +51,7 @@ from lit_ddp.runtime.resume import (
     share_run_folder,
 )
 from lit_ddp.runtime.run_lock import hold_run_dir
-from lit_ddp.runtime.wandb_resume import place_wandb_runs
-from lit_ddp.utils import imported, local_path
+from lit_ddp.utils import imported
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
@@ -181,10 +181,8 @@ class LitDDPCLI(LightningCLI):
             raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
         # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
-        if subcommand:
-            _expand_paths(self.config[subcommand])
-            # W&B's run folder under logs/<recipe>/ unless the user named one (runtime/wandb_resume.py)
-            place_wandb_runs(self.config[subcommand], experiment_name(self.config[subcommand].get("config")))
+        if subcommand:  # the run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the rest
+            place_runs(self.config[subcommand])
         config = self.config[subcommand] if subcommand else self.config
         # Every problem of the plan, a line each (main prints them), before anything is built: jsonargparse
         # would import what the checkpoint's hyperparameters name (only what this command or lit_ddp trusts).
@@ -286,24 +284,6 @@ class LitDDPCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = _before_run
     after_fit = after_validate = after_test = after_predict = _after_run
-
-
-def _expand_paths(config) -> None:
-    """``~`` and ``$VAR`` in the run's own paths (``--ckpt_path``, ``default_root_dir``, a logger's
-    ``save_dir``), from a YAML config or a quoted argument, as a shell expands them: Lightning's TensorBoard
-    writer expands ``~`` (fsspec) and its checkpoints do not, which split one run between ~/runs and
-    ./~/runs, and a checkpoint path was "not found". The data modules and the weights file expand their own
-    paths (``utils.local_path``)."""
-    if isinstance(config.get("ckpt_path"), str):
-        config["ckpt_path"] = local_path(config["ckpt_path"], "--ckpt_path")
-    trainer = config.get("trainer") or {}
-    if isinstance(trainer.get("default_root_dir"), str):
-        trainer["default_root_dir"] = local_path(trainer["default_root_dir"], "--trainer.default_root_dir")
-    loggers = trainer.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        init_args = logger.get("init_args") if hasattr(logger, "get") else None
-        if init_args is not None and isinstance(init_args.get("save_dir"), str):
-            init_args["save_dir"] = local_path(init_args["save_dir"], "--trainer.logger.init_args.save_dir")
 
 
 def _as_picked(choice) -> dict:

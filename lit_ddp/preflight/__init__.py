@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
+from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
 from lit_ddp.utils import imported
 
@@ -122,30 +122,6 @@ def _logger_dirs(loggers) -> tuple[str, ...]:
         if isinstance(cls, type) and not issubclass(cls, MLFlowLogger) and isinstance(save_dir, str):
             folders.append(save_dir)
     return tuple(folders)
-
-
-DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
-
-
-def experiment_name(config_files) -> str:
-    """The folder a run logs into under ``default_root_dir``: the recipe's name.
-
-    The recipe is the first ``--config`` file that chooses the model or the data (presets such as
-    ``presets/debug.yaml`` only adjust it): ``configs/lenet_cifar.yaml`` → ``lenet_cifar``. A run's own saved
-    ``<name>/version_N/config.yaml``, given back with ``--config``, is that run's experiment, ``<name>``.
-    With no recipe file: ``lightning_logs``, as Lightning names it."""
-    for file in config_files or []:
-        path = Path(str(file))
-        try:
-            content = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError):  # parsed already by the CLI: this is not where it fails
-            continue
-        if not isinstance(content, dict) or not ({"model", "data"} & set(content)):
-            continue
-        if path.name == "config.yaml" and path.parent.name.startswith("version_"):
-            return path.parent.parent.name
-        return path.stem
-    return DEFAULT_EXPERIMENT
 
 
 @dataclass(frozen=True)
