@@ -46,10 +46,7 @@ from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
-from lit_ddp.runtime.resume import (
-    prepare_ckpt_path,
-    share_run_folder,
-)
+from lit_ddp.runtime.resume import prepare_ckpt_path, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.utils import imported
 from lit_ddp.writes import write_file
