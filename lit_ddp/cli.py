@@ -18,6 +18,7 @@
 
 import inspect
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from jsonargparse import ArgumentError
@@ -176,19 +177,21 @@ class LitDDPCLI(LightningCLI):
             bases |= {key: cls for key, (cls, _) in CALLBACKS.items()} | OPT_IN_CALLBACKS
             bases |= {"seed_everything": bool | int, "dist_timeout": float}  # LightningCLI's, and ours
             raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
-        # LightningCLI reads the checkpoint's hyperparameters next: a corrupt file is one error, first.
         subcommand = self.config.get("subcommand")
-        if subcommand:  # the run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the rest
-            place_runs(self.config[subcommand])
         config = self.config[subcommand] if subcommand else self.config
-        # Every problem of the plan, a line each (main prints them), before anything is built: jsonargparse
-        # would import what the checkpoint's hyperparameters name (only what this command or lit_ddp trusts).
+        # The run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the other runs.
+        experiment = place_runs(config) if subcommand else None
+        # Every problem of the plan, a line each (main prints them), before anything is built: LightningCLI
+        # reads the checkpoint's hyperparameters next, and jsonargparse would import what they name (only
+        # what this command or lit_ddp trusts).
         packages = frozenset(packages_of(self.default_model, self.default_data))
-        plan = self.plan = RunPlan.of(config, subcommand=subcommand or "fit", packages=packages)
+        plan = RunPlan.of(config, subcommand=subcommand or "fit", packages=packages, experiment=experiment)
         found = problems(plan)
         if found:
             raise UserError("\n".join(found))
-        self._checkpoint = plan.checkpoint  # the --ckpt_path file, read once: prepare_ckpt_path's shape check
+        # The --ckpt_path file, read once, for prepare_ckpt_path's shape check; the plan kept for the run
+        # does not hold it (_before_run lets it go).
+        self._checkpoint, self.plan = plan.checkpoint, replace(plan, checkpoint=None)
         ckpt_path = plan.ckpt_path
         if self._checkpoint is not None:
             chosen = self.config[subcommand]["model"]

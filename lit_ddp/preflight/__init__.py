@@ -22,9 +22,8 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
-from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name
+from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
-from lit_ddp.utils import imported
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
 # gives it, uint8 here, before the data module normalises it on the device into float32).
@@ -112,16 +111,16 @@ def _strategy_name(strategy) -> str:
     return strategy if isinstance(strategy, str) else str(_get(strategy, "class_path", ""))
 
 
-def _logger_dirs(loggers) -> tuple[str, ...]:
+def _logger_dirs(loggers: list[tuple[type | None, object]]) -> tuple[str, ...]:
     """The local folders the configured loggers write into (MLflow's store is probed on its own, and a
     logger without a save_dir writes under the run's)."""
-    folders = []
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        cls = imported(str(_get(logger, "class_path", "")))
-        save_dir = _get(_get(logger, "init_args", {}), "save_dir")
-        if isinstance(cls, type) and not issubclass(cls, MLFlowLogger) and isinstance(save_dir, str):
-            folders.append(save_dir)
-    return tuple(folders)
+    return tuple(
+        save_dir
+        for cls, init_args in loggers
+        if cls is not None
+        and not issubclass(cls, MLFlowLogger)
+        and isinstance(save_dir := init_args.get("save_dir"), str)
+    )
 
 
 @dataclass(frozen=True)
@@ -161,11 +160,13 @@ class RunPlan:
         subcommand: str = "fit",
         checkpoint: dict | None = None,
         packages: frozenset[str] = frozenset({LIBRARY}),
+        experiment: str | None = None,
     ) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
         ``cuda_devices``: this machine's count, ``environ`` its environment, unless given; ``checkpoint``:
         the ``ckpt_path`` file, loaded here (weights-only, memory-mapped) unless given; ``packages``: the
-        project's (``preflight.checkpoint.packages_of``)."""
+        project's (``preflight.checkpoint.packages_of``); ``experiment``: the recipe's name, where the caller
+        has read it (``folders.place_runs``)."""
         environ = os.environ if environ is None else environ
         checkpoint_problem = None
         if checkpoint is None:
@@ -174,6 +175,7 @@ class RunPlan:
             except UserError as err:  # a folder, a missing, foreign, truncated or untrusted file
                 checkpoint_problem = str(err)
         trainer = _get(config, "trainer", {})
+        loggers = logger_configs(trainer)
         data_args = _get(_get(config, "data", {}), "init_args", {})
         model_args = _get(_get(config, "model", {}), "init_args", {})
         if cuda_devices is None:
@@ -187,9 +189,9 @@ class RunPlan:
             accumulate_grad_batches=int(_get(trainer, "accumulate_grad_batches", 1)),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
-            experiment=experiment_name(_get(config, "config")),
-            logger_dirs=_logger_dirs(_get(trainer, "logger")),
-            mlflow_stores=mlflow_stores(_get(trainer, "logger")),
+            experiment=experiment or experiment_name(_get(config, "config")),
+            logger_dirs=_logger_dirs(loggers),
+            mlflow_stores=mlflow_stores(loggers),
             cuda_devices=cuda_devices,
             launcher=launcher_world(environ),
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),

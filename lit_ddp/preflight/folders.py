@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from lit_ddp.utils import local_path
+from lit_ddp.utils import imported, local_path
 
 DEFAULT_EXPERIMENT = "lightning_logs"  # Lightning's own folder name: the run with no recipe file
 
@@ -39,6 +39,20 @@ def experiment_name(config_files) -> str:
             return path.parent.parent.name
         return path.stem
     return DEFAULT_EXPERIMENT
+
+
+def logger_configs(trainer) -> list[tuple[type | None, object]]:
+    """(class, init_args) of each logger a config's ``trainer`` section names (one or a list); the class is
+    None where the entry is not a ``class_path`` that imports (``true``, ``false``, an object)."""
+    loggers = trainer.get("logger") if hasattr(trainer, "get") else None
+    found = []
+    for logger in loggers if isinstance(loggers, list) else [loggers]:
+        if not hasattr(logger, "get"):
+            continue
+        class_path = logger.get("class_path")
+        cls = imported(class_path) if isinstance(class_path, str) else None
+        found.append((cls if isinstance(cls, type) else None, logger.get("init_args") or {}))
+    return found
 
 
 # How a config names Lightning's class (``--trainer.logger=WandbLogger`` resolves to the first).
@@ -82,15 +96,15 @@ def expand_paths(config) -> None:
     trainer = config.get("trainer") or {}
     if isinstance(trainer.get("default_root_dir"), str):
         trainer["default_root_dir"] = local_path(trainer["default_root_dir"], "--trainer.default_root_dir")
-    loggers = trainer.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        init_args = logger.get("init_args") if hasattr(logger, "get") else None
-        if init_args is not None and isinstance(init_args.get("save_dir"), str):
+    for _, init_args in logger_configs(trainer):
+        if isinstance(init_args.get("save_dir"), str):
             init_args["save_dir"] = local_path(init_args["save_dir"], "--trainer.logger.init_args.save_dir")
 
 
-def place_runs(config) -> None:
+def place_runs(config) -> str:
     """A subcommand's parsed ``config`` with its paths expanded and its W&B loggers placed under the run's
-    folder, the project named after the recipe (``preflight.experiment_name``)."""
+    folder, the project named after the recipe; returns the recipe's name (``experiment_name``)."""
+    experiment = experiment_name(config.get("config"))
     expand_paths(config)
-    place_wandb_runs(config, experiment_name(config.get("config")))
+    place_wandb_runs(config, experiment)
+    return experiment

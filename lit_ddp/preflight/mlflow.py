@@ -15,7 +15,6 @@ import os
 from collections.abc import Iterator
 
 from lit_ddp.errors import exception_chain
-from lit_ddp.utils import imported
 from lit_ddp.writes import ADVICE, advice
 
 # One try, and no longer than this for an answer, for the start-up request only.
@@ -37,20 +36,20 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def mlflow_stores(logger_config) -> tuple[tuple[str, str], ...]:
-    """(tracking URI, experiment) of each MLFlowLogger (or subclass) in the config's ``trainer.logger``, by
-    MLFlowLogger's own rule: its ``tracking_uri``, or its ``save_dir`` as a local file store."""
+def mlflow_stores(loggers: list[tuple[type | None, object]]) -> tuple[tuple[str, str], ...]:
+    """(tracking URI, experiment) of each MLFlowLogger (or subclass) among ``loggers``
+    (``folders.logger_configs``), by MLFlowLogger's own rule: its ``tracking_uri``, or its ``save_dir`` as a
+    local file store."""
     from lightning.pytorch.loggers import MLFlowLogger
 
-    found = []
-    for config in logger_config if isinstance(logger_config, list) else [logger_config]:
-        class_path = config.get("class_path") if hasattr(config, "get") else None
-        cls = imported(class_path) if isinstance(class_path, str) else None
-        if isinstance(cls, type) and issubclass(cls, MLFlowLogger):
-            init_args = config.get("init_args") or {}
-            uri = init_args.get("tracking_uri") or f"file:{init_args.get('save_dir') or './mlruns'}"
-            found.append((uri, init_args.get("experiment_name") or "lightning_logs"))
-    return tuple(found)
+    return tuple(
+        (
+            init_args.get("tracking_uri") or f"file:{init_args.get('save_dir') or './mlruns'}",
+            init_args.get("experiment_name") or "lightning_logs",
+        )
+        for cls, init_args in loggers
+        if cls is not None and issubclass(cls, MLFlowLogger)
+    )
 
 
 def _problem(err: BaseException, uri: str) -> str | None:
