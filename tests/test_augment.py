@@ -192,11 +192,51 @@ def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> 
     rand = SampleRandom(torch.tensor([0, 5, 2**33 + 1, 77]), key=2**40 + 3)
     with DispatchedOps() as ops:
         moved = rand.to("cpu")
-    assert ops.names.count("cat") == 1 and not {"bitwise_xor", "bitwise_xor_"} & set(ops.names), ops.names
+    # Nothing hashed or assembled for the move: the block of draws is already one tensor.
+    assert not {"cat", "stack", "bitwise_xor", "bitwise_xor_"} & set(ops.names), ops.names
+    storages = {moved.bits(draw).untyped_storage().data_ptr() for draw in range(SampleRandom.BLOCK)}
+    assert len(storages) == 1
     for draw in range(SampleRandom.BLOCK + 3):
         assert torch.equal(moved.bits(draw), rand.bits(draw)), draw
     assert torch.equal(moved.integers(1, 9), rand.integers(1, 9))
     assert torch.equal(moved.uniform(2), rand.uniform(2))
+
+
+def test_the_hosts_numpy_hash_and_a_devices_torch_hash_give_the_same_bits() -> None:
+    """The host hashes in numpy, a device (draws made after the copy, or a draw beyond the block) in torch:
+    one function of (key, index, draw), whatever runs it. Checked with torch on the CPU, which runs the
+    device's code path."""
+    from lit_ddp.data.batch_transforms import _base_hash, _draws
+
+    index = torch.tensor([0, 1, 5, 77, 2**31 - 1, 2**32, 2**33 + 1, 2**62 + 3])
+    for key in (0, 7, 2**40 + 3, 2**63 - 1):
+        host = SampleRandom(index, key)
+        base = _base_hash(index.clone(), key)  # torch tensors: the code a device runs
+        on_device = _draws(base, torch.arange(SampleRandom.BLOCK + 3))
+        for draw in range(SampleRandom.BLOCK + 3):
+            assert torch.equal(host.bits(draw), on_device[:, draw]), (key, draw)
+
+
+def test_lightning_moves_a_batch_in_one_call_of_its_to_and_leaves_encoded_images_on_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Lightning's transfer (``move_data_to_device``) takes any object with ``to`` whole: the batch moves in
+    one call instead of Lightning's walk over a dataclass's fields, which deep-copies it every step. Each
+    field moves as that walk moved it: tensors and the draws go, what has no ``to`` (a decoder's encoded
+    images) and the unreadable slots stay as they are."""
+    calls = []
+    to = Batch.to
+    monkeypatch.setattr(Batch, "to", lambda self, device: calls.append(device) or to(self, device))
+    index = torch.arange(4)
+    encoded = object()  # as device_decode.EncodedBatch: no ``to``, not a tensor
+    draws = SampleRandom(index, 1)
+    batch = Batch(encoded, torch.arange(4), index=index, draws=draws, unreadable={2: ("c", "x")})
+    moved = move_data_to_device(batch, "meta")
+    assert calls == [torch.device("meta")]
+    assert moved.images is encoded and moved.unreadable == {2: ("c", "x")}
+    assert moved.labels.device.type == moved.index.device.type == moved.draws.bits(0).device.type == "meta"
+    images = torch.zeros(4, 3, 2, 2, dtype=torch.uint8)
+    assert move_data_to_device(Batch(images, torch.arange(4)), "meta").images.device.type == "meta"
 
 
 def test_the_copy_recorder_of_the_gpu_draws_test_reads_a_copy_to_another_device() -> None:

@@ -1,13 +1,14 @@
 """What a lit_ddp loader hands over: one typed batch, from the workers to the data module's hooks.
 
-Lightning copies a dataclass batch to the device field by field (``apply_to_collection``): tensors and
-objects with ``to`` (``SampleRandom``) move; anything else stays as it is, which is how encoded images
-(decoders.py's batches of file bytes) stay on the host until the decoder takes them.
+Lightning moves a batch to the device through its ``to`` (``Batch.to``): tensors and objects with ``to``
+(``SampleRandom``) move; anything else stays as it is, which is how encoded images (decoders.py's batches of
+file bytes) stay on the host until the decoder takes them.
 """
 
 from dataclasses import dataclass, field, replace
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from lit_ddp.data.batch_transforms import SampleRandom
@@ -34,6 +35,15 @@ class Batch:
         """The DataLoader's pinning (pin_memory=True) of the tensors; encoded images stay as they are."""
         pin = lambda t: t.pin_memory() if isinstance(t, Tensor) else t  # noqa: E731
         return replace(self, images=pin(self.images), labels=pin(self.labels), index=pin(self.index))
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """This batch on ``device``: each field as Lightning's ``move_data_to_device`` moves it (tensors
+        non-blocking off the CPU, ``draws`` by its own ``to``; encoded images stay), the unreadable slots as
+        they are. Lightning calls it for the whole batch; without it, Lightning would walk the dataclass
+        field by field, deep-copying it first, on every step."""
+        move = lambda value: move_data_to_device(value, device) if value is not None else None  # noqa: E731
+        images, labels, index, draws = (move(v) for v in (self.images, self.labels, self.index, self.draws))
+        return Batch(images, labels, index, draws, self.unreadable)
 
     def drop(self, bad: dict[int, tuple[str, str]]) -> "Batch":
         """Without the slots in ``bad`` (unreadable files). If that would empty a batch that carries no

@@ -15,6 +15,7 @@ import functools
 import math
 import random
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -48,12 +49,14 @@ def normalize(x: Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> Ten
 
 
 _M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9  # golden-ratio stride between draw numbers, as splitmix's counter steps
 
 
-def _mix32(h: Tensor) -> Tensor:
+def _mix32(h):
     """A 32-bit integer hash of int64 values in [0, 2^32), elementwise and in place (Wellons' lowbias32
     xor-shift-multiply rounds, https://nullprogram.com/blog/2018/07/31/). The multipliers are odd and below
-    2^31, so no product leaves int64: the same bits on every device and backend, no overflow relied on."""
+    2^31, so no product leaves int64: the same bits on every device and backend, no overflow relied on.
+    ``h``: an int64 torch tensor or numpy array (the operators are the same)."""
     h ^= h >> 16
     h *= 0x7FEB352D
     h &= _M32
@@ -64,6 +67,18 @@ def _mix32(h: Tensor) -> Tensor:
     return h
 
 
+def _base_hash(index, key: int):
+    """(B,): each sample's hash of (key, index), from which its draws are hashed; torch or numpy alike."""
+    # The low 32 bits of the index, hashed with one half of the key; the high bits and the other half
+    # folded in before the draws' round: two rounds between any input bit and any output bit.
+    return _mix32((index & _M32) ^ (key & _M32)) ^ (index >> 32) ^ ((key >> 32) & _M32)
+
+
+def _draws(base, draws):
+    """(B, len(draws)): the draws numbered ``draws`` of the samples whose base hashes are ``base``."""
+    return _mix32((base[:, None] + (draws + 1) * _GOLDEN) & _M32)
+
+
 class SampleRandom:
     """Random numbers for each sample of a batch, a pure function of (key, sample index, draw number).
 
@@ -72,43 +87,49 @@ class SampleRandom:
     same whatever batch, rank or device count carries ``i``: a counter-based generator (as Philox is,
     Salmon et al., SC'11), here a few elementwise integer ops for the whole batch.
     Augmentations number their draws: crop row 0, crop column 1, flip 2; a new per-sample draw takes the
-    next free number. The first ``BLOCK`` draws are hashed together, as one (B, BLOCK) tensor.
+    next free number. The first ``BLOCK`` draws are hashed together and kept with the base hash as one
+    (B, 1 + BLOCK) tensor, which moves to a device in one copy.
+
+    On the host the hash runs in numpy: a few dozen ops on (B,) integers, each of which costs torch's
+    dispatcher several times numpy's, every step; the bits are the same (tests/test_augment.py).
     """
 
     BLOCK = 4
 
     def __init__(self, index: Tensor, key: int) -> None:
         index = index.long()
-        # The low 32 bits of the index, hashed with one half of the key; the high bits and the other half
-        # folded in before the draws' round: two rounds between any input bit and any output bit.
-        self._base = _mix32((index & _M32) ^ (key & _M32)) ^ (index >> 32) ^ ((key >> 32) & _M32)  # (B,)
-        self._block = self._draws(torch.arange(self.BLOCK, device=index.device))  # (B, BLOCK)
+        if index.device.type == "cpu":
+            base = _base_hash(index.numpy(), key)
+            block = _draws(base, np.arange(self.BLOCK))
+            packed = torch.from_numpy(np.concatenate([base[:, None], block], axis=1))
+        else:
+            base = _base_hash(index, key)
+            block = _draws(base, torch.arange(self.BLOCK, device=index.device))
+            packed = torch.cat([base[:, None], block], dim=1)
+        self._packed = packed  # (B, 1 + BLOCK): the base hash, then the first BLOCK draws
+
+    @classmethod
+    def _of(cls, packed: Tensor) -> "SampleRandom":
+        made = object.__new__(cls)
+        made._packed = packed
+        return made
 
     def to(self, device: torch.device | str) -> "SampleRandom":
         """The same draws on ``device``. Lightning moves every object of a batch that has ``to``, so the data
-        module hashes on the host, before the copy, and the device gets one small tensor instead of a few
-        dozen one-line integer kernels per step."""
-        # (B, 1 + BLOCK): one copy, which on CUDA leaves the next step's launches free to go on.
-        packed = to_device(torch.cat([self._base.unsqueeze(-1), self._block], dim=-1), device)
-        moved = object.__new__(SampleRandom)
-        moved._base, moved._block = packed[:, 0], packed[:, 1:]
-        return moved
+        module hashes on the host, before the copy, and the device gets one small tensor (on CUDA copied
+        without holding the next step's launches back) instead of a few dozen integer kernels per step."""
+        return SampleRandom._of(to_device(self._packed, device))
 
     def __getitem__(self, keep: Tensor) -> "SampleRandom":
         """The draws of the samples ``keep`` (a (B,) bool mask on their device) selects."""
-        kept = object.__new__(SampleRandom)
-        kept._base, kept._block = self._base[keep], self._block[keep]
-        return kept
-
-    def _draws(self, draw: Tensor) -> Tensor:
-        # Golden-ratio strides between draw numbers, as splitmix's counter steps.
-        return _mix32((self._base.unsqueeze(-1) + (draw + 1) * 0x9E3779B9) & _M32)
+        return SampleRandom._of(self._packed[keep])
 
     def bits(self, draw: int) -> Tensor:
         """(B,) int64 in [0, 2^32): draw number ``draw`` of each sample."""
         if draw < self.BLOCK:
-            return self._block[:, draw]
-        return self._draws(torch.tensor([draw], device=self._base.device))[:, 0]
+            return self._packed[:, 1 + draw]
+        base = self._packed[:, 0]
+        return _draws(base, torch.tensor([draw], device=base.device))[:, 0]
 
     def integers(self, draw: int, high: int) -> Tensor:
         """(B,) int64 in [0, high), ``high`` ≤ 2^31: Lemire's multiply-shift of the 32 bits."""
