@@ -5,11 +5,13 @@ ImageFolder workers' auto-augment, random erasing and per-sample crops: test_aug
     python -m pytest tests/test_augment.py -q            # the 2-process runs carry the ddp and slow markers
 """
 
+import math
 import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -215,6 +217,26 @@ def test_the_hosts_numpy_hash_and_a_devices_torch_hash_give_the_same_bits() -> N
         on_device = _draws(base, torch.arange(SampleRandom.BLOCK + 3))
         for draw in range(SampleRandom.BLOCK + 3):
             assert torch.equal(host.bits(draw), on_device[:, draw]), (key, draw)
+
+
+def test_below_and_draws_read_together_are_the_single_draws_values() -> None:
+    """``below(draw, p)`` compares the bits in one op where ``uniform(draw) < p`` takes four: the same
+    values, checked at the bits on each side of every threshold; ``bits(draw, count)`` reads several
+    draws in one tensor, inside the hashed block or beyond it."""
+    for p in (0.0, 0.1, 1 / 3, 0.5, 0.7, 1 - 2**-25, 1.0, 1.5, -0.2, 2**-25):
+        edge = math.ceil(float(np.float32(p)) * 2**24)  # where uniform's 24 bits cross p
+        tops = [k for k in range(edge - 3, edge + 3) if 0 <= k < 2**24] + [0, 2**24 - 1]
+        bits = torch.tensor([top * 256 + low for top in tops for low in (0, 1, 255)])
+        packed = torch.zeros(len(bits), 1 + SampleRandom.BLOCK, dtype=torch.long)
+        packed[:, 1 + 2] = bits  # draw 2
+        rand = SampleRandom._of(packed)
+        assert torch.equal(rand.below(2, p), rand.uniform(2) < p), p
+    rand = SampleRandom(torch.arange(10_000), key=3)
+    assert torch.equal(rand.below(2, 0.5), rand.uniform(2) < 0.5)
+    for first, count in ((0, 2), (2, 2), (3, 3), (5, 2)):
+        together = rand.bits(first, count)
+        for j in range(count):
+            assert torch.equal(together[:, j], rand.bits(first + j)), (first, count, j)
 
 
 def test_lightning_moves_a_batch_in_one_call_of_its_to_and_leaves_encoded_images_on_the_host(
