@@ -97,7 +97,7 @@ class SampleRandom:
     BLOCK = 4
 
     def __init__(self, index: Tensor, key: int) -> None:
-        index = index.long()
+        index = index if index.dtype == torch.long else index.long()
         if index.device.type == "cpu":
             base = _base_hash(index.numpy(), key)
             block = _draws(base, np.arange(self.BLOCK))

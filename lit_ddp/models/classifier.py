@@ -102,7 +102,7 @@ class LossMean(MeanMetric):
             # The step passes the sample count as a Python number: used as a scalar it needs no tensor,
             # whose copy to a GPU torch would synchronise with the device on every step. In place, the
             # count as add_'s alpha: no multiply of its own, no nn.Module.__setattr__ per update.
-            self.mean_value.add_(value.sum(), alpha=weight)
+            self.mean_value.add_(value if value.ndim == 0 else value.sum(), alpha=weight)
             self.weight.add_(weight * value.numel())
             return
         weight = weight.to(dtype=self.dtype, device=self.device).broadcast_to(value.shape)
