@@ -33,6 +33,7 @@ of the per-round ratio of steps/s to ``bare``.
     python benchmarks/bench_step_overhead.py --profile callbacks   # cProfile of one 1-process run
     python benchmarks/bench_step_overhead.py --hook-costs          # each callback's own time per step
     python benchmarks/bench_step_overhead.py --device-ops          # ops of the data path and accuracy update
+    python benchmarks/bench_step_overhead.py --step-ops --steps 100 # ops a whole training step dispatches
     python benchmarks/bench_step_overhead.py --procs 1 --variants bare callbacks --without dashboard
 """
 
@@ -245,6 +246,7 @@ def run_lightning(
     root: str,
     profiler: cProfile.Profile | None = None,
     hook_costs: dict[str, dict[str, float]] | None = None,
+    extra: tuple[L.Callback, ...] = (),
 ) -> list[float]:
     redraw_each_batch = variant == "callbacks_redraw_each_batch"
     if redraw_each_batch:
@@ -259,7 +261,7 @@ def run_lightning(
     if variant in ("callbacks", "lit_ddp", "defaults"):
         logger = L.pytorch.loggers.TensorBoardLogger(root, name="run", default_hp_metric=False)
     on = variant not in ("bare", "empty_callbacks", "module")
-    callbacks = [Timer(warmup, out_file, profiler)]
+    callbacks = [*extra, Timer(warmup, out_file, profiler)]
     if variant == "empty_callbacks":
         callbacks = [L.Callback() for _ in CALLBACKS] + callbacks
     if variant in ("callbacks", "lit_ddp"):
@@ -388,6 +390,39 @@ def print_device_ops() -> None:
         print(f"| {label} | {len(device.names)} | {kernels} | {host_count} |")
     print_metric_update_ops(views)
     print_nan_check_cost()
+
+
+class StepOps(L.Callback):
+    """Records every tensor op dispatched from the start of training batch ``first`` to the end of batch
+    ``last`` (``DispatchedOps``): what a training step runs, the framework's and the model's alike."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        self.ops = DispatchedOps()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            self.ops.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.last:
+            self.ops.__exit__(None, None, None)
+
+
+def print_step_ops(variants: list[str], steps: int, warmup: int) -> None:
+    """Tensor ops dispatched per training step, per variant, counted over ``steps`` steps after ``warmup``
+    in one 1-process run each: on a CPU each op costs its dispatch on the host, on a GPU each op but a view
+    is a kernel launch."""
+    views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
+    print("| variant | ops per step | of them not views |")
+    print("|---|---:|---:|")
+    for variant in variants:
+        counter = StepOps(warmup, warmup + steps - 1)
+        with tempfile.TemporaryDirectory() as root:
+            run_lightning(variant, 1, steps + 10, warmup, root, extra=(counter,))
+        names = counter.ops.names
+        kernels = sum(name not in views for name in names)
+        print(f"| {variant} | {len(names) / steps:.1f} | {kernels / steps:.1f} |")
 
 
 def print_nan_check_cost(checks: int = 400, rounds: int = 7) -> None:
@@ -531,6 +566,9 @@ def main() -> None:
         help="ops the data path and the accuracy update run on the device",
     )
     p.add_argument(
+        "--step-ops", action="store_true", help="tensor ops dispatched per training step, one run per variant"
+    )
+    p.add_argument(
         "--without",
         nargs="+",
         default=[],
@@ -548,6 +586,10 @@ def main() -> None:
     if args.device_ops:
         torch.set_num_threads(1)
         return print_device_ops()
+    if args.step_ops:
+        skip_futile_nvml_checks()
+        torch.set_num_threads(1)
+        return print_step_ops([v for v in args.variants if v != "raw"], args.steps, args.warmup)
     if args.hook_costs:
         skip_futile_nvml_checks()
         torch.set_num_threads(1)

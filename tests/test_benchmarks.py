@@ -100,6 +100,21 @@ def test_the_step_overhead_benchmark_prints_each_hooks_cost() -> None:
 
 
 @pytest.mark.slow
+def test_the_step_overhead_benchmark_counts_the_ops_a_whole_step_dispatches() -> None:
+    """--step-ops: a row per variant; lit_ddp's module and data path dispatch ops the bare step does not,
+    and callbacks that do nothing dispatch none."""
+    table = _step_overhead(
+        "--step-ops", "--steps", "5", "--warmup", "2", "--variants", "bare", "lit_ddp", "empty_callbacks"
+    )
+    ops = {
+        cells[1].strip(): float(cells[2])
+        for cells in (line.split("|") for line in table.splitlines() if line.startswith("|"))
+        if cells[1].strip() in ("bare", "lit_ddp", "empty_callbacks")
+    }
+    assert ops["empty_callbacks"] == ops["bare"] > 0 and ops["lit_ddp"] > ops["bare"], table
+
+
+@pytest.mark.slow
 def test_the_step_overhead_benchmark_counts_the_device_ops_of_the_data_path_and_the_checks() -> None:
     """The device-op counts: the data path, the accuracy update and the gradients' check."""
     table_rows = (
