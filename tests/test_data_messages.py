@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, TensorDataset
 
 from lit_ddp.cli import main
 from lit_ddp.data import CIFAR10DataModule, ImageDataModule, ImageNetDataModule, ShapesDataModule
@@ -132,17 +132,52 @@ class _OwnData(ImageDataModule):
 
 def test_labels_outside_the_classes_are_one_line_naming_the_split_and_the_fix(capsys, tmp_path: Path) -> None:
     """Labels 1..10 for num_classes=10: cross-entropy raised "Target 10 is out of bounds" with a traceback on
-    a CPU (a device-side assert on a GPU)."""
+    a CPU (a device-side assert on a GPU). An in-memory split's labels are checked whole when the data is
+    set up, so the first split read is the one named."""
     args = ["fit", f"--data={__name__}._OwnData", "--data.label_offset=1", "--data.batch_size=8"]
     line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
-    assert "_OwnData's val split has label 10, outside 0..9 (num_classes=10)" in line
+    assert "_OwnData's train split has label 10, outside 0..9 (num_classes=10)" in line
     assert "map them to 0..num_classes-1 in load_split" in line
+
+
+class _OneBadLabel(ImageDataModule):
+    """64 images a split, every label right but the last training one's (12), or the last validation
+    image's in a Dataset of the user's (``as_dataset``), which yields one (image, label) at a time."""
+
+    def __init__(self, as_dataset: bool = False, **kwargs) -> None:
+        super().__init__(num_workers=0, **kwargs)
+        self.as_dataset = as_dataset
+
+    def load_split(self, split: str):
+        images = torch.zeros(64, 3, 32, 32, dtype=torch.uint8)
+        labels = torch.arange(64) % 10
+        bad = "val" if self.as_dataset else "train"
+        if split == bad:
+            labels[-1] = 12
+        return TensorDataset(images, labels) if self.as_dataset else (images, labels)
+
+
+def test_a_bad_label_in_an_in_memory_split_stops_the_run_before_any_step(capsys, tmp_path: Path) -> None:
+    """The bad label is in one of the training split's eight batches, and the run trains one (not that one,
+    in the seeded order): the whole split is checked as the data is set up, before the first step."""
+    args = ["fit", f"--data={__name__}._OneBadLabel", "--data.batch_size=8"]
+    args += ["--trainer.limit_train_batches=1"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_OneBadLabel's train split has label 12, outside 0..9" in line
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_a_bad_label_in_a_dataset_of_the_users_is_named_when_its_batch_comes(capsys, tmp_path: Path) -> None:
+    """A Dataset's labels are known only batch by batch: its batch with the bad label is refused."""
+    args = ["fit", f"--data={__name__}._OneBadLabel", "--data.as_dataset=true", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_OneBadLabel's val split has label 12, outside 0..9" in line
 
 
 def test_labels_already_on_a_device_are_not_read_back_to_check_them() -> None:
     """Reading a device's labels on the host waits for the device at every step; a dataset that yields its
     batches on the device is left to cross-entropy (a meta tensor stands in: reading it raises)."""
-    _OwnData()._check_labels(torch.tensor([99], device="meta"))
+    _OwnData()._check_labels(torch.tensor([99], device="meta"), "train")
 
 
 def test_grayscale_images_with_the_default_three_channel_mean_are_one_line(capsys, tmp_path: Path) -> None:

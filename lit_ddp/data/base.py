@@ -140,6 +140,7 @@ class ImageDataModule(LightningDataModule):
         self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)
         self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
         self._resume: tuple[int, int] | None = None  # (epoch, samples) from a checkpoint
+        self._labels_checked: dict[str, Dataset] = {}  # in-memory splits whose labels setup checked whole
 
     @property
     def augment(self) -> bool:
@@ -177,6 +178,10 @@ class ImageDataModule(LightningDataModule):
             if isinstance(data, tuple):
                 self._check_tensor_split(split, *data)
                 data = TensorImageDataset(*data)
+                # Every label at once, before the run: a bad one deep in the split is found now, not when
+                # its batch comes, and this split's batches need no check of their own.
+                self._check_labels(data.labels, split)
+                self._labels_checked[split] = data
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
             check_training_batch_fits(
@@ -409,7 +414,9 @@ class ImageDataModule(LightningDataModule):
             self.on_unreadable_files(bad)
         trainer = self.trainer
         if trainer is not None and not trainer.predicting:  # predict_dir's images carry label -1: unlabelled
-            self._check_labels(batch.labels)
+            split = self._split_name()
+            if self._labels_checked.get(split) is not getattr(self, f"{split}_set", None):
+                self._check_labels(batch.labels, split)
         if (
             trainer is not None
             and trainer.training
@@ -456,10 +463,10 @@ class ImageDataModule(LightningDataModule):
             " return a Dataset whose samples are a (C, H, W) uint8 image tensor and its int label"
         )
 
-    def _check_labels(self, y: Tensor) -> None:
-        """UserError for a label outside [0, num_classes): cross-entropy fails on it with a traceback on a CPU
-        and a device-side assert on a GPU. Checked here, on the host before the copy: (B,) values, no device
-        sync."""
+    def _check_labels(self, y: Tensor, split: str) -> None:
+        """UserError for a label of ``split`` outside [0, num_classes): cross-entropy fails on it with a
+        traceback on a CPU and a device-side assert on a GPU. An in-memory split's labels are checked whole
+        in ``setup``; a Dataset's, batch by batch, on the host before the copy (no device sync)."""
         if not isinstance(y, Tensor) or y.ndim != 1 or y.is_floating_point() or y.numel() == 0:
             return
         if y.device.type != "cpu":  # a dataset already on the device: reading its labels would wait for it
@@ -467,7 +474,6 @@ class ImageDataModule(LightningDataModule):
         low, high = (int(v) for v in torch.aminmax(y))
         if low >= 0 and high < self.num_classes:
             return
-        split = SPLIT_OF_STAGE.get(self.trainer.state.stage, "") if self.trainer is not None else ""
         raise UserError(
             f"{type(self).__name__}'s {split} split has label {low if low < 0 else high}, outside"
             f" 0..{self.num_classes - 1} (num_classes={self.num_classes}): labels are class indices; map them"
