@@ -110,6 +110,18 @@ def test_shared_step_loss_is_cross_entropy_of_logits() -> None:
     assert system.val_metrics["acc"].compute() == (system(x).argmax(1) == y).float().mean()
 
 
+def test_a_training_steps_metric_states_hold_no_graph() -> None:
+    """The step hands the metrics its logits and loss as they are (no detach): the updates run with autograd
+    off, so no state keeps the step's graph (or its memory) alive until the epoch's end."""
+    system = LeNetCIFAR()
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    loss, logits = system._shared_step((x, y), "train")
+    assert loss.requires_grad and logits.requires_grad
+    states = {**system.train_loss.metric_state, **system.train_metrics["acc"].metric_state}
+    assert states and all(not v.requires_grad and v.grad_fn is None for v in states.values()), states
+    assert torch.allclose(system.train_loss.compute(), loss.detach())
+
+
 def test_epoch_loss_is_the_sample_mean_a_nan_batch_makes_it_nan_and_a_bad_label_is_an_error() -> None:
     # The metrics skip torchmetrics' per-update checks; what those checks guarded must still hold.
     system = LeNetCIFAR()

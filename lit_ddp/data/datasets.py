@@ -37,9 +37,9 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         return self.images[index], self.labels[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: Sequence[int] | Tensor) -> tuple[Tensor, Tensor]:
         # index_select copies whole images; ``images[idx]`` indexes element by element, much slower on CPU.
-        idx = torch.as_tensor(indices, dtype=torch.long)
+        idx = indices if isinstance(indices, Tensor) else torch.as_tensor(indices, dtype=torch.long)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
 
@@ -77,17 +77,20 @@ class IndexedDataset(Dataset):
         return len(self.dataset)
 
     def __getitems__(self, indices: Sequence[int]) -> tuple:
-        if hasattr(self.dataset, "__getitems__"):
+        index = torch.as_tensor(indices, dtype=torch.long)
+        if isinstance(self.dataset, TensorImageDataset):  # takes the tensor: the list converted once a batch
+            batch = self.dataset.__getitems__(index)
+        elif hasattr(self.dataset, "__getitems__"):
             batch = self.dataset.__getitems__(indices)
         else:
             batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
         if isinstance(batch, WorkerError):
             return batch
         if isinstance(batch, Batch):
-            return replace(batch, index=torch.as_tensor(indices, dtype=torch.long))
+            return replace(batch, index=index)
         if not isinstance(batch, tuple | list):  # dict samples: kept whole, not unpacked into their keys
             batch = (batch,)
-        return (*batch, torch.as_tensor(indices, dtype=torch.long))
+        return (*batch, index)
 
 
 def split_indices(n: int, val_size: int, seed: int) -> tuple[Tensor, Tensor]:
