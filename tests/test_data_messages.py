@@ -167,6 +167,16 @@ def test_a_bad_label_in_an_in_memory_split_stops_the_run_before_any_step(capsys,
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_test_split_of_unlabelled_images_sets_up_for_predict_and_is_refused_for_test() -> None:
+    """Predict reads no label: a test split whose images carry -1 (unlabelled) predicts; ``test`` scores
+    labels, so the same split is refused there, as the data is set up."""
+    dm = _OneBadLabel()
+    dm.load_split = lambda split: (torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.full((4,), -1))
+    dm.setup("predict")
+    with pytest.raises(UserError, match="_OneBadLabel's test split has label -1, outside 0..9"):
+        dm.setup("test")
+
+
 def test_a_bad_label_in_a_dataset_of_the_users_is_named_when_its_batch_comes(capsys, tmp_path: Path) -> None:
     """A Dataset's labels are known only batch by batch: its batch with the bad label is refused."""
     args = ["fit", f"--data={__name__}._OneBadLabel", "--data.as_dataset=true", "--data.batch_size=8"]

@@ -178,10 +178,11 @@ class ImageDataModule(LightningDataModule):
             if isinstance(data, tuple):
                 self._check_tensor_split(split, *data)
                 data = TensorImageDataset(*data)
-                # Every label at once, before the run: a bad one deep in the split is found now, not when
-                # its batch comes, and this split's batches need no check of their own.
-                self._check_labels(data.labels, split)
-                self._labels_checked[split] = data
+                if stage != "predict":  # predict reads no label: a split of unlabelled images may say -1
+                    # Every label at once, before the run: a bad one deep in the split is found now, not
+                    # when its batch comes, and this split's batches need no check of their own.
+                    self._check_labels(data.labels, split)
+                    self._labels_checked[split] = data
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
             check_training_batch_fits(

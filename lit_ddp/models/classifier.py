@@ -365,8 +365,8 @@ class ImageClassifier(LightningModule):
     def _update_metrics(self, stage: str, logits: Tensor, y: Tensor, loss: Tensor) -> None:
         # A mixed target counts for accuracy as its dominant label (the larger share of the mix).
         labels = y.argmax(dim=-1) if y.ndim == 2 else y
-        # No detach: a metric's update runs with autograd off (torchmetrics' update wrapper, the metric's
-        # _enable_grad), so no state keeps the step's graph, and two ops a step are saved.
+        # No detach (one op each, every step): a metric's update runs with autograd off (torchmetrics'
+        # update wrapper, the metric's _enable_grad), so no state keeps the step's graph.
         getattr(self, f"{stage}_metrics").update(logits, labels)
         # Weighting by sample count makes the epoch loss the per-sample mean over the whole dataset,
         # also when the last batch or one rank's shard is smaller.
