@@ -416,7 +416,8 @@ class ImageDataModule(LightningDataModule):
         trainer = self.trainer
         if trainer is not None and not trainer.predicting:  # predict_dir's images carry label -1: unlabelled
             split = self._split_name()
-            if self._labels_checked.get(split) is not getattr(self, f"{split}_set", None):
+            checked = self._labels_checked.get(split)  # skipped only for the very split setup checked whole
+            if checked is None or checked is not getattr(self, f"{split}_set", None):
                 self._check_labels(batch.labels, split)
         if (
             trainer is not None
@@ -491,8 +492,10 @@ class ImageDataModule(LightningDataModule):
             self.unreadable.add(self._split_name(), bad)
 
     def _split_name(self) -> str:
-        """The split the trainer reads now; "predict" outside a trainer."""
-        return SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
+        """The split the trainer reads now; "predict" outside a trainer (or a stand-in for one with no
+        ``state``, as tests and benchmarks call the hooks with)."""
+        stage = getattr(getattr(self.trainer, "state", None), "stage", None)
+        return SPLIT_OF_STAGE.get(stage, "predict")
 
     def on_after_batch_transfer(self, batch: Batch | tuple, dataloader_idx: int) -> tuple[Tensor, ...]:
         if not isinstance(batch, Batch):  # hooks called by hand, with a user Dataset's tuple
