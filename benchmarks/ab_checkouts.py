@@ -2,6 +2,7 @@
 
     git worktree add /tmp/before <commit> && git worktree add /tmp/after <commit>
     python benchmarks/ab_checkouts.py /tmp/before /tmp/after --procs 2 --rounds 6
+    python benchmarks/ab_checkouts.py /tmp/before /tmp/after --measure step --steps 500 --warmup 50
     python benchmarks/ab_checkouts.py /tmp/before /tmp/after --measure val_jpeg --dir /tmp/jpegs --rounds 40
 
 ``--measure``:
@@ -9,6 +10,9 @@
   lenet     column (a) of bench_lenet_throughput.py, images/s of LeNet training through Lightning. Each run
             is a fresh process that imports lit_ddp and the benchmark from its checkout, so a change to the
             code and a change to the benchmark both count.
+  step      bench_step_overhead.py's ``lit_ddp`` variant (what ``fit`` trains, a near-empty model: the host's
+            work around the step), one process, as steps per second of the process's CPU time. Each run is a
+            fresh process that imports lit_ddp and the benchmark from its checkout.
   val_jpeg  the val row of bench_input_pipeline.py, images/s of one validation worker. Each checkout's
             ``lit_ddp/data/jpeg.py`` is loaded from its file and feeds this checkout's ``ImageFileDataset``
             (decode + Resize + CenterCrop into a uint8 batch) in this one process, one thread, so a change
@@ -21,6 +25,7 @@ to quote, since single runs minutes apart move by more than most changes do on a
 import argparse
 import functools
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +62,26 @@ def lenet(args: argparse.Namespace) -> dict:
     }
 
 
+STEP_RUN = (
+    "import sys; sys.path[:0] = [{tree!r}, {tree!r} + '/benchmarks']; import lit_ddp;"
+    " assert lit_ddp.__file__.startswith({tree!r}), lit_ddp.__file__;"
+    " import bench_step_overhead as b; b.child('lit_ddp', 1, {steps}, {warmup}, profile=False)"
+)
+
+
+def step_run(tree: str, steps: int, warmup: int) -> float:
+    """Steps per CPU second of bench_step_overhead's ``lit_ddp`` child, imported from ``tree``."""
+    code = STEP_RUN.format(tree=tree, steps=steps, warmup=warmup)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
+    if out.returncode:
+        sys.exit(f"{tree}: {out.stderr[-2000:]}")
+    return 1e6 / json.loads(out.stdout.strip().splitlines()[-1])["cpu_us"]
+
+
+def step(args: argparse.Namespace) -> dict:
+    return {side: functools.partial(step_run, getattr(args, side), args.steps, args.warmup) for side in SIDES}
+
+
 def load_jpeg_module(tree: str, name: str):
     spec = importlib.util.spec_from_file_location(name, Path(tree) / "lit_ddp" / "data" / "jpeg.py")
     module = importlib.util.module_from_spec(spec)
@@ -87,7 +112,7 @@ def val_jpeg(args: argparse.Namespace) -> dict:
     return variants
 
 
-MEASURES = {"lenet": lenet, "val_jpeg": val_jpeg}
+MEASURES = {"lenet": lenet, "step": step, "val_jpeg": val_jpeg}
 
 
 def main() -> None:
@@ -96,13 +121,13 @@ def main() -> None:
     p.add_argument("after")
     p.add_argument("--measure", choices=list(MEASURES), default="lenet")
     p.add_argument("--procs", type=int, default=2, help="lenet: processes")
-    p.add_argument("--steps", type=int, default=300, help="lenet: timed steps")
-    p.add_argument("--warmup", type=int, default=30, help="lenet: untimed steps")
+    p.add_argument("--steps", type=int, default=300, help="lenet, step: timed steps")
+    p.add_argument("--warmup", type=int, default=30, help="lenet, step: untimed steps")
     add_image_arguments(p, images=200)  # val_jpeg
     args = p.parse_args()
     variants = MEASURES[args.measure](args)
     samples = interleaved(variants, args.rounds, on_round=lambda r, f: print(r, f, flush=True))
-    report(samples, args.out, " images/s", **settings(args))
+    report(samples, args.out, " steps/s" if args.measure == "step" else " images/s", **settings(args))
 
 
 if __name__ == "__main__":

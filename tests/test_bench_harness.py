@@ -95,3 +95,17 @@ def test_an_ab_benchmark_records_both_checkouts_through_the_harness(tmp_path: Pa
     assert set(record["samples"]) == {"before", "after"} and record["images"] == 6
     assert all(len(v) == 2 and min(v) > 0 for v in record["samples"].values())
     assert record["summary"]["before"]["ratio"] == 1.0 and "ab_checkouts.py" in record["command"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_ab_benchmark_of_the_step_runs_each_checkouts_own_lit_ddp(tmp_path: Path) -> None:
+    """ab_checkouts.py's step measure on this checkout against itself, a few steps: steps/s for each side,
+    from a fresh process that imported lit_ddp from that checkout (the run asserts it)."""
+    out = tmp_path / "ab.json"
+    args = [str(REPO), str(REPO), "--measure", "step", "--steps", "4", "--warmup", "2", "--rounds", "1"]
+    script = str(REPO / "benchmarks" / "ab_checkouts.py")
+    subprocess.run([sys.executable, script, *args, "--out", str(out)], check=True, timeout=220, cwd=tmp_path)
+    record = json.loads(out.read_text())
+    assert set(record["samples"]) == {"before", "after"}
+    assert all(len(v) == 1 and min(v) > 0 for v in record["samples"].values())
