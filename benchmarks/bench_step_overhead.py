@@ -367,11 +367,14 @@ def print_device_ops() -> None:
     with the per-sample draws hashed after the copy, as lit_ddp did before, and before it, as it does."""
     from types import SimpleNamespace
 
+    from lightning.pytorch.trainer.states import RunningStage
+
     views = {"view", "select", "unsqueeze", "as_strided", "detach", "lift_fresh", "alias", "expand", "slice"}
     dm = ImageDataModule(batch_size=128, augmentation=CropFlip(padding=4))
     dm.mean, dm.std = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+    training = SimpleNamespace(stage=RunningStage.TRAINING)
     dm.trainer = SimpleNamespace(
-        training=True, predicting=False, current_epoch=0, global_rank=0, world_size=1
+        training=True, predicting=False, current_epoch=0, global_rank=0, world_size=1, state=training
     )
     g = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 256, (128, 3, 32, 32), dtype=torch.uint8, generator=g), torch.zeros(128).long())

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from conftest import REPO
 from lightning import Callback, Trainer
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.trainer.states import RunningStage
 from test_ddp_semantics import DDP2, assert_identical, ckpt, final, job, launch, max_diff, records
 
 from lit_ddp.cli import build_cli
@@ -278,8 +279,14 @@ def test_the_copy_recorder_of_the_gpu_draws_test_reads_a_copy_to_another_device(
 
 
 def fake_trainer(training: bool, epoch: int = 0, rank: int = 0) -> SimpleNamespace:
+    stage = RunningStage.TRAINING if training else RunningStage.VALIDATING
     return SimpleNamespace(
-        training=training, predicting=False, current_epoch=epoch, global_rank=rank, world_size=1
+        training=training,
+        predicting=False,
+        current_epoch=epoch,
+        global_rank=rank,
+        world_size=1,
+        state=SimpleNamespace(stage=stage),
     )
 
 

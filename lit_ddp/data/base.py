@@ -492,10 +492,8 @@ class ImageDataModule(LightningDataModule):
             self.unreadable.add(self._split_name(), bad)
 
     def _split_name(self) -> str:
-        """The split the trainer reads now; "predict" outside a trainer (or a stand-in for one with no
-        ``state``, as tests and benchmarks call the hooks with)."""
-        stage = getattr(getattr(self.trainer, "state", None), "stage", None)
-        return SPLIT_OF_STAGE.get(stage, "predict")
+        """The split the trainer reads now; "predict" outside a trainer."""
+        return SPLIT_OF_STAGE.get(self.trainer.state.stage, "predict") if self.trainer else "predict"
 
     def on_after_batch_transfer(self, batch: Batch | tuple, dataloader_idx: int) -> tuple[Tensor, ...]:
         if not isinstance(batch, Batch):  # hooks called by hand, with a user Dataset's tuple

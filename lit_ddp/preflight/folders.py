@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import yaml
+from lightning.pytorch.loggers import WandbLogger
 
 from lit_ddp.utils import imported, local_path
 
@@ -73,10 +74,8 @@ def place_wandb_runs(config, experiment: str) -> None:
     ``dir`` at their defaults) writes under ``trainer.default_root_dir``, and one with no project (nor
     ``WANDB_PROJECT``) takes ``experiment``, the recipe's name, as its project."""
     trainer = config.get("trainer") or {}
-    loggers = trainer.get("logger")
-    for logger in loggers if isinstance(loggers, list) else [loggers]:
-        init_args = plain_wandb_init_args(logger)
-        if init_args is None:
+    for cls, init_args in logger_configs(trainer):
+        if cls is not WandbLogger:  # a subclass of the user's is left as built
             continue
         if init_args.get("save_dir") in (None, DEFAULT_SAVE_DIR):
             # WandbLogger ignores `dir` when save_dir is set, as it is by default: the folder the user named
