@@ -12,7 +12,8 @@
             code and a change to the benchmark both count.
   step      bench_step_overhead.py's ``lit_ddp`` variant (what ``fit`` trains, a near-empty model: the host's
             work around the step), one process, as steps per second of the process's CPU time. Each run is a
-            fresh process that imports lit_ddp and the benchmark from its checkout.
+            fresh process that imports lit_ddp and the benchmark from its checkout. ``--variant callbacks``
+            times that benchmark's ``callbacks`` variant instead (the default callbacks around a bare step).
   val_jpeg  the val row of bench_input_pipeline.py, images/s of one validation worker. Each checkout's
             ``lit_ddp/data/jpeg.py`` is loaded from its file and feeds this checkout's ``ImageFileDataset``
             (decode + Resize + CenterCrop into a uint8 batch) in this one process, one thread, so a change
@@ -65,13 +66,13 @@ def lenet(args: argparse.Namespace) -> dict:
 STEP_RUN = (
     "import sys; sys.path[:0] = [{tree!r}, {tree!r} + '/benchmarks']; import lit_ddp;"
     " assert lit_ddp.__file__.startswith({tree!r}), lit_ddp.__file__;"
-    " import bench_step_overhead as b; b.child('lit_ddp', 1, {steps}, {warmup}, profile=False)"
+    " import bench_step_overhead as b; b.child({variant!r}, 1, {steps}, {warmup}, profile=False)"
 )
 
 
-def step_run(tree: str, steps: int, warmup: int) -> float:
-    """Steps per CPU second of bench_step_overhead's ``lit_ddp`` child, imported from ``tree``."""
-    code = STEP_RUN.format(tree=tree, steps=steps, warmup=warmup)
+def step_run(tree: str, variant: str, steps: int, warmup: int) -> float:
+    """Steps per CPU second of bench_step_overhead's ``variant`` child, imported from ``tree``."""
+    code = STEP_RUN.format(tree=tree, variant=variant, steps=steps, warmup=warmup)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
     if out.returncode:
         sys.exit(f"{tree}: {out.stderr[-2000:]}")
@@ -79,7 +80,8 @@ def step_run(tree: str, steps: int, warmup: int) -> float:
 
 
 def step(args: argparse.Namespace) -> dict:
-    return {side: functools.partial(step_run, getattr(args, side), args.steps, args.warmup) for side in SIDES}
+    run = functools.partial(step_run, variant=args.variant, steps=args.steps, warmup=args.warmup)
+    return {side: functools.partial(run, getattr(args, side)) for side in SIDES}
 
 
 def load_jpeg_module(tree: str, name: str):
@@ -123,6 +125,7 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=2, help="lenet: processes")
     p.add_argument("--steps", type=int, default=300, help="lenet, step: timed steps")
     p.add_argument("--warmup", type=int, default=30, help="lenet, step: untimed steps")
+    p.add_argument("--variant", choices=["lit_ddp", "callbacks"], default="lit_ddp", help="step: the variant")
     add_image_arguments(p, images=200)  # val_jpeg
     args = p.parse_args()
     variants = MEASURES[args.measure](args)

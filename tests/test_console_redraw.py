@@ -79,3 +79,18 @@ def test_the_step_loss_is_read_to_the_host_at_redraws_only_and_shown_in_the_bar(
     assert not conversions
     assert shown and isinstance(shown[-1]["train/loss_step"], float)
     assert shown[-1]["train/loss_step"] == pytest.approx(float(trainer.callback_metrics["train/loss_step"]))
+
+
+def test_the_rich_bars_thread_wakes_as_often_as_a_redraw_can_be_due(tmp_path, monkeypatch) -> None:
+    """Lightning's rich bar redraws from a thread that wakes ``refresh_rate`` times a second (100 by
+    default), taking the GIL from the training loop each time: here as often as REDRAW_S allows a redraw."""
+    seen = []
+
+    class Look(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(trainer.progress_bar_callback.progress.live.refresh_per_second)
+
+    monkeypatch.setattr(console, "REDRAW_S", 0.25)
+    _fit(tmp_path, [console.RichBar(), Look()], limit_train_batches=2, limit_val_batches=1)
+    assert seen == [4, 4]
+    assert console.RichBar(refresh_rate=30).refresh_rate == 30  # a rate of the user's stays

@@ -76,6 +76,13 @@ class RichBar(_Throttled, RichProgressBar):
 
     _described: tuple | None = None  # (task, epoch) whose description is ours
 
+    def __init__(self, refresh_rate: int | None = None, **kwargs) -> None:
+        # Lightning's bar redraws from a thread that wakes ``refresh_rate`` times a second (100 by default)
+        # and takes the GIL each time; redraws are due at most every REDRAW_S, so more wake-ups draw nothing.
+        if refresh_rate is None:
+            refresh_rate = max(1, round(1 / REDRAW_S)) if REDRAW_S > 0 else 100
+        super().__init__(refresh_rate=refresh_rate, **kwargs)
+
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict:
         return _bar_metrics(trainer, super().get_metrics(trainer, pl_module))
 
