@@ -35,6 +35,7 @@ from lit_ddp.compat import (
     set_collective_timeout,
     wrap_child_observer_kill,
 )
+from lit_ddp.errors import exception_chain
 from lit_ddp.runtime.position import run_position
 
 DEFAULT_DIST_TIMEOUT_S = 600.0
@@ -225,21 +226,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].split(". ")[0] if text else type(exc).__name__
 
 
-def _chain(exc: BaseException | None):
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 def is_timeout(exc: BaseException) -> bool:
     """A collective or the rendezvous store waited past its timeout: Python's and torch's store types, else
     gloo's own RuntimeError (GLOO_TIMED_OUT)."""
     return any(
         isinstance(e, TimeoutError | DistStoreError)
         or (type(e) is RuntimeError and GLOO_TIMED_OUT.search(str(e)) is not None)
-        for e in _chain(exc)
+        for e in exception_chain(exc)
     )
 
 
@@ -250,5 +243,5 @@ def is_peer_failure(exc: BaseException) -> bool:
         isinstance(e, ConnectionError | DistNetworkError | DistBackendError)
         or (isinstance(e, OSError) and e.errno in PEER_ERRNOS)
         or (type(e) is RuntimeError and GLOO_PEER_CLOSED.search(str(e)) is not None)
-        for e in _chain(exc)
+        for e in exception_chain(exc)
     )
