@@ -272,7 +272,10 @@ def run_lightning(
             hook_costs.update(spent=time_step_hooks(ours, callbacks[0]))  # filled in during the fit
         callbacks = ours + callbacks + ([Redraw(console.REDRAW_S)] if redraw_each_batch else [])
     settings = one_cpu_epoch(world, root)
-    settings.update(enable_progress_bar=on, enable_model_summary=on, enable_checkpointing=on)
+    # Without the console, `fit` turns Lightning's bar and summary off too (assembly.py), rather than let
+    # Lightning add its own, which redraws after every batch.
+    shown = on and "console" not in leave_out
+    settings.update(enable_progress_bar=shown, enable_model_summary=shown, enable_checkpointing=on)
     trainer = L.Trainer(**settings, logger=logger, callbacks=callbacks)
     if variant in ("lit_ddp", "module"):
         model = ImageClassifier(TinyNet(), num_classes=CLASSES, optim=OPTIM)
