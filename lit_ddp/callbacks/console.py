@@ -70,8 +70,9 @@ class _Throttled:
 class RichBar(_Throttled, RichProgressBar):
     """Lightning's rich bar, counting epochs from 1, without ``v_num``, redrawn at most every ``REDRAW_S``.
 
-    Fork of ``lightning.pytorch.callbacks.RichProgressBar``: it counts epochs from 0, shows ``v_num`` and
-    redraws every ``refresh_rate`` batches; goes when it counts from 1 and throttles its redraws by time.
+    Fork of ``lightning.pytorch.callbacks.RichProgressBar``: it counts epochs from 0, shows ``v_num``,
+    updates after every batch and wakes its redraw thread 100 times a second; goes when it counts from 1 and
+    throttles its updates by time.
     """
 
     _described: tuple | None = None  # (task, epoch) whose description is ours
