@@ -66,7 +66,8 @@ PRIVATE_NAMES = (
         "lightning.fabric.strategies.launchers.subprocess_script._ChildProcessObserver._terminate_all"
         " and ._child_processes",
         "faults.py",
-        "the thread that SIGKILLs the job when a child rank dies; wrapped to name the lost rank first",
+        "the thread that SIGKILLs the job when a child rank dies; replaced to name the lost rank first and"
+        " end rank 0 with exit 1, not a SIGKILL of its own",
         "--resilience.fault_monitor=false",
     ),
     PrivateName(
@@ -166,17 +167,12 @@ def wrap_spawn_launch(strategy: Strategy, wrap_function, on_launched) -> bool:
     return True
 
 
-def wrap_child_observer_kill(children: list, before_kill) -> bool:
-    """Call ``before_kill()`` before Lightning's child-process observer SIGKILLs the job; True if found."""
+def replace_child_observer_kill(children: list, end_job) -> bool:
+    """Make Lightning's child-process observer call ``end_job()`` where, a child having died, it would
+    SIGKILL every child and then this process; True if the observer was found."""
     for thread in threading.enumerate():
         if isinstance(thread, _ChildProcessObserver) and thread._child_processes is children:
-            kill_all = thread._terminate_all
-
-            def name_then_kill_all(kill_all=kill_all) -> None:
-                before_kill()
-                kill_all()
-
-            thread._terminate_all = name_then_kill_all
+            thread._terminate_all = end_job
             return True
     return False
 

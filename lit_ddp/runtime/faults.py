@@ -32,8 +32,8 @@ from torch.distributed import DistBackendError, DistNetworkError, DistStoreError
 from lit_ddp.compat import (
     collective_timeout,
     launched_children,
+    replace_child_observer_kill,
     set_collective_timeout,
-    wrap_child_observer_kill,
 )
 from lit_ddp.errors import exception_chain
 from lit_ddp.runtime.position import run_position
@@ -141,10 +141,11 @@ class FaultMonitor(Callback):
             self._parent = os.getppid()
             threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
         if children:
-            # Lightning's child-process observer (a thread of rank 0) SIGKILLs the whole job, itself
-            # included, within one poll of its loop (``sleep_period``) after a child dies, possibly before
-            # on_exception runs: name the lost rank before that kill, unless the main thread already did.
-            wrap_child_observer_kill(children, lambda: self._name_lost_children(children))
+            # Lightning's child-process observer (a thread of rank 0) ends the whole job within one poll of
+            # its loop (``sleep_period``) after a child dies, possibly before on_exception runs, and also
+            # after on_exception killed a stuck child: name the lost rank first (unless the main thread
+            # already did) and end the job as the main thread would (_end_job).
+            replace_child_observer_kill(children, lambda: self._end_job(children))
 
     def _lost_message(self, lost: list[tuple[int, int, int]]) -> str:
         t = self._trainer
@@ -157,6 +158,14 @@ class FaultMonitor(Callback):
         if self.report.message is None and lost:
             self.report.message = self._lost_message(lost)
         self.report.print_once()
+
+    def _end_job(self, children: list) -> None:
+        """What Lightning's observer does once a child died, but with the lost rank named and exit code 1: a
+        shell reads its SIGKILL of rank 0 as 137, an out-of-memory kill's mark, though the job said why."""
+        self._name_lost_children(children)
+        for proc in children:
+            proc.kill()  # a rank stuck in a collective ignores a gentler signal
+        os._exit(1)  # the main thread may be blocked in a collective
 
     def _node_rank0(self) -> int:
         t = self._trainer
