@@ -99,13 +99,16 @@ def test_an_ab_benchmark_records_both_checkouts_through_the_harness(tmp_path: Pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_an_ab_benchmark_of_the_step_runs_each_checkouts_own_lit_ddp(tmp_path: Path) -> None:
+@pytest.mark.parametrize("variant", ["lit_ddp", "callbacks"])
+def test_an_ab_benchmark_of_the_step_runs_each_checkouts_own_lit_ddp(tmp_path: Path, variant: str) -> None:
     """ab_checkouts.py's step measure on this checkout against itself, a few steps: steps/s for each side,
-    from a fresh process that imported lit_ddp from that checkout (the run asserts it)."""
+    from a fresh process that imported lit_ddp from that checkout (the run asserts it), for what ``fit``
+    trains and for the default callbacks around a bare step (``--variant``)."""
     out = tmp_path / "ab.json"
     args = [str(REPO), str(REPO), "--measure", "step", "--steps", "4", "--warmup", "2", "--rounds", "1"]
     script = str(REPO / "benchmarks" / "ab_checkouts.py")
-    subprocess.run([sys.executable, script, *args, "--out", str(out)], check=True, timeout=220, cwd=tmp_path)
+    args += ["--variant", variant, "--out", str(out)]
+    subprocess.run([sys.executable, script, *args], check=True, timeout=220, cwd=tmp_path)
     record = json.loads(out.read_text())
-    assert set(record["samples"]) == {"before", "after"}
+    assert set(record["samples"]) == {"before", "after"} and record["variant"] == variant
     assert all(len(v) == 1 and min(v) > 0 for v in record["samples"].values())
