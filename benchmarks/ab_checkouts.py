@@ -40,20 +40,26 @@ from harness import interleaved, parser, report, seconds_per_call, settings  # n
 from lit_ddp.data.image_folder import ImageFileDataset  # noqa: E402
 
 SIDES = ("before", "after")
-RUN = (
+# Run in a fresh process with lit_ddp and the benchmarks imported from the checkout ``tree``.
+IN_CHECKOUT = (
     "import sys; sys.path[:0] = [{tree!r}, {tree!r} + '/benchmarks']; import lit_ddp;"
-    " assert lit_ddp.__file__.startswith({tree!r}), lit_ddp.__file__;"
-    " import bench_lenet_throughput as b; print(b._lit_ddp({procs}, {steps}, {warmup}))"
+    " assert lit_ddp.__file__.startswith({tree!r}), lit_ddp.__file__; "
 )
+
+
+def last_line_in_checkout(tree: str, code: str) -> str:
+    """The last line ``code`` prints, run in a fresh process importing lit_ddp from ``tree``."""
+    run = [sys.executable, "-c", IN_CHECKOUT.format(tree=tree) + code]
+    out = subprocess.run(run, capture_output=True, text=True, cwd="/tmp")
+    if out.returncode:
+        sys.exit(f"{tree}: {out.stderr[-2000:]}")
+    return out.stdout.strip().splitlines()[-1]
 
 
 def lenet_run(tree: str, procs: int, steps: int, warmup: int) -> float:
     """Images/s of column (a), in a fresh process that imports lit_ddp and the benchmark from ``tree``."""
-    code = RUN.format(tree=tree, procs=procs, steps=steps, warmup=warmup)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
-    if out.returncode:
-        sys.exit(f"{tree}: {out.stderr[-2000:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+    code = f"import bench_lenet_throughput as b; print(b._lit_ddp({procs}, {steps}, {warmup}))"
+    return float(last_line_in_checkout(tree, code))
 
 
 def lenet(args: argparse.Namespace) -> dict:
@@ -63,20 +69,10 @@ def lenet(args: argparse.Namespace) -> dict:
     }
 
 
-STEP_RUN = (
-    "import sys; sys.path[:0] = [{tree!r}, {tree!r} + '/benchmarks']; import lit_ddp;"
-    " assert lit_ddp.__file__.startswith({tree!r}), lit_ddp.__file__;"
-    " import bench_step_overhead as b; b.child({variant!r}, 1, {steps}, {warmup}, profile=False)"
-)
-
-
 def step_run(tree: str, variant: str, steps: int, warmup: int) -> float:
     """Steps per CPU second of bench_step_overhead's ``variant`` child, imported from ``tree``."""
-    code = STEP_RUN.format(tree=tree, variant=variant, steps=steps, warmup=warmup)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp")
-    if out.returncode:
-        sys.exit(f"{tree}: {out.stderr[-2000:]}")
-    return 1e6 / json.loads(out.stdout.strip().splitlines()[-1])["cpu_us"]
+    code = f"import bench_step_overhead as b; b.child({variant!r}, 1, {steps}, {warmup}, profile=False)"
+    return 1e6 / json.loads(last_line_in_checkout(tree, code))["cpu_us"]
 
 
 def step(args: argparse.Namespace) -> dict:

@@ -37,9 +37,9 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         return self.images[index], self.labels[index]
 
-    def __getitems__(self, indices: Sequence[int] | Tensor) -> tuple[Tensor, Tensor]:
+    def __getitems__(self, indices: Sequence[int]) -> tuple[Tensor, Tensor]:
         # index_select copies whole images; ``images[idx]`` indexes element by element, much slower on CPU.
-        idx = indices if isinstance(indices, Tensor) else torch.as_tensor(indices, dtype=torch.long)
+        idx = torch.as_tensor(indices, dtype=torch.long)
         return self.images.index_select(0, idx), self.labels.index_select(0, idx)
 
 
@@ -78,9 +78,7 @@ class IndexedDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> tuple:
         index = torch.as_tensor(indices, dtype=torch.long)
-        if isinstance(self.dataset, TensorImageDataset):  # takes the tensor: the list converted once a batch
-            batch = self.dataset.__getitems__(index)
-        elif hasattr(self.dataset, "__getitems__"):
+        if hasattr(self.dataset, "__getitems__"):
             batch = self.dataset.__getitems__(indices)
         else:
             batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
