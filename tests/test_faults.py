@@ -244,6 +244,54 @@ def test_a_rank_still_starting_when_the_rendezvous_times_out_is_named_as_a_start
     assert not left, f"processes left running in the run's directory: {left}"
 
 
+# A rank as Lightning's launcher starts it (local rank 1 of 2), whose rendezvous timed out at start-up.
+STARTED_RANK = """
+import os
+from lightning import Trainer
+from torch.distributed import DistStoreError
+from lit_ddp.runtime.faults import FaultMonitor
+
+trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_progress_bar=False)
+monitor, launcher = FaultMonitor(), os.getppid()
+print("timed out", flush=True)
+monitor.on_exception(trainer, None, DistStoreError("wait timeout after 1000ms, keys: /default_pg/0//cpu//0"))
+print("launcher ended:", os.getppid() != launcher, flush=True)
+monitor.report.print_once()
+"""
+
+# Its launcher: starts it (its output on this process's), then waits until its own stdin closes and ends
+# without a word, as a launcher that died would.
+LAUNCHER = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", sys.argv[1]], stderr=subprocess.STDOUT)
+sys.stdin.read()
+"""
+
+
+def test_a_rank_the_launcher_started_leaves_a_start_up_timeout_to_it_and_speaks_only_if_it_ends_silently(
+    tmp_path: Path,
+) -> None:
+    """Both ranks' rendezvous time out at start-up, the launched rank's too when it was slow to start: it
+    waits for its launcher, which names the start-up once for the job and kills it (the test above), rather
+    than adding a line of its own. A launcher that ends without doing so leaves it to say it."""
+    env = cli_env({"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2"})
+    with subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, STARTED_RANK],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    ) as launcher:
+        assert launcher.stdout.readline() == "timed out\n"
+        launcher.stdin.close()  # the launcher ends; the started rank's output still comes through the pipe
+        out = launcher.stdout.read()  # to its end: the started rank's exit
+    lines = [line for line in out.splitlines() if line.startswith(("launcher ended:", "lit_ddp: error:"))]
+    assert lines[0] == "launcher ended: True", out  # it did not return while the launcher lived
+    assert len(lines) == 2 and lines[1].startswith("lit_ddp: error: rank 1 waited --dist_timeout="), out
+    assert "for the other ranks to join at start-up" in lines[1], out
+
+
 def _in_dir(path: Path) -> list[str]:
     """The pids of live processes whose working directory is ``path`` (Linux /proc)."""
     return [pid for pid in os.listdir("/proc") if pid.isdigit() and _cwd(pid) == path.resolve()]

@@ -130,14 +130,7 @@ class FaultMonitor(Callback):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             destroy_process_group_at_exit()
         children = launched_children(trainer.strategy)
-        env = getattr(trainer.strategy, "cluster_environment", None)
-        # A child started by Lightning's launcher (not by torchrun/SLURM): its parent is this node's rank 0.
-        if (
-            children is not None
-            and isinstance(env, LightningEnvironment)
-            and trainer.local_rank > 0
-            and self._parent is None
-        ):
+        if _launched_by_node_rank0(trainer) and self._parent is None:
             self._parent = os.getppid()
             threading.Thread(target=self._follow_parent, name="lit_ddp-parent-watch", daemon=True).start()
         if children:
@@ -186,6 +179,15 @@ class FaultMonitor(Callback):
             time.sleep(5 * self.poll_s)  # the main thread is on its way out
         os._exit(1)  # the main thread may be blocked in a collective that would wait for the timeout
 
+    def _await_launcher(self) -> None:
+        """Leave a start-up timeout to this node's rank 0, which launched this rank: it waits in the same
+        rendezvous, from before this rank started, so it gives up first, names the start-up and kills the
+        ranks it launched, and the job says it once rather than once a rank. Returns only if the launcher
+        has not done so within ``30 * poll_s`` or has ended without doing so: this rank then says it."""
+        launcher, deadline = os.getppid(), time.monotonic() + 30 * self.poll_s
+        while os.getppid() == launcher and time.monotonic() < deadline:
+            time.sleep(0.1)
+
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if trainer.world_size < 2 or not isinstance(exception, RuntimeError | OSError):
             return
@@ -209,6 +211,8 @@ class FaultMonitor(Callback):
             else:
                 # No process group yet: the rendezvous, which torch bounds by the same timeout, gave up on
                 # ranks that had not joined: still starting (imports on a slow or busy node) or never started.
+                if _launched_by_node_rank0(trainer):
+                    self._await_launcher()  # which kills this rank, in the usual case
                 what = "to join at start-up"
                 verdict = (
                     "the start-up shares that timeout; raise --dist_timeout above the time the ranks take to"
@@ -228,6 +232,16 @@ class FaultMonitor(Callback):
             for proc in children:
                 if proc.poll() is None:
                     proc.kill()
+
+
+def _launched_by_node_rank0(trainer: Trainer) -> bool:
+    """A rank started by Lightning's launcher (not by torchrun or SLURM): its parent is this node's rank 0."""
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    return (
+        launched_children(trainer.strategy) is not None
+        and isinstance(env, LightningEnvironment)
+        and trainer.local_rank > 0
+    )
 
 
 def _first_line(exc: BaseException) -> str:
