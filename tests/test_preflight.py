@@ -45,6 +45,11 @@ LINES = [
         ["--trainer.accumulate_grad_batches=-1"],
         "--trainer.accumulate_grad_batches=-1 must be 1 or more",
     ),
+    # fit trained no batch and validated none, exited 0 and left an empty run folder.
+    *(
+        ("nothing_to_train", [f"--trainer.{option}"], f"--trainer.{option} leaves fit nothing to train")
+        for option in ("limit_train_batches=0", "limit_train_batches=0.0", "max_epochs=0", "max_steps=0")
+    ),
     (
         "run_dir",
         ["--trainer.default_root_dir=a_file/logs"],

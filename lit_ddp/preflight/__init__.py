@@ -133,6 +133,9 @@ class RunPlan:
     strategy: str = "auto"
     precision: str = "32-true"
     accumulate_grad_batches: int = 1
+    max_epochs: int | None = None
+    max_steps: int = -1
+    limit_train_batches: int | float | None = None
     per_device_batch: int | None = None
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
@@ -187,6 +190,9 @@ class RunPlan:
             strategy=_strategy_name(_get(trainer, "strategy", "auto")),
             precision=str(_get(trainer, "precision", "32-true")),
             accumulate_grad_batches=int(_get(trainer, "accumulate_grad_batches", 1)),
+            max_epochs=_get(trainer, "max_epochs"),
+            max_steps=int(_get(trainer, "max_steps", -1)),
+            limit_train_batches=_get(trainer, "limit_train_batches"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment or experiment_name(_get(config, "config")),
@@ -270,6 +276,24 @@ def _accumulation(plan: RunPlan) -> str | None:
             " whose gradients add up before each optimizer step; 1 steps after every batch)"
         )
     return None
+
+
+def _nothing_to_train(plan: RunPlan) -> str | None:
+    # Lightning's fit then trains no batch and validates none, exits 0 and leaves an empty run folder.
+    if plan.subcommand != "fit":
+        return None
+    budgets = {
+        "limit_train_batches": plan.limit_train_batches,
+        "max_epochs": plan.max_epochs,
+        "max_steps": plan.max_steps,
+    }
+    zero = next((f"--trainer.{key}={value}" for key, value in budgets.items() if value == 0), None)
+    if zero is None:
+        return None
+    return (
+        f"{zero} leaves fit nothing to train, and it would validate nothing either: pass a value above 0,"
+        " or score a model with validate --ckpt_path=PATH"
+    )
 
 
 def _weights_precision(plan: RunPlan) -> str | None:
@@ -386,6 +410,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "gpus": _missing_gpus,
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,
+    "nothing_to_train": _nothing_to_train,
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
