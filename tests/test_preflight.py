@@ -47,8 +47,35 @@ LINES = [
     ),
     # fit trained no batch and validated none, exited 0 and left an empty run folder.
     *(
-        ("nothing_to_train", [f"--trainer.{option}"], f"--trainer.{option} leaves fit nothing to train")
-        for option in ("limit_train_batches=0", "limit_train_batches=0.0", "max_epochs=0", "max_steps=0")
+        (
+            "nothing_to_train",
+            [f"--trainer.{option}"],
+            f"--trainer.{said or option} leaves fit nothing to train",
+        )
+        for option, said in (
+            ("limit_train_batches=0", None),
+            ("limit_train_batches=0.0", None),
+            ("max_epochs=0", None),
+            ("max_steps=0", None),
+            ("max_time=00:00:00:00", None),
+            ("max_time={minutes: 0}", "max_time={'minutes': 0}"),
+        )
+    ),
+    # Lightning divides by both: a ZeroDivisionError traceback at the first batch.
+    (
+        "validation_cadence",
+        ["--trainer.check_val_every_n_epoch=0"],
+        "--trainer.check_val_every_n_epoch=0 must be 1 or more (validate after every Nth training epoch), or",
+    ),
+    (
+        "validation_cadence",
+        ["--trainer.check_val_every_n_epoch=-2"],
+        "--trainer.check_val_every_n_epoch=-2 must be 1 or more",
+    ),
+    (
+        "validation_cadence",
+        ["--trainer.val_check_interval=0"],
+        "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a fraction",
     ),
     (
         "run_dir",

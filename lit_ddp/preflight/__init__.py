@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lit_ddp.errors import UserError
@@ -136,6 +137,9 @@ class RunPlan:
     max_epochs: int | None = None
     max_steps: int = -1
     limit_train_batches: int | float | None = None
+    max_time: object = None  # as given: "DD:HH:MM:SS", {"hours": 4}, or None
+    check_val_every_n_epoch: int | None = 1
+    val_check_interval: object = None  # batches (int), a fraction of the epoch (float), or a time
     per_device_batch: int | None = None
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
@@ -193,6 +197,9 @@ class RunPlan:
             max_epochs=_get(trainer, "max_epochs"),
             max_steps=int(_get(trainer, "max_steps", -1)),
             limit_train_batches=_get(trainer, "limit_train_batches"),
+            max_time=_get(trainer, "max_time"),
+            check_val_every_n_epoch=_get(trainer, "check_val_every_n_epoch", 1),
+            val_check_interval=_get(trainer, "val_check_interval"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment or experiment_name(_get(config, "config")),
@@ -288,12 +295,41 @@ def _nothing_to_train(plan: RunPlan) -> str | None:
         "max_steps": plan.max_steps,
     }
     zero = next((f"--trainer.{key}={value}" for key, value in budgets.items() if value == 0), None)
+    if zero is None and plan.max_time is not None and _seconds(plan.max_time) == 0:
+        zero = f"--trainer.max_time={plan.max_time}"
     if zero is None:
         return None
     return (
         f"{zero} leaves fit nothing to train, and it would validate nothing either: pass a value above 0,"
         " or score a model with validate --ckpt_path=PATH"
     )
+
+
+def _seconds(duration) -> float | None:
+    """A ``max_time`` in seconds, as Lightning's Timer reads it; None where it cannot (its own error)."""
+    try:
+        return Timer(duration).time_remaining()
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _validation_cadence(plan: RunPlan) -> str | None:
+    # Lightning divides by both: 0 was a ZeroDivisionError traceback at the first batch. A negative epoch
+    # count validated on whichever epochs its sign's arithmetic picked.
+    every = plan.check_val_every_n_epoch
+    if plan.subcommand != "fit":
+        return None
+    if every is not None and every < 1:
+        return (
+            f"--trainer.check_val_every_n_epoch={every} must be 1 or more (validate after every Nth training"
+            " epoch), or null (validate every --trainer.val_check_interval batches alone)"
+        )
+    if type(plan.val_check_interval) is int and plan.val_check_interval == 0:
+        return (
+            "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a"
+            " fraction of the epoch such as 0.25"
+        )
+    return None
 
 
 def _weights_precision(plan: RunPlan) -> str | None:
@@ -411,6 +447,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,
     "nothing_to_train": _nothing_to_train,
+    "validation_cadence": _validation_cadence,
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
