@@ -77,6 +77,17 @@ LINES = [
         ["--trainer.val_check_interval=0"],
         "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a fraction",
     ),
+    # Lightning took both without a word: no clipping at all, a log write after every step.
+    (
+        "negative_settings",
+        ["--trainer.gradient_clip_val=-1"],
+        "--trainer.gradient_clip_val=-1 is negative: Lightning then clips nothing (0 turns clipping off;",
+    ),
+    (
+        "negative_settings",
+        ["--trainer.log_every_n_steps=-5"],
+        "--trainer.log_every_n_steps=-5 is negative: Lightning then logs after every step (0 turns step",
+    ),
     (
         "run_dir",
         ["--trainer.default_root_dir=a_file/logs"],

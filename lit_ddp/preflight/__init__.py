@@ -140,6 +140,8 @@ class RunPlan:
     max_time: object = None  # as given: "DD:HH:MM:SS", {"hours": 4}, or None
     check_val_every_n_epoch: int | None = 1
     val_check_interval: object = None  # batches (int), a fraction of the epoch (float), or a time
+    gradient_clip_val: float | None = None
+    log_every_n_steps: int | None = None
     per_device_batch: int | None = None
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
@@ -200,6 +202,8 @@ class RunPlan:
             max_time=_get(trainer, "max_time"),
             check_val_every_n_epoch=_get(trainer, "check_val_every_n_epoch", 1),
             val_check_interval=_get(trainer, "val_check_interval"),
+            gradient_clip_val=_get(trainer, "gradient_clip_val"),
+            log_every_n_steps=_get(trainer, "log_every_n_steps"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment or experiment_name(_get(config, "config")),
@@ -332,6 +336,21 @@ def _validation_cadence(plan: RunPlan) -> str | None:
     return None
 
 
+# Settings whose negative values Lightning takes without a word, and what it then does.
+NEGATIVE = {
+    "gradient_clip_val": "clips nothing (0 turns clipping off; above it, the largest gradient norm kept)",
+    "log_every_n_steps": "logs after every step (0 turns step logging off)",
+}
+
+
+def _negative_settings(plan: RunPlan) -> str | None:
+    for key, taken_as in NEGATIVE.items():
+        value = getattr(plan, key)
+        if value is not None and value < 0:
+            return f"--trainer.{key}={value} is negative: Lightning then {taken_as}; pass 0 or more"
+    return None
+
+
 def _weights_precision(plan: RunPlan) -> str | None:
     # Weights in float16/bfloat16/float64 and the batch in float32 fail at the first layer.
     dtype = WEIGHT_DTYPES.get(plan.precision)
@@ -448,6 +467,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "accumulation": _accumulation,
     "nothing_to_train": _nothing_to_train,
     "validation_cadence": _validation_cadence,
+    "negative_settings": _negative_settings,
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
