@@ -426,6 +426,13 @@ def test_warmup_lasts_one_epoch_of_steps_also_when_max_steps_ends_the_run(tmp_pa
             "lit_ddp: error: --model.optim.schedule=cosine decays over the run's length, which is open-ended",
         ),
         (["--trainer.log_every_n_steps=0"], None),
+        # Lightning refused it with a ValueError traceback, once the epoch's batches were known (8 here).
+        (
+            ["--trainer.val_check_interval=9"],
+            "lit_ddp: error: --trainer.val_check_interval=9 validates every 9 training batches, and an epoch"
+            " has 8 per device: pass 8 or fewer, or --trainer.check_val_every_n_epoch=null",
+        ),
+        (["--trainer.val_check_interval=4"], None),
     ],
 )
 def test_lightning_settings_users_pass_work_or_fail_in_one_line(
