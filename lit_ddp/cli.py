@@ -42,7 +42,7 @@ from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
-from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world
+from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
@@ -338,6 +338,7 @@ def main(
     ``main(model={"class_path": "lit_ddp.models.ImageClassifier", "init_args": {"net": ...}}, data=MyData,
     prog="python -m my_project")``; its classes, once imported, are found by short name too."""
     quiet_console()
+    mark_job()  # before Lightning's launcher copies this environment into the ranks it starts
     lost_rank = LostRankReport()  # the run context a FaultMonitor writes and this function reads
     skip_futile_nvml_checks()  # process-wide, once, before any optimizer step (lit_ddp/runtime/nvml.py)
     argv = sys.argv[1:] if args is None else args
@@ -364,7 +365,8 @@ def main(
         if user_error is None:
             raise
         for line in str(user_error).splitlines():  # a line each: preflight reports every problem it found
-            print(f"lit_ddp: error: {line}", file=sys.stderr)
+            if first_to_say(line):
+                print(f"lit_ddp: error: {line}", file=sys.stderr)
         sys.exit(2)
 
 

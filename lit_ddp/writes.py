@@ -108,7 +108,8 @@ def _temporary_prefix(path: Path) -> str:
     return f".{path.name}.tmp-{socket.gethostname().replace(os.sep, '_')}-"
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """Whether no process has this pid (on this host)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -124,7 +125,7 @@ def _remove_stale(path: Path) -> None:
     prefix = _temporary_prefix(path)
     for stale in path.parent.glob(f"{prefix}*"):
         pid = stale.name[len(prefix) :]
-        if pid.isdigit() and _gone(int(pid)):
+        if pid.isdigit() and gone(int(pid)):
             with contextlib.suppress(OSError):
                 stale.unlink()
 

@@ -328,3 +328,50 @@ def test_several_nodes_without_a_launcher_is_one_line_not_a_600_s_wait(
     assert stop.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("lit_ddp: error: --trainer.num_nodes=2, but nothing started this job on 2 nodes")
     assert not (tmp_path / "lightning_logs").exists()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_a_mistake_every_rank_finds_after_the_launch_is_one_line_not_one_per_rank(tmp_path: Path) -> None:
+    """The data's check fails in every rank Lightning's launcher started: each printed the same line."""
+    args = [*RUN, "--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=100000"]
+    result = run([sys.executable, "-m", "lit_ddp", "fit", *args], cwd=tmp_path)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines == [
+        "lit_ddp: error: --data.batch_size=100000 is more than the 128 training images on each of 2 devices:"
+        " every step would take 128, not 100000 (the global batch and a scaled lr would be wrong): pass"
+        " --data.batch_size=128 or less"
+    ], result.stderr[-3000:]
+
+
+def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from lit_ddp.runtime.launch import JOB_ENV, first_to_say, mark_job
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    # The launcher's process names the job; a rank it started (its child, LOCAL_RANK > 0) keeps the name.
+    launcher = {JOB_ENV: "1-stale"}
+    mark_job(launcher)
+    assert launcher[JOB_ENV].startswith(f"{os.getpid()}-") and launcher[JOB_ENV] != "1-stale"
+    started = {JOB_ENV: f"{os.getppid()}-job", "LOCAL_RANK": "1"}  # as this process's parent had named it
+    mark_job(started)
+    assert started[JOB_ENV] == f"{os.getppid()}-job"
+    # A rank whose name is not its parent's (another job's, a lit_ddp command's subprocess) names its own.
+    other = {JOB_ENV: "1-another", "LOCAL_RANK": "1"}
+    mark_job(other)
+    assert other[JOB_ENV].startswith(f"{os.getpid()}-")
+
+    ranks = [{JOB_ENV: f"{os.getpid()}-job", "LOCAL_RANK": str(rank)} for rank in (0, 1)]
+    assert first_to_say("a", ranks[1]) and not first_to_say("a", ranks[0]) and first_to_say("b", ranks[0])
+    assert first_to_say("a", {**ranks[0], JOB_ENV: f"{os.getpid()}-another"})  # another job says it too
+    assert first_to_say("a", {JOB_ENV: f"{os.getpid()}-job"})  # one process: always
+    # The claims of a job whose first process has ended go when another job claims a line.
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    gone = {JOB_ENV: f"{ended.stdout.strip()}-job", "LOCAL_RANK": "0"}
+    assert first_to_say("a", gone) and (tmp_path / "lit_ddp-said" / gone[JOB_ENV]).is_dir()
+    first_to_say("c", ranks[0])
+    assert not (tmp_path / "lit_ddp-said" / gone[JOB_ENV]).exists()

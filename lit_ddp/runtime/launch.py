@@ -11,8 +11,14 @@
   torchrun process, which this cannot reach: see the README for its flags.
 """
 
+import hashlib
+import os
+import shutil
 import socket
+import tempfile
+import uuid
 from datetime import timedelta
+from pathlib import Path
 
 from lightning import Trainer
 from lightning.fabric.plugins.environments import (
@@ -26,6 +32,7 @@ from torch.distributed import TCPStore
 from lit_ddp.compat import is_subprocess_launch
 from lit_ddp.errors import UserError
 from lit_ddp.preflight import launcher_mismatch, launcher_world
+from lit_ddp.writes import WriteError, create_file, gone
 
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -95,3 +102,39 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> tuple[soc
         rank_zero_warn(f"lit_ddp: rendezvous not bound to 127.0.0.1 ({err}); torch's default binding is used")
         return None
     return sock, store
+
+
+# "<pid>-<uuid>" of the process that started the job: the ranks Lightning's launcher starts inherit it.
+JOB_ENV = "LIT_DDP_JOB"
+
+
+def mark_job(environ=None) -> None:
+    """Name the job this process belongs to (``main()``, once): a rank that Lightning's launcher started
+    (LOCAL_RANK > 0, child of the process that named it) keeps its launcher's name; any other process, a
+    doctor's or a test's subprocess included, names a job of its own."""
+    environ = os.environ if environ is None else environ
+    inherited = environ.get(JOB_ENV, "").partition("-")[0]
+    if environ.get("LOCAL_RANK", "0") in ("", "0") or inherited != str(os.getppid()):
+        environ[JOB_ENV] = f"{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def first_to_say(line: str, environ=None) -> bool:
+    """Whether no other rank of this node's job has said ``line`` yet, claiming it if not: a mistake every
+    rank finds after the launch (the data, the schedule) is then one line, not one per rank. Outside a
+    multi-process job (and where the claim cannot be made) every line is said. The claims of jobs whose
+    first process has ended are removed here."""
+    environ = os.environ if environ is None else environ
+    job = environ.get(JOB_ENV)
+    if not job or "LOCAL_RANK" not in environ:  # set in every rank the launcher runs, its own included
+        return True
+    jobs = Path(tempfile.gettempdir()) / "lit_ddp-said"
+    for ended in jobs.glob("*-*"):
+        if ended.name.partition("-")[0].isdigit() and gone(int(ended.name.partition("-")[0])):
+            shutil.rmtree(ended, ignore_errors=True)
+    try:
+        create_file(jobs / job / hashlib.sha1(line.encode()).hexdigest(), "", "a claim", elsewhere=None)
+    except FileExistsError:
+        return False
+    except WriteError:  # the claim cannot be made: better said twice than not at all
+        return True
+    return True
