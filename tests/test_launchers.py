@@ -332,12 +332,17 @@ def test_several_nodes_without_a_launcher_is_one_line_not_a_600_s_wait(
 
 @pytest.mark.ddp
 @pytest.mark.timeout(600)
-def test_a_mistake_every_rank_finds_after_the_launch_is_one_line_not_one_per_rank(tmp_path: Path) -> None:
-    """The data's check fails in every rank Lightning's launcher started: each printed the same line."""
-    args = [*RUN, "--trainer.devices=2", "--trainer.strategy=ddp", "--data.batch_size=100000"]
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_a_mistake_every_rank_finds_after_the_launch_is_one_line_not_one_per_rank(
+    tmp_path: Path, strategy: str
+) -> None:
+    """The data's check fails in every rank: under ddp each printed the same line; under ddp_spawn the main
+    process printed it once, after torch's log of each rank it terminated."""
+    args = [*RUN, "--trainer.devices=2", f"--trainer.strategy={strategy}", "--data.batch_size=100000"]
     result = run([sys.executable, "-m", "lit_ddp", "fit", *args], cwd=tmp_path)
     lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
     assert result.returncode == 2, result.stderr[-3000:]
+    assert "Terminating process" not in result.stderr, result.stderr[-3000:]
     assert lines == [
         "lit_ddp: error: --data.batch_size=100000 is more than the 128 training images on each of 2 devices:"
         " every step would take 128, not 100000 (the global batch and a scaled lr would be wrong): pass"

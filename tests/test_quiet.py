@@ -58,6 +58,19 @@ def test_the_filters_silence_their_messages_and_nothing_else() -> None:
     )
 
 
+@pytest.mark.parametrize("name", quiet.QUIET_LOGGERS)
+def test_each_quieted_logger_is_the_installed_modules_own_and_quiet_console_quiets_it(name: str) -> None:
+    module = importlib.import_module(name)
+    assert logging.getLogger(name) is getattr(module, "log", getattr(module, "logger", None)), name
+    logger = logging.getLogger(name)
+    level = logger.level
+    try:
+        quiet.quiet_console()
+        assert not logger.isEnabledFor(logging.WARNING) and logger.isEnabledFor(logging.ERROR)
+    finally:
+        logger.setLevel(level)
+
+
 def test_no_module_outside_quiet_silences_a_message_by_its_text() -> None:
     package = Path(quiet.__file__).resolve().parents[1]
     offenders = [

@@ -133,6 +133,13 @@ ARGS_GIVEN = Quiet(
 
 EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, ARGS_GIVEN)
 
+# Loggers of another library whose records below ERROR are silenced, by the logger's name, for every command
+# (quiet_console): name -> why.
+QUIET_LOGGERS = {
+    "torch.multiprocessing.spawn": "ddp_spawn's main process logs each rank it terminates (or must kill)"
+    " once another has failed: the cleanup after a failure that the failed rank's line or traceback reports",
+}
+
 
 def _ignore(quiet: Quiet) -> None:
     warnings.filterwarnings("ignore", message=quiet.pattern)
@@ -178,8 +185,8 @@ SEED_LINE = _SeedLine()
 
 
 def quiet_console() -> None:
-    """The process-wide filters (CONSOLE, and the seed line held back: ``_SeedLine``): set by ``main()``,
-    never by importing a module."""
+    """The process-wide filters (CONSOLE, QUIET_LOGGERS, and the seed line held back: ``_SeedLine``): set by
+    ``main()``, never by importing a module."""
     for quiet in CONSOLE:
         if quiet.kind == "warning":
             _ignore(quiet)
@@ -190,6 +197,8 @@ def quiet_console() -> None:
     seed_logger = logging.getLogger(SEED_LOGGER)
     if SEED_LINE.hold not in seed_logger.filters:
         seed_logger.addFilter(SEED_LINE.hold)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quiet_evaluation() -> None:
