@@ -61,6 +61,19 @@ LINES = [
             ("max_time={minutes: 0}", "max_time={'minutes': 0}"),
         )
     ),
+    # validate, test and predict ran no batch, exited 0 and left an empty run folder.
+    *(
+        (
+            "nothing_to_score",
+            [command, "--ckpt_path=untrained", f"--trainer.{key}=0"],
+            f"--trainer.{key}=0 leaves {command} no batch to {verb}: pass a number of batches",
+        )
+        for command, key, verb in (
+            ("validate", "limit_val_batches", "score"),
+            ("test", "limit_test_batches", "score"),
+            ("predict", "limit_predict_batches", "predict"),
+        )
+    ),
     # Lightning divides by both: a ZeroDivisionError traceback at the first batch.
     (
         "validation_cadence",
@@ -154,7 +167,9 @@ def test_each_row_is_one_line_before_anything_is_built(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("")
     seen = _spy(monkeypatch)
-    command, args = (args[0], args[1:]) if args[:1] in (["validate"], ["test"]) else ("fit", args)
+    command, args = (
+        (args[0], args[1:]) if args[:1] in (["validate"], ["test"], ["predict"]) else ("fit", args)
+    )
     with pytest.raises(SystemExit) as stop:
         main([command, *TINY_RUN, *args])
     err = capsys.readouterr().err.strip().splitlines()

@@ -137,6 +137,9 @@ class RunPlan:
     max_epochs: int | None = None
     max_steps: int = -1
     limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    limit_test_batches: int | float | None = None
+    limit_predict_batches: int | float | None = None
     max_time: object = None  # as given: "DD:HH:MM:SS", {"hours": 4}, or None
     check_val_every_n_epoch: int | None = 1
     val_check_interval: object = None  # batches (int), a fraction of the epoch (float), or a time
@@ -199,6 +202,9 @@ class RunPlan:
             max_epochs=_get(trainer, "max_epochs"),
             max_steps=int(_get(trainer, "max_steps", -1)),
             limit_train_batches=_get(trainer, "limit_train_batches"),
+            limit_val_batches=_get(trainer, "limit_val_batches"),
+            limit_test_batches=_get(trainer, "limit_test_batches"),
+            limit_predict_batches=_get(trainer, "limit_predict_batches"),
             max_time=_get(trainer, "max_time"),
             check_val_every_n_epoch=_get(trainer, "check_val_every_n_epoch", 1),
             val_check_interval=_get(trainer, "val_check_interval"),
@@ -306,6 +312,27 @@ def _nothing_to_train(plan: RunPlan) -> str | None:
     return (
         f"{zero} leaves fit nothing to train, and it would validate nothing either: pass a value above 0,"
         " or score a model with validate --ckpt_path=PATH"
+    )
+
+
+# The limit that leaves each evaluating subcommand no batch, and what it then does not do.
+EVALUATION_LIMITS = {
+    "validate": ("limit_val_batches", "score"),
+    "test": ("limit_test_batches", "score"),
+    "predict": ("limit_predict_batches", "predict"),
+}
+
+
+def _nothing_to_score(plan: RunPlan) -> str | None:
+    # Lightning then runs no batch, exits 0 and leaves an empty run folder (no metric, no predictions.csv).
+    if plan.subcommand not in EVALUATION_LIMITS:
+        return None
+    key, verb = EVALUATION_LIMITS[plan.subcommand]
+    if getattr(plan, key) != 0:
+        return None
+    return (
+        f"--trainer.{key}={getattr(plan, key)} leaves {plan.subcommand} no batch to {verb}: pass a number of"
+        " batches, or a fraction of them, above 0"
     )
 
 
@@ -466,6 +493,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,
     "nothing_to_train": _nothing_to_train,
+    "nothing_to_score": _nothing_to_score,
     "validation_cadence": _validation_cadence,
     "negative_settings": _negative_settings,
     "precision": _weights_precision,
