@@ -48,7 +48,7 @@ LINES = [
     # fit trained no batch and validated none, exited 0 and left an empty run folder.
     *(
         (
-            "nothing_to_train",
+            "nothing_to_run",
             [f"--trainer.{option}"],
             f"--trainer.{said or option} leaves fit nothing to train",
         )
@@ -64,7 +64,7 @@ LINES = [
     # validate, test and predict ran no batch, exited 0 and left an empty run folder.
     *(
         (
-            "nothing_to_score",
+            "nothing_to_run",
             [command, "--ckpt_path=untrained", f"--trainer.{key}=0"],
             f"--trainer.{key}=0 leaves {command} no batch to {verb}: pass a number of batches",
         )

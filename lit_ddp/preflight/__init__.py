@@ -295,45 +295,28 @@ def _accumulation(plan: RunPlan) -> str | None:
     return None
 
 
-def _nothing_to_train(plan: RunPlan) -> str | None:
-    # Lightning's fit then trains no batch and validates none, exits 0 and leaves an empty run folder.
-    if plan.subcommand != "fit":
-        return None
-    budgets = {
-        "limit_train_batches": plan.limit_train_batches,
-        "max_epochs": plan.max_epochs,
-        "max_steps": plan.max_steps,
-    }
-    zero = next((f"--trainer.{key}={value}" for key, value in budgets.items() if value == 0), None)
-    if zero is None and plan.max_time is not None and _seconds(plan.max_time) == 0:
-        zero = f"--trainer.max_time={plan.max_time}"
-    if zero is None:
-        return None
-    return (
-        f"{zero} leaves fit nothing to train, and it would validate nothing either: pass a value above 0,"
-        " or score a model with validate --ckpt_path=PATH"
-    )
-
-
-# The limit that leaves each evaluating subcommand no batch, and what it then does not do.
-EVALUATION_LIMITS = {
-    "validate": ("limit_val_batches", "score"),
-    "test": ("limit_test_batches", "score"),
-    "predict": ("limit_predict_batches", "predict"),
+# Each subcommand's settings whose 0 leaves it nothing to run (Lightning then runs no batch, exits 0 and
+# leaves an empty run folder), and what the line says it leaves.
+SOME_BATCHES = ": pass a number of batches, or a fraction of them, above 0"
+NOTHING_AT_ZERO = {
+    "fit": (
+        ("limit_train_batches", "max_epochs", "max_steps", "max_time"),
+        "fit nothing to train, and it would validate nothing either: pass a value above 0, or score a model"
+        " with validate --ckpt_path=PATH",
+    ),
+    "validate": (("limit_val_batches",), "validate no batch to score" + SOME_BATCHES),
+    "test": (("limit_test_batches",), "test no batch to score" + SOME_BATCHES),
+    "predict": (("limit_predict_batches",), "predict no batch to predict" + SOME_BATCHES),
 }
 
 
-def _nothing_to_score(plan: RunPlan) -> str | None:
-    # Lightning then runs no batch, exits 0 and leaves an empty run folder (no metric, no predictions.csv).
-    if plan.subcommand not in EVALUATION_LIMITS:
-        return None
-    key, verb = EVALUATION_LIMITS[plan.subcommand]
-    if getattr(plan, key) != 0:
-        return None
-    return (
-        f"--trainer.{key}={getattr(plan, key)} leaves {plan.subcommand} no batch to {verb}: pass a number of"
-        " batches, or a fraction of them, above 0"
-    )
+def _nothing_to_run(plan: RunPlan) -> str | None:
+    keys, left = NOTHING_AT_ZERO.get(plan.subcommand, ((), ""))
+    for key in keys:
+        value = getattr(plan, key)
+        if (_seconds(value) if key == "max_time" and value is not None else value) == 0:
+            return f"--trainer.{key}={value} leaves {left}"
+    return None
 
 
 def _seconds(duration) -> float | None:
@@ -347,9 +330,9 @@ def _seconds(duration) -> float | None:
 def _validation_cadence(plan: RunPlan) -> str | None:
     # Lightning divides by both: 0 was a ZeroDivisionError traceback at the first batch. A negative epoch
     # count validated on whichever epochs its sign's arithmetic picked.
-    every = plan.check_val_every_n_epoch
     if plan.subcommand != "fit":
         return None
+    every = plan.check_val_every_n_epoch
     if every is not None and every < 1:
         return (
             f"--trainer.check_val_every_n_epoch={every} must be 1 or more (validate after every Nth training"
@@ -492,8 +475,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "gpus": _missing_gpus,
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,
-    "nothing_to_train": _nothing_to_train,
-    "nothing_to_score": _nothing_to_score,
+    "nothing_to_run": _nothing_to_run,
     "validation_cadence": _validation_cadence,
     "negative_settings": _negative_settings,
     "precision": _weights_precision,

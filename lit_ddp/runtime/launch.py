@@ -128,9 +128,10 @@ def first_to_say(line: str, environ=None) -> bool:
     if not job or "LOCAL_RANK" not in environ:  # set in every rank the launcher runs, its own included
         return True
     jobs = Path(tempfile.gettempdir()) / "lit_ddp-said"
-    for ended in jobs.glob("*-*"):
-        if ended.name.partition("-")[0].isdigit() and gone(int(ended.name.partition("-")[0])):
-            shutil.rmtree(ended, ignore_errors=True)
+    for claims in jobs.glob("*-*"):
+        pid = claims.name.partition("-")[0]
+        if pid.isdigit() and gone(int(pid)):
+            shutil.rmtree(claims, ignore_errors=True)
     try:
         create_file(jobs / job / hashlib.sha1(line.encode()).hexdigest(), "", "a claim", elsewhere=None)
     except FileExistsError:
