@@ -132,3 +132,13 @@ def test_the_seed_line_waits_for_the_trainer_and_a_mistake_before_it_is_the_only
         main(["fit", "--trainer.logger=MLFlowLogger", "--trainer.logger.init_args.tracking_uri=nosuch://x"])
     err = capfd.readouterr().err
     assert err.startswith("lit_ddp: error: ") and err.count("\n") == 1, err
+
+
+def test_a_mixed_precision_fit_prints_its_model_size_without_lightnings_doubt(tmp_path: Path) -> None:
+    """Every bf16-mixed run (the ResNet recipes) printed Lightning's warning that the model size is not
+    accurate under mixed precision, while the float32 weights it then counts are the ones the run keeps."""
+    args = ["fit", "--trainer.accelerator=cpu", *TINY_RUN, "--trainer.precision=bf16-mixed"]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "not supported by the model summary" not in result.stderr, result.stderr[-3000:]
+    assert re.search(r"trainable parameters, .* MB", result.stdout + result.stderr), result.stdout[-3000:]

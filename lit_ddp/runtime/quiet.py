@@ -72,6 +72,16 @@ CONSOLE = (
         "an advertisement for a hosted logger, on every run",
     ),
     Quiet(
+        r"Precision \S+-mixed is not supported by the model summary",
+        "warning",
+        "lightning.pytorch.utilities.model_summary.model_summary",
+        "is not supported by the model summary",
+        "Precision bf16-mixed is not supported by the model summary.  Estimated model size in MB will not be"
+        " accurate. Using 32 bits instead.",
+        "mixed precision keeps the weights in float32, the size the summary then counts: the size is right,"
+        " on every run of the bf16-mixed recipes",
+    ),
+    Quiet(
         r"Trainer already configured with model summary callbacks",
         "info",
         "lightning.pytorch.trainer.connectors.callback_connector",
