@@ -49,7 +49,7 @@ def test_num_classes_is_linked_from_the_data(tmp_path: Path) -> None:
 
 
 def test_predict_returns_one_prediction_per_test_image(tmp_path: Path) -> None:
-    cli = build_cli(["predict", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
+    cli = build_cli(["predict", *QUICK, "--ckpt_path=untrained", f"--trainer.default_root_dir={tmp_path}"])
     # LightningCLI does not return predictions; run predict on the built objects to check their shape.
     out = cli.trainer.predict(cli.model, datamodule=cli.datamodule)
     preds = torch.cat([b["pred"] for b in out])
@@ -333,7 +333,9 @@ def test_a_default_fit_runs_a_handful_of_callbacks_and_predict_adds_its_writer(t
     fit = build_cli(args, run=False).trainer.callbacks
     assert len(fit) <= 8, [type(c).__name__ for c in fit]
     assert not any(isinstance(c, PredictionWriter) for c in fit)
-    predict = build_cli(["predict", *args, "--trainer.enable_progress_bar=false"]).trainer.callbacks
+    predict = build_cli(
+        ["predict", *args, "--ckpt_path=untrained", "--trainer.enable_progress_bar=false"]
+    ).trainer.callbacks
     assert sum(isinstance(c, PredictionWriter) for c in predict) == 1
 
 

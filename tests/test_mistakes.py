@@ -36,6 +36,21 @@ def test_evaluating_without_a_checkpoint_needs_one_or_says_untrained_on_purpose(
     assert 0.0 <= float(cli.trainer.callback_metrics[f"{split}/acc"]) <= 1.0
 
 
+def test_predicting_without_a_checkpoint_needs_one_or_says_untrained_on_purpose(
+    tmp_path: Path, capsys
+) -> None:
+    """It wrote predictions.csv from the random initial weights, exit 0, with no word."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    line = one_error_line(capsys, ["predict", *TINY, root])
+    assert line.startswith(
+        "predict with no --ckpt_path would label the images with the model's random initial"
+    )
+    assert "--ckpt_path=untrained" in line
+    assert not (tmp_path / "lightning_logs").exists()
+    cli = build_cli(["predict", *TINY, "--ckpt_path=untrained", root])
+    assert (Path(cli.trainer.log_dir) / "predictions.csv").is_file()
+
+
 def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled(
     tmp_path: Path, capsys
 ) -> None:

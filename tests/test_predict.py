@@ -159,7 +159,15 @@ def test_a_predict_dir_without_images_is_one_line(tmp_path: Path, capsys, make: 
     if make == "junk only":
         Image.new("RGB", (8, 8)).save(folder / ".hidden.png")
     with pytest.raises(SystemExit) as exit_info:
-        main(["predict", *DATA, f"--data.predict_dir={folder}", f"--trainer.default_root_dir={tmp_path}"])
+        main(
+            [
+                "predict",
+                *DATA,
+                f"--data.predict_dir={folder}",
+                "--ckpt_path=untrained",
+                f"--trainer.default_root_dir={tmp_path}",
+            ]
+        )
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("lit_ddp: error: ") and str(folder) in err

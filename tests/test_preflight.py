@@ -90,6 +90,18 @@ LINES = [
         ["--trainer.val_check_interval=0"],
         "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a fraction",
     ),
+    # Lightning stopped at the maximum and dropped the minimum, with no word.
+    (
+        "minimum_above_maximum",
+        ["--trainer.min_epochs=3", "--trainer.max_epochs=1"],
+        "--trainer.min_epochs=3 is more than --trainer.max_epochs=1, where Lightning stops: pass a min_epochs"
+        " of 1 or less, or a max_epochs of 3 or more",
+    ),
+    (
+        "minimum_above_maximum",
+        ["--trainer.min_steps=10", "--trainer.max_steps=2"],
+        "--trainer.min_steps=10 is more than --trainer.max_steps=2, where Lightning stops",
+    ),
     # Lightning took both without a word: no clipping at all, a log write after every step.
     (
         "negative_settings",
@@ -125,7 +137,8 @@ LINES = [
         if importlib.util.find_spec("mlflow")
         else []
     ),
-    # validate and test scored the random initial weights, with no word (a leading word is the subcommand).
+    # validate and test scored the random initial weights, and predict labelled images with them, with no
+    # word (a leading word is the subcommand).
     *(
         (
             "random_weights",
@@ -135,6 +148,13 @@ LINES = [
             " --ckpt_path=untrained to score them on purpose",
         )
         for command in ("validate", "test")
+    ),
+    (
+        "random_weights",
+        ["predict"],
+        "predict with no --ckpt_path would label the images with the model's random initial weights: pass"
+        " --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
+        " --ckpt_path=untrained to predict with them on purpose",
     ),
     # A --ckpt_path that cannot be read is a line among the others (test_every_problem_is_a_line_of_its_own),
     # not the only one; test_faults has the file's other faults.
@@ -255,9 +275,14 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(devices=1, launcher=Launcher("srun", 1, 1, "", starts_devices=True)),  # Lightning starts them
         RunPlan(subcommand="validate", ckpt_path="untrained"),  # the weights as built, on purpose
         RunPlan(subcommand="test", loads_weights=True),  # --model.weights: a file's weights
-        RunPlan(subcommand="predict"),  # refused later if no run has a last.ckpt (runtime/resume.py)
+        RunPlan(
+            subcommand="predict", ckpt_path="last"
+        ),  # refused later if no run has one (runtime/resume.py)
+        RunPlan(subcommand="predict", ckpt_path="untrained"),
         RunPlan(ckpt_path="hpc", root_dir="s3://bucket/runs"),  # Lightning looks in a remote folder itself
         RunPlan(ckpt_path="hpc"),  # with hpc_ckpt_1.ckpt in the run's folder (below)
+        RunPlan(min_epochs=2, max_epochs=2),
+        RunPlan(min_epochs=5, max_epochs=-1, min_steps=100),  # -1: no maximum
     ]
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
     for plan in fits:

@@ -136,6 +136,8 @@ class RunPlan:
     accumulate_grad_batches: int = 1
     max_epochs: int | None = None
     max_steps: int = -1
+    min_epochs: int | None = None
+    min_steps: int | None = None
     limit_train_batches: int | float | None = None
     limit_val_batches: int | float | None = None
     limit_test_batches: int | float | None = None
@@ -201,6 +203,8 @@ class RunPlan:
             accumulate_grad_batches=int(_get(trainer, "accumulate_grad_batches", 1)),
             max_epochs=_get(trainer, "max_epochs"),
             max_steps=int(_get(trainer, "max_steps", -1)),
+            min_epochs=_get(trainer, "min_epochs"),
+            min_steps=_get(trainer, "min_steps"),
             limit_train_batches=_get(trainer, "limit_train_batches"),
             limit_val_batches=_get(trainer, "limit_val_batches"),
             limit_test_batches=_get(trainer, "limit_test_batches"),
@@ -346,6 +350,20 @@ def _validation_cadence(plan: RunPlan) -> str | None:
     return None
 
 
+def _minimum_above_maximum(plan: RunPlan) -> str | None:
+    # Lightning stops at the maximum (-1: none) and dropped a larger minimum with no word.
+    if plan.subcommand != "fit":
+        return None
+    for unit in ("epochs", "steps"):
+        least, most = getattr(plan, f"min_{unit}"), getattr(plan, f"max_{unit}")
+        if least is not None and most is not None and 0 <= most < least:
+            return (
+                f"--trainer.min_{unit}={least} is more than --trainer.max_{unit}={most}, where Lightning"
+                f" stops: pass a min_{unit} of {most} or less, or a max_{unit} of {least} or more"
+            )
+    return None
+
+
 # Settings whose negative values Lightning takes without a word, and what it then does.
 NEGATIVE = {
     "gradient_clip_val": "clips nothing (0 turns clipping off; above it, the largest gradient norm kept)",
@@ -446,14 +464,17 @@ def _checkpoint_state(plan: RunPlan) -> str | None:
 
 
 def _random_weights(plan: RunPlan) -> str | None:
-    # validate and test scored the model's random initial weights, with no word.
-    if plan.subcommand in ("validate", "test") and plan.ckpt_path is None and not plan.loads_weights:
-        return (
-            f"{plan.subcommand} with no --ckpt_path would score the model's random initial weights: pass"
-            f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
-            f" --ckpt_path={UNTRAINED} to score them on purpose"
-        )
-    return None
+    # validate and test scored the model's random initial weights, and predict labelled images with them,
+    # with no word.
+    if plan.subcommand == "fit" or plan.ckpt_path is not None or plan.loads_weights:
+        return None
+    what = "label the images with" if plan.subcommand == "predict" else "score"
+    on_purpose = "predict with" if plan.subcommand == "predict" else "score"
+    return (
+        f"{plan.subcommand} with no --ckpt_path would {what} the model's random initial weights: pass"
+        f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
+        f" --ckpt_path={UNTRAINED} to {on_purpose} them on purpose"
+    )
 
 
 def _no_hpc_checkpoint(plan: RunPlan) -> str | None:
@@ -477,6 +498,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "accumulation": _accumulation,
     "nothing_to_run": _nothing_to_run,
     "validation_cadence": _validation_cadence,
+    "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
     "precision": _weights_precision,
     "run_dir": _run_dir,

@@ -37,7 +37,7 @@ from lit_ddp.utils import flatten
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 LIBRARY = "lit_ddp"
-UNTRAINED = "untrained"  # --ckpt_path=untrained: validate or test the model as built, on purpose
+UNTRAINED = "untrained"  # --ckpt_path=untrained: the model as built, on purpose
 # --ckpt_path values Lightning or lit_ddp resolve to a file themselves (runtime/resume.py)
 SPECIAL = ("last", "best", "hpc", "registry")
 # The keys whose string jsonargparse imports as it is (a dotted key such as `net.class_path` is nested).

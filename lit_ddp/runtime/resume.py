@@ -301,7 +301,7 @@ def prepare_ckpt_path(
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights (without
     ``ckpt_path`` preflight refused them already, unless ``--model.weights`` or ``untrained`` says so)."""
-    if ckpt_path in (None, UNTRAINED):  # with no weights at all, preflight refused validate and test
+    if ckpt_path in (None, UNTRAINED):  # with no weights at all, preflight refused validate, test, predict
         return None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer, model, datamodule)
