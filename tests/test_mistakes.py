@@ -140,9 +140,23 @@ def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: P
     [
         (["--model.optim.lr=-1"], "--model.optim.lr=-1.0 must be a finite number ≥ 0 (try 0.1 for sgd"),
         (["--model.optim.weight_decay=-0.1"], "--model.optim.weight_decay=-0.1 must be a finite number ≥ 0"),
+        # sgd took a momentum of 1.5 without a word (a run that diverges); nesterov with no momentum was
+        # torch's ValueError traceback, exit 1, a run folder left; adamw dropped nesterov without a word.
+        (
+            ["--model.optim.name=sgd", "--model.optim.momentum=1.5"],
+            "--model.optim.momentum=1.5 must be below 1 (0.9 is usual): at 1 or more every earlier gradient",
+        ),
+        (
+            ["--model.optim.name=sgd", "--model.optim.nesterov=true", "--model.optim.momentum=0"],
+            "--model.optim.nesterov=true needs a momentum above 0: pass --model.optim.momentum=0.9, or",
+        ),
+        (
+            ["--model.optim.nesterov=true"],
+            "--model.optim.nesterov=true would not be used: adamw has no Nesterov momentum; pass",
+        ),
     ],
 )
-def test_a_negative_lr_or_weight_decay_is_one_line(
+def test_optimizer_settings_it_cannot_use_are_one_line(
     tmp_path: Path, capsys, args: list[str], expected: str
 ) -> None:
     """lr=-1 failed with torch's ValueError from inside the optimizer. (The precisions and accumulation

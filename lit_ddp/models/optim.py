@@ -77,6 +77,23 @@ class OptimConfig:
                 )
         if self.base_batch_size < 1:
             raise UserError(f"--model.optim.base_batch_size={self.base_batch_size} must be at least 1")
+        # sgd's velocity is momentum × itself + the gradient: at 1 or more it never decays and the run
+        # diverges, which torch accepts without a word.
+        if self.momentum >= 1:
+            raise UserError(
+                f"--model.optim.momentum={self.momentum} must be below 1 (0.9 is usual): at 1 or more every"
+                " earlier gradient keeps its full weight in each step, and training diverges"
+            )
+        if self.nesterov and self.name != "sgd":
+            raise UserError(
+                f"--model.optim.nesterov=true would not be used: {self.name} has no Nesterov momentum; pass"
+                " --model.optim.name=sgd, or leave nesterov out"
+            )
+        if self.nesterov and self.momentum == 0:  # torch's ValueError, from inside the first optimizer build
+            raise UserError(
+                "--model.optim.nesterov=true needs a momentum above 0: pass --model.optim.momentum=0.9, or"
+                " nesterov=false"
+            )
 
 
 # torch (2.4 and later) has fused SGD, Adam and AdamW kernels for floating-point parameters on these devices.
