@@ -478,6 +478,29 @@ def test_new_cli_exits_non_zero_and_names_the_problem(tmp_path: Path) -> None:
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.parametrize(
+    ("version", "line"),
+    [
+        # requires-python >=3.8 on a project whose lit_ddp needs 3.10: pip on 3.8 or 3.9 found no lit_ddp.
+        ("3.8", "python_version '3.8' is older than lit_ddp needs (3.10): pass python_version=3.10 or later"),
+        ("2.7", "python_version '2.7' is older than lit_ddp needs (3.10)"),
+        ("three", "python_version 'three' must be a Python version such as 3.10"),
+    ],
+)
+def test_a_python_version_lit_ddp_cannot_run_on_is_one_line(tmp_path: Path, version: str, line: str) -> None:
+    result = new_cli(str(tmp_path / "proj"), "--no-input", f"python_version={version}", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    (said,) = result.stderr.splitlines()
+    assert said.startswith(f"lit_ddp new: error: {line}"), said
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_templates_python_floor_is_lit_ddps_own() -> None:
+    root = Path(__file__).parents[1]
+    assert f'requires-python = ">={template.MIN_PYTHON}"' in (root / "pyproject.toml").read_text()
+    assert json.loads((root / "cookiecutter.json").read_text())["python_version"] == template.MIN_PYTHON
+
+
 def test_a_bad_answer_at_a_prompt_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     # Project name, slug, then package name "torch"; Enter (the default) for the other seven questions.
     result = new_cli(str(tmp_path / "torchy"), cwd=tmp_path, stdin="Torchy\ntorchy\ntorch\n" + "\n" * 7)

@@ -24,6 +24,8 @@ try:
 except ImportError:
     yaml = None
 
+# lit_ddp's own requires-python floor (pyproject.toml; tests/test_scaffold.py keeps them equal).
+MIN_PYTHON = "3.10"
 # Files of each optional model family, relative to the generated project ({pkg}: its package).
 FAMILIES: dict[str, tuple[str, ...]] = {
     "lenet_cifar": ("configs/lenet_cifar.yaml",),
@@ -93,8 +95,15 @@ def validate(context: dict) -> list[str]:
         problems.append(
             f"project_slug {context.get('project_slug')!r} must be a directory name like my-project"
         )
-    if not re.fullmatch(r"3\.\d+", context.get("python_version", "")):
-        problems.append(f"python_version {context.get('python_version')!r} must look like 3.10")
+    version = context.get("python_version", "")
+    if not re.fullmatch(r"\d+\.\d+", version):
+        problems.append(f"python_version {version!r} must be a Python version such as {MIN_PYTHON}")
+    elif tuple(map(int, version.split("."))) < tuple(map(int, MIN_PYTHON.split("."))):
+        # The project's requires-python: pip on an older Python would fail to find lit_ddp for it.
+        problems.append(
+            f"python_version {version!r} is older than lit_ddp needs ({MIN_PYTHON}): pass"
+            f" python_version={MIN_PYTHON} or later"
+        )
     if context.get("model_families") not in FAMILY_CHOICES:
         problems.append(f"model_families must be one of {', '.join(FAMILY_CHOICES)}")
     for key, value in context.items():
