@@ -466,6 +466,8 @@ FILES = {
     "commented.yaml": "trainer:\n  # max_epochs: 3\nseed_everything: 1\n",
     "value.yaml": "seed_everything: 1\ntrainer: 5\n",
     "list.yaml": "trainer:\n- max_epochs\n",
+    "top_list.yaml": "- trainer\n- model\n",
+    "scalar.yaml": "max_epochs\n",
     "nested.yaml": "fit:\n  trainer:\n",
     "bomb.yaml": "\n".join(
         ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
@@ -544,6 +546,12 @@ ARGUMENTS = [
         ["empty.yaml holds no settings (it is empty or only comments): put settings in it, or leave out"],
     ),
     (["--config", "comments.yaml"], ["comments.yaml holds no settings (it is empty or only comments)"]),
+    # A list or a bare value where the settings go: jsonargparse's "Unexpected config: - trainer".
+    (
+        ["--config", "top_list.yaml"],
+        ["top_list.yaml holds a list, not settings: a config maps keys to values (trainer:, model:, data:)"],
+    ),
+    (["--config", "scalar.yaml"], ["scalar.yaml holds the value max_epochs, not settings"]),
     # trainer's settings all commented out, a value, a list: an AttributeError traceback.
     (
         ["--config", "commented.yaml"],

@@ -102,6 +102,12 @@ def _shape(path: Path, content: object, command: str) -> str | None:
             f"{path} holds no settings (it is empty or only comments): put settings in it, or leave out"
             f" --config {path}"
         )
+    if not isinstance(content, dict):  # a list or a bare value: jsonargparse's "Unexpected config: - a"
+        kind = "a list" if isinstance(content, list) else f"the value {yaml_flow(content)}"
+        return (
+            f"{path} holds {kind}, not settings: a config maps keys to values (trainer:, model:, data:),"
+            " one per line"
+        )
     # A config for the root parser holds each subcommand's settings under its name.
     keys = (command,) if isinstance(content, dict) and isinstance(content.get(command), dict) else ()
     tree = content[command] if keys else content
