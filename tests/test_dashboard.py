@@ -251,6 +251,17 @@ def test_a_run_without_logger_still_trains_and_prints(tmp_path: Path, capsys) ->
     assert capsys.readouterr().out.count("epoch 1/1 | train loss") == 1
 
 
+def test_a_fast_dev_run_writes_no_dashboard_file(tmp_path: Path) -> None:
+    """Lightning promises that fast_dev_run logs nothing (its loggers become a DummyLogger); the dashboard
+    wrote its images, texts and a config.yaml into <default_root_dir>/dashboard/ all the same."""
+    from lit_ddp.cli import build_cli
+
+    args = ["fit", *TINY_SHAPES, "--trainer.fast_dev_run=2", "--trainer.enable_progress_bar=false"]
+    cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.global_step == 2  # it trained
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == []
+
+
 class SlowSteps(LightningModule):
     """A linear model whose training step takes ~20 ms and whose validation takes ``val_s`` in all."""
 

@@ -23,6 +23,7 @@ from typing import Protocol
 
 from lightning import Trainer
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers.logger import DummyLogger
 from PIL import Image
 from torch import Tensor
 
@@ -194,6 +195,8 @@ def sinks(trainer: Trainer) -> list[Sink]:
     """One sink per logger of the trainer, in the trainer's order; none without a logger."""
     out: list[Sink] = []
     for logger in trainer.loggers:
+        if isinstance(logger, DummyLogger):  # fast_dev_run's stand-in: Lightning promises it logs nothing
+            continue
         if isinstance(logger, TensorBoardLogger):
             out.append(TensorBoardSink(logger))
         elif isinstance(logger, MLFlowLogger):
