@@ -212,6 +212,25 @@ def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
     assert tags["images"] == [] and "perf/images_per_s" in tags["scalars"]
 
 
+@pytest.mark.parametrize(
+    ("option", "line"),
+    [
+        # -1 drew every image of the batch but one; a negative tile crashed the run at its first batch.
+        ("--dashboard.max_images=-1", "--dashboard.max_images=-1 must be 1 or more (images in train/batch)"),
+        ("--dashboard.tile=-5", "--dashboard.tile=-5 must be 1 or more (pixels per image in train/batch)"),
+        ("--dashboard.max_classes=-1", "--dashboard.max_classes=-1 must be 0 or more (the most classes"),
+    ],
+)
+def test_dashboard_sizes_it_cannot_draw_are_one_line(tmp_path: Path, capsys, option: str, line: str) -> None:
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY_SHAPES, option, f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and err.startswith(f"lit_ddp: error: {line}") and len(err.splitlines()) == 1
+    assert run_dirs(tmp_path) == []
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "extra",

@@ -97,6 +97,12 @@ ROWS = [
         {},
         "--model.optim.name=sgdd: expected one of sgd, adam, adamw (did you mean sgd?)",
     ),
+    # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
+    (
+        ["fit", "--resilience.requeue_signal=SIGUSR3"],
+        {},
+        "--resilience.requeue_signal=SIGUSR3: expected one of SIGHUP, SIGINT,",
+    ),
 ]
 
 

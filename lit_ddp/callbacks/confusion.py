@@ -13,6 +13,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 from lit_ddp.callbacks.render import confusion_figure
 from lit_ddp.callbacks.sinks import sinks
+from lit_ddp.errors import UserError
 
 
 def class_names(trainer: Trainer, num_classes: int) -> list[str]:
@@ -37,6 +38,11 @@ class ConfusionMatrix(Callback):
     """
 
     def __init__(self, max_classes: int = 32) -> None:
+        if max_classes < 0:
+            raise UserError(
+                f"--dashboard.max_classes={max_classes} must be 0 or more (the most classes drawn as a"
+                " figure; 0: always the histogram)"
+            )
         self.max_classes = max_classes
         self.metric: MulticlassConfusionMatrix | None = None
         self.batch_start_step: int | None = None

@@ -21,7 +21,7 @@ class Dashboard(CallbackGroup):
         lr_monitor: the learning rate of each param group (``lr-<Optimizer>/pg<N>``).
         throughput: ``perf/*``: images/s, epoch time, the share of step time spent waiting for data, peak
             GPU memory (the console's epoch line reads them).
-        batch_images: ``train/batch``, the first augmented training batch of each epoch, up to
+        batch_images: ``train/batch``, the first augmented training batch of the run, up to
             ``max_images`` tiles of ``tile`` pixels.
         confusion_matrix: ``val/confusion_matrix`` and per-class accuracies, as a figure up to
             ``max_classes`` classes, as a histogram beyond.

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from lit_ddp.callbacks.render import image_grid
 from lit_ddp.callbacks.sinks import sinks
+from lit_ddp.errors import UserError
 
 
 def denormalize(x: Tensor, mean, std) -> Tensor:
@@ -21,6 +22,13 @@ class TrainBatchImages(Callback):
     augmentation, de-normalised with the data module's mean/std and captioned with class names."""
 
     def __init__(self, max_images: int = 32, tile: int = 64) -> None:
+        # Else found at the first batch: -1 kept all but one image, a negative tile crashed the run.
+        for name, value, what in (("max_images", max_images, "images"), ("tile", tile, "pixels per image")):
+            if value < 1:
+                raise UserError(
+                    f"--dashboard.{name}={value} must be 1 or more ({what} in train/batch), or"
+                    " --dashboard.batch_images=false for no image"
+                )
         self.max_images = max_images
         self.tile = tile
         self._done = False

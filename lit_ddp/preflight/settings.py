@@ -13,6 +13,7 @@ exception types; a duplicate key or an empty file by ``preflight.arguments``, be
 import collections.abc
 import dataclasses
 import difflib
+import enum
 import functools
 import importlib
 import inspect
@@ -546,7 +547,9 @@ def _expected(tp: object, text: str) -> str:
     kinds, plain = [], []
     for member in members:
         origin = typing.get_origin(member)
-        if origin in (list, tuple, set, collections.abc.Iterable, collections.abc.Sequence):
+        if isinstance(member, type) and issubclass(member, enum.Enum):  # by name: --x=SIGUSR1
+            choices += list(member.__members__)
+        elif origin in (list, tuple, set, collections.abc.Iterable, collections.abc.Sequence):
             item = (typing.get_args(member) or (object,))[0]
             kinds.append(f"a list of {item.__name__ if isinstance(item, type) else 'them'}")
         elif origin is collections.abc.Callable:  # the model's network: a class, or a function building one
