@@ -150,13 +150,15 @@ def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: P
             ["--model.optim.name=sgd", "--model.optim.nesterov=true", "--model.optim.momentum=0"],
             "--model.optim.nesterov=true needs a momentum above 0: pass --model.optim.momentum=0.9, or",
         ),
+        # A k below 1 was dropped without a word: no such metric, no line.
+        (["--model.top_k=[1,0]"], "--model.top_k=[1, 0]: each k must be 1 or more (top-1 and top-5"),
         (
             ["--model.optim.nesterov=true"],
             "--model.optim.nesterov=true would not be used: adamw has no Nesterov momentum; pass",
         ),
     ],
 )
-def test_optimizer_settings_it_cannot_use_are_one_line(
+def test_model_and_optimizer_settings_it_cannot_use_are_one_line(
     tmp_path: Path, capsys, args: list[str], expected: str
 ) -> None:
     """lr=-1 failed with torch's ValueError from inside the optimizer. (The precisions and accumulation

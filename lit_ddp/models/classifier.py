@@ -213,6 +213,10 @@ class ImageClassifier(LightningModule):
             )
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise UserError(f"num_classes={num_classes!r} must be a whole number of classes, 1 or more")
+        if any(k < 1 for k in top_k):  # was dropped without a word, as a k of num_classes or more is
+            raise UserError(
+                f"--model.top_k={list(top_k)}: each k must be 1 or more (top-1 and top-5 accuracy: [1,5])"
+            )
         if isinstance(net, str):  # as a checkpoint holds a network class given from Python
             net = self._imported_net(net)
         if isinstance(net, dict) and "class_path" in net:  # as it holds a functools.partial of one
