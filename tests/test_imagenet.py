@@ -134,6 +134,12 @@ def test_missing_or_empty_data_dir_is_one_clear_error(tmp_path: Path, capsys) ->
     assert "lit_ddp: error: no image folders in" in err and "Traceback" not in err
 
 
+def test_an_image_size_below_one_is_refused_before_anything_is_read(tree) -> None:
+    """--data.image_size=0 reached the network as 0-pixel crops and failed there, after training started."""
+    with pytest.raises(UserError, match=r"^--data.image_size=0 must be 1 or more \(the side of the square"):
+        ImageNetDataModule(data_dir=str(tree), image_size=0)
+
+
 def test_a_one_class_folder_is_refused_at_once_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     make_tree(tmp_path / "all")

@@ -276,6 +276,11 @@ class ImageDataModule(LightningDataModule):
     ) -> None:
         """The settings of a data module of encoded images (a folder of JPEGs, or shards of them) and the
         decoder they choose (decoders.py), set once for both."""
+        if image_size < 1:  # else the network's first layer fails on 0-pixel crops, once training started
+            raise UserError(
+                f"--data.image_size={image_size} must be 1 or more (the side of the square crops the model"
+                " gets; 224 for ImageNet's networks)"
+            )
         self.image_size, self.val_resize = image_size, val_resize
         self.draft, self.exif_transpose = draft, exif_transpose
         settings = {"draft": draft, "exif_transpose": exif_transpose, "ahead": ahead}
