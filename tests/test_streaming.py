@@ -147,6 +147,24 @@ def test_encoded_shards_decode_as_the_folder_does_and_name_an_unreadable_image_i
 # ---- the order: a function of (seed, epoch) only ---------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ({"window": 0}, "--data.window=0 must be 1 or more (shards shuffled together)"),
+        ({"retries": -1}, "--data.retries=-1 must be 1 or more (attempts per shard read)"),
+        ({"cache_limit_gb": 0.0}, "--data.cache_limit_gb=0.0 must be above 0 (GB of the node's shard cache)"),
+        ({"read_timeout": float("nan")}, "--data.read_timeout=nan must be above 0 (seconds an s3:// read"),
+    ],
+)
+def test_a_streaming_setting_out_of_range_names_itself_in_one_line(
+    cifar_shards: Path, setting: dict, line: str
+) -> None:
+    """The line listed all four settings (``window=8 and retries=4 must be ≥ 1, ...``), not the one wrong."""
+    with pytest.raises(UserError) as err:
+        StreamingDataModule(url=str(cifar_shards), **setting)
+    assert str(err.value).startswith(line), err.value
+
+
 def test_global_step_k_holds_the_same_samples_on_1_2_and_4_processes(cifar_shards: Path) -> None:
     dm = StreamingDataModule(url=str(cifar_shards), val_size=40, batch_size=8)
     dm.setup("fit")

@@ -198,11 +198,15 @@ class StreamingDataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        if window < 1 or retries < 1 or cache_limit_gb <= 0 or read_timeout <= 0:
-            raise UserError(
-                f"window={window} and retries={retries} must be ≥ 1, cache_limit_gb={cache_limit_gb} and"
-                f" read_timeout={read_timeout} > 0"
-            )
+        for name, value, least, what in (
+            ("window", window, 1, "shards shuffled together"),
+            ("retries", retries, 1, "attempts per shard read"),
+            ("cache_limit_gb", cache_limit_gb, 0, "GB of the node's shard cache"),
+            ("read_timeout", read_timeout, 0, "seconds an s3:// read waits"),
+        ):
+            if not (value >= least if least else value > least):  # NaN fails both
+                bound = f"{least} or more" if least else "above 0"
+                raise UserError(f"--data.{name}={value} must be {bound} ({what})")
         url = local_path(url, "--data.url")  # a YAML config's ~ and $VAR arrive unexpanded
         if is_remote(url) and not url[len("s3://") :].partition("/")[0]:  # stripped of "/", s3:// is "s3:"
             raise UserError(f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix")
