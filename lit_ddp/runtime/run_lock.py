@@ -19,21 +19,11 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lit_ddp.errors import UserError
-from lit_ddp.writes import create_file
+from lit_ddp.writes import create_file, gone
 
 
 def lock_path(run_dir: Path) -> Path:
     return run_dir.parent / f".{run_dir.name}.lock"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def _holder(path: Path) -> dict | None:
@@ -67,7 +57,7 @@ class RunLock(Callback):
                     continue
                 same_host = holder.get("host") == me["host"]
                 pid = int(holder.get("pid", -1))
-                if same_host and (pid == me["pid"] or not _alive(pid)):
+                if same_host and (pid == me["pid"] or gone(pid)):
                     self.path.unlink(missing_ok=True)  # our own leftover, or a dead process's: stale
                     continue
                 where = f"pid {pid}" + ("" if same_host else f" on {holder.get('host')}")
