@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS, class_path, trainer_arguments
 from lit_ddp.callbacks.sinks import run_dir
+from lit_ddp.compat import set_collective_timeout
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
@@ -41,7 +42,7 @@ from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
-from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport, set_dist_timeout
+from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
@@ -249,7 +250,8 @@ class LitDDPCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except ValueError as err:  # Lightning's checks of Trainer options: a sentence naming the option
             raise UserError(str(err)) from None
-        set_dist_timeout(trainer, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
+        # DDP collectives get --dist_timeout unless the strategy was built with a timeout of its own.
+        set_collective_timeout(trainer.strategy, config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S))
         # Lightning runs 16-mixed as bf16-mixed on a CPU (and warns): config.yaml, written later from this
         # config, records the precision that ran, so that a re-run with --config is the same run.
         saved = self._subcommand_config(self.config).get("trainer")

@@ -29,12 +29,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.fabric.plugins.environments import LightningEnvironment
 from torch.distributed import DistBackendError, DistNetworkError, DistStoreError
 
-from lit_ddp.compat import (
-    collective_timeout,
-    launched_children,
-    replace_child_observer_kill,
-    set_collective_timeout,
-)
+from lit_ddp.compat import collective_timeout, launched_children, replace_child_observer_kill
 from lit_ddp.errors import exception_chain
 from lit_ddp.runtime.position import run_position
 
@@ -91,11 +86,6 @@ def destroy_process_group_at_exit() -> None:
     """
     atexit.unregister(_destroy_process_group)  # no duplicates when several runs share a process
     atexit.register(_destroy_process_group)
-
-
-def set_dist_timeout(trainer: Trainer, seconds: float) -> None:
-    """Give DDP collectives a ``seconds`` timeout unless the strategy was built with its own."""
-    set_collective_timeout(trainer.strategy, seconds)
 
 
 def _lost_children(children: list, wait_s: float = 3.0) -> list[tuple[int, int, int]]:
