@@ -12,7 +12,6 @@
   file, or one that pickles other objects, is a ``UserError`` naming it.
 """
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +20,13 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
-from lit_ddp.runtime.write_errors import checkpoint_write_error
+from lit_ddp.runtime.write_errors import write_error
 from lit_ddp.writes import WriteError, atomic_file
 
 
 def is_local_path(path) -> bool:
     """Atomic writes apply to local paths; remote (fsspec) ones keep Lightning's own writer."""
     return fsspec.utils.get_protocol(str(path)) == "file"
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to ``path`` so that a reader sees either the old file or the complete new one."""
-    with atomic_file(path, "checkpoint") as f:
-        torch.save(obj, f)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -47,12 +40,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or not is_local_path(path):
             return super().save_checkpoint(checkpoint, path, storage_options)  # remote (fsspec): as Lightning
-        try:
-            atomic_torch_save(checkpoint, path)
+        path = Path(path)
+        try:  # a reader sees either the old file or the complete new one
+            with atomic_file(path, "checkpoint") as f:
+                torch.save(checkpoint, f)
         except WriteError as err:
             # A full disk, a quota, a read-only remount: one line saying the previous file is intact (the
             # write was atomic) and how to resume.
-            raise checkpoint_write_error(err.os_error, Path(path)) from None
+            raise write_error(err.os_error, "checkpoint", path, path.parent) from None
 
     def load_checkpoint(
         self, path, map_location: Any = None, weights_only: bool | None = None

@@ -30,10 +30,6 @@ def write_error(err: OSError, what: str, path: str | Path, checkpoints: Path | N
     return UserError(f"could not write {what} {path} ({reason}): {kept}; {fix}, then {then}")
 
 
-def checkpoint_write_error(err: OSError, path: Path) -> UserError:
-    return write_error(err, "checkpoint", path, path.parent)
-
-
 class WriteSafeTensorBoardLogger(TensorBoardLogger):
     """Lightning's TensorBoardLogger whose failed writes end the run with one line.
 
