@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from lit_ddp.errors import UserError
+from lit_ddp.errors import UserError, exception_chain
 
 # What to do about each kind of failed write on that disk; any other OSError: its own text, "fix the disk".
 ADVICE = {
@@ -53,13 +53,7 @@ def advice(err: OSError, elsewhere: str | None = RUN_FOLDER) -> str:
 def os_error_in(exc: BaseException | None) -> OSError | None:
     """The OSError behind ``exc``: torch's zip writer reports a failed write as a RuntimeError raised while
     handling it ("unexpected pos ...")."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return next((e for e in exception_chain(exc) if isinstance(e, OSError)), None)
 
 
 class WriteError(UserError):
