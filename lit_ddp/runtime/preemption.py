@@ -286,21 +286,17 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
     traceback text only, which would reach the user as a wall of it instead of the one line."""
     try:
         return function(*args, **kwargs)
-    except SIGTERMException as stop:
+    except (SIGTERMException, KeyboardInterrupt) as stop:
         trainer: Trainer = function.__self__
-        for callback in trainer.callbacks:
+        for callback in trainer.callbacks:  # as in any other strategy (Ctrl-C: an empty run folder goes)
             callback.on_exception(trainer, trainer.lightning_module, stop)
+        if isinstance(stop, KeyboardInterrupt):  # before training started, or a second one: no checkpoint
+            # The rank exits 1: torch's spawn wrapper would end it with status 0 and no result, which the main
+            # process would wait for forever.
+            sys.exit(1)
         for logger in trainer.loggers:
             logger.finalize("interrupted")
         return None
-    except KeyboardInterrupt as abort:  # Ctrl-C before training started, or a second one: no checkpoint
-        # The callbacks hear of it as in any other strategy (an empty run folder goes, failed_run.py). The
-        # rank then exits 1: torch's spawn wrapper would end it with status 0 and no result, which the
-        # main process would wait for forever.
-        trainer = function.__self__
-        for callback in trainer.callbacks:
-            callback.on_exception(trainer, trainer.lightning_module, abort)
-        sys.exit(1)
     except UserError as err:
         # A temporary folder that cannot be written loses the hand-over, never the rank's own error.
         with contextlib.suppress(WriteError):
