@@ -200,13 +200,10 @@ def quiet_console() -> None:
     for quiet in CONSOLE:
         if quiet.kind == "warning":
             _ignore(quiet)
-    logger = logging.getLogger(RANK_ZERO_LOGGER)
+    # addFilter adds a filter once, however often this runs (main(), then QuietConsole in the same process).
     for log_filter in (_info_allowed, SEED_LINE.release):
-        if log_filter not in logger.filters:
-            logger.addFilter(log_filter)
-    seed_logger = logging.getLogger(SEED_LOGGER)
-    if SEED_LINE.hold not in seed_logger.filters:
-        seed_logger.addFilter(SEED_LINE.hold)
+        logging.getLogger(RANK_ZERO_LOGGER).addFilter(log_filter)
+    logging.getLogger(SEED_LOGGER).addFilter(SEED_LINE.hold)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
 
