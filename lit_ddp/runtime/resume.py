@@ -65,7 +65,7 @@ def _differences(checkpoint: dict, model: LightningModule, datamodule) -> list[s
 
 
 def find_last_checkpoint(
-    trainer: Trainer, model: LightningModule | None = None, datamodule=None, asked: str = "last"
+    trainer: Trainer, model: LightningModule, datamodule, asked: str = "last"
 ) -> Path | None:
     """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
     or None when there is none at all; UserError when there are only other experiments' runs (``asked``:
@@ -80,8 +80,8 @@ def find_last_checkpoint(
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    if model is None or not candidates:
-        return candidates[0] if candidates else None
+    if not candidates:
+        return None
     newest_other = None
     for path in candidates:  # newest first; only the hyperparameters are read (memory-mapped)
         differs = _differences(load_checkpoint_file(path, mmap=True), model, datamodule)
@@ -111,8 +111,7 @@ def _newest_last_for_best(trainer: Trainer, model: LightningModule, datamodule) 
     """The ``last*.ckpt`` that ``--ckpt_path=last`` resumes: this recipe's newest run of this model and data,
     or the newest in a checkpoint callback's fixed dirpath."""
     found = find_last_checkpoint(trainer, model, datamodule, asked="best")
-    fixed = _fixed_dir_lasts(trainer) if found is None else []
-    return found or (max(fixed, key=lambda p: p.stat().st_mtime) if fixed else None)
+    return found or max(_fixed_dir_lasts(trainer), key=lambda p: p.stat().st_mtime, default=None)
 
 
 def best_of_run(last: Path) -> tuple[Path, str]:
