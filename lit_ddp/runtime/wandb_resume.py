@@ -23,10 +23,6 @@ def is_wandb_run(folder: Path) -> bool:
     return wandb_dir.is_dir() and any(wandb_dir.glob(f"*run-*-{glob.escape(folder.name)}"))
 
 
-def _as_dict(init_args) -> dict:
-    return dict(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args)
-
-
 def continue_wandb_run(trainer: Trainer, checkpoint: str | Path, logger_config) -> None:
     """Make the trainer's first logger, a plain WandbLogger built from ``logger_config`` (the CLI's
     ``trainer.logger``), log into the W&B run whose folder holds ``checkpoint``, unless the user named a
@@ -38,7 +34,7 @@ def continue_wandb_run(trainer: Trainer, checkpoint: str | Path, logger_config) 
     init_args = plain_wandb_init_args(config)
     if type(first) is not WandbLogger or init_args is None:
         return
-    init_args = _as_dict(init_args)
+    init_args = dict(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args)  # a Namespace
     if init_args.get("id") or init_args.get("version"):
         return  # a run the user named: as given
     folder = Path(checkpoint).parent.parent
