@@ -39,8 +39,7 @@ from lit_ddp.runtime.preemption import last_checkpoint_path
 
 def _position(trainer: Trainer) -> tuple[int, int, int]:
     """(optimizer step, epoch, batch in the epoch) of the step being taken."""
-    batch = batch_in_progress(trainer)
-    return trainer.global_step, trainer.current_epoch, batch
+    return trainer.global_step, trainer.current_epoch, batch_in_progress(trainer)
 
 
 def _total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
