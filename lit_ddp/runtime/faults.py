@@ -136,16 +136,13 @@ class FaultMonitor(Callback):
         where = f" {run_position(t)}" if t is not None else ""
         return f"lost {names}{where}; the job stops"
 
-    def _name_lost_children(self, children: list) -> None:
+    def _end_job(self, children: list) -> None:
+        """What Lightning's observer does once a child died, but with the lost rank named and exit code 1: a
+        shell reads its SIGKILL of rank 0 as 137, an out-of-memory kill's mark, though the job said why."""
         lost = [(i + 1, proc.pid, proc.returncode) for i, proc in enumerate(children) if proc.returncode]
         if self.report.message is None and lost:
             self.report.message = self._lost_message(lost)
         self.report.print_once()
-
-    def _end_job(self, children: list) -> None:
-        """What Lightning's observer does once a child died, but with the lost rank named and exit code 1: a
-        shell reads its SIGKILL of rank 0 as 137, an out-of-memory kill's mark, though the job said why."""
-        self._name_lost_children(children)
         for proc in children:
             proc.kill()  # a rank stuck in a collective ignores a gentler signal
         os._exit(1)  # the main thread may be blocked in a collective
