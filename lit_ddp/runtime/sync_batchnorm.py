@@ -215,10 +215,7 @@ class SyncBatchNormPlugin(TorchSyncBatchNorm):
 
 def with_sync_batchnorm(plugins=None) -> list:
     """``plugins`` (None, one, or a list) plus a SyncBatchNormPlugin, unless a LayerSync is already there."""
-    if plugins is None:
-        plugins = []
-    elif not isinstance(plugins, list):
-        plugins = [plugins]
+    plugins = [] if plugins is None else plugins if isinstance(plugins, list) else [plugins]
     if any(isinstance(p, LayerSync) for p in plugins):
         return plugins
     return [*plugins, SyncBatchNormPlugin()]
