@@ -213,7 +213,7 @@ class ImageClassifier(LightningModule):
             )
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise UserError(f"num_classes={num_classes!r} must be a whole number of classes, 1 or more")
-        if any(k < 1 for k in top_k):  # was dropped without a word, as a k of num_classes or more is
+        if any(k < 1 for k in top_k):  # a k of num_classes or more is left out on purpose (build_metrics)
             raise UserError(
                 f"--model.top_k={list(top_k)}: each k must be 1 or more (top-1 and top-5 accuracy: [1,5])"
             )
