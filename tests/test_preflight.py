@@ -90,6 +90,15 @@ LINES = [
         ["--trainer.val_check_interval=0"],
         "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a fraction",
     ),
+    # torch's rendezvous timed out at once: a C++ traceback of 58 lines under ddp, exit 1.
+    *(
+        (
+            "dist_timeout",
+            [f"--dist_timeout={value}"],
+            f"--dist_timeout={shown} must be a number of seconds above 0 (how long the start-up and each",
+        )
+        for value, shown in (("0", "0.0"), ("-5", "-5.0"))
+    ),
     # Lightning stopped at the maximum and dropped the minimum, with no word.
     (
         "minimum_above_maximum",

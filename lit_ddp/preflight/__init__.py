@@ -9,6 +9,7 @@ command line. tests/test_preflight.py holds the table of command lines and plans
 fields) they give.
 """
 
+import math
 import os
 import re
 import tempfile
@@ -147,6 +148,7 @@ class RunPlan:
     val_check_interval: object = None  # batches (int), a fraction of the epoch (float), or a time
     gradient_clip_val: float | None = None
     log_every_n_steps: int | None = None
+    dist_timeout: float | None = None  # seconds; None: the CLI's default
     per_device_batch: int | None = None
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
@@ -214,6 +216,7 @@ class RunPlan:
             val_check_interval=_get(trainer, "val_check_interval"),
             gradient_clip_val=_get(trainer, "gradient_clip_val"),
             log_every_n_steps=_get(trainer, "log_every_n_steps"),
+            dist_timeout=_get(config, "dist_timeout"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment or experiment_name(_get(config, "config")),
@@ -379,6 +382,17 @@ def _negative_settings(plan: RunPlan) -> str | None:
     return None
 
 
+def _dist_timeout(plan: RunPlan) -> str | None:
+    # torch's rendezvous then timed out at once: a C++ traceback of 58 lines under ddp (exit 1).
+    seconds = plan.dist_timeout
+    if seconds is None or 0 < seconds < math.inf:
+        return None
+    return (
+        f"--dist_timeout={seconds} must be a number of seconds above 0 (how long the start-up and each"
+        " collective wait for every rank)"
+    )
+
+
 def _weights_precision(plan: RunPlan) -> str | None:
     # Weights in float16/bfloat16/float64 and the batch in float32 fail at the first layer.
     dtype = WEIGHT_DTYPES.get(plan.precision)
@@ -500,6 +514,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "validation_cadence": _validation_cadence,
     "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
+    "dist_timeout": _dist_timeout,
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
