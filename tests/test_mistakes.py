@@ -150,6 +150,8 @@ def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: P
             ["--model.optim.name=sgd", "--model.optim.nesterov=true", "--model.optim.momentum=0"],
             "--model.optim.nesterov=true needs a momentum above 0: pass --model.optim.momentum=0.9, or",
         ),
+        # torch's generators overflowed at the first epoch: a ValueError traceback.
+        (["--data.seed=99999999999999999999"], "--data.seed=99999999999999999999 is out of range"),
         # A k below 1 was dropped without a word: no such metric, no line.
         (["--model.top_k=[1,0]"], "--model.top_k=[1, 0]: each k must be 1 or more (top-1 and top-5"),
         (

@@ -99,6 +99,11 @@ LINES = [
         )
         for value, shown in (("0", "0.0"), ("-5", "-5.0"))
     ),
+    # Lightning's seed_everything raised its ValueError as a traceback.
+    *(
+        ("seed", [f"--seed_everything={seed}"], f"--seed_everything={seed} is outside 0..4294967295")
+        for seed in (-1, 2**32)
+    ),
     # Lightning stopped at the maximum and dropped the minimum, with no word.
     (
         "minimum_above_maximum",

@@ -115,6 +115,11 @@ class ImageDataModule(LightningDataModule):
         for name, alpha in (("mixup_alpha", mixup_alpha), ("cutmix_alpha", cutmix_alpha)):
             if alpha < 0:
                 raise UserError(f"{name}={alpha} must be 0 (off) or more (the α of its Beta(α, α))")
+        # torch's generators take 64 bits: a larger seed was a traceback at the first epoch
+        if not -(2**63) <= seed < 2**63:
+            raise UserError(
+                f"--data.seed={seed} is out of range: pass a whole number below 2**63 in size, e.g. 0"
+            )
         self.batch_size = batch_size
         self.num_workers = num_workers  # None: auto_num_workers, resolved once the trainer is attached
         self._auto_workers: int | None = None

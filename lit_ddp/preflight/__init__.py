@@ -149,6 +149,7 @@ class RunPlan:
     gradient_clip_val: float | None = None
     log_every_n_steps: int | None = None
     dist_timeout: float | None = None  # seconds; None: the CLI's default
+    seed_everything: bool | int | None = None
     per_device_batch: int | None = None
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
@@ -217,6 +218,7 @@ class RunPlan:
             gradient_clip_val=_get(trainer, "gradient_clip_val"),
             log_every_n_steps=_get(trainer, "log_every_n_steps"),
             dist_timeout=_get(config, "dist_timeout"),
+            seed_everything=_get(config, "seed_everything"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment or experiment_name(_get(config, "config")),
@@ -393,6 +395,17 @@ def _dist_timeout(plan: RunPlan) -> str | None:
     )
 
 
+# numpy's seeds, which Lightning's seed_everything checks (a ValueError traceback, once the run started).
+MAX_SEED = 2**32 - 1
+
+
+def _seed_range(plan: RunPlan) -> str | None:
+    seed = plan.seed_everything
+    if seed is None or isinstance(seed, bool) or 0 <= seed <= MAX_SEED:
+        return None
+    return f"--seed_everything={seed} is outside 0..{MAX_SEED}, the seeds numpy takes: pass one in that range"
+
+
 def _weights_precision(plan: RunPlan) -> str | None:
     # Weights in float16/bfloat16/float64 and the batch in float32 fail at the first layer.
     dtype = WEIGHT_DTYPES.get(plan.precision)
@@ -515,6 +528,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
     "dist_timeout": _dist_timeout,
+    "seed": _seed_range,
     "precision": _weights_precision,
     "run_dir": _run_dir,
     "logger_dir": _logger_dir,
