@@ -90,6 +90,12 @@ LINES = [
         ["--trainer.val_check_interval=0"],
         "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a fraction",
     ),
+    # A fraction of 0 validated after every batch, without a word.
+    (
+        "validation_cadence",
+        ["--trainer.val_check_interval=0.0"],
+        "--trainer.val_check_interval=0.0 is no fraction of an epoch (Lightning would validate after every",
+    ),
     # torch's rendezvous timed out at once: a C++ traceback of 58 lines under ddp, exit 1.
     *(
         (

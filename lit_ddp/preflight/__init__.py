@@ -352,6 +352,11 @@ def _validation_cadence(plan: RunPlan) -> str | None:
             "--trainer.val_check_interval=0 must be 1 or more (validate every N training batches), or a"
             " fraction of the epoch such as 0.25"
         )
+    if type(plan.val_check_interval) is float and plan.val_check_interval <= 0:  # Lightning: every batch
+        return (
+            f"--trainer.val_check_interval={plan.val_check_interval} is no fraction of an epoch (Lightning"
+            " would validate after every batch): pass one above 0, such as 0.25, or a number of batches"
+        )
     return None
 
 
