@@ -138,8 +138,8 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
         (
             ["--data.augmentation.paddin=3"],
             {},
-            "unknown option --data.init_args.augmentation.init_args.paddin: did you mean"
-            " --data.init_args.augmentation.init_args.padding?",
+            # As the command line spells it (it was --data.init_args.augmentation.init_args.paddin).
+            "unknown option --data.augmentation.paddin: did you mean --data.augmentation.padding?",
         ),
         (
             ["--config", "bad.yaml"],

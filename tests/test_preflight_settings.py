@@ -45,13 +45,12 @@ ROWS = [
     (
         ["fit", "--data.augmentation.paddin=3"],
         {},
-        "unknown option --data.init_args.augmentation.init_args.paddin: did you mean"
-        " --data.init_args.augmentation.init_args.padding?",
+        "unknown option --data.augmentation.paddin: did you mean --data.augmentation.padding?",
     ),
     (
         ["fit", "--model=ImageClassifier", "--model.net=LeNet", "--model.net.num_classes=5"],
         {},
-        "unknown option --model.init_args.net.init_args.num_classes: num_classes is the first argument of"
+        "unknown option --model.net.num_classes: num_classes is the first argument of"
         " lit_ddp.models.lenet.LeNet",
     ),
     (["fit", "--model=LeNetCifar"], {}, "--model=LeNetCifar: no such model class: did you mean LeNetCIFAR?"),
@@ -96,6 +95,17 @@ ROWS = [
         ["fit", "--model.optim.name=sgdd"],
         {},
         "--model.optim.name=sgdd: expected one of sgd, adam, adamw (did you mean sgd?)",
+    ),
+    # A nested class's argument as the command line spells it, without the init_args a file writes out.
+    (
+        ["fit", "--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_nrm=1"],
+        {},
+        "unknown option --model.net.batch_nrm: did you mean --model.net.batch_norm?",
+    ),
+    (
+        ["fit", "--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=maybe"],
+        {},
+        "--model.net.batch_norm=maybe: expected true or false",
     ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (

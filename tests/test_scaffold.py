@@ -857,9 +857,13 @@ def test_the_networks_num_classes_given_in_its_arguments_says_the_model_passes_i
     args = ["--config", str(config)] if given == "config" else flags
     with pytest.raises(UserError) as err:
         build_cli(["fit", *args, "--print_config"], prog="python -m proj")
-    where = f"{config}, line 7: unknown key " if given == "config" else "unknown option --"
+    where = (
+        f"{config}, line 7: unknown key model.init_args.net.init_args.num_classes"
+        if given == "config"
+        else "unknown option --model.net.num_classes"  # as the command line spells it
+    )
     assert re.fullmatch(
-        re.escape(f"{where}model.init_args.net.init_args.num_classes: num_classes is the first argument of ")
+        re.escape(f"{where}: num_classes is the first argument of ")
         + r"lit_ddp\.models(\.lenet)?\.LeNet"
         + re.escape(", which the model passes itself (the number of classes, from the data): leave it out"),
         str(err.value),

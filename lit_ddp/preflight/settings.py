@@ -59,7 +59,13 @@ class Setting:
         return f"{self.file}, line {line}: " if line else f"{self.file}: "
 
     def shown(self, key: str) -> str:
-        return f"{key}: {self.text}" if self.file else f"--{key}={self.text}"
+        return f"{key}: {self.text}" if self.file else f"--{_option(key)}={self.text}"
+
+
+def _option(key: str) -> str:
+    """``key`` as the command line spells it: a nested class's arguments without their ``init_args``
+    (``--model.net.batch_norm``), which a file writes out and the command line leaves out."""
+    return key.replace(".init_args.", ".")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,7 +461,7 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
     if place.known:
         return None
     key, where = place.shown, s.where()
-    what = f"unknown key {key}" if where else f"unknown option --{key}"
+    what = f"unknown key {key}" if where else f"unknown option --{_option(key)}"
     owner = place.owner
     first = next(iter(inspect.signature(owner).parameters), None) if owner else None
     if ".init_args." in key and s.key[-1] == first:
@@ -468,7 +474,7 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
         )
     match = _closest(key, place.candidates)
     if match:
-        return f"{where}{what}: did you mean {'' if where else '--'}{match}?"
+        return f"{where}{what}: did you mean {match if where else '--' + _option(match)}?"
     return f"{where}{what}: see {ctx.prog} {ctx.command} --help for the options"
 
 
@@ -483,6 +489,7 @@ def _group(ctx: Context, s: Setting) -> str | None:
             f"{s.where()}{key}: {s.text}: {key} is a group of settings, not one value: write them on the"
             f" lines below it, indented ({listed})"
         )
+    key = _option(key)
     return (
         f"--{key}={s.text}: {key} is a group of settings, not one value: set them one by one,"
         f" --{key}.FIELD=VALUE ({listed}), or give a YAML file of them"
@@ -512,6 +519,7 @@ def _required(ctx: Context, s: Setting) -> str | None:
     key, name, needs = place.shown, s.text.rpartition(".")[2], ", ".join(missing)
     if s.file:
         return f"{s.where()}{key}: {name} needs {needs}: set it under its init_args"
+    key = _option(key)
     return f"--{key}={name} needs {needs}: add {' '.join(f'--{key}.{a}=VALUE' for a in missing)}"
 
 
