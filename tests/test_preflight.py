@@ -110,6 +110,11 @@ LINES = [
         ("seed", [f"--seed_everything={seed}"], f"--seed_everything={seed} is outside 0..4294967295")
         for seed in (-1, 2**32)
     ),
+    # Lightning's Timer named itself, not the option; a negative duration stopped the fit at once.
+    *(
+        ("max_time", [f"--trainer.max_time={value}"], f"--trainer.max_time={shown} is not a duration of 0 or")
+        for value, shown in (("garbage", "garbage"), ("1:2:3", "1:2:3"), ("{hours: -1}", "{'hours': -1}"))
+    ),
     # Lightning stopped at the maximum and dropped the minimum, with no word.
     (
         "minimum_above_maximum",

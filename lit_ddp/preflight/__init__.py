@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -332,8 +333,22 @@ def _seconds(duration) -> float | None:
     """A ``max_time`` in seconds, as Lightning's Timer reads it; None where it cannot (its own error)."""
     try:
         return Timer(duration).time_remaining()
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, MisconfigurationException):
         return None
+
+
+def _max_time(plan: RunPlan) -> str | None:
+    # Lightning's Timer: a text it cannot read was its own line naming `Timer(duration=...)`, not the
+    # option; a negative duration stopped the fit before its first batch ("Time limit reached").
+    if plan.subcommand != "fit" or plan.max_time is None:
+        return None
+    seconds = _seconds(plan.max_time)
+    if seconds is not None and seconds >= 0:
+        return None
+    return (
+        f"--trainer.max_time={plan.max_time} is not a duration of 0 or more: pass DD:HH:MM:SS (00:04:00:00"
+        " for four hours) or a mapping of timedelta's fields ({hours: 4})"
+    )
 
 
 def _validation_cadence(plan: RunPlan) -> str | None:
@@ -529,6 +544,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "strategy": _fsdp_without_gpus,
     "accumulation": _accumulation,
     "nothing_to_run": _nothing_to_run,
+    "max_time": _max_time,
     "validation_cadence": _validation_cadence,
     "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
