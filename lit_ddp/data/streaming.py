@@ -198,14 +198,13 @@ class StreamingDataModule(ImageDataModule):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value, least, what in (
-            ("window", window, 1, "shards shuffled together"),
-            ("retries", retries, 1, "attempts per shard read"),
-            ("cache_limit_gb", cache_limit_gb, 0, "GB of the node's shard cache"),
-            ("read_timeout", read_timeout, 0, "seconds an s3:// read waits"),
+        for name, value, fits, bound, what in (  # a NaN fits neither comparison
+            ("window", window, window >= 1, "1 or more", "shards shuffled together"),
+            ("retries", retries, retries >= 1, "1 or more", "attempts per shard read"),
+            ("cache_limit_gb", cache_limit_gb, cache_limit_gb > 0, "above 0", "GB of the node's shard cache"),
+            ("read_timeout", read_timeout, read_timeout > 0, "above 0", "seconds an s3:// read waits"),
         ):
-            if not (value >= least if least else value > least):  # NaN fails both
-                bound = f"{least} or more" if least else "above 0"
+            if not fits:
                 raise UserError(f"--data.{name}={value} must be {bound} ({what})")
         url = local_path(url, "--data.url")  # a YAML config's ~ and $VAR arrive unexpanded
         if is_remote(url) and not url[len("s3://") :].partition("/")[0]:  # stripped of "/", s3:// is "s3:"

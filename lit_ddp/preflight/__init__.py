@@ -515,12 +515,11 @@ def _random_weights(plan: RunPlan) -> str | None:
     # with no word.
     if plan.subcommand == "fit" or plan.ckpt_path is not None or plan.loads_weights:
         return None
-    what = "label the images with" if plan.subcommand == "predict" else "score"
-    on_purpose = "predict with" if plan.subcommand == "predict" else "score"
+    what, verb = ("label the images with", "predict with") if plan.subcommand == "predict" else ("score",) * 2
     return (
         f"{plan.subcommand} with no --ckpt_path would {what} the model's random initial weights: pass"
         f" --ckpt_path=PATH to a checkpoint (or last, the newest of this recipe's runs), or"
-        f" --ckpt_path={UNTRAINED} to {on_purpose} them on purpose"
+        f" --ckpt_path={UNTRAINED} to {verb} them on purpose"
     )
 
 
