@@ -5,6 +5,7 @@ and the share of step time the training loop spends waiting for data.
     python benchmarks/bench_jpeg_gpu.py --json jpeg.json              # ... and the figures as JSON
     python benchmarks/bench_jpeg_gpu.py --num-workers 15 --dir /tmp/jpegs   # more decoders; keep the images
     taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --gpu-decode   # 4 CPUs, the batch decoded on the GPU
+    python benchmarks/bench_jpeg_gpu.py --gpu-decode --shards         # ... the JPEGs read from MDS shards
     python benchmarks/bench_jpeg_gpu.py --device cpu --arch resnet18 --images 64 --batch-size 8 \\
         --image-size 64 --warmup 1 --steps 3 --num-workers 1          # proves it runs, on a laptop
 
@@ -22,6 +23,12 @@ timed steps to fit in one epoch (every listing is decoded and cropped afresh, so
 of distinct files), and every file is read once first: the files are read from the page cache, as an
 ImageNet that fits in memory would be.
 
+With ``--shards``, the same tree is written once as MDS shards by lit_ddp's own converter (``python -m
+lit_ddp shard``, data/convert.py) into a folder beside it (``DIR-shards`` with ``--dir``, reused when its
+manifest is there), and StreamingDataModule reads them in place, with the same decode, batch, crop and
+workers; its training split names each sample ``repeat`` times (the shards' order over the repeated
+positions), so the shards are the images' size, not ``repeat`` times it, and every shard is read once first.
+
 Timed: ``--steps`` steps after ``--warmup`` (worker start-up, cudnn autotuning, queues filling), the device
 synchronised only at the two ends of the window. The loader holds up to 2 batches per worker ahead: filled
 during the warm-up, they flatter a short window, which 300 steps keep to a few per cent. Data wait, as
@@ -35,7 +42,8 @@ the decode under training is slower than the step, which a wait a batch ahead th
 
 What to compare: the images/s with bench_resnet_gpu.py's (the same network on a batch already on the
 device: the compute limit); the wait share says how much of the gap the input pipeline makes. ``--json``
-writes "jpeg_pipeline_img_s", "jpeg_data_wait_share", "step_ms", "device" and "num_workers" (the count used),
+writes "jpeg_pipeline_img_s", "jpeg_data_wait_share", "step_ms", "device", "num_workers" (the count used) and
+"source" ("shards" or "folder"),
 "decode_ms" and "decode_device_ms" (null without ``--gpu-decode``; the device span null off CUDA), with the
 arguments used.
 """
@@ -52,14 +60,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 import yaml
 from bench_input_pipeline import make_images  # benchmarks/ is on sys.path when this script runs
 from harness import settings, synchronize, training_only, write_results
 
 from lit_ddp.callbacks.throughput import batch_length
-from lit_ddp.data import ImageNetDataModule
+from lit_ddp.data import ImageNetDataModule, StreamingDataModule
+from lit_ddp.data.convert import convert
 from lit_ddp.data.device_decode import EncodedBatch
+from lit_ddp.data.shards import MANIFEST
 from lit_ddp.data.workers import available_cpus
 from lit_ddp.models import ArchClassifier, OptimConfig
 
@@ -94,6 +105,29 @@ class RepeatedImageNet(ImageNetDataModule):
         super().setup(stage)
         if stage == "fit":
             self.train_set.samples = list(self.train_set.samples) * self.repeat
+
+
+class RepeatedStreaming(StreamingDataModule):
+    """StreamingDataModule whose training split names every sample ``repeat`` times: its positions, kept
+    ascending as the shard order needs them, each ``repeat`` times (see the module docstring)."""
+
+    def __init__(self, repeat: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.repeat = repeat
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if stage == "fit":
+            self.train_set.positions = np.repeat(self.train_set.positions, self.repeat)
+
+
+def write_shards(root: Path, dest: Path) -> Path:
+    """``root``'s tree as MDS shards in ``dest`` (lit_ddp's converter), unless a finished run left them there
+    (its manifest is written last; an interrupted run's partial shards are started over); ``dest`` must lie
+    outside ``root``."""
+    if not (dest / MANIFEST).is_file():
+        convert(str(root), str(dest))
+    return dest
 
 
 class WindowTimer(L.Callback):
@@ -171,17 +205,20 @@ def train(
     args: argparse.Namespace,
     recipe: dict,
     root: Path,
+    shards: Path | None,
     repeat: int,
     device: torch.device,
     precision: str,
     decodes: DecodeTimes,
 ) -> tuple[WindowTimer, int]:
     """Trainer.fit for warm-up + timed steps, each batch's decode on the device timed into ``decodes``; the
-    timer and the DataLoader workers per device it ran with."""
+    timer and the DataLoader workers per device it ran with. The JPEGs are read from the tree ``root``, or
+    with ``shards`` from those shards."""
     data_args, model_args = recipe["data"]["init_args"], dict(recipe["model"]["init_args"])
-    dm = RepeatedImageNet(
+    source = {"url": str(shards)} if shards is not None else {"data_dir": str(root)}
+    dm = (RepeatedStreaming if shards is not None else RepeatedImageNet)(
         repeat,
-        data_dir=str(root),
+        **source,
         image_size=args.image_size,
         val_resize=max(data_args["val_resize"], args.image_size),
         batch_size=args.batch_size,
@@ -230,6 +267,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=500)
     parser.add_argument("--height", type=int, default=375)
     parser.add_argument("--dir", type=Path, default=None, help="keep the generated images here (and reuse)")
+    parser.add_argument(
+        "--shards", action="store_true",
+        help="read the images from MDS shards (StreamingDataModule), written beside them: DIR-shards",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=50, help="untimed steps, at least 1")
     parser.add_argument("--steps", type=int, default=300, help="timed steps")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
@@ -238,12 +279,17 @@ def main() -> None:
         parser.error("--warmup and --steps must be at least 1 (the window starts at the end of a step)")
 
     with tempfile.TemporaryDirectory(prefix="bench_jpeg_") as tmp:
-        root = args.dir or Path(tmp)
+        root = args.dir or Path(tmp) / "jpegs"
         if not (root / "train").is_dir():
             generate(root, args.images, args.width, args.height)  # forks: before CUDA is initialised
         paths = list((root / "train").rglob("*.JPEG"))
         files = len(paths)
         kb = sum(len(p.read_bytes()) for p in paths) / files / 1e3  # reading them fills the page cache
+        shards = None
+        if args.shards:
+            shards = write_shards(root, root.with_name(f"{root.name}-shards"))
+            for path in shards.rglob("*.mds"):  # the page cache, as the files' above
+                path.read_bytes()
         repeat = math.ceil((args.warmup + args.steps) * args.batch_size / files)
 
         device = torch.device(args.device)
@@ -252,15 +298,17 @@ def main() -> None:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         precision = args.precision or (recipe["trainer"]["precision"] if device.type == "cuda" else "32-true")
         decodes = DecodeTimes()
-        timer, workers = train(args, recipe, root, repeat, device, precision, decodes)
+        timer, workers = train(args, recipe, root, shards, repeat, device, precision, decodes)
     rate, share = timer.images / timer.seconds, timer.wait / timer.seconds
     step_ms = 1e3 * timer.seconds / args.steps
     decode_ms, decode_device_ms = decodes.medians_ms(timer.start, timer.start + timer.seconds)
 
     auto = f"auto, {available_cpus()} CPUs" if args.num_workers is None else "set"
+    source = "shards" if args.shards else "folder"
+    read_from = "MDS shards" if args.shards else "files"
     print(
         f"{args.arch}, batch {args.batch_size}, {args.image_size}px crops of {files:,} generated"
-        f" {args.width}×{args.height} JPEGs (mean {kb:.0f} kB), {precision}, on {name};"
+        f" {args.width}×{args.height} JPEGs (mean {kb:.0f} kB) from {read_from}, {precision}, on {name};"
         f" {workers} workers ({auto}); {args.steps} timed steps after {args.warmup}"
     )
     print(f"  end to end         {rate:10,.1f} images/s")
@@ -277,6 +325,7 @@ def main() -> None:
             "device": name,
             "num_workers": workers,
             "num_workers_auto": args.num_workers is None,
+            "source": source,
             "gpu_decode": args.gpu_decode,
             "decode_ahead": args.gpu_decode and args.decode_ahead,
             "precision": precision,

@@ -36,11 +36,15 @@ FIGURES = {
     "gpu_decode_data_wait_share": ("gpu_decode.json", "jpeg_data_wait_share"),
     "gpu_decode_inline_img_s": ("gpu_decode_inline.json", "jpeg_pipeline_img_s"),  # decoded between steps
     "gpu_decode_inline_data_wait_share": ("gpu_decode_inline.json", "jpeg_data_wait_share"),
+    "gpu_decode_shards_img_s": ("gpu_decode_shards.json", "jpeg_pipeline_img_s"),  # ... read from MDS shards
+    "gpu_decode_shards_data_wait_share": ("gpu_decode_shards.json", "jpeg_data_wait_share"),
     # a batch's decode under training (median, host and device) beside the step: is the decode the limit?
     "gpu_decode_step_ms": ("gpu_decode.json", "step_ms"),
     "gpu_decode_ms": ("gpu_decode.json", "decode_ms"),
     "gpu_decode_device_ms": ("gpu_decode.json", "decode_device_ms"),
     "gpu_decode_inline_ms": ("gpu_decode_inline.json", "decode_ms"),
+    "gpu_decode_shards_step_ms": ("gpu_decode_shards.json", "step_ms"),
+    "gpu_decode_shards_ms": ("gpu_decode_shards.json", "decode_ms"),
     "worker_cost_mib": ("worker_memory.json", "worker_cost_mib"),
 }
 # Ratios to the on-device ResNet-50 figure (the compute limit): the goals of issue 30 are >= 0.95.
@@ -49,6 +53,7 @@ RATIOS = {
     "jpeg_best_vs_on_device": "jpeg_best_img_s",
     "gpu_decode_vs_on_device": "gpu_decode_img_s",
     "gpu_decode_inline_vs_on_device": "gpu_decode_inline_img_s",
+    "gpu_decode_shards_vs_on_device": "gpu_decode_shards_img_s",
 }
 
 

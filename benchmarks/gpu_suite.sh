@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_cli lenet_compile
-# lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline worker_memory collect; `profile`
+# lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline gpu_decode_shards worker_memory collect; `profile`
 # (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
 # `timeout` within 10 minutes (PART_TIMEOUT, seconds), so a machine that allows 10 minutes per command runs
 # one or a few at a time into the same OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: bash benchmarks/gpu_suite.sh OUT_DIR [PART ...]}
 shift
 ALL="setup versions tests resnet compile lenet lenet_cli lenet_compile lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode \
-gpu_decode_inline worker_memory collect"
+gpu_decode_inline gpu_decode_shards worker_memory collect"
 PARTS=${*:-$ALL}
 PART_TIMEOUT=${PART_TIMEOUT:-590}
 mkdir -p "$OUT"
@@ -105,6 +105,9 @@ PY
     gpu_decode_inline)  # the same, decoded in the training loop (--data.decode_ahead=false): the A/B
       run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode --no-decode-ahead \
         --json "$OUT/gpu_decode_inline.json" 2>&1 | tee "$OUT/gpu_decode_inline.log" ;;
+    gpu_decode_shards)  # gpu_decode's images read from MDS shards (StreamingDataModule), written beside them
+      run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode --shards \
+        --json "$OUT/gpu_decode_shards.json" 2>&1 | tee "$OUT/gpu_decode_shards.log" ;;
     profile)  # where the time goes: the gpu_decode batch's stages (on 4 CPUs) and the LeNet step's operators
       run taskset -c 0-3 python benchmarks/profile_gpu.py decode --dir "$OUT/jpegs" \
         --json "$OUT/profile_decode.json" 2>&1 | tee "$OUT/profile_decode.log"

@@ -286,21 +286,25 @@ def test_a_graphed_side_that_fails_is_named_and_left_null_and_the_others_still_c
     )
 
 
-@pytest.mark.parametrize("ahead", [True, False])
+@pytest.mark.parametrize("ahead, shards", [(True, False), (False, False), (True, True)])
 def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
-    tmp_path: Path, ahead: bool
+    tmp_path: Path, ahead: bool, shards: bool
 ) -> None:
-    """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode and gpu_decode_inline parts) on a
-    few small JPEGs: the figure, which of the two it measured, and the decode's own time beside the step's
-    (on a CPU, no device span)."""
+    """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode, gpu_decode_inline and
+    gpu_decode_shards parts) on a few small JPEGs: the figure, which of them it measured, and the decode's
+    own time beside the step's (on a CPU, no device span). With --shards, the images are read from the
+    shards written beside them (DIR-shards)."""
     out = tmp_path / "jpeg.json"
     script = [str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
     script += ["--images=32", "--width=64", "--height=48", "--batch-size=8", "--image-size=32"]
     script += ["--arch=resnet18", "--num-classes=10", "--num-workers=1", "--warmup=1", "--steps=2"]
     script += [f"--dir={tmp_path / 'jpegs'}", f"--json={out}", *([] if ahead else ["--no-decode-ahead"])]
+    script += ["--shards"] if shards else []
     result = run_python(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
     assert record["decode_ahead"] is ahead and record["gpu_decode"] is True
+    assert record["source"] == ("shards" if shards else "folder")
+    assert (tmp_path / "jpegs-shards" / "lit_ddp.json").is_file() is shards
     assert record["jpeg_pipeline_img_s"] > 0 and 0 <= record["jpeg_data_wait_share"] <= 1
     assert record["step_ms"] > 0 and record["decode_ms"] > 0 and record["decode_device_ms"] is None

@@ -44,11 +44,15 @@ def test_the_best_worker_count_and_the_ratios_come_from_what_ran(tmp_path: Path)
 def test_a_ratio_without_the_on_device_figure_stays_null(tmp_path: Path) -> None:
     write(tmp_path / "gpu_decode.json", {"jpeg_pipeline_img_s": 3000.0, "jpeg_data_wait_share": 0.2})
     write(tmp_path / "gpu_decode_inline.json", {"jpeg_pipeline_img_s": 2000.0, "jpeg_data_wait_share": 0.5})
+    write(tmp_path / "gpu_decode_shards.json", {"jpeg_pipeline_img_s": 3200.0, "step_ms": 80.0})
     result = collect(tmp_path)
     assert result["gpu_decode_img_s"] == 3000.0 and result["gpu_decode_vs_on_device"] is None
     assert result["gpu_decode_inline_img_s"] == 2000.0 and result["gpu_decode_inline_vs_on_device"] is None
     write(tmp_path / "resnet50.json", {"lightning_img_s": 4000.0})
+    assert result["gpu_decode_shards_img_s"] == 3200.0 and result["gpu_decode_shards_vs_on_device"] is None
+    assert result["gpu_decode_shards_step_ms"] == 80.0 and result["gpu_decode_shards_ms"] is None
     assert collect(tmp_path)["gpu_decode_inline_vs_on_device"] == 0.5
+    assert collect(tmp_path)["gpu_decode_shards_vs_on_device"] == 0.8
 
 
 def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -> None:
@@ -69,7 +73,7 @@ def test_the_script_names_each_part_and_refuses_an_unknown_one(tmp_path: Path) -
         "jpeg_workers",
         "gpu_decode",
     )
-    parts += ("gpu_decode_inline", "collect")
+    parts += ("gpu_decode_inline", "gpu_decode_shards", "collect")
     for part in parts:
         assert part in result.stderr
 
