@@ -64,10 +64,13 @@ def test_nvjpeg_a_batch_ahead_gives_the_inline_batches_near_the_cpu_paths(imagen
     gray levels (docs/gpu.md). A wrong crop box, flip or channel order is tens of levels off."""
     cuda = data_module(imagenet, True)
     ahead, inline = (list(loader(cuda, split, on, device="cuda")) for on in (True, False))
-    cpu = list(loader(data_module(imagenet, False), split, ahead=False))
+    on_cpu = data_module(imagenet, False)
+    cpu = list(loader(on_cpu, split, ahead=False))
     levels = 255 * torch.tensor(cuda.std, device="cuda").view(1, 3, 1, 1)  # normalised units → gray levels
     for a, b, c in zip(ahead, inline, cpu, strict=True):
-        (xa, ya), (xb, yb), (xc, yc) = (through_hooks(cuda, batch, "cuda") for batch in (a, b, c))
+        # The typed batch says what it holds: the CPU path's pixels go through its own module's hooks.
+        (xa, ya), (xb, yb) = (through_hooks(cuda, batch, "cuda") for batch in (a, b))
+        xc, yc = through_hooks(on_cpu, c, "cuda")
         assert xa.is_cuda and torch.equal(xa, xb) and torch.equal(ya, yb)
         if torch.equal(ya, yc):  # the same files kept on both paths
             assert ((xa - xc).abs() * levels).mean() <= 3.0
@@ -84,9 +87,9 @@ def test_a_batch_decoded_on_the_gpu_copies_from_the_host_only_pinned_and_without
     from copies import HostToDeviceCopies
 
     cuda, seen = data_module(imagenet, True), []
-    for encoded, *_ in loader(cuda, "train", ahead=False):
+    for batch in loader(cuda, "train", ahead=False):
         with HostToDeviceCopies("cuda") as mode:
-            encoded.decode(torch.device("cuda"))
+            batch.images.decode(torch.device("cuda"))
         torch.cuda.synchronize()
         seen += mode.copies
     assert seen and all(copy == (True, True) for copy in seen), seen
