@@ -197,6 +197,31 @@ def test_a_path_given_to_a_data_module_is_kept_as_its_string(tmp_path: Path) -> 
     assert Folder(tmp_path).hparams["data_dir"] == str(tmp_path)
 
 
+def test_data_given_to_a_data_module_is_not_saved_as_a_setting(tmp_path: Path) -> None:
+    """A user's data module given its images as tensors (the benchmark's in-memory CIFAR): saved as settings,
+    the logger wrote all 50,000 images into hparams.yaml as YAML before the first batch (over 140 s on an
+    H200) and each checkpoint held the dataset. The settings beside them are kept."""
+    import numpy as np
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.utils.data import TensorDataset
+
+    from lit_ddp.data import ImageDataModule
+
+    class InMemory(ImageDataModule):
+        def __init__(self, images: torch.Tensor, labels: np.ndarray, extra: TensorDataset, **kwargs) -> None:
+            super().__init__(**kwargs)
+
+    images = torch.zeros(4, 3, 8, 8, dtype=torch.uint8)
+    dm = InMemory(images, np.zeros(4), TensorDataset(images), batch_size=3)
+    assert dm.hparams["batch_size"] == 3 and not {"images", "labels", "extra"} & set(dm.hparams)
+    assert not {"images", "labels", "extra"} & set(dm.hparams_initial)
+    logger = TensorBoardLogger(tmp_path)  # as Trainer.fit logs a data module's settings
+    logger.log_hyperparams(dm.hparams_initial)
+    logger.save()
+    saved = (Path(logger.log_dir) / "hparams.yaml").read_text()
+    assert "batch_size: 3" in saved and "images" not in saved
+
+
 def _saved_from_python(model, path: Path) -> Path:
     from lightning import Trainer
 

@@ -30,6 +30,7 @@ import torch
 from lightning import LightningDataModule
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
+from numpy import ndarray
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -66,7 +67,8 @@ SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test
 
 class ImageDataModule(LightningDataModule):
     """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
-    The base saves every constructor's arguments, a subclass's too (no ``save_hyperparameters`` needed).
+    The base saves every constructor's arguments, a subclass's too (no ``save_hyperparameters`` needed),
+    except data given to one (a tensor, an array, a Dataset): pass that again to ``load_from_checkpoint``.
 
     Args:
         batch_size: per device.
@@ -131,6 +133,11 @@ class ImageDataModule(LightningDataModule):
         # the checkpoint; as plain data (the augmentation described, a path as its string), which a
         # weights-only load reads without importing.
         self.save_hyperparameters(ignore=["augmentation"])
+        # Data handed to a subclass's constructor is not a setting: the checkpoint would hold the dataset and
+        # the logger would write it into hparams.yaml, number by number, before the first batch.
+        data = [key for key, value in self.hparams.items() if isinstance(value, Tensor | Dataset | ndarray)]
+        if data:
+            self.save_hyperparameters(ignore=["augmentation", *data])
         self.hparams["augmentation"] = describe(self.augmentation)
         self.hparams.update(plain_data(dict(self.hparams)))
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
