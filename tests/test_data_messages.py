@@ -290,6 +290,25 @@ def test_a_tensor_split_of_another_form_is_one_line_naming_the_conversion(
     assert "_TensorSplit.load_split('train') returned images of shape" in line and says in line, line
 
 
+@pytest.mark.parametrize(
+    ("mistake", "says"),
+    [
+        ("numpy images", "returned its images as a numpy.ndarray, not a torch tensor: return torch.from_"),
+        ("list labels", "returned its labels as a list, not a torch tensor: return torch.tensor(labels)"),
+    ],
+)
+def test_a_pair_of_arrays_or_lists_is_one_line_naming_the_conversion(mistake: str, says: str) -> None:
+    """numpy uint8 images were refused as images "of dtype uint8: give uint8 images" (a numpy dtype is not
+    torch's); labels as a list were an AttributeError traceback ('list' object has no attribute 'long')."""
+    dm = _OwnData()
+    images, labels = dm.load_split("train")
+    pair = (images.numpy(), labels) if mistake == "numpy images" else (images, labels.tolist())
+    dm.load_split = lambda split: pair
+    with pytest.raises(UserError) as err:
+        dm.setup("fit")
+    assert f"_OwnData.load_split('train') {says}" in str(err.value), err.value
+
+
 class _FewNames(_OwnData):
     class_names = ("cat", "dog")
 

@@ -206,7 +206,15 @@ class ImageDataModule(LightningDataModule):
     def _check_tensor_split(self, split: str, images: Tensor, labels: Tensor) -> None:
         """UserError for a (images, labels) split that is not (N, C, H, W) uint8 and N labels, naming the
         conversion; TensorImageDataset's own refusal was a ValueError traceback."""
-        shape, dtype = tuple(getattr(images, "shape", ())), getattr(images, "dtype", type(images).__name__)
+        for what, value in (("images", images), ("labels", labels)):
+            if not isinstance(value, Tensor):  # a numpy array's dtype would print as the uint8 it asks for
+                kind = f"{type(value).__module__.split('.')[0]}.{type(value).__qualname__}"
+                convert = "torch.from_numpy" if kind == "numpy.ndarray" else "torch.tensor"
+                raise UserError(
+                    f"{type(self).__name__}.load_split('{split}') returned its {what} as a"
+                    f" {kind.removeprefix('builtins.')}, not a torch tensor: return {convert}({what})"
+                )
+        shape, dtype = tuple(images.shape), images.dtype
         if dtype != torch.uint8:
             fix = "uint8 images in 0..255 (from floats in [0, 1]: (x * 255).round().to(torch.uint8))"
         elif len(shape) == 3:
