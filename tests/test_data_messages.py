@@ -309,6 +309,63 @@ def test_a_pair_of_arrays_or_lists_is_one_line_naming_the_conversion(mistake: st
     assert f"_OwnData.load_split('train') {says}" in str(err.value), err.value
 
 
+@pytest.mark.parametrize(
+    ("mistake", "says"),
+    [
+        ("fractions", "train split has label 0.5, not a class index: labels are whole numbers 0..9"),
+        ("column", "train split has labels of shape (32, 1): give one class index per image, shape (N,)"),
+        ("one-hot", "train split has labels of shape (32, 10): give one class index per image"),
+    ],
+)
+def test_labels_that_are_not_one_class_index_per_image_are_one_line(mistake: str, says: str) -> None:
+    """Float labels 0.5, 1.5, ... were cast to int64 in silence (0, 1, ...: another task trained); (N, 1)
+    and one-hot labels were cross-entropy's traceback at the first step."""
+    dm = _OwnData()
+    images, labels = dm.load_split("train")
+    if mistake == "fractions":
+        labels = labels + 0.5
+    elif mistake == "column":
+        labels = labels[:, None]
+    else:
+        labels = torch.nn.functional.one_hot(labels, 10)
+    dm.load_split = lambda split: (images, labels)
+    with pytest.raises(UserError) as err:
+        dm.setup("fit")
+    assert f"_OwnData's {says}" in str(err.value), err.value
+
+
+class _DatasetLabels(_OwnData):
+    """The splits as a Dataset whose labels are ``kind``: int32 tensors, whole floats, or (1,) tensors."""
+
+    def __init__(self, kind: str = "int32", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.kind = kind
+
+    def load_split(self, split: str):
+        images, labels = super().load_split(split)
+        if self.kind == "int32":
+            return TensorDataset(images, labels.int())
+        if self.kind == "float":
+            return TensorDataset(images, labels.double())
+        return TensorDataset(images, labels[:, None])
+
+
+@pytest.mark.parametrize("kind", ["int32", "float"])
+def test_a_dataset_of_int32_or_whole_float_labels_trains_as_a_pair_of_them_does(tmp_path: Path, kind) -> None:
+    """A pair's labels are cast to int64; a Dataset's int32 or float labels reached cross-entropy as they
+    were ("expected target dtype to be Long or Byte", a traceback)."""
+    args = ["fit", f"--data={__name__}._DatasetLabels", f"--data.kind={kind}", "--data.batch_size=8"]
+    args += ["--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    main([*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+
+
+def test_a_dataset_of_one_element_labels_is_one_line_naming_getitem(capsys, tmp_path: Path) -> None:
+    """Labels of shape (1,) per sample batch to (B, 1): cross-entropy's "0D or 1D target tensor expected"."""
+    args = ["fit", f"--data={__name__}._DatasetLabels", "--data.kind=column", "--data.batch_size=8"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "_DatasetLabels's val split has labels of shape (1,) per sample: __getitem__ must" in line, line
+
+
 class _FewNames(_OwnData):
     class_names = ("cat", "dog")
 

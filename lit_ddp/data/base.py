@@ -189,11 +189,13 @@ class ImageDataModule(LightningDataModule):
             data = self.load_split(split)
             if isinstance(data, tuple):
                 self._check_tensor_split(split, *data)
-                data = TensorImageDataset(*data)
                 if stage != "predict":  # predict reads no label: a split of unlabelled images may say -1
                     # Every label at once, before the run: a bad one deep in the split is found now, not
-                    # when its batch comes, and this split's batches need no check of their own.
-                    self._check_labels(data.labels, split)
+                    # when its batch comes, and this split's batches need no check of their own. Before
+                    # TensorImageDataset casts them to int64, which would turn a label 0.5 into 0.
+                    self._check_labels(data[1], split)
+                data = TensorImageDataset(*data)
+                if stage != "predict":
                     self._labels_checked[split] = data
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
@@ -443,7 +445,10 @@ class ImageDataModule(LightningDataModule):
             split = self._split_name()
             checked = self._labels_checked.get(split)  # skipped only for the very split setup checked whole
             if checked is None or checked is not getattr(self, f"{split}_set", None):
-                self._check_labels(batch.labels, split)
+                self._check_labels(batch.labels, split, per_sample=True)
+        if isinstance(batch.labels, Tensor) and batch.labels.dtype != torch.int64:
+            # cross-entropy takes int64 class indices only; a pair's labels are cast as they are wrapped
+            batch = replace(batch, labels=batch.labels.long())
         if (
             trainer is not None
             and trainer.training
@@ -490,14 +495,32 @@ class ImageDataModule(LightningDataModule):
             " return a Dataset whose samples are a (C, H, W) uint8 image tensor and its int label"
         )
 
-    def _check_labels(self, y: Tensor, split: str) -> None:
-        """UserError for a label of ``split`` outside [0, num_classes): cross-entropy fails on it with a
-        traceback on a CPU and a device-side assert on a GPU. An in-memory split's labels are checked whole
-        in ``setup``; a Dataset's, batch by batch, on the host before the copy (no device sync)."""
-        if not isinstance(y, Tensor) or y.ndim != 1 or y.is_floating_point() or y.numel() == 0:
+    def _check_labels(self, y: Tensor, split: str, per_sample: bool = False) -> None:
+        """UserError for labels of ``split`` that are not one class index in [0, num_classes) per image:
+        cross-entropy fails on one outside with a traceback on a CPU and a device-side assert on a GPU, on
+        (N, 1) or one-hot labels with a traceback, and the cast to int64 truncates 0.5 to 0 in silence. An
+        in-memory split's labels are checked whole in ``setup``; a Dataset's, batch by batch
+        (``per_sample``), on the host before the copy (no device sync)."""
+        if not isinstance(y, Tensor) or y.numel() == 0:
             return
+        if y.ndim != 1:  # cross-entropy's traceback: "0D or 1D target tensor expected" or "Expected floating"
+            name = type(self).__name__
+            if not per_sample:  # a pair of tensors' labels
+                how = "labels.squeeze(1)" if y.shape[1:] == (1,) else "from one-hot: labels.argmax(1)"
+                what = f"labels of shape {tuple(y.shape)}: give one class index per image, shape (N,) ({how})"
+            else:
+                what = f"labels of shape {tuple(y.shape[1:])} per sample: __getitem__ must return int labels"
+            raise UserError(f"{name}'s {split} split has {what}")
         if y.device.type != "cpu":  # a dataset already on the device: reading its labels would wait for it
             return
+        if y.is_floating_point():  # whole values are cast to int64; others would be truncated in silence
+            fraction = y[y != y.round()]  # NaN too
+            if fraction.numel():
+                raise UserError(
+                    f"{type(self).__name__}'s {split} split has label {float(fraction[0]):g}, not a class"
+                    f" index: labels are whole numbers 0..{self.num_classes - 1}; map them to class indices"
+                    " in load_split"
+                )
         low, high = (int(v) for v in torch.aminmax(y))
         if low >= 0 and high < self.num_classes:
             return
