@@ -366,6 +366,43 @@ def test_a_dataset_of_one_element_labels_is_one_line_naming_getitem(capsys, tmp_
     assert "_DatasetLabels's val split has labels of shape (1,) per sample: __getitem__ must" in line, line
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter([])
+
+
+@pytest.mark.parametrize(
+    ("stage", "returned", "limit_val", "says"),
+    [
+        ("fit", "no val", 1.0, "load_split('val') returned None, and fit reads the val split: return it"),
+        ("test", "no test", 1.0, "load_split('test') returned None, and test reads the test split"),
+        ("fit", "iterable", 1.0, "load_split('train') returned a dataset without a length (_Stream, an iter"),
+        ("fit", "no val", 0, ""),  # a fit that does not validate reads no val split: it sets up
+    ],
+)
+def test_a_split_returned_as_none_or_as_an_iterable_dataset_is_one_line(
+    stage: str, returned: str, limit_val: float, says: str
+) -> None:
+    """A val split returned as None was the loader's RuntimeError traceback after the model summary ("setup()
+    did not create this split"); an IterableDataset was a TypeError traceback ("has no len()")."""
+    from lightning import Trainer
+
+    dm = _OwnData(batch_size=8)
+    pairs = {split: dm.load_split(split) for split in ("train", "val", "test")}
+    missing = {"no val": "val", "no test": "test"}.get(returned)
+    dm.load_split = lambda split: (
+        None if split == missing else _Stream() if returned == "iterable" else pairs[split]
+    )
+    dm.trainer = Trainer(accelerator="cpu", logger=False, limit_val_batches=limit_val)
+    if not says:
+        dm.setup(stage)
+        assert dm.val_set is None and len(dm.train_set) == 32
+        return
+    with pytest.raises(UserError) as err:
+        dm.setup(stage)
+    assert f"_OwnData.{says}" in str(err.value), err.value
+
+
 class _FewNames(_OwnData):
     class_names = ("cat", "dog")
 

@@ -32,7 +32,7 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from numpy import ndarray
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from lit_ddp.data.augmentation import Augmentation, CropFlip, describe, rebuild
 from lit_ddp.data.batch import Batch
@@ -187,6 +187,7 @@ class ImageDataModule(LightningDataModule):
             splits = ()  # predict reads predict_dir's files, not the test split
         for split in splits:
             data = self.load_split(split)
+            self._check_split_kind(stage, split, data)
             if isinstance(data, tuple):
                 self._check_tensor_split(split, *data)
                 if stage != "predict":  # predict reads no label: a split of unlabelled images may say -1
@@ -204,6 +205,30 @@ class ImageDataModule(LightningDataModule):
             )
         if stage in ("validate", "test"):
             check_split_evaluated(stage, getattr(self, f"{SPLITS_OF_STAGE[stage][0]}_set", None))
+
+    def _check_split_kind(self, stage: str, split: str, data: object) -> None:
+        """UserError for a ``load_split`` result the loaders cannot read: None where the stage reads the split
+        (the loader's RuntimeError after the model summary), or a Dataset without a length (an
+        IterableDataset: a TypeError in setup); the samplers shard, shuffle and resume by sample index."""
+        name = f"{type(self).__name__}.load_split('{split}')"
+        if data is None:
+            t = self.trainer
+            if split == "val" and stage == "fit" and (t is None or t.limit_val_batches == 0):
+                return  # a fit that does not validate reads no val split
+            without = ", or pass --trainer.limit_val_batches=0 to fit without one" if stage == "fit" else ""
+            raise UserError(
+                f"{name} returned None, and {getattr(stage, 'value', stage)} reads the {split} split: return"
+                f" it as a Dataset or an (images, labels) pair{without}"
+            )
+        if not isinstance(data, tuple) and (
+            isinstance(data, IterableDataset) or not hasattr(data, "__len__")
+        ):
+            raise UserError(
+                f"{name} returned a dataset without a length ({type(data).__name__}, an iterable dataset):"
+                " lit_ddp shards, shuffles and resumes by sample index; return a map-style Dataset (__len__"
+                " and __getitem__), or write the data as shards (python -m lit_ddp shard) and read them with"
+                " StreamingDataModule"
+            )
 
     def _check_tensor_split(self, split: str, images: Tensor, labels: Tensor) -> None:
         """UserError for a (images, labels) split that is not (N, C, H, W) uint8 and N labels, naming the
