@@ -294,10 +294,32 @@ def test_the_one_process_launch_beside_a_failed_two_process_launch_is_ended_and_
         run_cases([case], timeout=600, workdir=tmp_path)
 
 
-def test_a_split_too_small_for_the_checks_is_one_line(tmp_path: Path) -> None:
-    data = ShapesDataModule(**{**SHAPES, "train_size": 20})  # 2 × 8 × 2 steps need 32
-    with pytest.raises(UserError, match=r"^ShapesDataModule.train_set holds 20 samples; the checks need 32:"):
+@pytest.mark.parametrize(
+    ("size", "says"),
+    [
+        # 2 × 8 × 2 steps need 32; a batch of 5 needs 20
+        (
+            {"train_size": 20},
+            "train_set holds 20 samples; the checks need 32 at batch size 8 (2 × 8, 1 × 16):"
+            " give the data module more samples, or run the checks at a batch of 5 (doctor --batch-size=5;",
+        ),
+        # 2 × 8 + 1 need 17; no batch fits 1 sample: 2 × 1 + 1
+        (
+            {"val_size": 1},
+            "val_set holds 1 samples; the checks need 17 at batch size 8 (2 × 8, 1 × 16): give"
+            " the data module 3 samples or more",
+        ),
+    ],
+)
+def test_a_split_too_small_for_the_checks_is_one_line_naming_the_batch_that_fits(
+    tmp_path: Path, size: dict, says: str
+) -> None:
+    """The line said "pass a smaller batch_size to the checks": not which, and a val split of 1 or 2 samples
+    fits none (the doctor's option is --batch-size, the kit's batch_size)."""
+    data = ShapesDataModule(**{**SHAPES, **size})
+    with pytest.raises(UserError) as err:
         check_ddp_invariants(LeNetCIFAR(), data, workdir=tmp_path, checks=("grads",), timeout=300)
+    assert str(err.value).startswith(f"ShapesDataModule.{says}"), err.value
 
 
 def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:

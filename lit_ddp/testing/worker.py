@@ -87,6 +87,25 @@ class TakeHead(Callback):
     def __init__(self, job: Job, recorder: Recorder) -> None:
         self.job, self.recorder = job, recorder
 
+    def _too_small(self, name: str, size: int, wanted: int) -> str:
+        """The line for a split of ``size`` samples where the checks need ``wanted``: the per-device batch
+        that fits, or the size that the smallest batch needs. The training split takes ``wanted / b``
+        samples per unit of the batch b, the val split 2b + 1 (uneven shards); a smaller batch alone said
+        nothing of how small, and none fits a val split under 3."""
+        b = self.job.batch_size // (3 - self.job.world_size)  # the checks' batch: 2 × b and 1 × 2b run
+        per_batch = wanted // b if name.endswith("train_set") else 2
+        fits = (size - (0 if name.endswith("train_set") else 1)) // per_batch
+        said = (
+            f"{name} holds {size} samples; the checks need {wanted} at batch size {b} (2 × {b}, 1 × {2 * b})"
+        )
+        if fits < 1:
+            least = per_batch + (0 if name.endswith("train_set") else 1)
+            return f"{said}: give the data module {least} samples or more (the checks at batch 1 need them)"
+        return (
+            f"{said}: give the data module more samples, or run the checks at a batch of {fits}"
+            f" (doctor --batch-size={fits}; check_ddp_invariants(..., batch_size={fits}))"
+        )
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         dm = trainer.datamodule
         sizes = self.recorder.record.setdefault("full_sizes", {})
@@ -96,10 +115,7 @@ class TakeHead(Callback):
                 continue
             sizes[split] = len(dataset)
             if len(dataset) < wanted:
-                raise UserError(
-                    f"{type(dm).__name__}.{split} holds {len(dataset)} samples; the checks need {wanted}:"
-                    " give the data module more samples or pass a smaller batch_size to the checks"
-                )
+                raise UserError(self._too_small(f"{type(dm).__name__}.{split}", len(dataset), wanted))
             setattr(dm, split, Subsample(dataset, wanted))
             if self.job.digests:
                 # After seed_everything, before training: every run reads its samples in the same state.
