@@ -227,6 +227,11 @@ def test_cookiecutter_json_offers_what_the_template_understands() -> None:
     ("args", "message"),
     [
         (["--no-input", "package_name=1bad-name"], "not a valid Python identifier"),
+        # a keyword was told to use letters, digits and underscores, which it does
+        (
+            ["--no-input", "package_name=class"],
+            r"'class' is a Python keyword: `import class` cannot be written",
+        ),
         (["--no-input", "colour=red"], "unknown template variable 'colour'"),
         (["--no-input", "model_families=vgg"], "model_families must be one of"),
         (["--no-input", "project_name"], "is not key=value"),

@@ -76,7 +76,12 @@ def validate(context: dict) -> list[str]:
     """Problems with the user's answers, as one-sentence messages (empty when all is well)."""
     problems = []
     package = context.get("package_name", "")
-    if not package.isidentifier() or keyword.iskeyword(package):
+    if keyword.iskeyword(package):  # an identifier, so the advice below would name nothing to change
+        problems.append(
+            f"package_name {package!r} is a Python keyword: `import {package}` cannot be written; pass"
+            f" another name, e.g. package_name={package}_project"
+        )
+    elif not package.isidentifier():
         problems.append(
             f"package_name {package!r} is not a valid Python identifier: use letters, digits and"
             " underscores, not starting with a digit (e.g. package_name=my_project)"
