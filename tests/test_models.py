@@ -445,6 +445,27 @@ def test_an_error_in_a_users_own_network_keeps_its_traceback_and_a_library_netwo
         ImageClassifier(net=LeNet, num_classes=3)(torch.randn(2, 3, 64, 64))
 
 
+def test_labels_outside_the_models_classes_are_one_line_at_the_first_batch() -> None:
+    """A model built for 3 classes on data with 4 (from Python, where nothing links the two numbers): a
+    cross-entropy traceback ("Target 3 is out of bounds") on a CPU, a device-side assert on CUDA. The data
+    module keeps the base's num_classes (10), which its own label check allows."""
+    from lightning import Trainer
+
+    from lit_ddp.data import ImageDataModule
+
+    class FourClasses(ImageDataModule):
+        def load_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.zeros(64, 3, 32, 32, dtype=torch.uint8), torch.arange(64) % 4
+
+    trainer = Trainer(
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu"
+    )
+    with pytest.raises(
+        UserError, match="a (train|val) batch holds label 3, and ImageClassifier has num_classes=3"
+    ):
+        trainer.fit(ImageClassifier(net=LeNet, num_classes=3), datamodule=FourClasses(batch_size=16))
+
+
 class _NumClassesLater(nn.Module):
     """timm's form: ``VisionTransformer(img_size=224, patch_size=16, in_chans=3, num_classes=1000, ...)``."""
 

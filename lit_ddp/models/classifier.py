@@ -237,6 +237,7 @@ class ImageClassifier(LightningModule):
         self._net_compiled = False
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
+        self._labels_fit: set[str] = set()  # stages whose first batch's labels were checked (_check_labels)
         self.num_classes = num_classes
         # A checkpoint's hyperparameters hold the config as a dict (on_save_checkpoint): what
         # load_from_checkpoint passes back.
@@ -336,6 +337,7 @@ class ImageClassifier(LightningModule):
         # workers through shared memory, so a CPU state they update in place would also be the launching
         # process's (a later trainer.validate there would count those samples again) and each other's.
         self._reset_metrics(*STAGES)
+        self._labels_fit.clear()  # another run may bring other data
         if stage != "fit" or self.cuda_graph is False:
             return
         self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
@@ -390,9 +392,28 @@ class ImageClassifier(LightningModule):
         # also when the last batch or one rank's shard is smaller.
         getattr(self, f"{stage}_loss").update(loss, weight=y.shape[0])
 
+    def _check_labels(self, y: Tensor, stage: str) -> None:
+        """UserError for a stage's first batch holding a label outside [0, num_classes): cross-entropy's
+        "Target 3 is out of bounds" traceback on a CPU, a device-side assert that ends the process on CUDA.
+        The first batch only, before any graph capture: one read of the labels a stage, not one a step."""
+        if stage in self._labels_fit:
+            return
+        self._labels_fit.add(stage)
+        if y.ndim != 1 or y.numel() == 0:  # a mixed (B, num_classes) target: its width is the data module's
+            return
+        low, high = (int(v) for v in torch.aminmax(y))
+        if low < 0 or high >= self.num_classes:
+            bad, n = (high if high >= self.num_classes else low), self.num_classes
+            raise UserError(
+                f"a {stage} batch holds label {bad}, and {type(self).__name__} has num_classes={n} (labels 0"
+                f" to {n - 1}): give the model the data's number of classes"
+                f" (num_classes={max(high + 1, n)} or more), or labels from 0 to num_classes - 1"
+            )
+
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
         """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
         x, y = batch
+        self._check_labels(y, stage)
         logits, loss = self._logits_and_loss(x, y, stage)
         self._update_metrics(stage, logits, y, loss)
         return loss, logits
@@ -407,6 +428,7 @@ class ImageClassifier(LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         if self._replays_step():
+            self._check_labels(batch[1], "train")  # before the step is captured as a graph
             return self._replayed_training_step(batch)
         loss, _ = self._shared_step(batch, "train")
         return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps
