@@ -64,6 +64,7 @@ from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, wr
 
 from lit_ddp.assembly import CALLBACKS  # noqa: E402
 from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
+from lit_ddp.callbacks.group import skip_unused_batch_hooks  # noqa: E402
 from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
 from lit_ddp.data.batch import Batch  # noqa: E402
 from lit_ddp.models import ImageClassifier  # noqa: E402
@@ -195,7 +196,8 @@ class Redraw(L.Callback):
 def lit_ddp_callbacks(leave_out: tuple[str, ...] = ()) -> list[L.Callback]:
     """The CLI's default callbacks, with the progress bar and model summary the console asks for."""
     ours = [cls(**init_args) for key, (cls, init_args) in CALLBACKS.items() if key not in leave_out]
-    return ours + [part for c in ours if isinstance(c, Console) for part in c.lightning_parts()]
+    ours += [part for c in ours if isinstance(c, Console) for part in c.lightning_parts()]
+    return [skip_unused_batch_hooks(c) for c in ours]  # as assembly.py hands them to the Trainer
 
 
 STEP_HOOKS = (

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
 from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
+from lit_ddp.callbacks.group import skip_unused_batch_hooks
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.gc_freeze import FreezeGC
@@ -128,7 +129,10 @@ def trainer_arguments(
     theirs = trainer.get("callbacks") or []
     theirs = theirs if isinstance(theirs, list) else [theirs]
     ours = [c for key, c in chosen.items() if c is not None and _wanted(key, c, trainer, subcommand)]
-    callbacks = arguments["callbacks"] = [*theirs, *ours, *_console_parts(ours, theirs, trainer)]
+    ours += _console_parts(ours, theirs, trainer)
+    for callback in ours:
+        skip_unused_batch_hooks(callback)  # Lightning would call each empty one at every batch
+    callbacks = arguments["callbacks"] = [*theirs, *ours]
     if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
         # `--checkpoint=null --last_checkpoint=null` means no checkpoints, not Lightning's default one.
         arguments["enable_checkpointing"] = False

@@ -13,10 +13,11 @@ Lightning or torch name or a loop's internals.
 """
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from lightning import Trainer
+from lightning import Callback, Trainer
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.pytorch.loggers import Logger
@@ -175,6 +176,41 @@ def replace_child_observer_kill(children: list, end_job) -> bool:
             thread._terminate_all = end_job
             return True
     return False
+
+
+# ---- callbacks: Lightning's dispatch of a batch's hooks -------------------------------------------------
+
+# The hooks Lightning calls on every entry of ``trainer.callbacks`` at every batch.
+BATCH_HOOKS = (
+    "on_train_batch_start",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_train_batch_end",
+    "on_validation_batch_start",
+    "on_validation_batch_end",
+    "on_test_batch_start",
+    "on_test_batch_end",
+    "on_predict_batch_start",
+    "on_predict_batch_end",
+)
+
+
+def skip_batch_hooks(callback: Callback, skipped: Iterable[str]) -> None:
+    """Make Lightning's dispatch pass over ``callback``'s per-batch hooks named in ``skipped`` (hooks that do
+    nothing), and call its other per-batch hooks again if they were skipped before.
+
+    Lightning calls a callback's hook only where the attribute is callable (its loop's dispatch of every
+    hook to every callback, inside a profiler context labelled with the callback's ``state_key``): a None
+    on the instance is passed over, where ``Callback``'s empty method would be called at every batch. The
+    class's own methods stay, for ``super()`` and for code that calls the hook on the class."""
+    skipped = set(skipped)
+    for name in BATCH_HOOKS:
+        if name in skipped:
+            setattr(callback, name, None)
+        elif name in vars(callback) and vars(callback)[name] is None:
+            del vars(callback)[name]
 
 
 # ---- loggers and files -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ tests/test_cli.py checks the same rules through the whole CLI, on a built Traine
 from pathlib import Path
 
 import pytest
+from lightning import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.layer_sync import LayerSync
@@ -121,3 +122,21 @@ def test_checkpoints_are_written_atomically_and_sync_batchnorm_runs_on_any_backe
 def test_the_table_holds_every_default_and_opt_in_callback() -> None:
     seen = {t for row in ROWS for t in row[4]}
     assert {cls for cls, _ in CALLBACKS.values()} | set(OPT_IN_CALLBACKS.values()) <= seen
+
+
+def test_lightning_calls_only_the_batch_hooks_a_default_callback_uses() -> None:
+    """Each empty per-batch hook of lit_ddp's callbacks is None on the instance (Lightning passes over it);
+    a hook a group's member defines, or the class overrides, stays callable."""
+    from lit_ddp.callbacks.group import CallbackGroup
+    from lit_ddp.compat import BATCH_HOOKS
+
+    for callback in trainer_arguments({}, _defaults(), "fit", "recipe")["callbacks"]:
+        for name in BATCH_HOOKS:
+            if isinstance(callback, CallbackGroup):
+                used = bool(callback._hooks[name])
+            else:
+                used = getattr(type(callback), name) is not getattr(Callback, name)
+            assert callable(getattr(callback, name)) == used, (type(callback).__name__, name)
+    dashboard = Dashboard()
+    assert dashboard.on_before_backward is None and callable(dashboard.on_train_batch_end)
+    assert getattr(ModelCheckpoint(), "on_before_backward", None) is not None  # only what fit is handed

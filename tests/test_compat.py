@@ -254,3 +254,25 @@ def test_the_train_loader_loads_for_a_run_without_a_length(tmp_path: Path) -> No
     model = LeNetCIFAR(optim=OptimConfig(name="adamw", lr=3e-3, warmup_epochs=1.0, schedule="constant"))
     _trainer(tmp_path, [Length()], max_epochs=-1, max_steps=-1).fit(model, datamodule=_shapes())
     assert lengths == [4]
+
+
+def test_lightning_passes_over_a_batch_hook_set_to_none_and_calls_it_once_given_back(tmp_path: Path) -> None:
+    """skip_batch_hooks relies on Lightning's dispatch calling only the callable hooks of a callback."""
+    calls = []
+
+    class Counting(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            calls.append("start")
+
+        def on_before_backward(self, trainer, pl_module, loss) -> None:
+            calls.append("backward")
+
+    counting = Counting()
+    compat.skip_batch_hooks(counting, ["on_before_backward"])
+    _trainer(tmp_path, [counting], max_steps=2).fit(LeNetCIFAR(), datamodule=_shapes())
+    assert calls == ["start", "start"]
+    calls.clear()
+    compat.skip_batch_hooks(counting, [])
+    assert "on_before_backward" not in vars(counting)
+    _trainer(tmp_path, [counting], max_steps=2).fit(LeNetCIFAR(), datamodule=_shapes())
+    assert calls == ["start", "backward", "start", "backward"]

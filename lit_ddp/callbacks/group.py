@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from lightning import Callback
 
+from lit_ddp.compat import BATCH_HOOKS, skip_batch_hooks
+
 # Every hook Lightning calls on a callback (setup, teardown, on_*), read from its Callback class.
 HOOKS = tuple(
     name
@@ -40,6 +42,7 @@ class CallbackGroup(Callback):
         """Which members each hook calls: those whose class defines it (again after a member is changed)."""
         defines = lambda m, name: getattr(type(m), name) is not getattr(Callback, name)  # noqa: E731
         self._hooks = {name: [getattr(m, name) for m in self.members if defines(m, name)] for name in HOOKS}
+        skip_unused_batch_hooks(self)
 
     def member(self, kind: type) -> Callback | None:
         """The first member of type ``kind``, else None."""
@@ -53,6 +56,17 @@ class CallbackGroup(Callback):
         for m in self.members:
             if m.state_key in state_dict:
                 m.load_state_dict(state_dict[m.state_key])
+
+
+def skip_unused_batch_hooks(callback: Callback) -> Callback:
+    """Lightning passes over the per-batch hooks ``callback`` leaves empty: those its class does not
+    override, or for a group, those no member defines. Each would otherwise be called on every batch."""
+    if isinstance(callback, CallbackGroup):
+        unused = [name for name in BATCH_HOOKS if not callback._hooks[name]]
+    else:
+        unused = [name for name in BATCH_HOOKS if getattr(type(callback), name) is getattr(Callback, name)]
+    skip_batch_hooks(callback, unused)
+    return callback
 
 
 def find_callback(callbacks: Iterable[Callback], kind: type) -> Callback | None:
