@@ -1068,3 +1068,22 @@ def test_d_clipping_under_mixed_precision_gets_an_unfused_optimizer() -> None:
     assert not build_optimizer(net, OptimConfig(), 64, 100, 10, clips_under_amp=True)[0].defaults["fused"]
     with pytest.raises(UserError, match="fused=true cannot be combined with --trainer.gradient_clip_val"):
         build_optimizer(net, OptimConfig(fused=True), 64, 100, 10, clips_under_amp=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_d_nan_guards_host_check_on_a_cpu_agrees_with_the_2_norm(dtype) -> None:
+    """Read at once on a CPU, fp32 and fp64 gradients are judged by their sum of squares in numpy: finite
+    where the 2-norm is, for a model's shapes, with a NaN, ±inf, or gradients whose 2-norm overflows; other
+    dtypes and devices go to the 2-norm (None)."""
+    from lit_ddp.runtime.nan_guard import _finite_on_cpu, _total_norm
+
+    g = torch.Generator().manual_seed(0)
+    shapes = ((6, 3, 5, 5), (6,), (120, 400), (10,))
+    for bad in (None, float("nan"), float("inf"), float("-inf"), 1e18):
+        grads = [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+        if bad is not None:
+            grads[2][7] = bad  # a row: 400 gradients of 1e18 overflow fp32's 2-norm, not fp64's
+        assert _finite_on_cpu(grads) == math.isfinite(_total_norm(grads, 2.0).item()), bad
+    assert _finite_on_cpu([torch.ones(3, dtype=torch.bfloat16)]) is None
+    assert _finite_on_cpu([torch.ones(3, dtype=torch.float16)]) is None
+    assert _finite_on_cpu([torch.ones(3), torch.ones(3, dtype=torch.bfloat16)]) is None

@@ -11,7 +11,10 @@ scale, by design and again whenever the scale has grown too far. The guard then 
 of ``max_skipped_steps`` in a row was skipped, which a diverged loss causes and the scaler cannot cure.
 The check is the total norm of the gradients (torch.nn.utils.get_total_norm: fused per device where
 torch has a fused kernel; on a CPU the same norm of norms, tensor by tensor), read as one number: a NaN
-or inf anywhere makes it non-finite. The norm is the 2-norm, whose CPU kernel is vectorised (the
+or inf anywhere makes it non-finite. Read at once on a CPU, fp32 and fp64 gradients are checked by the sum
+of their squares in numpy instead (the squared 2-norm, one call per tensor where torch dispatches several
+ops): non-finite where the 2-norm is, and beyond that only where one gradient's square overflows, as the
+optimizer's own squares then do. The norm is the 2-norm, whose CPU kernel is vectorised (the
 inf-norm's is not). fp16 gradients get the inf-norm, the largest absolute value, which overflows only if a
 gradient is already infinite: a sum of finite fp16 squares overflows at 65504 (``16-true``). In fp32 and
 bf16 the 2-norm overflows only beyond ~1e19, where the optimizer's own squares have overflowed too.
@@ -28,6 +31,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
@@ -51,6 +55,24 @@ def _total_norm(grads: list[torch.Tensor], norm_type: float) -> torch.Tensor:
         norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
         return torch.linalg.vector_norm(norms, norm_type)
     return torch.nn.utils.get_total_norm(grads, norm_type)
+
+
+# numpy's dot of a gradient with itself, the squared 2-norm: no fp16 (whose sum of squares of finite
+# gradients overflows), nor bf16, which numpy lacks.
+_HOST_SQUARED = (torch.float32, torch.float64)
+
+
+def _finite_on_cpu(grads: list[torch.Tensor]) -> bool | None:
+    """Whether the gradients are all finite, from the sum of their squares (``_total_norm``'s 2-norm,
+    squared) taken in numpy; None where numpy cannot take them (another device, dtype or layout)."""
+    total = 0.0
+    with np.errstate(all="ignore"):  # an overflow is the verdict, not a warning
+        for g in grads:
+            if not g.is_cpu or g.dtype not in _HOST_SQUARED or g.layout != torch.strided:
+                return None
+            a = g.detach().numpy().ravel()
+            total += float(np.dot(a, a))  # NaN and ±inf propagate
+    return math.isfinite(total)
 
 
 class NonFiniteLossError(UserError):
@@ -90,6 +112,11 @@ class NanGuard(Callback):
         if not grads:
             return
         self._read_pending(trainer)  # the previous step's verdict (next_step): arrived long ago
+        if self.read != "next_step":
+            finite = _finite_on_cpu(grads)  # None off a CPU: "auto" then reads as on_cuda says
+            if finite is not None:
+                self._judge(trainer, finite, None, late=False)
+                return
         norm_type = math.inf if any(g.dtype == torch.float16 for g in grads) else 2.0
         largest = _total_norm(grads, norm_type)  # NaN and ±inf propagate
         on_cuda = largest.device.type == "cuda"
