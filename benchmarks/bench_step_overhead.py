@@ -222,8 +222,8 @@ def time_step_hooks(
             callback.index_hooks()
             continue
         for hook in STEP_HOOKS:
-            if getattr(type(callback), hook) is getattr(L.Callback, hook):
-                continue
+            if getattr(type(callback), hook) is getattr(L.Callback, hook) or getattr(callback, hook) is None:
+                continue  # not called (None: Lightning passes over it)
             key = f"{type(callback).__name__}.{hook}"
             setattr(callback, hook, _timed_hook(getattr(callback, hook), key, timer, spent))
     return spent

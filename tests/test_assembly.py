@@ -127,7 +127,7 @@ def test_the_table_holds_every_default_and_opt_in_callback() -> None:
 def test_lightning_calls_only_the_batch_hooks_a_default_callback_uses() -> None:
     """Each empty per-batch hook of lit_ddp's callbacks is None on the instance (Lightning passes over it);
     a hook a group's member defines, or the class overrides, stays callable."""
-    from lit_ddp.callbacks.group import CallbackGroup
+    from lit_ddp.callbacks.group import CallbackGroup, skip_unused_batch_hooks
     from lit_ddp.compat import BATCH_HOOKS
 
     for callback in trainer_arguments({}, _defaults(), "fit", "recipe")["callbacks"]:
@@ -136,7 +136,11 @@ def test_lightning_calls_only_the_batch_hooks_a_default_callback_uses() -> None:
                 used = bool(callback._hooks[name])
             else:
                 used = getattr(type(callback), name) is not getattr(Callback, name)
+                used = used and name not in getattr(callback, "idle_batch_hooks", ())
             assert callable(getattr(callback, name)) == used, (type(callback).__name__, name)
     dashboard = Dashboard()
     assert dashboard.on_before_backward is None and callable(dashboard.on_train_batch_end)
     assert getattr(ModelCheckpoint(), "on_before_backward", None) is not None  # only what fit is handed
+    last = LastCheckpoint()
+    assert skip_unused_batch_hooks(last).on_train_batch_end is None  # no step or time schedule: never saves
+    assert callable(skip_unused_batch_hooks(LastCheckpoint(every_n_train_steps=100)).on_train_batch_end)

@@ -60,11 +60,13 @@ class CallbackGroup(Callback):
 
 def skip_unused_batch_hooks(callback: Callback) -> Callback:
     """Lightning passes over the per-batch hooks ``callback`` leaves empty: those its class does not
-    override, or for a group, those no member defines. Each would otherwise be called on every batch."""
+    override, those its settings leave nothing to do (its ``idle_batch_hooks``, if it has any), or for a
+    group, those no member defines. Each would otherwise be called on every batch."""
     if isinstance(callback, CallbackGroup):
         unused = [name for name in BATCH_HOOKS if not callback._hooks[name]]
     else:
         unused = [name for name in BATCH_HOOKS if getattr(type(callback), name) is getattr(Callback, name)]
+        unused += getattr(callback, "idle_batch_hooks", ())
     skip_batch_hooks(callback, unused)
     return callback
 

@@ -31,6 +31,9 @@ class LastCheckpoint(ModelCheckpoint):
         # A schedule of the user's own (--last_checkpoint.every_n_train_steps=1000, ...) decides alone.
         scheduled = ("every_n_train_steps", "train_time_interval", "every_n_epochs")
         self._at_validations = not any(kwargs.get(key) for key in scheduled)
+        # Without a step or time schedule, ModelCheckpoint's check after each training batch never saves.
+        on_batches = any(kwargs.get(key) for key in ("every_n_train_steps", "train_time_interval"))
+        self.idle_batch_hooks = () if on_batches else ("on_train_batch_end",)
         super().__init__(filename=filename, enable_version_counter=enable_version_counter, **kwargs)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
