@@ -65,6 +65,7 @@ from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, wr
 from lit_ddp.assembly import CALLBACKS  # noqa: E402
 from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
 from lit_ddp.callbacks.group import skip_unused_batch_hooks  # noqa: E402
+from lit_ddp.compat import BATCH_HOOKS  # noqa: E402
 from lit_ddp.data import CropFlip, ImageDataModule  # noqa: E402
 from lit_ddp.data.batch import Batch  # noqa: E402
 from lit_ddp.models import ImageClassifier  # noqa: E402
@@ -200,13 +201,8 @@ def lit_ddp_callbacks(leave_out: tuple[str, ...] = ()) -> list[L.Callback]:
     return [skip_unused_batch_hooks(c) for c in ours]  # as assembly.py hands them to the Trainer
 
 
-STEP_HOOKS = (
-    "on_train_batch_start",
-    "on_before_backward",
-    "on_after_backward",
-    "on_before_optimizer_step",
-    "on_before_zero_grad",
-    "on_train_batch_end",
+STEP_HOOKS = tuple(
+    hook for hook in BATCH_HOOKS if "validation" not in hook and "test" not in hook and "predict" not in hook
 )
 
 
