@@ -262,6 +262,23 @@ class LitDDPCLI(LightningCLI):
         trainer.callbacks.sort(key=lambda callback: not isinstance(callback, Timer))
         return trainer
 
+    def fit(self, **kwargs) -> None:
+        """``trainer.fit`` (LightningCLI runs a subcommand's method of the CLI where it has one), with
+        Lightning's refusal of a validation interval longer than the epoch as one line: a ValueError with
+        nothing else to tell it by, raised once the epoch's batches are known, for any model."""
+        try:
+            self.trainer.fit(**kwargs)
+        except ValueError:
+            t = self.trainer
+            interval, batches = t.val_check_interval, t.num_training_batches
+            if not isinstance(interval, int) or t.check_val_every_n_epoch is None or interval <= batches:
+                raise
+            raise UserError(
+                f"--trainer.val_check_interval={interval} validates every {interval} training batches, and an"
+                f" epoch has {batches} per device: pass {batches} or fewer, or"
+                " --trainer.check_val_every_n_epoch=null to count the batches across epochs"
+            ) from None
+
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
         # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.

@@ -454,6 +454,26 @@ def test_lightning_settings_users_pass_work_or_fail_in_one_line(
     assert err[-1].startswith(error) and "Traceback" not in "\n".join(err)
 
 
+class OwnOptimizer(LeNetCIFAR):
+    """A user's model with its own configure_optimizers, which need not load the training data."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_validation_interval_past_the_epoch_is_one_line_for_a_model_with_its_own_optimizers(
+    tmp_path: Path, capsys
+) -> None:
+    """Lightning refuses it with a ValueError once the epoch's batches are known: in ImageClassifier's
+    configure_optimizers as it loads them, or in Lightning's loop for a model that does not."""
+    argv = ["fit", *QUICK, "--model=test_cli.OwnOptimizer", "--trainer.val_check_interval=9"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, f"--trainer.default_root_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("lit_ddp: error: --trainer.val_check_interval=9 validates every 9 training")
+
+
 @pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])
 def test_evaluating_last_without_an_earlier_run_is_an_error_not_random_weights(
     tmp_path: Path, subcommand: str, capsys

@@ -152,20 +152,6 @@ def _check_num_classes_first(net: object) -> None:
         )
 
 
-def _validation_past_the_epoch(trainer) -> UserError | None:
-    """Lightning's refusal (a ValueError with nothing else to tell it by, once it knows the epoch's batches)
-    of a --trainer.val_check_interval of more batches than an epoch has, while validation also counts
-    epochs: the one line with its fix, or None for another ValueError."""
-    interval, batches = trainer.val_check_interval, trainer.num_training_batches
-    if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None or interval <= batches:
-        return None
-    return UserError(
-        f"--trainer.val_check_interval={interval} validates every {interval} training batches, and an epoch"
-        f" has {batches} per device: pass {batches} or fewer, or --trainer.check_val_every_n_epoch=null to"
-        " count the batches across epochs"
-    )
-
-
 class ImageClassifier(LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
@@ -538,19 +524,13 @@ class ImageClassifier(LightningModule):
 
     def configure_optimizers(self):
         trainer = self.trainer
-        try:
-            # inf with --trainer.max_epochs=-1 and no max_steps: only schedules that need no length can run.
-            total_steps = trainer.estimated_stepping_batches
-            steps_per_epoch = 0
-            if self.optim.warmup_epochs > 0:
-                if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning)
-                    load_train_dataloader(trainer)
-                steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        except ValueError:  # raised as Lightning loads the training data
-            refused = _validation_past_the_epoch(trainer)
-            if refused is None:
-                raise
-            raise refused from None
+        # inf with --trainer.max_epochs=-1 and no max_steps: only schedules that need no length can run.
+        total_steps = trainer.estimated_stepping_batches
+        steps_per_epoch = 0
+        if self.optim.warmup_epochs > 0:
+            if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning)
+                load_train_dataloader(trainer)
+            steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
         # Lightning's mixed precision (16 and bf16) refuses to clip for a fused optimizer: then no fused step.
         amp = isinstance(trainer.precision_plugin, MixedPrecision)
