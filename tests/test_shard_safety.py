@@ -348,14 +348,22 @@ def test_links_to_files_outside_the_tree_or_of_the_same_class_are_followed(tmp_p
     assert shard(capsys, tmp_path / "tree", tmp_path / "dest").returncode == 0
 
 
-@pytest.mark.parametrize("shape", ["empty class folder", "val is a file"])
+@pytest.mark.parametrize("shape", ["empty class folder", "val is a file", "val has no image", "empty test"])
 def test_a_tree_of_an_odd_shape_is_one_line_naming_the_path(tmp_path: Path, capsys, shape: str) -> None:
     """An empty class folder in train/ became a class with no sample (ImageNetDataModule refuses it), and a
-    file named val/ left the val split out; both with exit 0 and no word."""
+    file named val/ left the val split out; both with exit 0 and no word. A val/ (or test/) with no image
+    became a split of 0 samples: fit on those shards validated nothing, checkpointed on no val/acc, exit 0."""
     make_tree(tmp_path / "tree")
     if shape == "empty class folder":
         (tmp_path / "tree" / "train" / "n09999999").mkdir()
         says = "train has class folders with no image file ('n09999999'): add images or remove the folders"
+    elif shape == "val has no image":
+        for image in (tmp_path / "tree" / "val").rglob("*.JPEG"):
+            image.unlink()  # the class folders stay
+        says = "val holds no image file: add images or remove the folder"
+    elif shape == "empty test":
+        (tmp_path / "tree" / "test").mkdir()
+        says = "test holds no image file: add images or remove the folder"
     else:
         shutil.rmtree(tmp_path / "tree" / "val")
         (tmp_path / "tree" / "val").write_text("not a folder")

@@ -166,6 +166,10 @@ def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], 
             f"{root / 'train'} has class folders with no image file ({', '.join(map(ascii, empty[:5]))}): add"
             " images or remove the folders"
         )
+    # as ImageNetDataModule: a val/ or test/ split of no sample would be one that fit validates nothing on
+    barren = [split for split, listing in listings.items() if not len(listing)]
+    if barren:
+        raise UserError(f"{root / barren[0]} holds no image file: add images or remove the folder")
 
     def rows(listing) -> Iterator[dict]:
         paths = [listing.path(i) for i in range(len(listing))]
