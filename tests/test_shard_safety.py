@@ -246,6 +246,18 @@ def test_a_data_url_of_s3_with_no_bucket_says_so(tmp_path: Path, monkeypatch, ur
     assert str(err.value) == f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix"
 
 
+@pytest.mark.parametrize("dest", ["S3://bucket/tree", "s3:/bucket/tree", "gs://bucket/tree"])
+def test_a_dest_url_that_is_not_s3s_form_is_refused_not_written_as_a_local_folder(
+    tmp_path: Path, capsys, monkeypatch, dest: str
+) -> None:
+    """`shard SRC S3://bucket/tree` (or s3:/, gs://) wrote a local folder `S3:/bucket/tree` and printed
+    `→ S3://bucket/tree`, exit 0: the user took the shards for uploaded."""
+    make_tree(tmp_path / "tree")
+    monkeypatch.chdir(tmp_path)
+    refused(shard(capsys, tmp_path / "tree", dest), f"DEST {dest} is not an s3:// URL", "s3://bucket/prefix")
+    assert sorted(os.listdir(tmp_path)) == ["tree"]
+
+
 def test_a_full_dest_is_one_line_naming_it_and_leaves_nothing_half_written(tmp_path: Path, capsys) -> None:
     """A full disk, made without privileges: RLIMIT_FSIZE (for this call only) stops any file at 40 kB with
     EFBIG, as ENOSPC would stop it at the disk's end. The shards of 52 kB cannot be written."""
