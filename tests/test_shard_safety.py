@@ -258,6 +258,17 @@ def test_a_dest_url_that_is_not_s3s_form_is_refused_not_written_as_a_local_folde
     assert sorted(os.listdir(tmp_path)) == ["tree"]
 
 
+@pytest.mark.parametrize("url", ["S3://bucket/tree", "gs://bucket/tree"])
+def test_a_data_url_that_is_not_s3s_form_says_so(tmp_path: Path, monkeypatch, url: str) -> None:
+    """--data.url=S3://bucket/tree was read as a local folder 'S3:' (no readable lit_ddp.json there)."""
+    from lit_ddp.data.streaming import StreamingDataModule
+    from lit_ddp.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=rf"^--data.url={url} is not an s3:// URL .*s3://bucket/prefix"):
+        StreamingDataModule(url=url)
+
+
 def test_a_full_dest_is_one_line_naming_it_and_leaves_nothing_half_written(tmp_path: Path, capsys) -> None:
     """A full disk, made without privileges: RLIMIT_FSIZE (for this call only) stops any file at 40 kB with
     EFBIG, as ENOSPC would stop it at the disk's end. The shards of 52 kB cannot be written."""

@@ -56,6 +56,7 @@ from lit_ddp.data.shards import (
     MANIFEST,
     SPLITS,
     S3Store,
+    check_url_form,
     is_remote,
     store_problem,
 )
@@ -223,21 +224,6 @@ def _s3_errors(dest: str) -> Iterator[None]:
         raise UserError(problem) from err
 
 
-# A URL's scheme at the start of DEST (two characters or more: a drive letter, C:, is a path).
-SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
-
-
-def _check_dest_form(dest: str) -> None:
-    """Refuse a DEST that names a store lit_ddp does not write (gs://, S3://, s3:/): taken as a local path,
-    it became a folder named `S3:` in the working directory, while the user took the shards for uploaded."""
-    scheme = SCHEME.match(dest)
-    if scheme and not is_remote(dest):
-        raise UserError(
-            f"DEST {dest} is not an s3:// URL (it would be a local folder named {scheme.group(0)}): pass"
-            f" s3://bucket/prefix (S3 or a store compatible with it), or ./{dest} for a local folder"
-        )
-
-
 def _check_apart(src: Path, dest: str) -> None:
     """Refuse a local DEST that is SRC, lies inside it or holds it (links resolved): publishing replaces
     DEST's split folders, which would be SRC's own images."""
@@ -352,7 +338,7 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     root = Path(src)
     if not root.is_dir():
         raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
-    _check_dest_form(dest)
+    check_url_form(dest, f"DEST {dest}")
     _check_apart(root, dest)
     cifar = find_folder(root)
     if cifar is None and len(find_classes(root / "train")) < 2:  # before DEST is touched

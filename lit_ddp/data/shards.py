@@ -37,6 +37,7 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -78,6 +79,22 @@ class ShardError(UserError):
 
 def is_remote(url: str) -> bool:
     return url.startswith("s3://")
+
+
+# A URL's scheme at the start of a location (two characters or more: a drive letter, C:, is a path).
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+def check_url_form(url: str, named: str) -> None:
+    """Refuse a location that names a store lit_ddp does not read or write (gs://, S3://, s3:/): taken as a
+    local path, ``shard`` wrote a folder named `S3:` in the working directory while the user took the shards
+    for uploaded, and a data module looked for them there. ``named``: the location as the user wrote it."""
+    scheme = SCHEME.match(url)
+    if scheme and not is_remote(url):
+        raise UserError(
+            f"{named} is not an s3:// URL (it would be a local folder named {scheme.group(0)}): pass"
+            f" s3://bucket/prefix (S3 or a store compatible with it), or ./{url} for a local folder"
+        )
 
 
 class LocalStore:

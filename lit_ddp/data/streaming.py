@@ -37,6 +37,7 @@ from lit_ddp.data.shards import (
     Sample,
     ShardedSamples,
     ShardError,
+    check_url_form,
     chunk_window_order,
     is_remote,
     read_image_bytes,
@@ -207,6 +208,7 @@ class StreamingDataModule(ImageDataModule):
             if not fits:
                 raise UserError(f"--data.{name}={value} must be {bound} ({what})")
         url = local_path(url, "--data.url")  # a YAML config's ~ and $VAR arrive unexpanded
+        check_url_form(url, f"--data.url={url}")
         if is_remote(url) and not url[len("s3://") :].partition("/")[0]:  # stripped of "/", s3:// is "s3:"
             raise UserError(f"--data.url={url} names no bucket: pass --data.url=s3://bucket/prefix")
         self.url, self.val_size, self.window, self.retries = url.rstrip("/"), val_size, window, retries
