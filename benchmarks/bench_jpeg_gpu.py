@@ -6,6 +6,7 @@ and the share of step time the training loop spends waiting for data.
     python benchmarks/bench_jpeg_gpu.py --num-workers 15 --dir /tmp/jpegs   # more decoders; keep the images
     taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --gpu-decode   # 4 CPUs, the batch decoded on the GPU
     python benchmarks/bench_jpeg_gpu.py --gpu-decode --shards         # ... the JPEGs read from MDS shards
+    python benchmarks/bench_jpeg_gpu.py --gpu-decode --profile-steps 10   # ... where the device time goes
     python benchmarks/bench_jpeg_gpu.py --device cpu --arch resnet18 --images 64 --batch-size 8 \\
         --image-size 64 --warmup 1 --steps 3 --num-workers 1          # proves it runs, on a laptop
 
@@ -40,12 +41,24 @@ where it runs, on the decode thread a batch ahead or in the training loop: its h
 the device (CUDA events on its stream). Their medians over the window, beside the step's time, say whether
 the decode under training is slower than the step, which a wait a batch ahead then comes from.
 
+With ``--profile-steps N``, N more steps after the timed ones run under ``torch.profiler`` (the device
+synchronised at both ends; the timed window's figures are those of a run without it), and ``--json`` gets
+their summary under "profile": wall ms a step; per step the device's kernels, copies and memsets (their
+summed durations and their busy union), split into the decode's and the training's by the CUDA stream they
+ran on, the decode's by kernel name into nvJPEG, resize, copy and other; the 15 kernels of most device time
+with their stream; each stream's figures, with its launches matched to the training's thread and to the
+decode's; and the host's operator time (self CPU) on the training thread. The decode's stream is the one
+whose launches (the CUDA runtime calls with the kernel's correlation id) came mostly from the decode's
+thread; where that tells none apart, the stream that ran the resize. The profiler records operators only on
+the thread that started it: the decode thread's own host time is the decode's timing above. On a CPU there
+are no device events: the summary holds the host side only. ``--trace PATH`` writes the Chrome trace.
+
 What to compare: the images/s with bench_resnet_gpu.py's (the same network on a batch already on the
 device: the compute limit); the wait share says how much of the gap the input pipeline makes. ``--json``
 writes "jpeg_pipeline_img_s", "jpeg_data_wait_share", "step_ms", "device", "num_workers" (the count used) and
 "source" ("shards" or "folder"),
-"decode_ms" and "decode_device_ms" (null without ``--gpu-decode``; the device span null off CUDA), with the
-arguments used.
+"decode_ms" and "decode_device_ms" (null without ``--gpu-decode``; the device span null off CUDA), "profile"
+(null without ``--profile-steps``), with the arguments used.
 """
 
 import argparse
@@ -55,6 +68,7 @@ import multiprocessing
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +180,7 @@ class DecodeTimes:
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, float, tuple | None]] = []
+        self.threads: set[int] = set()  # the native ids of the threads that decoded: a profile's split
 
     @contextlib.contextmanager
     def recording(self) -> Iterator["DecodeTimes"]:
@@ -179,6 +194,7 @@ class DecodeTimes:
             start = time.perf_counter()
             out = decode(batch, device)
             seconds = time.perf_counter() - start
+            self.threads.add(threading.get_native_id())
             if events is not None:
                 events[1].record()
             self.calls.append((start, seconds, events))
@@ -201,6 +217,159 @@ class DecodeTimes:
         return host, statistics.median(spans) if spans else None
 
 
+# The decode's device work by kernel name (lower case), the first group that matches; "other" for the rest
+# (the float casts, the round and the flips). nvJPEG's names are not documented: its matches are a guess
+# that the profile's top kernels check.
+KERNEL_GROUPS = (
+    ("nvjpeg", ("jpeg", "huffman", "dct", "ycbcr", "yuv")),
+    ("resize", ("upsample", "resize", "interp")),
+    ("copy", ("memcpy", "memset", "copy")),
+)
+TOP = 15
+
+
+def kernel_group(name: str) -> str:
+    name = name.lower()
+    return next((group for group, parts in KERNEL_GROUPS if any(p in name for p in parts)), "other")
+
+
+def launch_threads(events: list) -> dict[int, int]:
+    """{correlation id: native thread id} of the CUDA runtime and driver calls (cudaLaunchKernel,
+    cuLaunchKernel, cudaMemcpyAsync, ...): a device event carries its launch's correlation id as ``id``,
+    and a runtime call its thread as ``device_resource_id``. Recorded on every thread, unlike operators."""
+    return {
+        e.id: e.device_resource_id
+        for e in events
+        if e.device_type.name == "CPU" and e.name.startswith("cu") and e.device_resource_id is not None
+    }
+
+
+def launch_votes(work: list, launches: dict[int, int], decoders: set[int]) -> dict[int, list[int]]:
+    """{stream: [launches matched from other threads, from a decoding thread]} of the device events."""
+    votes: dict[int, list[int]] = {}
+    for e in work:
+        if e.id in launches:
+            votes.setdefault(e.device_resource_id, [0, 0])[launches[e.id] in decoders] += 1
+    return votes
+
+
+def decode_streams(work: list, votes: dict[int, list[int]], decoders: set[int]) -> tuple[set, str | None]:
+    """The streams the decode ran on, and how they were told apart: "launch thread" (most of a stream's
+    matched launches came from a thread that decoded, not the training's), or where that names none or
+    every stream, "kernel names" (the streams that ran a resize, which training has none of).
+    ``decoders``: the native ids of the decoding threads other than the training's; none (the decode in
+    the loop, on the training's stream), no split."""
+    if not decoders:
+        return set(), None
+    everywhere = {e.device_resource_id for e in work}
+    streams = {stream for stream, (other, decode) in votes.items() if decode > other}
+    if streams and streams != everywhere:
+        return streams, "launch thread"
+    return {e.device_resource_id for e in work if kernel_group(e.name) == "resize"}, "kernel names"
+
+
+def device_figures(work: list, steps: int) -> dict:
+    """Per step: the device events' count, summed durations and busy union (ms), and the durations by
+    ``kernel_group``."""
+    from profile_gpu import busy_us  # here: profile_gpu imports this module
+
+    groups = dict.fromkeys([group for group, _ in KERNEL_GROUPS] + ["other"], 0.0)
+    for e in work:
+        groups[kernel_group(e.name)] += e.time_range.elapsed_us() / 1e3 / steps
+    return {
+        "events_per_step": len(work) / steps,
+        "kernel_ms_per_step": sum(e.time_range.elapsed_us() for e in work) / 1e3 / steps,
+        "busy_ms_per_step": busy_us(work) / 1e3 / steps,
+        "groups_ms_per_step": groups,
+    }
+
+
+def profile_summary(events: list, steps: int, seconds: float, decoders: set[int]) -> dict:
+    """What ``--profile-steps`` writes under "profile" (see the module docstring), from the profiler's
+    events over ``steps`` steps of ``seconds`` wall time; ``decoders`` as in ``decode_streams``."""
+    from profile_gpu import busy_us, device_work
+
+    work = device_work(events)
+    votes = launch_votes(work, launch_threads(events), decoders)
+    streams, rule = decode_streams(work, votes, decoders)
+    by_stream: dict = {}
+    top: dict[tuple[str, int], list] = {}
+    for e in work:
+        by_stream.setdefault(e.device_resource_id, []).append(e)
+        entry = top.setdefault((e.name, e.device_resource_id), [0.0, 0])
+        entry[0] += e.time_range.elapsed_us() / 1e3 / steps
+        entry[1] += 1
+    decode = [e for e in work if e.device_resource_id in streams]
+    training = [e for e in work if e.device_resource_id not in streams]
+    busy = busy_us(work) / 1e3 / steps
+    summed = sum(e.time_range.elapsed_us() for e in work) / 1e3 / steps
+    ops: dict[str, float] = {}
+    for e in events:  # the training thread's operators: the only thread the profiler records them on
+        if e.device_type.name == "CPU" and not e.is_user_annotation and not e.name.startswith("cu"):
+            ops[e.name] = ops.get(e.name, 0.0) + e.self_cpu_time_total / 1e3 / steps
+    split = streams and training
+    return {
+        "steps": steps,
+        "ms_per_step": 1e3 * seconds / steps,
+        "device_busy_ms_per_step": busy if work else None,
+        "device_kernel_ms_per_step": summed if work else None,
+        "decode_stream_rule": rule if split else None,
+        "decode_streams": sorted(streams) if split else [],
+        "decode": device_figures(decode, steps) if split else None,
+        "training": device_figures(training, steps) if split else None,
+        "overlap_ms_per_step": (busy_us(decode) + busy_us(training)) / 1e3 / steps - busy if split else None,
+        "streams": {
+            str(s): {**device_figures(es, steps), "launches_other_decode": votes.get(s, [0, 0])}
+            for s, es in sorted(by_stream.items())
+        },
+        "top_kernels": [
+            {"name": name, "stream": stream, "ms_per_step": ms, "count": count}
+            for (name, stream), (ms, count) in sorted(top.items(), key=lambda kv: -kv[1][0])[:TOP]
+        ],
+        "host_ops_ms_per_step": sum(ops.values()),
+        "top_host_ops": [
+            {"name": name, "self_ms_per_step": ms}
+            for name, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:TOP]
+        ],
+    }
+
+
+def print_profile(profile: dict) -> None:
+    print(
+        f"  profiled           {profile['steps']:10d} steps after the timed ones,"
+        f" {profile['ms_per_step']:.1f} ms a step under the profiler"
+    )
+    print(
+        f"  host operators     {profile['host_ops_ms_per_step']:10.1f} ms a step (self CPU, training thread)"
+    )
+    if profile["decodes"]:
+        host = profile["decode_host_ms"]
+        print(f"  decodes begun      {profile['decodes']:10d}, {host:.1f} ms each on the host (median)")
+    if profile["device_busy_ms_per_step"] is None:
+        print("  no device events (not CUDA, or CUPTI recorded none): the host side only")
+        for op in profile["top_host_ops"][:5]:
+            print(f"    {op['self_ms_per_step']:8.2f} ms  {op['name'][:70]}")
+        return
+    print("  device, ms a step  summed     busy   (kernels, copies, memsets)")
+    rows = [(f"decode {profile['decode_streams']}", profile["decode"])] if profile["decode"] else []
+    rows = [("training", profile["training"]), *rows] if profile["training"] else rows
+    for label, figures in rows:
+        print(f"    {label:16s} {figures['kernel_ms_per_step']:7.1f}  {figures['busy_ms_per_step']:7.1f}")
+    summed, busy = profile["device_kernel_ms_per_step"], profile["device_busy_ms_per_step"]
+    print(f"    {'all':16s} {summed:7.1f}  {busy:7.1f}")
+    if profile["decode"]:
+        groups = profile["decode"]["groups_ms_per_step"]
+        print(
+            f"  the decode's ({profile['decode_stream_rule']}): "
+            + ", ".join(f"{group} {ms:.1f}" for group, ms in groups.items())
+            + f" ms a step; overlapping training {profile['overlap_ms_per_step']:.1f} ms"
+        )
+    else:
+        print("  no decode stream told apart (the decode in the loop, or none seen): all on one")
+    for kernel in profile["top_kernels"]:
+        print(f"    {kernel['ms_per_step']:7.2f} ms  stream {kernel['stream']:<4} {kernel['name'][:80]}")
+
+
 def train(
     args: argparse.Namespace,
     recipe: dict,
@@ -210,10 +379,12 @@ def train(
     device: torch.device,
     precision: str,
     decodes: DecodeTimes,
-) -> tuple[WindowTimer, int]:
-    """Trainer.fit for warm-up + timed steps, each batch's decode on the device timed into ``decodes``; the
-    timer and the DataLoader workers per device it ran with. The JPEGs are read from the tree ``root``, or
-    with ``shards`` from those shards."""
+) -> tuple[WindowTimer, int, dict | None]:
+    """Trainer.fit for warm-up + timed steps (+ profiled ones), each batch's decode on the device timed into
+    ``decodes``; the timer, the DataLoader workers per device it ran with and the profile's summary. The
+    JPEGs are read from the tree ``root``, or with ``shards`` from those shards."""
+    from profile_gpu import StepProfiler  # here: profile_gpu imports this module
+
     data_args, model_args = recipe["data"]["init_args"], dict(recipe["model"]["init_args"])
     source = {"url": str(shards)} if shards is not None else {"data_dir": str(root)}
     dm = (RepeatedStreaming if shards is not None else RepeatedImageNet)(
@@ -230,19 +401,33 @@ def train(
     model_args["optim"] = OptimConfig(**model_args["optim"])
     torch.manual_seed(0)
     timer = WindowTimer(args.warmup, args.steps)
+    # After the timed window, not in it: the profiler's own cost stays out of the headline figures.
+    probe = StepProfiler(args.warmup + args.steps, args.profile_steps, device) if args.profile_steps else None
     with tempfile.TemporaryDirectory() as tmp, decodes.recording():
         trainer = L.Trainer(
             accelerator=device.type,
             devices=1,
             precision=precision,
-            max_steps=args.warmup + args.steps,
+            max_steps=args.warmup + args.steps + args.profile_steps,
             benchmark=recipe["trainer"].get("benchmark", False) and device.type == "cuda",
             logger=False,
-            callbacks=[timer],
+            callbacks=[timer, probe] if probe else [timer],
             **training_only(tmp),
         )
         trainer.fit(ArchClassifier(**model_args), datamodule=dm)
-    return timer, dm.workers_per_device()
+    if probe is None:
+        return timer, dm.workers_per_device(), None
+    if args.trace is not None:
+        probe.profiler.export_chrome_trace(str(args.trace))
+    decoders = decodes.threads - {threading.get_native_id()}  # decoding in the loop: no stream of its own
+    summary = profile_summary(probe.profiler.events(), args.profile_steps, probe.seconds, decoders)
+    # The decodes the profiled steps held (a batch ahead: about one a step): the decode's device time per
+    # step is its time per decode only when the counts match.
+    end = probe.start + probe.seconds
+    host = [seconds for begun, seconds, _ in decodes.calls if probe.start <= begun < end]
+    summary["decodes"] = len(host)
+    summary["decode_host_ms"] = 1e3 * statistics.median(host) if host else None
+    return timer, dm.workers_per_device(), summary
 
 
 def main() -> None:
@@ -273,10 +458,17 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=50, help="untimed steps, at least 1")
     parser.add_argument("--steps", type=int, default=300, help="timed steps")
+    parser.add_argument(
+        "--profile-steps", type=int, default=0,
+        help="this many more steps after the timed ones under torch.profiler: 'profile' in the JSON",
+    )  # fmt: skip
+    parser.add_argument("--trace", type=Path, default=None, help="with --profile-steps: the Chrome trace")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be at least 1 (the window starts at the end of a step)")
+    if args.profile_steps < 0 or (args.trace is not None and not args.profile_steps):
+        parser.error("--profile-steps must be at least 0, and --trace needs it")
 
     with tempfile.TemporaryDirectory(prefix="bench_jpeg_") as tmp:
         root = args.dir or Path(tmp) / "jpegs"
@@ -290,7 +482,7 @@ def main() -> None:
             shards = write_shards(root, root.with_name(f"{root.name}-shards"))
             for path in shards.rglob("*.mds"):  # the page cache, as the files' above
                 path.read_bytes()
-        repeat = math.ceil((args.warmup + args.steps) * args.batch_size / files)
+        repeat = math.ceil((args.warmup + args.steps + args.profile_steps) * args.batch_size / files)
 
         device = torch.device(args.device)
         if device.type == "cuda":
@@ -298,7 +490,7 @@ def main() -> None:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         precision = args.precision or (recipe["trainer"]["precision"] if device.type == "cuda" else "32-true")
         decodes = DecodeTimes()
-        timer, workers = train(args, recipe, root, shards, repeat, device, precision, decodes)
+        timer, workers, profile = train(args, recipe, root, shards, repeat, device, precision, decodes)
     rate, share = timer.images / timer.seconds, timer.wait / timer.seconds
     step_ms = 1e3 * timer.seconds / args.steps
     decode_ms, decode_device_ms = decodes.medians_ms(timer.start, timer.start + timer.seconds)
@@ -319,6 +511,8 @@ def main() -> None:
         print(f"  a batch's decode   {decode_ms:10.1f} ms on the host ({where}), median")
     if decode_device_ms is not None:
         print(f"                     {decode_device_ms:10.1f} ms on the device, median")
+    if profile is not None:
+        print_profile(profile)
 
     if args.json is not None:
         figures = {
@@ -334,6 +528,7 @@ def main() -> None:
             "step_ms": step_ms,
             "decode_ms": decode_ms,
             "decode_device_ms": decode_device_ms,
+            "profile": profile,
             "files": files,
             "mean_kb": kb,
             "cpus": available_cpus(),

@@ -5,7 +5,9 @@
 #
 # PARTs, in the order they run with none given: setup versions tests resnet compile lenet lenet_cli lenet_compile
 # lenet_cudagraphs lenet_graphed jpeg jpeg_workers jpeg_4cpus gpu_decode gpu_decode_inline gpu_decode_shards worker_memory collect; `profile`
-# (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py). Each runs under
+# (not in that list) times the GPU-decode stages and profiles the LeNet step (benchmarks/profile_gpu.py), and
+# `gpu_decode_profile` (nor that) profiles gpu_decode's training: the device time of the decode's stream and the
+# training's, per step (bench_jpeg_gpu.py --profile-steps). Each runs under
 # `timeout` within 10 minutes (PART_TIMEOUT, seconds), so a machine that allows 10 minutes per command runs
 # one or a few at a time into the same OUT_DIR. `collect` writes benchmarks/results/gpu.json (or $GPU_JSON) from what the others left there:
 # null for a figure that did not run or failed, never an estimate.
@@ -115,6 +117,9 @@ PY
         run python benchmarks/profile_gpu.py lenet --side "$side" --json "$OUT/profile_lenet_$side.json" \
           --table "$OUT/profile_lenet_${side}_ops.txt" 2>&1 | tee "$OUT/profile_lenet_$side.log"
       done ;;
+    gpu_decode_profile)  # gpu_decode, shorter, then 10 steps under torch.profiler: where the device time goes
+      run taskset -c 0-3 python benchmarks/bench_jpeg_gpu.py --dir "$OUT/jpegs" --gpu-decode --steps 60 --warmup 30 \
+        --profile-steps 10 --json "$OUT/gpu_decode_profile.json" 2>&1 | tee "$OUT/gpu_decode_profile.log" ;;
     worker_memory)
       run python benchmarks/bench_worker_memory_gpu.py --workers 4 --json "$OUT/worker_memory.json" 2>&1 \
         | tee "$OUT/worker_memory.log" ;;

@@ -286,20 +286,25 @@ def test_a_graphed_side_that_fails_is_named_and_left_null_and_the_others_still_c
     )
 
 
-@pytest.mark.parametrize("ahead, shards", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    "ahead, shards, profile",
+    [(True, False, False), (False, False, False), (True, True, False), (True, False, True)],
+)
 def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
-    tmp_path: Path, ahead: bool, shards: bool
+    tmp_path: Path, ahead: bool, shards: bool, profile: bool
 ) -> None:
-    """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode, gpu_decode_inline and
-    gpu_decode_shards parts) on a few small JPEGs: the figure, which of them it measured, and the decode's
-    own time beside the step's (on a CPU, no device span). With --shards, the images are read from the
-    shards written beside them (DIR-shards)."""
+    """benchmarks/bench_jpeg_gpu.py --gpu-decode (the suite's gpu_decode, gpu_decode_inline,
+    gpu_decode_shards and gpu_decode_profile parts) on a few small JPEGs: the figure, which of them it
+    measured, and the decode's own time beside the step's (on a CPU, no device span). With --shards, the
+    images are read from the shards written beside them (DIR-shards). With --profile-steps, the profiled
+    steps' summary: on a CPU, no device events, the host's operators only."""
     out = tmp_path / "jpeg.json"
     script = [str(REPO / "benchmarks" / "bench_jpeg_gpu.py"), "--device=cpu", "--gpu-decode"]
     script += ["--images=32", "--width=64", "--height=48", "--batch-size=8", "--image-size=32"]
     script += ["--arch=resnet18", "--num-classes=10", "--num-workers=1", "--warmup=1", "--steps=2"]
     script += [f"--dir={tmp_path / 'jpegs'}", f"--json={out}", *([] if ahead else ["--no-decode-ahead"])]
     script += ["--shards"] if shards else []
+    script += ["--profile-steps=2", f"--trace={tmp_path / 'trace.json'}"] if profile else []
     result = run_python(script, cwd=tmp_path, env=cli_env(), timeout=240, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads(out.read_text())
@@ -308,3 +313,56 @@ def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
     assert (tmp_path / "jpegs-shards" / "lit_ddp.json").is_file() is shards
     assert record["jpeg_pipeline_img_s"] > 0 and 0 <= record["jpeg_data_wait_share"] <= 1
     assert record["step_ms"] > 0 and record["decode_ms"] > 0 and record["decode_device_ms"] is None
+    if not profile:
+        assert record["profile"] is None and "profiled" not in result.stdout
+        return
+    summary = record["profile"]
+    assert summary["steps"] == 2 and summary["ms_per_step"] > 0 and summary["host_ops_ms_per_step"] > 0
+    assert summary["top_host_ops"] and summary["device_busy_ms_per_step"] is None
+    assert summary["decode"] is None and summary["top_kernels"] == [] and summary["streams"] == {}
+    assert "no device events" in result.stdout and (tmp_path / "trace.json").is_file()
+
+
+def fake_event(name: str, device: str, id: int, resource: int, start: float = 0.0, end: float = 0.0):
+    interval = SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return SimpleNamespace(
+        name=name, device_type=SimpleNamespace(name=device), id=id, device_resource_id=resource,
+        time_range=interval, is_user_annotation=False, self_cpu_time_total=1000.0,
+    )  # fmt: skip
+
+
+def test_the_jpeg_benchmarks_profile_tells_the_decodes_stream_by_the_thread_that_launched_its_kernels() -> (
+    None
+):
+    """What a CUDA profile holds, faked: kernels on two streams, each with the runtime call that launched
+    it (same correlation id; the call's resource id is its thread). The decode thread's stream is the
+    decode's; its kernels are grouped by name; the overlap is what both streams ran at once."""
+    from bench_jpeg_gpu import profile_summary
+
+    events = [
+        fake_event("aten::conv2d", "CPU", 1, 100),
+        fake_event("cudaLaunchKernel", "CPU", 11, 100),  # the training thread (native id 100)
+        fake_event("cudaLaunchKernel", "CPU", 12, 200),  # the decode thread (200)
+        fake_event("cudaLaunchKernel", "CPU", 13, 200),
+        fake_event("sm90_xmma_fprop_implicit_gemm", "CUDA", 11, 7, 0.0, 4000.0),
+        fake_event("nvjpeg::decode_huffman_kernel", "CUDA", 12, 21, 1000.0, 2000.0),
+        fake_event("upsample_bilinear2d_aa_out_frame", "CUDA", 13, 21, 5000.0, 6000.0),
+    ]
+    summary = profile_summary(events, 2, 0.02, {200})
+    assert summary["decode_streams"] == [21] and summary["decode_stream_rule"] == "launch thread"
+    assert summary["decode"]["groups_ms_per_step"] == {
+        "nvjpeg": 0.5,
+        "resize": 0.5,
+        "copy": 0.0,
+        "other": 0.0,
+    }
+    assert summary["training"]["kernel_ms_per_step"] == 2.0 and summary["device_busy_ms_per_step"] == 2.5
+    assert summary["overlap_ms_per_step"] == 0.5 and summary["streams"]["21"]["launches_other_decode"] == [
+        0,
+        2,
+    ]
+    assert [k["stream"] for k in summary["top_kernels"]] == [7, 21, 21]
+    assert summary["host_ops_ms_per_step"] == 0.5  # the operator's, not the runtime calls'
+    without_launches = [e for e in events if not e.name.startswith("cuda")]  # the names decide instead
+    assert profile_summary(without_launches, 2, 0.02, {200})["decode_stream_rule"] == "kernel names"
+    assert profile_summary(events, 2, 0.02, set())["decode"] is None  # decoded in the loop: no split
