@@ -269,6 +269,23 @@ def test_a_data_url_that_is_not_s3s_form_says_so(tmp_path: Path, monkeypatch, ur
         StreamingDataModule(url=url)
 
 
+def test_a_split_without_its_index_is_one_line_saying_to_re_shard_not_to_resume(
+    tmp_path: Path, cifar_shards: Path
+) -> None:
+    """At setup, before any step: the line called the index a shard and said to resume with
+    --ckpt_path=last, a run that never started."""
+    from lit_ddp.data.shards import ShardError
+    from lit_ddp.data.streaming import StreamingDataModule
+
+    root = shutil.copytree(cifar_shards, tmp_path / "shards")
+    (root / "train" / "index.json").unlink()
+    dm = StreamingDataModule(url=str(root), batch_size=4, num_workers=0, val_size=8)
+    with pytest.raises(ShardError) as err:
+        dm.setup("fit")
+    assert str(err.value).startswith(f"cannot read {root / 'train' / 'index.json'}, the train split's index")
+    assert "re-shard" in str(err.value) and "--ckpt_path" not in str(err.value)
+
+
 def test_a_full_dest_is_one_line_naming_it_and_leaves_nothing_half_written(tmp_path: Path, capsys) -> None:
     """A full disk, made without privileges: RLIMIT_FSIZE (for this call only) stops any file at 40 kB with
     EFBIG, as ENOSPC would stop it at the disk's end. The shards of 52 kB cannot be written."""

@@ -541,9 +541,17 @@ class ShardedSamples:
         self.url, self.split, self.retries, self.open_shards = url, split, retries, open_shards
         self.store = open_store(url, read_timeout)
         name = self.store.name(f"{split}/{INDEX}")
-        self.shards, layout, self.digests = read_index(
-            parse_json(read_with_retries(self.store, f"{split}/{INDEX}", None, retries), name), name
-        )
+        try:
+            data = read_with_retries(self.store, f"{split}/{INDEX}", None, retries)
+        except ShardError as err:  # before any step: not a shard, nothing to resume
+            problem = store_problem(err.__cause__, url) if is_remote(url) else None
+            check = "check that the store is up; if it is, " if is_remote(url) else ""
+            raise ShardError(
+                problem
+                or f"cannot read {name}, the {split} split's index ({_why(err.__cause__)}): {check}the"
+                f" shards at {url} are not whole; {RESHARD}"
+            ) from None
+        self.shards, layout, self.digests = read_index(parse_json(data, name), name)
         # Variable-size columns (image, and path in ImageFolder shards) lead each sample with their sizes.
         self.header = 4 * sum(size is None for size in layout)
         self.starts = np.cumsum([0] + [n for *_, n in self.shards]).tolist()
