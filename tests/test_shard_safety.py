@@ -286,6 +286,16 @@ def test_a_split_without_its_index_is_one_line_saying_to_re_shard_not_to_resume(
     assert "re-shard" in str(err.value) and "--ckpt_path" not in str(err.value)
 
 
+def test_a_dest_that_is_a_link_to_nothing_is_one_line_naming_the_link(tmp_path: Path, capsys) -> None:
+    """mkdir on a dangling link fails with "File exists", which was reported as a disk fault ("fix the disk,
+    or pass a DEST on another disk")."""
+    make_tree(tmp_path / "tree")
+    (tmp_path / "dest").symlink_to(tmp_path / "gone")
+    ran = shard(capsys, tmp_path / "tree", tmp_path / "dest")
+    refused(ran, f"is a link to {tmp_path / 'gone'}, which does not exist")
+    assert not (tmp_path / "gone").exists()
+
+
 def test_a_full_dest_is_one_line_naming_it_and_leaves_nothing_half_written(tmp_path: Path, capsys) -> None:
     """A full disk, made without privileges: RLIMIT_FSIZE (for this call only) stops any file at 40 kB with
     EFBIG, as ENOSPC would stop it at the disk's end. The shards of 52 kB cannot be written."""

@@ -366,6 +366,11 @@ def _convert_locked(root: Path, cifar: Path | None, dest: str, shard_mb: float, 
             return _shard_into(root, cifar, dest, shard_mb, workers, still_ours)
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise UserError(f"{dest} is a file: pass a folder (or s3://bucket/prefix) as DEST")
+    if os.path.islink(dest) and not os.path.exists(dest):  # mkdir's "File exists" read as a disk fault
+        raise UserError(
+            f"DEST {dest} is a link to {os.readlink(dest)}, which does not exist: create that folder, or pass"
+            " another DEST"
+        )
     created = not os.path.exists(dest)
     Path(dest).mkdir(parents=True, exist_ok=True)
     try:
