@@ -108,8 +108,9 @@ def generate(root: Path, n: int, width: int, height: int) -> None:
     shutil.rmtree(work)
 
 
-class RepeatedImageNet(ImageNetDataModule):
-    """ImageNetDataModule whose training list names every file ``repeat`` times (see the module docstring)."""
+class Repeated:
+    """A data module whose training split names every sample ``repeat`` times (see the module docstring):
+    ``repeat_training`` says how, for its kind of split."""
 
     def __init__(self, repeat: int, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -118,21 +119,18 @@ class RepeatedImageNet(ImageNetDataModule):
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if stage == "fit":
-            self.train_set.samples = list(self.train_set.samples) * self.repeat
+            self.repeat_training()
 
 
-class RepeatedStreaming(StreamingDataModule):
-    """StreamingDataModule whose training split names every sample ``repeat`` times: its positions, kept
-    ascending as the shard order needs them, each ``repeat`` times (see the module docstring)."""
+class RepeatedImageNet(Repeated, ImageNetDataModule):
+    def repeat_training(self) -> None:
+        self.train_set.samples = list(self.train_set.samples) * self.repeat
 
-    def __init__(self, repeat: int, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.repeat = repeat
 
-    def setup(self, stage: str) -> None:
-        super().setup(stage)
-        if stage == "fit":
-            self.train_set.positions = np.repeat(self.train_set.positions, self.repeat)
+class RepeatedStreaming(Repeated, StreamingDataModule):
+    def repeat_training(self) -> None:
+        # the positions stay ascending, as the shard order needs them
+        self.train_set.positions = np.repeat(self.train_set.positions, self.repeat)
 
 
 def write_shards(root: Path, dest: Path) -> Path:
