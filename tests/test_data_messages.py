@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset, TensorDataset
 
-from lit_ddp.cli import main
+from lit_ddp.cli import build_cli, main
 from lit_ddp.data import CIFAR10DataModule, ImageDataModule, ImageNetDataModule, ShapesDataModule
 from lit_ddp.data.cifar10 import FOLDER
 from lit_ddp.errors import UserError
@@ -356,7 +356,9 @@ def test_a_dataset_of_int32_or_whole_float_labels_trains_as_a_pair_of_them_does(
     were ("expected target dtype to be Long or Byte", a traceback)."""
     args = ["fit", f"--data={__name__}._DatasetLabels", f"--data.kind={kind}", "--data.batch_size=8"]
     args += ["--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
-    main([*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    cli = build_cli([*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    metrics = cli.trainer.callback_metrics
+    assert cli.trainer.global_step == 1 and torch.isfinite(metrics["val/loss"]) and "val/acc" in metrics
 
 
 def test_a_dataset_of_one_element_labels_is_one_line_naming_getitem(capsys, tmp_path: Path) -> None:
