@@ -40,7 +40,7 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -282,18 +282,29 @@ def read_with_retries(
     ) from last  # the last reason, for read_manifest's line
 
 
+def read_before_training(store, key: str, retries: int, url: str, said: Callable[[str], str]) -> bytes:
+    """``read_with_retries`` for a file read before the first step (the manifest, a split's index), whose
+    failure is not a shard's (``read_with_retries`` says to resume): the store's own problem (credentials,
+    endpoint, bucket), which another --data.url does not fix, else ``said(why)``."""
+    try:
+        return read_with_retries(store, key, None, retries)
+    except ShardError as err:
+        problem = store_problem(err.__cause__, url) if is_remote(url) else None
+        raise ShardError(problem or said(_why(err.__cause__))) from None
+
+
 def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT) -> dict:
     store = open_store(url, read_timeout)
-    try:
-        data = read_with_retries(store, MANIFEST, None, retries)
-    except ShardError as err:
-        # The store's own problem (credentials, endpoint, bucket) is not fixed by another --data.url.
-        problem = store_problem(err.__cause__, url) if is_remote(url) else None
-        raise ShardError(
-            problem
-            or f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or s3://"
-            " prefix written by `python -m lit_ddp shard SRC DEST`"
-        ) from None
+    data = read_before_training(
+        store,
+        MANIFEST,
+        retries,
+        url,
+        lambda why: (
+            f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or"
+            " s3:// prefix written by `python -m lit_ddp shard SRC DEST`"
+        ),
+    )
     manifest = parse_json(data, store.name(MANIFEST))
     try:
         shape = manifest["image_shape"]
@@ -541,16 +552,17 @@ class ShardedSamples:
         self.url, self.split, self.retries, self.open_shards = url, split, retries, open_shards
         self.store = open_store(url, read_timeout)
         name = self.store.name(f"{split}/{INDEX}")
-        try:
-            data = read_with_retries(self.store, f"{split}/{INDEX}", None, retries)
-        except ShardError as err:  # before any step: not a shard, nothing to resume
-            problem = store_problem(err.__cause__, url) if is_remote(url) else None
-            check = "check that the store is up; if it is, " if is_remote(url) else ""
-            raise ShardError(
-                problem
-                or f"cannot read {name}, the {split} split's index ({_why(err.__cause__)}): {check}the"
-                f" shards at {url} are not whole; {RESHARD}"
-            ) from None
+        check = "check that the store is up; if it is, " if is_remote(url) else ""
+        data = read_before_training(
+            self.store,
+            f"{split}/{INDEX}",
+            retries,
+            url,
+            lambda why: (
+                f"cannot read {name}, the {split} split's index ({why}): {check}the shards at {url}"
+                f" are not whole; {RESHARD}"
+            ),
+        )
         self.shards, layout, self.digests = read_index(parse_json(data, name), name)
         # Variable-size columns (image, and path in ImageFolder shards) lead each sample with their sizes.
         self.header = 4 * sum(size is None for size in layout)
