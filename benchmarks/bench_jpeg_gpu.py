@@ -530,8 +530,23 @@ def main() -> None:
             "files": files,
             "mean_kb": kb,
             "cpus": available_cpus(),
+            "decoder": decoder_in_use(),
         }
         write_results(args.json, {**figures, "settings": settings(args)})
+
+
+def decoder_in_use() -> str:
+    """Which library's nvJPEG decoded: TorchCodec's (its CUDA decoder sends baseline JPEGs to the JPEG
+    engine of A100/H100/H200) or torchvision's, with its version; the figures differ by that."""
+    import torchvision
+
+    from lit_ddp.data.codec import torchcodec_decoder
+
+    if torchcodec_decoder() is None:
+        return f"torchvision {torchvision.__version__}"
+    from importlib.metadata import version
+
+    return f"torchcodec {version('torchcodec')}"
 
 
 if __name__ == "__main__":

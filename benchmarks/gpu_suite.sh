@@ -17,6 +17,9 @@
 #
 #   pip download --no-deps -d .whl jsonargparse docstring-parser typeshed-client cloudpickle  # here, with an index;
 #                                            # .whl/ is git-ignored: copy it along with the checkout
+#   pip download --no-deps -d .whl torchcodec --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux_2_28_x86_64     # TorchCodec (>= 0.16: decode_jpeg; CUDA 13, torch >= 2.11): the
+#                                            # decoder on the GPU, else torchvision's; versions.json says which
 #   bash benchmarks/gpu_suite.sh /tmp/gpu setup versions tests   # then the other parts, a few at a time
 #
 # `setup` unzips those wheels into the interpreter's site-packages (a wheel is a zip of the installed files;
@@ -51,14 +54,20 @@ import json, os, platform, sys
 import lightning, torch, torchmetrics, torchvision
 sys.path.insert(0, "benchmarks")
 from harness import git_commit  # BENCH_COMMIT, else the checkout's
+from lit_ddp.data.codec import torchcodec_decoder
 cuda = torch.cuda.is_available()
+if torchcodec_decoder() is not None:
+    from importlib.metadata import version
+    torchcodec = version("torchcodec")
+else:
+    torchcodec = None  # not installed, or its libraries do not load with this torch: torchvision decodes
 print(json.dumps({
     "commit": git_commit() or "unknown",
     "device": torch.cuda.get_device_name(0) if cuda else "no CUDA device",
     "cpus": len(os.sched_getaffinity(0)),
     "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
     "torchvision": torchvision.__version__, "lightning": lightning.__version__,
-    "torchmetrics": torchmetrics.__version__,
+    "torchmetrics": torchmetrics.__version__, "torchcodec": torchcodec,
 }))
 PY
       cat "$OUT/versions.json"; echo ;;

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO, TINY_RUN, cli_env, run_python
 
+from lit_ddp.data.codec import torchcodec_decoder
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 from collect_gpu_results import collect  # noqa: E402
 
@@ -23,6 +25,7 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     lenet = {"lenet_cifar_epoch_s": 0.8, "lenet_cifar_workers_epoch_s": {"1": 0.7, "2": None}}
     (tmp_path / "lenet.json").write_text(json.dumps(lenet))  # no tutorial figure; 2 workers failed
     decode = {"jpeg_pipeline_img_s": 3000.0, "step_ms": 85.3, "decode_ms": 41.0, "decode_device_ms": None}
+    decode["decoder"] = "torchcodec 0.17.0"
     (tmp_path / "gpu_decode.json").write_text(json.dumps(decode))
     result = collect(tmp_path)
     assert (result["device"], result["commit"]) == ("NVIDIA H100", "abc1234")
@@ -32,6 +35,7 @@ def test_collected_figures_are_read_never_filled_in(tmp_path: Path) -> None:
     assert result["raw_lenet_epoch_s"] is None and result["lenet_cifar_compiled_epoch_s"] is None
     assert result["lightning_lenet_epoch_s"] is None
     assert (result["gpu_decode_step_ms"], result["gpu_decode_ms"]) == (85.3, 41.0)
+    assert result["gpu_decode_decoder"] == "torchcodec 0.17.0"
     assert result["gpu_decode_device_ms"] is None and result["gpu_decode_inline_ms"] is None
     assert result["resnet50_compile_img_s"] is None and result["gpu_tests_passed"] is None  # not run
 
@@ -313,6 +317,7 @@ def test_the_jpeg_benchmark_decodes_on_the_device_ahead_or_in_the_loop_on_a_cpu(
     assert (tmp_path / "jpegs-shards" / "lit_ddp.json").is_file() is shards
     assert record["jpeg_pipeline_img_s"] > 0 and 0 <= record["jpeg_data_wait_share"] <= 1
     assert record["step_ms"] > 0 and record["decode_ms"] > 0 and record["decode_device_ms"] is None
+    assert record["decoder"].split()[0] == ("torchcodec" if torchcodec_decoder() else "torchvision")
     if not profile:
         assert record["profile"] is None and "profiled" not in result.stdout
         return
