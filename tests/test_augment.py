@@ -185,6 +185,37 @@ def test_the_draws_are_hashed_before_the_copy_and_the_device_runs_no_hashing() -
     assert unaugmented.images is images and unaugmented.draws is None  # nothing drawn
 
 
+def test_an_epochs_draws_hashed_at_once_are_the_draws_each_batch_would_hash(monkeypatch) -> None:
+    """A training split small enough has its epoch's draws hashed once (base.py ``_epoch_draws``): a
+    batch's draws are its rows, the very bits hashing its indices gives, for any order and repeats, in
+    every epoch; made once an epoch; indices past the split, and a split too large to hold, are hashed."""
+    import lit_ddp.data.base as base
+    from lit_ddp.data.datasets import TensorImageDataset
+    from lit_ddp.data.samplers import stable_seed
+
+    images, labels = draw_shapes(50, seed=0)
+    dm = ShapesDataModule(augmentation=CropFlip(padding=4))
+    dm.train_set = TensorImageDataset(images, labels)
+    draws = range(SampleRandom.BLOCK + 3)  # the hashed block and draws hashed where they are used
+
+    def assert_hashed(rand: SampleRandom, index: torch.Tensor, epoch: int) -> None:
+        hashed = SampleRandom(index, stable_seed(dm.seed, epoch))
+        assert all(torch.equal(rand.bits(d), hashed.bits(d)) for d in draws)
+
+    index = torch.tensor([0, 49, 7, 7, 23])
+    for epoch in (3, 4):
+        assert_hashed(dm.augmentation_random(index, epoch), index, epoch)
+        table = dm._draws_of[1]
+        assert_hashed(dm.augmentation_random(index.flip(0), epoch), index.flip(0), epoch)
+        assert dm._draws_of[1] is table  # one table an epoch, not one a batch
+    past = torch.tensor([3, 50, 10**9])
+    assert_hashed(dm.augmentation_random(past, 4), past, 4)
+    monkeypatch.setattr(base, "EPOCH_DRAWS_MAX", 49)  # a split too large to hold: every batch hashed
+    dm._draws_of = None
+    assert_hashed(dm.augmentation_random(index, 5), index, 5)
+    assert dm._draws_of is None
+
+
 def test_draws_moved_with_the_batch_are_the_draws_and_travel_as_one_tensor() -> None:
     """``to`` is how Lightning moves the draws with the batch: every draw number (the hashed block and the
     later ones hashed where they are used) reads the same after the move, and the move is one copy (on a

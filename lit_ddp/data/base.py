@@ -23,6 +23,7 @@ they pair images inside one device's batch (the one device-count-dependent augme
 
 import functools
 import random
+from collections.abc import Sized
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,6 +64,9 @@ SPLIT_OF_STAGE = {
 
 # The splits each stage's ``setup`` loads (predict reads the test split unless predict_dir is given).
 SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+
+# The largest training split whose augmentation draws are hashed for the whole epoch at once (10 MB of them).
+EPOCH_DRAWS_MAX = 1 << 18
 
 
 class ImageDataModule(LightningDataModule):
@@ -153,6 +157,7 @@ class ImageDataModule(LightningDataModule):
         self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
         self._resume: tuple[int, int] | None = None  # (epoch, samples) from a checkpoint
         self._labels_checked: dict[str, Dataset] = {}  # in-memory splits whose labels setup checked whole
+        self._draws_of: tuple[tuple, SampleRandom] | None = None  # ((seed, epoch, N), that epoch's draws)
 
     @property
     def augment(self) -> bool:
@@ -446,7 +451,25 @@ class ImageDataModule(LightningDataModule):
     def augmentation_random(self, index: Tensor, epoch: int) -> SampleRandom:
         """The per-sample random numbers of a training batch whose samples are ``index`` (B,): a function
         of (seed, epoch, index) only, so neither rank nor batch nor device count changes a sample's draws."""
+        if index.device.type == "cpu" and (table := self._epoch_draws(epoch)) is not None:
+            try:
+                return table.take(index)
+            except IndexError:  # indices past the split (hooks called by hand): hashed as any others
+                pass
         return SampleRandom(index, stable_seed(self.seed, epoch))
+
+    def _epoch_draws(self, epoch: int) -> SampleRandom | None:
+        """The draws of every training sample in ``epoch``, hashed once an epoch where the training split
+        is small enough to hold them (``EPOCH_DRAWS_MAX``, 40 bytes a sample): a batch's draws are then its
+        rows, where hashing them costs a few dozen array ops a step on the host, which a step as fast as
+        LeNet's on a GPU waits for. The training sampler's indices are positions in this split."""
+        n = len(self.train_set) if isinstance(self.train_set, Sized) else EPOCH_DRAWS_MAX + 1
+        if n > EPOCH_DRAWS_MAX:
+            return None
+        made_for = (self.seed, epoch, n)
+        if self._draws_of is None or self._draws_of[0] != made_for:
+            self._draws_of = (made_for, SampleRandom(torch.arange(n), stable_seed(self.seed, epoch)))
+        return self._draws_of[1]
 
     def mixing_rng(self, rank: int, epoch: int, batch: int) -> random.Random:
         """MixUp/CutMix's draws for one training batch (the choice, λ, the box: a few host scalars), seeded

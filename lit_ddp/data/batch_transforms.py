@@ -120,6 +120,11 @@ class SampleRandom:
         without holding the next step's launches back) instead of a few dozen integer kernels per step."""
         return SampleRandom._of(to_device(self._packed, device))
 
+    def take(self, index: Tensor) -> "SampleRandom":
+        """The draws of samples ``index`` (B,) of this ``SampleRandom``, which was made for the indices
+        0..N-1 with the same key: its rows, one ``index_select``, the same bits as hashing ``index``."""
+        return SampleRandom._of(self._packed.index_select(0, index))
+
     def __getitem__(self, keep: Tensor) -> "SampleRandom":
         """The draws of the samples ``keep`` (a (B,) bool mask on their device) selects."""
         return SampleRandom._of(self._packed[keep])
