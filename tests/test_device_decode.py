@@ -339,6 +339,44 @@ def test_lightnings_copy_moves_the_batchs_tensors_and_leaves_the_encoded_images_
     assert moved.images is batch.images and moved.images.data.device.type == "cpu"
 
 
+def test_a_batch_moves_each_field_as_lightnings_own_copy_would_move_it() -> None:
+    """``Batch.to`` (what Lightning calls for the whole batch) moves each field as Lightning's
+    ``move_data_to_device`` moves it alone: a tensor non-blocking onto a device the host need not wait for
+    (blocking onto the CPU), the draws by their own ``to``, an object without ``to`` left as it is."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.non_blocking: list[bool] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_to_copy":
+                self.non_blocking.append(bool((kwargs or {}).get("non_blocking", False)))
+            return func(*args, **(kwargs or {}))
+
+    encoded = object()
+    batch = Batch(
+        encoded, torch.arange(4), torch.arange(4) + 10, SampleRandom(torch.arange(4), 5), {9: ("f", "x")}
+    )
+    for device in ("meta", "cpu"):
+        with Copies() as ours:
+            moved = batch.to(device)
+        with Copies() as lightnings:
+            fields = [move_data_to_device(v, torch.device(device)) for v in (batch.labels, batch.index)]
+            draws = move_data_to_device(batch.draws, torch.device(device))
+        assert ours.non_blocking == lightnings.non_blocking  # onto the CPU: no copy at all
+        assert ours.non_blocking[:2] == ([True, True] if device == "meta" else [])  # the labels, the indices
+        assert moved.images is encoded and moved.unreadable == batch.unreadable
+        for mine, theirs in ((moved.labels, fields[0]), (moved.index, fields[1])):
+            assert mine.device == theirs.device == torch.device(device)
+        assert moved.draws.bits(0).device == draws.bits(0).device == torch.device(device)
+        if device == "cpu":
+            assert torch.equal(moved.labels, batch.labels) and torch.equal(
+                moved.draws.bits(0), batch.draws.bits(0)
+            )
+
+
 def test_a_batch_drops_unreadable_slots_with_their_labels_indices_and_draws() -> None:
     x, y, index = (
         torch.arange(12, dtype=torch.uint8).reshape(4, 3, 1, 1),

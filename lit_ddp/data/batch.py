@@ -8,7 +8,6 @@ file bytes) stay on the host until the decoder takes them.
 from dataclasses import dataclass, field, replace
 
 import torch
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from lit_ddp.data.batch_transforms import SampleRandom
@@ -37,11 +36,18 @@ class Batch:
         return replace(self, images=pin(self.images), labels=pin(self.labels), index=pin(self.index))
 
     def to(self, device: torch.device | str) -> "Batch":
-        """This batch on ``device``: each field as Lightning's ``move_data_to_device`` moves it (tensors
-        non-blocking off the CPU, ``draws`` by its own ``to``; encoded images stay), the unreadable slots as
-        they are. Lightning calls it for the whole batch; without it, Lightning would walk the dataclass
-        field by field, deep-copying it first, on every step."""
-        move = lambda value: move_data_to_device(value, device) if value is not None else None  # noqa: E731
+        """This batch on ``device``: each field as Lightning's ``move_data_to_device`` moves one (tensors
+        non-blocking where the copy can be, onto a GPU; ``draws`` by its own ``to``; encoded images, which
+        have no ``to``, stay), the unreadable slots as they are. Lightning calls it for the whole batch;
+        without it, Lightning would walk the dataclass field by field, deep-copying it first, every step."""
+        device = torch.device(device)
+        non_blocking = device.type not in ("cpu", "mps")  # Lightning's blocking device types
+
+        def move(value):
+            if isinstance(value, Tensor):
+                return value.to(device, non_blocking=non_blocking)
+            return value.to(device) if callable(getattr(value, "to", None)) else value
+
         images, labels, index, draws = (move(v) for v in (self.images, self.labels, self.index, self.draws))
         return Batch(images, labels, index, draws, self.unreadable)
 
