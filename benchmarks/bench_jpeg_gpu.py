@@ -536,8 +536,8 @@ def main() -> None:
 
 
 def decoder_in_use() -> str:
-    """Which library's nvJPEG decoded: TorchCodec's (its CUDA decoder sends baseline JPEGs to the JPEG
-    engine of A100/H100/H200) or torchvision's, with its version; the figures differ by that."""
+    """Whose nvJPEG call decoded, with its version: TorchCodec's (lit_ddp's decoder where it loads) or
+    torchvision's (the fallback); a figure holds for that decoder."""
     import torchvision
 
     from lit_ddp.data.codec import torchcodec_decoder

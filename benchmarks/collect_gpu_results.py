@@ -97,7 +97,7 @@ def collect(run_dir: Path) -> dict:
         value = result[figure]
         result[key] = value / on_device if value is not None and on_device else None
     result["gpu_tests_passed"] = cuda_tests_passed(run_dir)
-    # Whose nvJPEG the GPU decode ran: TorchCodec's (baseline JPEGs on the JPEG engine) or torchvision's.
+    # Whose nvJPEG call the GPU decode ran: TorchCodec's or torchvision's (the fallback), with its version.
     result["gpu_decode_decoder"] = _read(run_dir / "gpu_decode.json").get("decoder")
     return result
 
