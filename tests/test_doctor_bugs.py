@@ -163,6 +163,20 @@ class PerRankBuffer(SmallNet):
         return out
 
 
+class CountsSamples(SmallNet):
+    """An integer buffer counting the training samples seen, from the device's own batch: the ranks agree
+    (DDP broadcasts rank 0's), but 2 × b counts half of what 1 × 2b does."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__(num_classes)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.long))
+
+    def hidden(self, h):
+        if self.training:
+            self.seen += h.shape[0]
+        return h
+
+
 class SummedLoss(ImageClassifier):
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -196,6 +210,7 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "counts_calls": case(CountsCalls, checks=("resume",)),
         "per_rank_buffer": case(PerRankBuffer, checks=("grads", "steps")),
         "lr_times_world": case(system=LrTimesWorld, checks=("grads", "steps")),
+        "counts_samples": case(CountsSamples, checks=("grads", "steps")),
         "seeded_global_shuffle": case(data=SeededGlobalShuffle, checks=BENIGN_CHECKS),
         "global_randperm": case(data=GlobalRandperm, checks=BENIGN_CHECKS),
     }
@@ -286,6 +301,16 @@ def test_a_learning_rate_scaled_by_the_world_size_is_caught_and_named(reports) -
     row = failing(report, "steps")
     assert "lr 0.006 on 2 processes, 0.003 on 1 (step 1)" in row.measured, row
     assert row.fix.startswith("the optimizer's lr depends on the device count"), row
+
+
+def test_an_integer_buffer_counting_the_per_device_batch_is_caught_and_named(reports) -> None:
+    """The steps check compared floating-point entries only: a long counter of the samples seen, 16 on 2
+    processes and 32 on 1 after two steps, held "every check holds"."""
+    report = reports["counts_samples"]
+    assert report["grads"].holds, report.table()
+    row = failing(report, "steps")
+    assert "net.seen 8 on 2 processes, 16 on 1 (step 1)" in row.measured, row
+    assert row.fix.startswith("buffer net.seen depends on the per-device batch or the device count"), row
 
 
 @pytest.mark.parametrize("name", ["seeded_global_shuffle", "global_randperm"])

@@ -313,7 +313,10 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
     the ranks' against each other at the end."""
     init = one["init"]
     worst, worst_step, worst_key = 0.0, 0, ""
+    exact = ""  # the first integer entry (a counter buffer) that differs: no rounding can explain it
     for step, (a, b) in enumerate(zip(two[0]["step_state"], one["step_state"], strict=False), 1):
+        if not exact:
+            exact = _integer_difference(a, b, step)
         keys = [k for k in b if b[k].is_floating_point()]
         num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in keys)
         den = sum(float((b[k].double() - init[k].double()).pow(2).sum()) for k in keys if k in init)
@@ -326,7 +329,7 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
     ranks_differ = [k for k in final0 if k not in skipped and not torch.equal(final0[k], final1[k])]
     buffers = {k for k, _ in _named_buffers(final0, two[0])}
     settings = _optim_settings(two[0], one)
-    holds = worst <= STEP_RTOL and not ranks_differ and not settings
+    holds = worst <= STEP_RTOL and not ranks_differ and not settings and not exact
     measured = (
         f"{len(one['step_state'])} steps: weights differ by at most {worst:.1e} (‖Δw‖/‖w − w₀‖; limit"
         f" {STEP_RTOL:.0e})"
@@ -335,6 +338,8 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
         measured += f", most in {worst_key} after step {worst_step}"
     if settings:
         measured += f"; optimizer {settings}"
+    if exact:
+        measured += f"; {exact}"
     measured += (
         f"; ranks at the end: {', '.join(ranks_differ[:3])} differ"
         if ranks_differ
@@ -361,6 +366,12 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
             )
         elif not grads_hold:
             fix = "the first step's gradients already differ: see 'grads'"
+        elif exact:
+            fix = (
+                f"buffer {exact.split()[0]} depends on the per-device batch or the device count (a count of"
+                " the device's samples, a statistic of its batch): count the global batch (per-device batch"
+                " × devices) or derive it from trainer.global_step"
+            )
         elif why.forward_rng:
             fix = why.forward_rng_fix
         else:
@@ -369,6 +380,18 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
                 " its schedule or a buffer depends on the per-device batch or the device count"
             )
     return Row("steps", "weights after each step 2×b = 1×2b, ranks alike", holds, measured, fix)
+
+
+def _integer_difference(two: dict[str, torch.Tensor], one: dict[str, torch.Tensor], step: int) -> str:
+    """``net.seen 16 on 2 processes, 32 on 1 (step 2)``: the first integer entry of the states after
+    ``step`` that differs between 2 × b and 1 × 2b, or "". The weights' tolerance is for float rounding,
+    which integers do not have: they compare exactly."""
+    for key, value in one.items():
+        if value.is_floating_point() or key not in two or torch.equal(two[key], value):
+            continue
+        shown = [str(v.item()) if v.numel() == 1 else f"a {tuple(v.shape)} tensor" for v in (two[key], value)]
+        return f"{key} {shown[0]} on 2 processes, {shown[1]} on 1 (step {step})"
+    return ""
 
 
 def _named_buffers(state: dict[str, torch.Tensor], record: dict) -> list[tuple[str, torch.Tensor]]:
