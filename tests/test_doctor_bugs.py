@@ -177,6 +177,20 @@ class CountsSamples(SmallNet):
         return h
 
 
+class UnsavedBuffer(SmallNet):
+    """A counter in a buffer registered with persistent=False, updated and used in forward: state_dict, so a
+    checkpoint, leaves it out."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__(num_classes)
+        self.register_buffer("calls", torch.zeros(()), persistent=False)
+
+    def hidden(self, h):
+        if self.training:
+            self.calls += 1
+        return h * (1 + 0.5 / self.calls.clamp(min=1))
+
+
 class SummedLoss(ImageClassifier):
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -211,6 +225,7 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "per_rank_buffer": case(PerRankBuffer, checks=("grads", "steps")),
         "lr_times_world": case(system=LrTimesWorld, checks=("grads", "steps")),
         "counts_samples": case(CountsSamples, checks=("grads", "steps")),
+        "unsaved_buffer": case(UnsavedBuffer, checks=("resume",)),
         "seeded_global_shuffle": case(data=SeededGlobalShuffle, checks=BENIGN_CHECKS),
         "global_randperm": case(data=GlobalRandperm, checks=BENIGN_CHECKS),
     }
@@ -286,6 +301,13 @@ def test_the_models_own_global_rng_draw_is_named(reports) -> None:
 def test_state_outside_state_dict_is_named_by_the_resume_check(reports) -> None:
     row = failing(reports["counts_calls"], "resume")
     assert row.fix.startswith("net.calls (0 → 2)") and "register_buffer" in row.fix, row
+
+
+def test_a_buffer_left_out_of_state_dict_is_named_by_the_resume_check(reports) -> None:
+    """The resume row blamed the data module's position and augmentation for a persistent=False buffer."""
+    row = failing(reports["unsaved_buffer"], "resume")
+    assert row.fix.startswith("net.calls (a buffer registered with persistent=False)"), row
+    assert "persistent buffer" in row.fix and "position" not in row.fix, row
 
 
 def test_a_buffer_updated_per_rank_after_use_is_caught_and_named(reports) -> None:

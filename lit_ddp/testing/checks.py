@@ -573,12 +573,18 @@ def _resumed_diff(full: list[dict], resumed: list[dict]) -> float:
 def loose_changes(record: dict) -> list[str]:
     """``net.calls (0 → 2)``: the attributes outside ``state_dict`` a fit changed (record.loose_state)."""
     before, after = record.get("loose_init", {}), record.get("loose_final", {})
+    unsaved = set(record.get("unsaved_buffers", ()))
     changed = []
     for key, value in after.items():
         old = before.get(key)
         if isinstance(value, torch.Tensor):
             if not (isinstance(old, torch.Tensor) and old.shape == value.shape and torch.equal(old, value)):
-                changed.append(f"{key} (a tensor outside state_dict)")
+                what = (
+                    "a buffer registered with persistent=False"
+                    if key in unsaved
+                    else "a tensor outside state_dict"
+                )
+                changed.append(f"{key} ({what})")
         elif key not in before or old != value:
             changed.append(f"{key} ({old} → {value})" if key in before else f"{key} (set to {value})")
     return changed
@@ -601,7 +607,7 @@ def _resume(
     if (diff != 0 or diff_e != 0) and why.loose:
         fix = (
             f"{', '.join(why.loose[:3])}: changed by training outside state_dict, so a checkpoint loses it;"
-            " register it as a buffer (self.register_buffer) or derive it from trainer.global_step"
+            " register it as a persistent buffer (self.register_buffer) or derive it from trainer.global_step"
         )
     elif (diff != 0 or diff_e != 0) and why.forward_rng:
         fix = why.forward_rng_fix

@@ -7,8 +7,8 @@ the training sampler yields each epoch; each epoch's first training batch as the
 samples' indices; the indices each evaluation loader reads; the epoch-level metrics (a validate run's: every
 one it logged, whatever its name); the BatchNorm classes trained with; the optimizer's settings at each of
 the first steps (learning rate, betas, ...); the steps whose forward and loss drew from torch's global RNG;
-and the module attributes outside ``state_dict`` (plain numbers, tensors not registered) before and after
-training.
+and the module attributes outside ``state_dict`` (plain numbers, tensors not registered, buffers registered
+with ``persistent=False``) before and after training.
 Saved as ``<out_dir>/<stage>_rank<r>.pt`` (``load`` reads every rank's).
 """
 
@@ -37,15 +37,30 @@ def network(pl_module: LightningModule) -> torch.nn.Module:
     return net if isinstance(net, torch.nn.Module) else pl_module
 
 
+def _in_metric(module: torch.nn.Module, prefix: str) -> bool:
+    """Whether submodule ``prefix`` of ``module`` is a torchmetrics Metric or inside one."""
+    return any(isinstance(module.get_submodule(p), Metric) for p in [*_parents(prefix), prefix])
+
+
+def unsaved_buffers(module: torch.nn.Module) -> list[str]:
+    """The buffers of ``module`` that ``state_dict`` leaves out (registered with ``persistent=False``), by
+    name: a checkpoint does not carry them. Metrics' own are left out, as in ``loose_state``."""
+    saved = module.state_dict().keys()
+    return [
+        name
+        for name, _ in module.named_buffers()
+        if name not in saved and not _in_metric(module, name.rpartition(".")[0])
+    ]
+
+
 def loose_state(module: torch.nn.Module) -> dict[str, object]:
     """``module.sub.attr`` → value of each public number or unregistered tensor attribute of ``module`` and
-    its submodules: state a checkpoint does not carry. torchmetrics' metrics keep their states so by design
-    (reduced over the ranks, reset each epoch): left out."""
-    found = {}
+    its submodules, and of each buffer ``state_dict`` leaves out (``unsaved_buffers``): state a checkpoint
+    does not carry. torchmetrics' metrics keep their states so by design (reduced over the ranks, reset each
+    epoch): left out."""
+    found = {name: module.get_buffer(name).detach().clone().cpu() for name in unsaved_buffers(module)}
     for prefix, sub in module.named_modules():
-        if isinstance(sub, Metric) or any(
-            isinstance(module.get_submodule(p), Metric) for p in _parents(prefix)
-        ):
+        if _in_metric(module, prefix):
             continue
         for name, value in vars(sub).items():
             if name.startswith("_") or name == "training":
@@ -147,6 +162,7 @@ class Recorder(Callback):
             # Before the strategy wraps the model in DDP (which would broadcast rank 0's weights).
             self.record["init"] = snapshot(pl_module)
             self.record["loose_init"] = loose_state(pl_module)
+            self.record["unsaved_buffers"] = unsaved_buffers(pl_module)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         norms = [(name, m) for name, m in pl_module.named_modules() if isinstance(m, BATCH_NORMS)]
