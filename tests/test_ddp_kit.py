@@ -322,6 +322,18 @@ def test_a_split_too_small_for_the_checks_is_one_line_naming_the_batch_that_fits
     assert str(err.value).startswith(f"ShapesDataModule.{says}"), err.value
 
 
+def test_a_training_split_smaller_than_a_check_runs_batch_names_the_checks_batch(tmp_path: Path) -> None:
+    """10 training samples: the data module's own check (a batch larger than a device's shard) came first and
+    said to pass --data.batch_size=10, which the checks' runs do not use (doctor's option is --batch-size)."""
+    data = ShapesDataModule(**{**SHAPES, "train_size": 10})
+    with pytest.raises(UserError) as err:
+        check_ddp_invariants(LeNetCIFAR(), data, workdir=tmp_path, checks=("grads",), timeout=300)
+    assert str(err.value).startswith(
+        "ShapesDataModule.train_set holds 10 samples; the checks need 32 at batch size 8 (2 × 8, 1 × 16):"
+        " give the data module more samples, or run the checks at a batch of 2 (doctor --batch-size=2;"
+    ), err.value
+
+
 def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
     rows = _warnings(128, {"bn_classes": [], "full_sizes": {"train_set": 1001}}, False, 0.0, None, (2, 4, 8))
     padding = next(r for r in rows if r.key == "padding")

@@ -106,16 +106,22 @@ class TakeHead(Callback):
             f" (doctor --batch-size={fits}; check_ddp_invariants(..., batch_size={fits}))"
         )
 
+    def check_sizes(self, dm) -> None:
+        """UserError when a split the data module has loaded holds fewer samples than the checks read."""
+        for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
+            dataset = getattr(dm, split, None)
+            if dataset is not None and len(dataset) < wanted:
+                raise UserError(self._too_small(f"{type(dm).__name__}.{split}", len(dataset), wanted))
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         dm = trainer.datamodule
+        self.check_sizes(dm)
         sizes = self.recorder.record.setdefault("full_sizes", {})
         for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
             dataset = getattr(dm, split, None)
             if dataset is None:
                 continue
             sizes[split] = len(dataset)
-            if len(dataset) < wanted:
-                raise UserError(self._too_small(f"{type(dm).__name__}.{split}", len(dataset), wanted))
             setattr(dm, split, Subsample(dataset, wanted))
             if self.job.digests:
                 # After seed_everything, before training: every run reads its samples in the same state.
@@ -139,7 +145,8 @@ def run(job: Job) -> None:
     dm.batch_size = job.batch_size
     seed_everything(job.seed, verbose=False)
     recorder = Recorder(str(Path(job.out_dir) / job.name), stop_at_step=job.stop_at_step)
-    callbacks = [TakeHead(job, recorder), recorder]
+    take_head = TakeHead(job, recorder)
+    callbacks = [take_head, recorder]
     if job.perturb_global_rng:
         callbacks.append(PerturbGlobalRNG())
     kwargs = dict(job.trainer_kwargs)
@@ -160,12 +167,19 @@ def run(job: Job) -> None:
         callbacks=callbacks,
         **kwargs,
     )
-    if job.stage == "fit":
-        # The checkpoint is this kit's own, written a moment ago: the user's hyperparameter types need no
-        # allow-list to load it.
-        trainer.fit(model, datamodule=dm, ckpt_path=job.ckpt_path, weights_only=False)
-    else:
-        trainer.validate(model, datamodule=dm, verbose=False)
+    try:
+        if job.stage == "fit":
+            # The checkpoint is this kit's own, written a moment ago: the user's hyperparameter types need no
+            # allow-list to load it.
+            trainer.fit(model, datamodule=dm, ckpt_path=job.ckpt_path, weights_only=False)
+        else:
+            trainer.validate(model, datamodule=dm, verbose=False)
+    except UserError:
+        # The data module's own setup checks run before TakeHead's and judge the job's batch as a run's
+        # (--data.batch_size=N), which the checks set themselves: a split too small for the checks is
+        # their line, naming the checks' batch that fits.
+        take_head.check_sizes(dm)
+        raise
 
 
 def user_error_file(jobs_file: str | Path, rank: int) -> Path:
