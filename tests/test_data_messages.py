@@ -244,6 +244,34 @@ def test_a_dataset_of_dicts_or_triples_is_one_line_for_training_and_validation(
     assert "not (image, label) pairs" in line
 
 
+class _PILSamples(Dataset):
+    """32 (PIL image, label) samples, as a torchvision-style Dataset without its ToTensor returns them."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int):
+        return Image.fromarray(np.full((32, 32, 3), i, dtype=np.uint8)), i % 10
+
+
+class _PILData(ImageDataModule):
+    def load_split(self, split: str):
+        return _PILSamples()
+
+
+@pytest.mark.parametrize(("sanity", "workers"), [(True, 0), (False, 0), (False, 1)])
+def test_a_dataset_of_pil_images_is_one_line_naming_the_conversion(
+    capsys, tmp_path: Path, sanity: bool, workers: int
+) -> None:
+    """default_collate's TypeError traceback ("batch must contain tensors, numpy arrays, ...; found <class
+    'PIL.Image.Image'>"), in training and validation, from the main process or a loader worker."""
+    args = ["fit", f"--data={__name__}._PILData", "--data.batch_size=8", f"--data.num_workers={workers}"]
+    args += [f"--trainer.num_sanity_val_steps={2 if sanity else 0}"]
+    line = one_error_line(capsys, [*args, f"--trainer.default_root_dir={tmp_path}", *QUICK])
+    assert "samples hold a PIL.Image.Image, which the loader cannot batch" in line, line
+    assert "pil_to_tensor" in line, line
+
+
 class _ChannelsLast(_OwnData):
     def load_split(self, split: str):
         images, labels = super().load_split(split)

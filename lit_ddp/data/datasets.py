@@ -6,9 +6,11 @@ its batch (the key of its augmentation draws, and of predictions); ``split_indic
 train/val split the same on every rank.
 """
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
@@ -58,12 +60,34 @@ class WorkerError:
         raise self.error
 
 
+# What default_collate batches; anything else in a sample (a PIL image) is its TypeError traceback.
+COLLATABLE = (Tensor, np.ndarray, numbers.Number, str, Mapping, Sequence)
+
+
+def collate_samples(samples: Sequence) -> object:
+    """``default_collate`` of a Dataset's samples; a ``WorkerError`` where an item of the first sample is of
+    a type it cannot batch, raised as one line by the data module (``on_before_batch_transfer``), also when
+    a loader worker collated it."""
+    first = samples[0] if len(samples) else None
+    for item in first if isinstance(first, tuple | list) else (first,):
+        if not isinstance(item, COLLATABLE):
+            kind = f"{type(item).__module__}.{type(item).__qualname__}"
+            return WorkerError(
+                UserError(
+                    f"the Dataset's samples hold a {kind}, which the loader cannot batch: __getitem__ must"
+                    " return a (C, H, W) uint8 image tensor and its int label (a PIL image:"
+                    " torchvision.transforms.functional.pil_to_tensor(image))"
+                )
+            )
+    return torch.utils.data.default_collate(samples)
+
+
 def collate_batch(batch):
     """Pass through batches that ``__getitems__`` built (and a worker's ``WorkerError``); collate lists of
-    samples as usual."""
+    samples as usual (``collate_samples``)."""
     if isinstance(batch, (Batch, tuple, WorkerError)):
         return batch
-    return torch.utils.data.default_collate(batch)
+    return collate_samples(batch)
 
 
 class IndexedDataset(Dataset):
@@ -81,7 +105,7 @@ class IndexedDataset(Dataset):
         if hasattr(self.dataset, "__getitems__"):
             batch = self.dataset.__getitems__(indices)
         else:
-            batch = torch.utils.data.default_collate([self.dataset[i] for i in indices])
+            batch = collate_samples([self.dataset[i] for i in indices])
         if isinstance(batch, WorkerError):
             return batch
         if isinstance(batch, Batch):

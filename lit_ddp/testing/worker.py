@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer, seed_everything
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
+from lit_ddp.data.datasets import WorkerError, collate_samples
 from lit_ddp.data.samplers import SeededSampleSampler
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.faults import destroy_process_group_at_exit
@@ -70,7 +71,8 @@ class Subsample(Dataset):
         keys = [self._key(k) for k in keys]
         if hasattr(self.dataset, "__getitems__"):
             return self.dataset.__getitems__(keys)
-        return tuple(default_collate([self.dataset[k] for k in keys]))
+        batch = collate_samples([self.dataset[k] for k in keys])
+        return batch if isinstance(batch, WorkerError) else tuple(batch)
 
 
 def seeds_each_sample(dm, dataset: Dataset) -> bool:
