@@ -334,6 +334,23 @@ def test_a_training_split_smaller_than_a_check_runs_batch_names_the_checks_batch
     ), err.value
 
 
+def test_a_batch_of_one_with_batch_norm_names_the_checks_batch(tmp_path: Path) -> None:
+    """The data module's own line came from the ranks: "pass --data.batch_size=2 or more", which the checks'
+    runs do not read (doctor's option is --batch-size)."""
+    with pytest.raises(UserError) as err:
+        check_ddp_invariants(
+            LeNetCIFAR(batch_norm=True),
+            ShapesDataModule(**SHAPES),
+            batch_size=1,
+            workdir=tmp_path,
+            timeout=300,
+        )
+    assert str(err.value).startswith(
+        "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per device; run"
+        " the checks at a batch of 2 or more (doctor --batch-size=2;"
+    ), err.value
+
+
 def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
     rows = _warnings(128, {"bn_classes": [], "full_sizes": {"train_set": 1001}}, False, 0.0, None, (2, 4, 8))
     padding = next(r for r in rows if r.key == "padding")

@@ -767,6 +767,13 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         raise UserError(f"batch_size={case.batch_size} must be 1 or more: the per-device batch of the checks")
     configured_batch = dm.batch_size
     b = case.batch_size or min(configured_batch, 16)
+    # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
+    if b == 1 and getattr(model, "batch_norm_per_device", False):
+        raise UserError(
+            "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per device;"
+            " run the checks at a batch of 2 or more (doctor --batch-size=2; check_ddp_invariants(...,"
+            " batch_size=2))"
+        )
     mixing = dm.mixup_alpha > 0 or dm.cutmix_alpha > 0
     dm.mixup_alpha = dm.cutmix_alpha = 0.0  # they pair samples within a device's batch: left out (README)
     payload = root / f"{key}_payload.pkl"
