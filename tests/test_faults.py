@@ -1084,6 +1084,8 @@ def test_d_nan_guards_host_check_on_a_cpu_agrees_with_the_2_norm(dtype) -> None:
         if bad is not None:
             grads[2][7] = bad  # a row: 400 gradients of 1e18 overflow fp32's 2-norm, not fp64's
         assert _finite_on_cpu(grads) == math.isfinite(_total_norm(grads, 2.0).item()), bad
+    with_graph = torch.full((3,), float("nan"), dtype=dtype, requires_grad=True)  # create_graph's gradients
+    assert _finite_on_cpu([torch.ones(3, dtype=dtype), with_graph]) is False
     assert _finite_on_cpu([torch.ones(3, dtype=torch.bfloat16)]) is None
     assert _finite_on_cpu([torch.ones(3, dtype=torch.float16)]) is None
     assert _finite_on_cpu([torch.ones(3), torch.ones(3, dtype=torch.bfloat16)]) is None

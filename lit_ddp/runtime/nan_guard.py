@@ -70,7 +70,8 @@ def _finite_on_cpu(grads: list[torch.Tensor]) -> bool | None:
         for g in grads:
             if not g.is_cpu or g.dtype not in _HOST_SQUARED or g.layout != torch.strided:
                 return None
-            a = g.detach().numpy().ravel()
+            # A gradient needs no detach unless it has a graph of its own (create_graph): one op less each.
+            a = (g.detach() if g.requires_grad else g).numpy().ravel()
             total += float(np.dot(a, a))  # NaN and ±inf propagate
     return math.isfinite(total)
 
