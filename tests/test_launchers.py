@@ -255,6 +255,7 @@ def test_torchrun_with_devices_left_out_is_one_clear_error_not_two_trainings(tmp
     assert result.returncode != 0
     line = "lit_ddp: error: torchrun started 2 processes but --trainer.devices=1 × --trainer.num_nodes=1 = 1"
     assert line + ": make them equal (--trainer.devices=2, or torchrun's" in result.stderr
+    assert result.stderr.count(line) == 1, result.stderr[-3000:]  # said by one rank, not by each
     assert not (tmp_path / "logs").exists()
 
 
@@ -367,6 +368,13 @@ def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
     other = {JOB_ENV: "1-another", "LOCAL_RANK": "1"}
     mark_job(other)
     assert other[JOB_ENV].startswith(f"{os.getpid()}-")
+    # torchrun's ranks are siblings, children of its agent: one job for the agent's ranks, one per restart.
+    workers = [{"TORCHELASTIC_RUN_ID": "none", "LOCAL_RANK": str(rank)} for rank in (0, 1)]
+    workers.append({**workers[0], "TORCHELASTIC_RESTART_COUNT": "1"})
+    for worker in workers:
+        mark_job(worker)
+    assert workers[0][JOB_ENV] == workers[1][JOB_ENV] != workers[2][JOB_ENV]
+    assert workers[0][JOB_ENV].startswith(f"{os.getppid()}-")  # its claims go when the agent has ended
 
     ranks = [{JOB_ENV: f"{os.getpid()}-job", "LOCAL_RANK": str(rank)} for rank in (0, 1)]
     assert first_to_say("a", ranks[1]) and not first_to_say("a", ranks[0]) and first_to_say("b", ranks[0])

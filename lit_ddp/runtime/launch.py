@@ -110,9 +110,14 @@ JOB_ENV = "LIT_DDP_JOB"
 
 def mark_job(environ=None) -> None:
     """Name the job this process belongs to (``main()``, once): a rank that Lightning's launcher started
-    (LOCAL_RANK > 0, child of the process that named it) keeps its launcher's name; any other process, a
-    doctor's or a test's subprocess included, names a job of its own."""
+    (LOCAL_RANK > 0, child of the process that named it) keeps its launcher's name; a rank of torchrun
+    (its agent starts every rank of the node, TORCHELASTIC_RUN_ID in each) is named after the agent and its
+    restart, as its siblings are; any other process, a doctor's or a test's subprocess included, names a
+    job of its own."""
     environ = os.environ if environ is None else environ
+    if "TORCHELASTIC_RUN_ID" in environ:
+        environ[JOB_ENV] = f"{os.getppid()}-torchrun-{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        return
     inherited = environ.get(JOB_ENV, "").partition("-")[0]
     if environ.get("LOCAL_RANK", "0") in ("", "0") or inherited != str(os.getppid()):
         environ[JOB_ENV] = f"{os.getpid()}-{uuid.uuid4().hex}"
