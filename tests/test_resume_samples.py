@@ -215,3 +215,32 @@ def test_a_resume_at_an_epochs_end_with_loader_workers_trains_the_next_epoch(tmp
     got, want = (cli.trainer.lightning_module.state_dict() for cli in (resumed, reference))
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
+
+
+@pytest.mark.timeout(240)
+def test_a_mid_epoch_resume_over_another_number_of_training_samples_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """An in-memory data module (Shapes, CIFAR-10, a project's own) saved nothing of its training set: a fit
+    stopped after 2 of 4 steps and resumed with --data.train_size=256 skipped the first 64 samples of an
+    order of 256, training some of the stopped epoch's samples twice and others never, with no word."""
+    run = ["fit", "--data.val_size=16", "--data.test_size=16", "--data.batch_size=32"]
+    run += ["--trainer.max_epochs=1", "--trainer.enable_progress_bar=false"]
+    run += ["--model.optim.schedule=constant"]
+    stopped = run_cli([*run, "--data.train_size=128", "--trainer.max_steps=2"], cwd=tmp_path)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    result = run_cli([*run, "--data.train_size=256", "--ckpt_path=last"], cwd=tmp_path)
+    err = result.stderr.strip()
+    assert result.returncode == 2 and "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("lit_ddp: error:")]
+    assert len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(
+        "lit_ddp: error: cannot resume mid-epoch exactly: the checkpoint stopped in an order of 128 training"
+        " samples, this run's data gives 256: resume over the data and --data options it was trained with"
+    ), lines[0]
+    # The same data resumes; an epoch-end checkpoint takes other data (a finished epoch is not continued).
+    resumed = run_cli([*run, "--data.train_size=128", "--ckpt_path=last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    grown = [*run, "--data.train_size=256", "--trainer.max_epochs=2", "--ckpt_path=last"]
+    grown = run_cli(grown, cwd=tmp_path)
+    assert grown.returncode == 0, grown.stderr[-3000:]

@@ -675,8 +675,11 @@ class ImageDataModule(LightningDataModule):
         """What the training order is made of besides those options and the global batch (the training
         samples as a count and a digest, a shuffle window), saved with each checkpoint and compared when a
         fit resumes inside an epoch: the same number of samples skipped in an order of other samples are
-        not the ones trained. ``{"samples": N, ...}``, or None: nothing to compare (the default)."""
-        return None
+        not the ones trained. ``{"samples": N, ...}``, or None: nothing to compare. The default is the
+        training split's size: a permutation of another count (``--data.train_size`` changed) puts other
+        samples after the ones skipped."""
+        train = getattr(self, "train_set", None)
+        return {"samples": len(train)} if isinstance(train, Sized) else None
 
     def state_dict(self) -> dict:
         # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands, in
