@@ -84,6 +84,22 @@ class SaveRunConfig(SaveConfigCallback):
     """
 
     def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
+        # A resumed fit writes into the checkpoint's run folder, over the config that run trained with: only
+        # once the data module has taken the checkpoint (callbacks are restored after it), since a resume it
+        # refuses (another --data.seed, batch or data) must leave that run's config.yaml as it was.
+        if stage == "fit" and self.config.get("ckpt_path") is not None:
+            return
+        self._save(trainer, pl_module, stage)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module, checkpoint: dict) -> None:
+        self._save(trainer, pl_module, "fit")
+
+    def on_fit_start(self, trainer: Trainer, pl_module) -> None:
+        # --ckpt_path=last with no earlier run: a new run, with nothing restored. Before on_train_start,
+        # where RunInfo reads the file.
+        self._save(trainer, pl_module, "fit")
+
+    def _save(self, trainer: Trainer, pl_module, stage: str) -> None:
         if self.already_saved:
             return
         log_dir = trainer.log_dir  # a broadcast, on every rank
