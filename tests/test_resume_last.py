@@ -72,6 +72,30 @@ def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_pat
     assert other_ckpt.read_bytes() == other_bytes
 
 
+def test_last_with_no_run_in_the_recipes_folder_starts_a_new_run_and_names_this_models_run_elsewhere(
+    tmp_path: Path, caplog
+) -> None:
+    """`fit`, then `fit --print_config > my.yaml` and `fit --config my.yaml --ckpt_path=last`: the recipe's
+    folder (my/) holds no run, and the fit started over at epoch 1 with Lightning's warning alone, whose
+    hint (`ModelCheckpoint(..., save_last=True)`) lit_ddp already does; the run meant, under
+    lightning_logs/, went unnamed. One note says the fit starts a new run and names that checkpoint."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, root])
+    meant = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    my = tmp_path / "my.yaml"
+    my.write_text("model:\n  class_path: lit_ddp.models.LeNetCIFAR\n")
+    with caplog.at_level("INFO"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = build_cli(["fit", f"--config={my}", *TINY, "--ckpt_path=last", root])
+    assert cli.trainer.global_step == 2 and cli.trainer.logger.log_dir == str(tmp_path / "my" / "version_0")
+    assert not [w for w in caught if "no last checkpoint available" in str(w.message)]
+    notes = [m for m in caplog.messages if m.startswith("lit_ddp: note: --ckpt_path=last")]
+    assert notes == [
+        f"lit_ddp: note: --ckpt_path=last: no run under {tmp_path / 'my'} to resume, so this fit starts a new"
+        f" one; {meant} is a run of this model and data: pass --ckpt_path={meant} to resume it"
+    ], caplog.messages
+
+
 def test_each_recipe_logs_into_its_own_folder(tmp_path: Path) -> None:
     preset = tmp_path / "debug.yaml"
     preset.write_text("trainer:\n  max_epochs: 1\n")

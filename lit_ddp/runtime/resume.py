@@ -70,9 +70,8 @@ def find_last_checkpoint(
     """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
     or None when there is none at all; UserError when there are only other experiments' runs (``asked``:
     the ``--ckpt_path`` value the error names)."""
-    searched = _runs_searched(trainer)
-    checkpoint = trainer.checkpoint_callback
-    if searched is None or not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
+    searched = _last_searched(trainer)
+    if searched is None:
         return None  # a fixed checkpoint dirpath or a pinned version: Lightning's own "last" is right
     runs, pattern = searched
     candidates = sorted(
@@ -94,6 +93,45 @@ def find_last_checkpoint(
         f" {path.parent.parent.name} with {' and '.join(differs)}: resuming it would train another model or"
         " data: pass --ckpt_path=PATH to a checkpoint of this one, or leave --ckpt_path out for a new run"
     )
+
+
+def _last_searched(trainer: Trainer) -> tuple[Path, str] | None:
+    """``_runs_searched``, where ``last`` is lit_ddp's to find: None for a checkpoint callback with a fixed
+    dirpath, or none at all."""
+    checkpoint = trainer.checkpoint_callback
+    if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is not None:
+        return None
+    return _runs_searched(trainer)
+
+
+def _new_run_note(trainer: Trainer, model: LightningModule, datamodule) -> str | None:
+    """The line for ``fit --ckpt_path=last`` that found no run of its own to resume, or None where Lightning
+    looks itself. A recipe's folder is named after its --config file, so a run of this model and data under
+    another name (a config printed to my.yaml from a run without one) is named: the user may mean it."""
+    searched = _last_searched(trainer)
+    if searched is None:
+        return None
+    runs, pattern = searched
+    # Other recipes' folders beside this one: a versioned logger's (MLflow's and W&B's are not by recipe).
+    siblings = runs.parent.glob(f"*/{pattern}") if _logger_with_versions(trainer) is not None else ()
+    elsewhere = sorted(
+        (
+            p
+            for p in siblings
+            if p.is_file() and p.parent.parent.parent != runs and _is_run(p.parent.parent, trainer)
+        ),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    line = f"--ckpt_path=last: no run under {runs} to resume, so this fit starts a new one"
+    for path in elsewhere:
+        try:
+            differs = _differences(load_checkpoint_file(path, mmap=True), model, datamodule)
+        except UserError:  # not a checkpoint lit_ddp reads: not the run meant
+            continue
+        if not differs:
+            return f"{line}; {path} is a run of this model and data: pass --ckpt_path={path} to resume it"
+    return line
 
 
 def _fixed_dir_lasts(trainer: Trainer) -> list[Path]:
@@ -310,7 +348,14 @@ def prepare_ckpt_path(
                 f" {_runs_dir(trainer)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
             )
         if found is None:
-            return ckpt_path  # Lightning's own lookup (a fixed dirpath), or a warning and a fresh start
+            lightnings = subcommand != "fit" or _fixed_dir_lasts(trainer)
+            note = None if lightnings else _new_run_note(trainer, model, datamodule)
+            if note is None:
+                return ckpt_path  # Lightning's own lookup (a fixed dirpath, a pinned version)
+            # A first submission of a requeued job, say: a new run. Lightning's own warning for it would
+            # tell to set ModelCheckpoint(save_last=True), which every lit_ddp run does.
+            rank_zero_info(f"lit_ddp: note: {note}")
+            return None
         rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
         if subcommand == "fit":  # a resumed run goes on in its own run; an evaluation gets a new one
             _continue_run(trainer, found, logger_config)
