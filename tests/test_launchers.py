@@ -351,6 +351,19 @@ def test_a_mistake_every_rank_finds_after_the_launch_is_one_line_not_one_per_ran
     ], result.stderr[-3000:]
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_under_srun_a_mistake_every_task_finds_is_one_line_not_one_per_task(tmp_path: Path) -> None:
+    """srun's tasks (children of one slurmstepd per node, with no LOCAL_RANK) each printed the data's line."""
+    _, env = slurm_job(tmp_path, "sbatch_single_node.sh", nodes=1, per_node=2)
+    srun = [sys.executable, str(REPO / "tests" / "helpers" / "fake_srun.py")]
+    args = [*RUN, "--trainer.devices=2", "--data.batch_size=100000"]
+    result = run([*srun, sys.executable, "-m", "lit_ddp", "fit", *args], cwd=tmp_path, env=env, timeout=280)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1 and "--data.batch_size=100000 is more than" in lines[0], result.stderr[-3000:]
+
+
 def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
     tmp_path: Path, monkeypatch
 ) -> None:
@@ -375,6 +388,14 @@ def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
         mark_job(worker)
     assert workers[0][JOB_ENV] == workers[1][JOB_ENV] != workers[2][JOB_ENV]
     assert workers[0][JOB_ENV].startswith(f"{os.getppid()}-")  # its claims go when the agent has ended
+    # An srun step's tasks are siblings too (children of slurmstepd); a step of one task is a job alone.
+    tasks = [{"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": str(rank)} for rank in (0, 1)]
+    tasks += [{**tasks[0], "SLURM_RESTART_COUNT": "1"}, {**tasks[0], "SLURM_NTASKS": "1"}]
+    for task in tasks:
+        mark_job(task)
+    assert tasks[0][JOB_ENV] == tasks[1][JOB_ENV] != tasks[2][JOB_ENV] != tasks[0][JOB_ENV]
+    assert tasks[3][JOB_ENV].startswith(f"{os.getpid()}-")
+    assert first_to_say("s", tasks[0]) and not first_to_say("s", tasks[1])
 
     ranks = [{JOB_ENV: f"{os.getpid()}-job", "LOCAL_RANK": str(rank)} for rank in (0, 1)]
     assert first_to_say("a", ranks[1]) and not first_to_say("a", ranks[0]) and first_to_say("b", ranks[0])

@@ -108,15 +108,26 @@ def bind_rendezvous_to_loopback(trainer: Trainer, timeout_s: float) -> tuple[soc
 JOB_ENV = "LIT_DDP_JOB"
 
 
+def _sibling_job(environ) -> str | None:
+    """The job of a rank that a launcher started beside the others, each a child of the same process: the
+    ranks of a node under torchrun (its agent) or of an ``srun`` step of several tasks (slurmstepd). Named
+    after that parent and the start (a restart is another job); None for any other process."""
+    if "TORCHELASTIC_RUN_ID" in environ:
+        return f"{os.getppid()}-torchrun-{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    tasks = environ.get("SLURM_NTASKS", "")
+    if "SLURM_STEP_ID" in environ and tasks.isdigit() and int(tasks) > 1:
+        return f"{os.getppid()}-srun-{environ['SLURM_STEP_ID']}-{environ.get('SLURM_RESTART_COUNT', '0')}"
+    return None
+
+
 def mark_job(environ=None) -> None:
     """Name the job this process belongs to (``main()``, once): a rank that Lightning's launcher started
-    (LOCAL_RANK > 0, child of the process that named it) keeps its launcher's name; a rank of torchrun
-    (its agent starts every rank of the node, TORCHELASTIC_RUN_ID in each) is named after the agent and its
-    restart, as its siblings are; any other process, a doctor's or a test's subprocess included, names a
-    job of its own."""
+    (LOCAL_RANK > 0, child of the process that named it) keeps its launcher's name; a rank of torchrun or
+    of an srun step is named as its siblings are (``_sibling_job``); any other process, a doctor's or a
+    test's subprocess included, names a job of its own."""
     environ = os.environ if environ is None else environ
-    if "TORCHELASTIC_RUN_ID" in environ:
-        environ[JOB_ENV] = f"{os.getppid()}-torchrun-{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if (sibling := _sibling_job(environ)) is not None:
+        environ[JOB_ENV] = sibling
         return
     inherited = environ.get(JOB_ENV, "").partition("-")[0]
     if environ.get("LOCAL_RANK", "0") in ("", "0") or inherited != str(os.getppid()):
@@ -130,7 +141,8 @@ def first_to_say(line: str, environ=None) -> bool:
     first process has ended are removed here."""
     environ = os.environ if environ is None else environ
     job = environ.get(JOB_ENV)
-    if not job or "LOCAL_RANK" not in environ:  # set in every rank the launcher runs, its own included
+    # LOCAL_RANK: set in every rank a launcher runs, its own included; srun's tasks have SLURM_PROCID.
+    if not job or ("LOCAL_RANK" not in environ and _sibling_job(environ) is None):
         return True
     jobs = Path(tempfile.gettempdir()) / "lit_ddp-said"
     for claims in jobs.glob("*-*"):
