@@ -48,6 +48,7 @@ def test_doctor_holds_on_lenet_cifar_and_warns_of_padding(tmp_path: Path) -> Non
     write_cifar10(tmp_path / "cifar", per_batch=20)  # 100 training images, 30 for validation
     # A data_dir relative to the folder doctor runs in, as fit takes it: the ranks run there too.
     args = ["--config", str(CONFIGS / "lenet_cifar.yaml"), "--data.data_dir=cifar", "--data.val_size=30"]
+    args.append("--data.batch_size=32")  # the config's 128 is more than the 70 images fit would train on
     rows = assert_every_check_holds(*doctor(args, tmp_path))
     padding = next(r for r in rows if r[0].startswith("training-set size"))
     assert padding[1] == "WARN" and "70 training samples: 2 repeated on 4 devices" in padding[2]
@@ -64,9 +65,39 @@ def test_doctor_holds_on_resnet_imagenet_with_syncbn(tmp_path: Path) -> None:
     # a ResNet-50 pickles to 100 MB per run and its checks take minutes on 2 cores (README has its figures).
     args = ["--config", str(CONFIGS / "resnet_imagenet.yaml"), f"--data.data_dir={tmp_path / 'tree'}"]
     args += ["--model.arch=resnet18", "--data.image_size=64", "--data.val_resize=73", "--batch-size=2"]
+    args.append("--data.batch_size=8")  # the config's 256 is more than the tree's training images
     code, out = doctor(args, tmp_path)
     assert "sync_batchnorm=True" in out
     assert_every_check_holds(code, out)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_a_batch_that_fit_refuses_on_the_configured_devices_is_fits_line(tmp_path: Path) -> None:
+    """The checks ran at their own batch (2 × 8, 1 × 16) and said every check holds for a config whose
+    batch of 64 is more than the 50 training images each of its 2 devices gets, which fit refuses."""
+    args = ["--data.train_size=100", "--data.val_size=40", "--data.batch_size=64", "--trainer.devices=2"]
+    proc = run_cli(["doctor", "--checks=grads", *args], tmp_path, timeout=560)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        "lit_ddp: error: --data.batch_size=64 is more than the 50 training images on each of 2 devices: every"
+        " step would take 50, not 64 (the global batch and a scaled lr would be wrong): pass"
+        " --data.batch_size=50 or less"
+    ], proc.stderr[-3000:]
+    assert "check " not in proc.stdout  # no table: nothing was checked
+
+
+def test_what_fit_refuses_before_building_anything_the_doctor_refuses_in_its_line(capsys) -> None:
+    """The doctor reads the config as fit does: the run plan's problems are fit's lines, before any check."""
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--trainer.accumulate_grad_batches=0"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.splitlines() == [
+        "lit_ddp: error: --trainer.accumulate_grad_batches=0 must be 1 or more (the batches whose gradients"
+        " add up before each optimizer step; 1 steps after every batch)"
+    ], err
 
 
 def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:

@@ -809,6 +809,9 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
             case.seed,
             max_steps=steps if stage == "fit" else -1,
             trainer_kwargs=trainer_kwargs,
+            run_batch_size=configured_batch,
+            # devices unknown (auto, -1): a batch that fit refuses on 1 device it refuses on any count
+            run_devices=case.devices or 1,
             **kw,
         )
 

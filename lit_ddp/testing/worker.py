@@ -21,6 +21,7 @@ from torch.utils.data import Dataset
 
 from lit_ddp.data.datasets import WorkerError, collate_samples
 from lit_ddp.data.samplers import SeededSampleSampler
+from lit_ddp.data.split_checks import check_training_batch_fits
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.faults import destroy_process_group_at_exit
 from lit_ddp.runtime.sync_batchnorm import with_sync_batchnorm
@@ -47,6 +48,10 @@ class Job:
     perturb_global_rng: bool = False
     digests: bool = False  # hash each sample the splits hold (record.content)
     trainer_kwargs: dict = field(default_factory=dict)
+    # The real run's per-device batch and device count, which fit checks against the whole training split:
+    # the job's own batch and world size are the checks'.
+    run_batch_size: int | None = None
+    run_devices: int = 1
 
 
 class Subsample(Dataset):
@@ -109,7 +114,13 @@ class TakeHead(Callback):
         )
 
     def check_sizes(self, dm) -> None:
-        """UserError when a split the data module has loaded holds fewer samples than the checks read."""
+        """UserError when the real run's batch is more than fit takes from the whole training split (fit's
+        line: the checks run a batch of their own, which a config that fit refuses would pass), or when a
+        split the data module has loaded holds fewer samples than the checks read."""
+        if self.job.stage == "fit" and self.job.run_batch_size is not None:
+            check_training_batch_fits(
+                self.job.run_batch_size, getattr(dm, "train_set", None), self.job.run_devices
+            )
         for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
             dataset = getattr(dm, split, None)
             if dataset is not None and len(dataset) < wanted:
