@@ -203,6 +203,24 @@ class LrTimesWorld(ImageClassifier):
         return super().configure_optimizers()
 
 
+class CountsEpochSteps(ImageClassifier):
+    """An integer buffer counting the steps of the current epoch (a per-epoch warmup's, say), zeroed as each
+    epoch starts: a run resumed mid-epoch starts that epoch's hook again and zeroes what the checkpoint
+    restored. The weights do not read it: only the integer entry tells the resumed run from the other."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.register_buffer("epoch_steps", torch.zeros((), dtype=torch.long))
+
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self.epoch_steps.zero_()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(outputs, batch, batch_idx)
+        self.epoch_steps += 1
+
+
 def case(net=SmallNet, data=ShapesDataModule, checks=("grads",), system=ImageClassifier) -> Case:
     return Case(system(net=net), data(**SHAPES), checks=checks)
 
@@ -226,6 +244,7 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "lr_times_world": case(system=LrTimesWorld, checks=("grads", "steps")),
         "counts_samples": case(CountsSamples, checks=("grads", "steps")),
         "unsaved_buffer": case(UnsavedBuffer, checks=("resume",)),
+        "counts_epoch_steps": case(system=CountsEpochSteps, checks=("resume",)),
         "seeded_global_shuffle": case(data=SeededGlobalShuffle, checks=BENIGN_CHECKS),
         "global_randperm": case(data=GlobalRandperm, checks=BENIGN_CHECKS),
     }
@@ -333,6 +352,14 @@ def test_an_integer_buffer_counting_the_per_device_batch_is_caught_and_named(rep
     row = failing(report, "steps")
     assert "net.seen 8 on 2 processes, 16 on 1 (step 1)" in row.measured, row
     assert row.fix.startswith("buffer net.seen depends on the per-device batch or the device count"), row
+
+
+def test_an_integer_buffer_a_resumed_run_holds_otherwise_fails_the_resume_check(reports) -> None:
+    """The resume check compared floating-point entries only: an epoch's step counter zeroed again by a
+    mid-epoch resume held "every check holds"."""
+    row = failing(reports["counts_epoch_steps"], "resume")
+    assert "epoch_steps 0 resumed, 1 uninterrupted (step 2)" in row.measured, row
+    assert row.fix.startswith("epoch_steps ends otherwise in the resumed run"), row
 
 
 @pytest.mark.parametrize("name", ["seeded_global_shuffle", "global_randperm"])

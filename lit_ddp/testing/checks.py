@@ -382,15 +382,20 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
     return Row("steps", "weights after each step 2×b = 1×2b, ranks alike", holds, measured, fix)
 
 
-def _integer_difference(two: dict[str, torch.Tensor], one: dict[str, torch.Tensor], step: int) -> str:
+def _integer_difference(
+    two: dict[str, torch.Tensor],
+    one: dict[str, torch.Tensor],
+    step: int,
+    runs: tuple[str, str] = ("on 2 processes", "on 1"),
+) -> str:
     """``net.seen 16 on 2 processes, 32 on 1 (step 2)``: the first integer entry of the states after
-    ``step`` that differs between 2 × b and 1 × 2b, or "". The weights' tolerance is for float rounding,
-    which integers do not have: they compare exactly."""
+    ``step`` that differs between 2 × b and 1 × 2b (or the two ``runs`` named), or "". The weights'
+    tolerance is for float rounding, which integers do not have: they compare exactly."""
     for key, value in one.items():
         if value.is_floating_point() or key not in two or torch.equal(two[key], value):
             continue
         shown = [str(v.item()) if v.numel() == 1 else f"a {tuple(v.shape)} tensor" for v in (two[key], value)]
-        return f"{key} {shown[0]} on 2 processes, {shown[1]} on 1 (step {step})"
+        return f"{key} {shown[0]} {runs[0]}, {shown[1]} {runs[1]} (step {step})"
     return ""
 
 
@@ -570,6 +575,17 @@ def _resumed_diff(full: list[dict], resumed: list[dict]) -> float:
     return max(max_diff(r["final"], f["final"]) for r, f in zip(resumed, full, strict=True))
 
 
+def _resumed_integers(full: list[dict], resumed: list[dict]) -> str:
+    """``epoch_steps 1 resumed, 2 uninterrupted (step 2)``: the first integer entry (a counter buffer) of
+    the resumed fit's final state that differs from the uninterrupted fit's, or "". ``max_diff`` reads the
+    floating-point entries only, and a counter need not move any weight within the checks' few steps."""
+    runs = ("resumed", "uninterrupted")
+    for r, f in zip(resumed, full, strict=True):
+        if found := _integer_difference(r["final"], f["final"], f["global_step"], runs):
+            return found
+    return ""
+
+
 def loose_changes(record: dict) -> list[str]:
     """``net.calls (0 → 2)``: the attributes outside ``state_dict`` a fit changed (record.loose_state)."""
     before, after = record.get("loose_init", {}), record.get("loose_final", {})
@@ -596,22 +612,26 @@ def _resume(
     """Each pair (uninterrupted, stopped, resumed): stopped inside an epoch, and at an epoch's end."""
     (full, stopped, resumed), (full_e, stopped_e, resumed_e) = mid_epoch, epoch_end
     diff, diff_e = _resumed_diff(full, resumed), _resumed_diff(full_e, resumed_e)
-    holds = diff == 0 and diff_e == 0
+    exact = _resumed_integers(full, resumed) or _resumed_integers(full_e, resumed_e)
+    differs = diff != 0 or diff_e != 0 or bool(exact)
+    holds = not differs
     measured = (
         f"stopped after step {stopped[0]['global_step']} of {full[0]['global_step']} (mid-epoch) and at the"
         f" end of epoch {stopped_e[0]['global_step']} of {full_e[0]['global_step']}, resumed: weights differ"
         f" by at most {diff:.1e} and {diff_e:.1e}"
     )
+    if exact:
+        measured += f"; {exact}"
     fix = ""
     why = why or Evidence()
-    if (diff != 0 or diff_e != 0) and why.loose:
+    if differs and why.loose:
         fix = (
             f"{', '.join(why.loose[:3])}: changed by training outside state_dict, so a checkpoint loses it;"
             " register it as a persistent buffer (self.register_buffer) or derive it from trainer.global_step"
         )
-    elif (diff != 0 or diff_e != 0) and why.forward_rng:
+    elif differs and why.forward_rng:
         fix = why.forward_rng_fix
-    elif (diff != 0 or diff_e != 0) and why.data_differs:
+    elif differs and why.data_differs:
         fix = "the runs read other samples: see 'data'"
     elif diff != 0:
         fix = "save the data module's position (state_dict) and draw augmentation per sample"
@@ -619,6 +639,12 @@ def _resume(
         fix = (
             "resume a finished epoch at the next epoch's start: the training sampler's epoch and start must"
             " be right before the loader's first iterator (DataLoader workers read it then, before set_epoch)"
+        )
+    elif exact:
+        fix = (
+            f"{exact.split()[0]} ends otherwise in the resumed run: code that runs again when a run resumes"
+            " (setup, on_fit_start, on_train_start, on_train_epoch_start mid-epoch) resets or recounts what"
+            " the checkpoint restored; derive it from trainer.global_step, or leave it to the checkpoint"
         )
     return Row("resume", "stop mid-epoch or at epoch end + resume = uninterrupted", holds, measured, fix)
 
