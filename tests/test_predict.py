@@ -151,6 +151,34 @@ def test_images_a_predict_limit_left_unread_are_not_called_unreadable(
     assert f"1 unreadable image(s) left out: {images / 'aa.jpg'}" in out and "d.png" not in out
 
 
+def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, capsys) -> None:
+    """Every file of predict_dir unreadable (text under .jpg names): predict wrote a predictions.csv of no
+    row and exited 0, where train, val and test refuse such a split. It stops as they do, in one line, and
+    leaves no run folder (an empty predictions.csv would read as "no image to label")."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg", "c.jpg"):
+        (folder / name).write_text("not an image")
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "predict",
+                *DATA,
+                *QUIET,
+                f"--data.predict_dir={folder}",
+                "--ckpt_path=untrained",
+                f"--trainer.default_root_dir={tmp_path / 'run'}",
+            ]
+        )
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("lit_ddp: error: every one of the 3 image files read under ")
+    assert f"--data.predict_dir={folder}" in err and str(folder / "a.jpg") in err
+    assert "replace them with readable images" in err
+    assert not list((tmp_path / "run").rglob("predictions.csv"))
+    assert not list((tmp_path / "run").rglob("version_*"))
+
+
 @pytest.mark.parametrize("make", ["missing", "empty", "junk only"])
 def test_a_predict_dir_without_images_is_one_line(tmp_path: Path, capsys, make: str) -> None:
     folder = tmp_path / "images"
