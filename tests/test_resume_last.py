@@ -276,3 +276,58 @@ def test_a_resumed_fit_logs_its_config_at_the_step_it_resumes_from(tmp_path: Pat
         assert [e.step for e in acc.Tensors(f"{tag}/text_summary")] == [0, 2], tag
     first, resumed = (e.tensor_proto.string_val[0].decode() for e in acc.Tensors("config/text_summary"))
     assert "max_epochs: 1" in first and "max_epochs: 2" in resumed
+
+
+def test_fit_from_a_path_to_a_runs_last_checkpoint_goes_on_in_that_run_as_last_does(
+    tmp_path: Path, caplog, monkeypatch
+) -> None:
+    """`fit --ckpt_path=lightning_logs/version_0/checkpoints/last.ckpt` (the path `resuming from` prints, or
+    an sbatch script holds) trained into a new version_1, while `--ckpt_path=last` goes on in version_0: the
+    run's curves, checkpoints and best were split over two folders. The path now resumes the run as `last`
+    does; the folders hold the same files either way."""
+    runs = {}
+    for how in ("last", "path"):
+        root = tmp_path / how
+        build_cli(["fit", *TINY, f"--trainer.default_root_dir={root}"])
+        monkeypatch.chdir(root)  # the path as a user copies it: relative to where the command runs
+        ckpt = "last" if how == "last" else "lightning_logs/version_0/checkpoints/last.ckpt"
+        resume = [f"--ckpt_path={ckpt}", "--trainer.max_epochs=2", f"--trainer.default_root_dir={root}"]
+        with caplog.at_level("INFO"):
+            cli = build_cli(["fit", *TINY, *resume])
+        assert cli.trainer.current_epoch == 2 and cli.trainer.logger.version == 0, how
+        runs[how] = sorted(
+            "events" if p.name.startswith("events.out.tfevents.") else str(p.relative_to(root))
+            for p in root.rglob("*")
+            if p.is_file()
+        )
+    assert any(
+        m.startswith("resuming from lightning_logs/version_0/checkpoints/last.ckpt") for m in caplog.messages
+    )
+    assert runs["path"] == runs["last"]
+    assert runs["path"].count("events") == 2  # the first run and its resume, in one folder
+    assert not (tmp_path / "path" / "lightning_logs" / "version_1").exists()
+    # The run's own bookkeeping goes on: `best` for it is found among that run's checkpoints.
+    scored = build_cli(
+        ["validate", *TINY, "--ckpt_path=best", f"--trainer.default_root_dir={tmp_path / 'path'}"]
+    )
+    assert (
+        Path(scored.trainer.ckpt_path).parent
+        == tmp_path / "path" / "lightning_logs" / "version_0" / "checkpoints"
+    )
+
+
+def test_fit_from_a_path_to_any_other_checkpoint_starts_a_new_run(tmp_path: Path) -> None:
+    """An epoch's checkpoint of a run (or best), or a last.ckpt outside the runs `last` searches, is a branch
+    from that point: a new run, as Lightning makes it, leaving the run's files as they are."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, "--trainer.max_epochs=2", root])
+    run = tmp_path / "lightning_logs" / "version_0"
+    epoch = min((run / "checkpoints").glob("epoch*.ckpt"))
+    outside = tmp_path / "elsewhere" / "checkpoints" / "last.ckpt"
+    outside.parent.mkdir(parents=True)
+    outside.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes())
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for version, ckpt in enumerate((epoch, outside), start=1):
+        cli = build_cli(["fit", *TINY, f"--ckpt_path={ckpt}", "--trainer.max_epochs=3", root])
+        assert cli.trainer.logger.version == version, ckpt
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

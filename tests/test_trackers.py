@@ -227,6 +227,25 @@ def test_a_resumed_csv_run_keeps_the_rows_of_its_earlier_epochs(tmp_path: Path) 
     assert [{k: r[k] for k in first[0]} for r in rows[: len(first)]] == first
 
 
+def test_a_csv_run_resumed_from_the_path_of_its_last_checkpoint_keeps_its_rows_as_last_does(
+    tmp_path: Path,
+) -> None:
+    """`--ckpt_path=<the run>/checkpoints/last.ckpt` started version_1 with a metrics.csv of its own epoch,
+    where `--ckpt_path=last` goes on in version_0's file."""
+    from lit_ddp.cli import build_cli
+
+    logger = ["--trainer.logger=CSVLogger", f"--trainer.logger.init_args.save_dir={tmp_path / 'csv'}"]
+    args = [*FIT, *logger, f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(args)
+    run = tmp_path / "csv" / "lightning_logs" / "version_0"
+    first = list(csv.DictReader((run / "metrics.csv").open()))
+    build_cli([*args, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "--trainer.max_epochs=2"])
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]
+    assert [{k: r[k] for k in first[0]} for r in rows[: len(first)]] == first
+
+
 @pytest.mark.timeout(240)
 def test_tensorboard_and_csv_loggers_under_one_name_write_one_run_folder_and_a_resume_continues_it(
     tmp_path: Path,

@@ -4,10 +4,10 @@ fails once.
 Lightning resolves ``--ckpt_path=last`` inside the *new* run's directory (``version_N+1/checkpoints``),
 which is empty, so a plain ``fit --ckpt_path=last`` would silently start from scratch. Here ``last`` means
 the newest ``last*.ckpt`` of an earlier run *of the same model and data* under the logger's directory, and
-the resumed run keeps logging into that run's directory (one TensorBoard run, one checkpoint folder). With
-no earlier checkpoint it starts fresh, so an sbatch script can pass ``--ckpt_path=last`` on every
-(re)submission; with only other experiments' runs there it is an error naming the run and what differs,
-since resuming one would train (and overwrite) another experiment.
+the resumed run keeps logging into that run's directory (one TensorBoard run, one checkpoint folder), as does
+a fit given that ``last.ckpt``'s path. With no earlier checkpoint it starts fresh, so an sbatch script can
+pass ``--ckpt_path=last`` on every (re)submission; with only other experiments' runs there it is an error
+naming the run and what differs, since resuming one would train (and overwrite) another experiment.
 
 ``best`` is that same run's best checkpoint, as its ModelCheckpoint recorded it in ``last.ckpt``: Lightning
 knows the best only in the process that trained (``trainer.validate(ckpt_path="best")`` after ``fit``), so
@@ -70,15 +70,11 @@ def find_last_checkpoint(
     """The newest ``last*.ckpt`` of the runs of this model and data under the logger's ``save_dir/name``,
     or None when there is none at all; UserError when there are only other experiments' runs (``asked``:
     the ``--ckpt_path`` value the error names)."""
-    searched = _last_searched(trainer)
+    searched = _runs_lasts(trainer)
     if searched is None:
         return None  # a fixed checkpoint dirpath or a pinned version: Lightning's own "last" is right
-    runs, pattern = searched
-    candidates = sorted(
-        (p for p in runs.glob(pattern) if p.is_file() and _is_run(p.parent.parent, trainer)),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
+    runs, lasts = searched
+    candidates = sorted(lasts, key=lambda p: p.stat().st_mtime, reverse=True)
     if not candidates:
         return None
     newest_other = None
@@ -93,6 +89,29 @@ def find_last_checkpoint(
         f" {path.parent.parent.name} with {' and '.join(differs)}: resuming it would train another model or"
         " data: pass --ckpt_path=PATH to a checkpoint of this one, or leave --ckpt_path out for a new run"
     )
+
+
+def _runs_lasts(trainer: Trainer) -> tuple[Path, list[Path]] | None:
+    """The folder ``last`` searches and the ``last*.ckpt`` of every run of the trainer's logger in it, of
+    any model and data; None where ``last`` is Lightning's to find (``_last_searched``)."""
+    searched = _last_searched(trainer)
+    if searched is None:
+        return None
+    runs, pattern = searched
+    return runs, [p for p in runs.glob(pattern) if p.is_file() and _is_run(p.parent.parent, trainer)]
+
+
+def _is_runs_last(trainer: Trainer, path: Path, checkpoint: dict, model: LightningModule, datamodule) -> bool:
+    """Whether ``path`` is a file ``--ckpt_path=last`` could resume: a run's ``last*.ckpt`` in the folder it
+    searches, of this model and data. The same file under another name (a relative path, a link to the
+    folder) is the same run; a link named last.ckpt to an epoch's file is still the run's last."""
+    searched = _runs_lasts(trainer)
+    if searched is None:
+        return False
+    where = (path.parent.resolve(), path.name)
+    if not any((last.parent.resolve(), last.name) == where for last in searched[1]):
+        return False
+    return not _differences(checkpoint, model, datamodule)
 
 
 def _last_searched(trainer: Trainer) -> tuple[Path, str] | None:
@@ -332,8 +351,8 @@ def prepare_ckpt_path(
 ) -> str | None:
     """The path the subcommand should get: ``last`` resolved across the runs of this model and data, ``best``
     to that run's best checkpoint; an explicit file checked now (``checkpoint``: that file, if already
-    loaded). A fit resumed from ``last`` goes on in that run (``logger_config``: the CLI's
-    ``trainer.logger`` as given, which MLflow's run is rebuilt from).
+    loaded). A fit resumed from ``last``, or from the path of a file ``last`` could find, goes on in that run
+    (``logger_config``: the CLI's ``trainer.logger`` as given, which MLflow's run is rebuilt from).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights (without
@@ -356,10 +375,9 @@ def prepare_ckpt_path(
             # tell to set ModelCheckpoint(save_last=True), which every lit_ddp run does.
             rank_zero_info(f"lit_ddp: note: {note}")
             return None
-        rank_zero_info(f"{'resuming from' if subcommand == 'fit' else subcommand + ':'} {found}")
-        if subcommand == "fit":  # a resumed run goes on in its own run; an evaluation gets a new one
-            _continue_run(trainer, found, logger_config)
-        ckpt_path, checkpoint = str(found), None
+        if subcommand != "fit":  # an evaluation gets a run of its own
+            rank_zero_info(f"{subcommand}: {found}")
+        ckpt_path, checkpoint, resumed = str(found), None, subcommand == "fit"
     elif ckpt_path == "best":
         last = _newest_last_for_best(trainer, model, datamodule)
         if last is None:
@@ -372,9 +390,22 @@ def prepare_ckpt_path(
         rank_zero_info(
             f"{'starting from' if subcommand == 'fit' else subcommand + ':'} {best} (best {monitor})"
         )
-        ckpt_path, checkpoint = str(best), None
+        ckpt_path, checkpoint, resumed = str(best), None, False
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
         return ckpt_path
+    else:
+        # A run's last.ckpt given by its path (copied from `resuming from`, an sbatch script) is the file
+        # `last` would resume, and goes on in that run the same way. Any other checkpoint (an epoch's, the
+        # best, a file outside the runs `last` searches) is a branch from an earlier point: continuing its
+        # run would log a second history over the steps the run took after it, so it starts a new run, as
+        # Lightning does; so does another model's or data's last.ckpt, which `last` never resumes either.
+        checkpoint = checkpoint or load_checkpoint_file(Path(ckpt_path), mmap=True)
+        resumed = subcommand == "fit" and _is_runs_last(
+            trainer, Path(ckpt_path), checkpoint, model, datamodule
+        )
     path = Path(ckpt_path)
     check_compatible(model, checkpoint or load_checkpoint_file(path, mmap=True), path)
+    if resumed:
+        rank_zero_info(f"resuming from {path}")
+        _continue_run(trainer, path, logger_config)
     return ckpt_path
