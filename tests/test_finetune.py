@@ -186,6 +186,26 @@ def test_weights_of_another_network_or_a_bad_file_are_one_line(tmp_path: Path) -
         assert "\n" not in str(err.value)
 
 
+def test_a_deeper_network_s_weights_are_refused_not_loaded_out_of_place(tmp_path: Path) -> None:
+    # Every tensor of a resnet18 has its name and shape in a resnet34's file (layer1.0, layer1.1, ...): the
+    # network started from a resnet34's blocks 0 and 1 of each layer, the blocks between them dropped.
+    torch.save(build_net("resnet34", 1000).state_dict(), tmp_path / "resnet34.pth")
+    with pytest.raises(UserError) as err:
+        ArchClassifier(num_classes=3, arch="resnet18", weights=str(tmp_path / "resnet34.pth"))
+    assert str(err.value).startswith(
+        f"weights file {tmp_path / 'resnet34.pth'} does not fit --model.arch=resnet18: it holds 8 blocks in"
+        " the network's layers that a resnet18 lacks (layer1.2, layer2.2, layer2.3, layer3.2, layer3.3,"
+    )
+    assert "pass weights saved from a resnet18, or the --model.arch the file was saved from" in str(err.value)
+    # A head of another shape (fc.1: a file saved with a Sequential head) and tensors outside the network
+    # (an EMA copy) are not blocks of a deeper network: the backbone loads, the head starts fresh.
+    state = save_resnet18(tmp_path / "resnet18.pth")
+    del state["fc.weight"], state["fc.bias"]
+    state |= {"fc.1.weight": torch.zeros(5, 512), "fc.1.bias": torch.zeros(5), "ema.step": torch.zeros(())}
+    torch.save(state, tmp_path / "custom_head.pth")
+    ArchClassifier(num_classes=3, arch="resnet18", weights=str(tmp_path / "custom_head.pth"))
+
+
 # ---- head-only training ------------------------------------------------------------------------------
 
 

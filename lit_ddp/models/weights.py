@@ -83,12 +83,30 @@ def _names(keys: list[str]) -> str:
     return shown + (f" … ({len(keys)} in all)" if len(keys) > NAMES_SHOWN else "")
 
 
+def _extra_blocks(state: dict[str, Tensor], own: dict[str, Tensor], fits: dict[str, Tensor]) -> list[str]:
+    """The blocks the file holds in the network's top-level layers and the network lacks, by name: a deeper
+    variant of the same network (a resnet34 file for a resnet18 matches every tensor of the resnet18 by
+    name and shape, and its blocks between those would be dropped). Modules under a layer that loaded
+    nothing (a head of another shape) or outside the network (an EMA copy) are not counted."""
+    inside = {key.rsplit(".", n)[0] for key in own for n in range(1, key.count(".") + 1)}
+    loaded = {key.split(".", 1)[0] for key in fits}
+    blocks: dict[str, None] = {}
+    for key in state:
+        parts = key.split(".")
+        if key in own or parts[0] not in loaded or key.rpartition(".")[0] in inside:
+            continue
+        depth = next((n for n in range(1, len(parts)) if ".".join(parts[:n]) not in inside), len(parts))
+        blocks[".".join(parts[:depth])] = None
+    return list(blocks)
+
+
 def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) -> str:
     """Copies every tensor of ``path`` whose name and shape ``net`` has; returns the line to log.
 
     Tensors ``net`` has and the file lacks, or has with another shape (a 1000-class head in a 3-class
     network), keep their fresh initialisation. Fewer than half of ``net``'s tensors matching means the
-    file is another architecture's: an error, not a silent mostly-random start.
+    file is another architecture's: an error, not a silent mostly-random start; so is a file with more
+    blocks in the same layers (a deeper network of the family).
     """
     path = Path(local_path(path, "--model.weights"))  # a YAML config's ~ and $VAR arrive unexpanded
     own = net.state_dict()
@@ -99,6 +117,14 @@ def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) 
             f"weights file {path} does not fit --model.arch={arch}: only {len(fits)} of the network's"
             f" {len(own)} tensors match by name and shape (another network's file?):"
             f" pass weights saved from a {arch}"
+        )
+    extra = _extra_blocks(state, own, fits)
+    if extra:
+        raise UserError(
+            f"weights file {path} does not fit --model.arch={arch}: it holds {len(extra)} blocks in the"
+            f" network's layers that a {arch} lacks ({_names(extra)}): a deeper network's file, whose other"
+            f" blocks would be loaded out of place: pass weights saved from a {arch}, or the"
+            " --model.arch the file was saved from"
         )
     net.load_state_dict(fits, strict=False)
     line = f"weights: {len(fits)} of {len(own)} tensors from {path.name}"
