@@ -201,6 +201,38 @@ def test_macos_junk_and_hidden_entries_are_neither_classes_nor_images(tmp_path: 
     assert (len(dm.train_set), len(dm.val_set)) == (TRAIN_FILES, VAL_FILES)
 
 
+def test_images_outside_the_class_folders_are_named_not_skipped_without_a_word(tmp_path: Path) -> None:
+    make_tree(tmp_path)
+    # A half-sorted train/: the files beside the class folders have no class. They are left out (as
+    # torchvision's ImageFolder does), with a warning naming them; before, the count of files was all.
+    for i in range(2):
+        draw(0, (80, 80), np.random.default_rng(i)).save(tmp_path / "train" / f"unsorted{i}.jpg")
+    dm = ImageNetDataModule(data_dir=str(tmp_path), image_size=32, val_resize=36, num_workers=0)
+    with pytest.warns(UserWarning) as record:
+        dm.setup("fit")
+    (line,) = [str(w.message) for w in record if "class folders" in str(w.message)]
+    assert line == (
+        f"{tmp_path / 'train'}: 2 image files lie beside the class folders, in no class, and the train split"
+        f" leaves them out (such as {tmp_path / 'train' / 'unsorted0.jpg'}): move each into the folder of its"
+        " class"
+    )
+    assert (len(dm.train_set), len(dm.val_set)) == (TRAIN_FILES, VAL_FILES)
+    # An unsorted val/ (ImageNet's own, before valprep.sh): it said "no image files in val".
+    for path in (tmp_path / "val").rglob("*.JPEG"):
+        path.rename(tmp_path / "val" / path.name)
+    for folder in [p for p in (tmp_path / "val").iterdir() if p.is_dir()]:
+        folder.rmdir()
+    first = min(p.name for p in (tmp_path / "val").iterdir())
+    dm = ImageNetDataModule(data_dir=str(tmp_path), image_size=32, val_resize=36, num_workers=0)
+    with pytest.raises(UserError) as err:
+        dm.setup("validate")
+    assert str(err.value) == (
+        f"{tmp_path / 'val'} holds {VAL_FILES} image files but no class folder (such as"
+        f" {tmp_path / 'val' / first}): sort them into folders named as the classes in train/"
+        f" ({tmp_path / 'val'}/<class>/{first})"
+    )
+
+
 def test_the_imagenet_recipe_starts_no_more_workers_than_the_cores_can_feed(tmp_path, monkeypatch) -> None:
     """README's CPU run (2 processes on 2 cores) took 148 s with the recipe's 10 workers per device, 19 s
     with 0: the recipe leaves num_workers to the automatic count."""

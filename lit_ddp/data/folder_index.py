@@ -62,6 +62,19 @@ def find_classes(root: Path | str) -> list[str]:
         return sorted(e.name for e in entries if e.is_dir() and not is_junk(e.name))
 
 
+def loose_images(root: Path | str) -> list[str]:
+    """Sorted names of the image files directly in ``root``, beside its class folders: they have no class,
+    so no listing holds them (as torchvision's ``ImageFolder``), and the data module says so."""
+    if not os.path.isdir(root):
+        return []
+    with os.scandir(root) as entries:
+        return sorted(
+            e.name
+            for e in entries
+            if not is_junk(e.name) and e.name.lower().endswith(IMAGE_EXTENSIONS) and not e.is_dir()
+        )
+
+
 def class_key(name: str) -> str:
     """A class folder's name as compared between splits: NFC, so that ``café`` written by macOS (NFD: ``e``
     and a combining accent) is the same class as ``café`` written elsewhere (one code point)."""

@@ -36,6 +36,7 @@ from lit_ddp.data.folder_index import (
     default_cache_dir,
     find_classes,
     load_or_scan,
+    loose_images,
 )
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles
 from lit_ddp.errors import UserError
@@ -194,8 +195,20 @@ class ImageNetDataModule(ImageDataModule):
                 " layout"
             )
         samples = listing.samples([class_to_idx[class_key(f)] for f in listing.folders])
+        loose = loose_images(root)
+        if not len(samples) and loose:
+            raise UserError(
+                f"{root} holds {len(loose):,} image files but no class folder (such as {root / loose[0]}):"
+                f" sort them into folders named as the classes in train/ ({root}/<class>/{loose[0]})"
+            )
         if not len(samples):
             raise UserError(f"no image files in {root}: expected {LAYOUT.format(d=self.data_dir)}")
+        if loose:  # every rank finds them; rank 0 says it
+            files = f"{len(loose):,} image file" + ("s lie" if len(loose) > 1 else " lies")
+            rank_zero_warn(
+                f"{root}: {files} beside the class folders, in no class, and the {name} split leaves them out"
+                f" (such as {root / loose[0]}): move each into the folder of its class"
+            )
         if train:  # a class without a training image would be a class the model never sees
             counts = np.bincount(samples.labels, minlength=self.num_classes)
             empty = [self.class_names[i] for i in np.flatnonzero(counts == 0)]
