@@ -156,6 +156,28 @@ def test_a_one_class_folder_is_refused_at_once_in_one_line(tmp_path: Path, capsy
     assert not (tmp_path / "logs").exists()
 
 
+def test_a_tree_without_val_names_the_missing_split_and_predicts_on_a_folder(tmp_path: Path, capsys) -> None:
+    make_tree(tmp_path / "data")
+    shutil.rmtree(tmp_path / "data" / "val")
+    from lit_ddp.cli import main
+
+    # It said "no image folders in DIR" and to pass another --data.data_dir: the folder was the right one.
+    args = [*small_run(tmp_path / "data", tmp_path / "logs"), "--data.num_workers=0"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--trainer.max_epochs=1"])
+    err = capsys.readouterr().err.strip()
+    data = tmp_path / "data"
+    assert exit_info.value.code == 2 and err == (
+        f"lit_ddp: error: {data} has train/ but no val/: set some images of each class aside in"
+        f" {data / 'val'}/<class>/, the class folders of train/, to validate on"
+    )
+    # Predicting on a folder reads no split: it needs train/'s classes only.
+    folder = data / "train" / CLASSES[0]
+    build_cli(["predict", *args, "--ckpt_path=untrained", f"--data.predict_dir={folder}"])
+    (csv,) = (tmp_path / "logs").rglob("predictions.csv")
+    assert len(csv.read_text().splitlines()) == 1 + 8 + 1  # a header, 8 files, gray (truncated: unread)
+
+
 def test_strict_stops_at_the_first_unreadable_file_naming_it(tree, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"unreadable image file .*(truncated|corrupt)\.JPEG") as err:
         build_cli(["fit", *small_run(tree[0], tmp_path), "--data.strict=true", "--data.num_workers=0"])

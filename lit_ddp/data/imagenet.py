@@ -136,16 +136,26 @@ class ImageNetDataModule(ImageDataModule):
                 f"{self.data_dir / 'train'} has class folders whose names differ only in their Unicode form"
                 f" ({', '.join(map(ascii, twins))}): merge each pair into one folder"
             )
-        if not self.class_names or not (self.data_dir / "val").is_dir():
+        if not self.class_names:
             raise UserError(
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
+        # Predicting on a folder reads no split (the classes are train/'s), so it runs without val/.
+        if not (self.data_dir / "val").is_dir() and self.predict_dir is None:
+            raise UserError(self._no_val())
         if self.num_classes == 1:
             raise UserError(
                 f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
                 " needs at least two, one folder per class"
             )
+
+    def _no_val(self) -> str:
+        # The folder is right (it holds train/'s class folders): --data.data_dir elsewhere is not the fix.
+        return (
+            f"{self.data_dir} has train/ but no val/: set some images of each class aside in"
+            f" {self.data_dir / 'val'}/<class>/, the class folders of train/, to validate on"
+        )
 
     @property
     def strict(self) -> bool:
@@ -186,6 +196,8 @@ class ImageNetDataModule(ImageDataModule):
 
     def _split(self, name: str, train: bool) -> ImageFileDataset:
         root = self.data_dir / name
+        if name == "val" and not root.is_dir():  # the check at construction is skipped for predict_dir
+            raise UserError(self._no_val())
         listing = self._listing(name, trusted_since=self._created_at)
         class_to_idx = {c: i for i, c in enumerate(self.class_names)}
         unknown = [f for f in listing.folders if class_key(f) not in class_to_idx]
