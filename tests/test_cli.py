@@ -146,6 +146,13 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             {"bad.yaml": BROKEN_YAML},
             "bad.yaml, line 2, column 15: not valid YAML (while parsing a flow sequence",
         ),
+        # The class asked about is at fault, not the option (it said: did you mean --model.top_k?).
+        (
+            ["--model.help", "LeNetCifar"],
+            {},
+            "--model.help=LeNetCifar: no such model class: did you mean LeNetCIFAR?",
+        ),
+        (["--model.net.help", "LeNet"], {}, "unknown option --model.net.help"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_or_file_and_the_fix(

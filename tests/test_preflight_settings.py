@@ -107,6 +107,18 @@ ROWS = [
         {},
         "--model.net.batch_norm=maybe: expected true or false",
     ),
+    # A class's help asked for by a name that is no such class: the name is at fault, not the option.
+    (
+        ["fit", "--model.help", "LeNetCifar"],
+        {},
+        "--model.help=LeNetCifar: no such model class: did you mean LeNetCIFAR?",
+    ),
+    (
+        ["fit", "--data.help=lit_ddp.data.ShapeDataModule"],
+        {},
+        "--data.help=lit_ddp.data.ShapeDataModule: no such class (lit_ddp.data has no ShapeDataModule): did"
+        " you mean lit_ddp.data.ShapesDataModule?",
+    ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (
         ["fit", "--resilience.requeue_signal=SIGUSR3"],

@@ -44,13 +44,15 @@ TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "t
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """A setting the user gave: its key without ``init_args`` (a ``class_path`` is its owner's key), its
-    value, its text as written, and where: the command line, or a file and the YAML keys leading to it."""
+    value, its text as written, and where: the command line, or a file and the YAML keys leading to it.
+    ``help``: the value is the class whose help ``--KEY.help`` asks for, not a choice of what runs."""
 
     key: tuple[str, ...]
     value: object
     text: str
     file: Path | None = None
     yaml_keys: tuple[str, ...] = ()
+    help: bool = False
 
     def where(self) -> str:
         if self.file is None:
@@ -59,7 +61,9 @@ class Setting:
         return f"{self.file}, line {line}: " if line else f"{self.file}: "
 
     def shown(self, key: str) -> str:
-        return f"{key}: {self.text}" if self.file else f"--{_option(key)}={self.text}"
+        if self.file:
+            return f"{key}: {self.text}"
+        return f"--{_option(key)}{'.help' if self.help else ''}={self.text}"
 
 
 def _option(key: str) -> str:
@@ -106,8 +110,10 @@ def explain(message: str, argv: list[str], parsers: list, bases: dict[str, type]
     defaults = parsers[-1].get_defaults() if parsers else {}  # the model and data each subcommand defaults to
     settings = _settings(argv, words, command)
     ctx = Context(settings, keys, defaults, bases, command, prog)
-    for check in (_not_an_option, _class_choice, _unknown_key, _group, _required, _value):
+    for check in (_help_of, _not_an_option, _class_choice, _unknown_key, _group, _required, _value):
         for setting in settings:
+            if setting.help != (check is _help_of):  # a help request sets nothing: only its own check
+                continue
             line = check(ctx, setting)
             if line:
                 return line
@@ -129,10 +135,13 @@ def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
             settings += _file_settings(files[i], command)
         elif option and option.startswith("--") and option not in NOT_SETTINGS and value is not None:
             key = _normal(option[2:].removesuffix("+").split("."))
+            # `--model.help=NAME` (jsonargparse's help of a class) names a class for `model`: checked as one.
+            help = len(key) > 1 and key[-1] == "help"
+            key = key[:-1] if help else key
             try:
-                settings.append(Setting(key, yaml.safe_load(value), value))
+                settings.append(Setting(key, yaml.safe_load(value), value, help=help))
             except yaml.YAMLError:
-                settings.append(Setting(key, value, value))
+                settings.append(Setting(key, value, value, help=help))
     return settings
 
 
@@ -276,7 +285,8 @@ def _default_class(tree: object, key: tuple[str, ...]) -> type | None:
 
 def _given(ctx: Context, key: tuple[str, ...]) -> str | None:
     """The class name the user gives ``key`` last, or None."""
-    return next((s.value for s in reversed(ctx.settings) if s.key == key and isinstance(s.value, str)), None)
+    given = (s.value for s in reversed(ctx.settings) if s.key == key and not s.help)
+    return next((value for value in given if isinstance(value, str)), None)
 
 
 def _called(ctx: Context, key: tuple[str, ...]) -> bool:
@@ -454,6 +464,14 @@ def _class_choice(ctx: Context, s: Setting) -> str | None:
     ):
         return None
     return f"{at}: expected {_expected(place.annotation, s.text)}"
+
+
+def _help_of(ctx: Context, s: Setting) -> str | None:
+    """``--KEY.help=NAME``: a NAME that is no class KEY takes, or a KEY that takes no class (no such
+    option)."""
+    if _class_named(ctx, s) is None:
+        return _unknown_key(ctx, dataclasses.replace(s, key=(*s.key, "help"), help=False))
+    return _class_choice(ctx, s)
 
 
 def _unknown_key(ctx: Context, s: Setting) -> str | None:
