@@ -169,6 +169,29 @@ def test_bad_input_is_one_line_naming_the_option_or_file_and_the_fix(
     assert not (tmp_path / "logs").exists()
 
 
+def test_a_config_before_the_command_is_refused_unless_its_settings_are_under_the_commands_name(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """`python -m lit_ddp --config presets/debug.yaml fit` (the root's usage shows [-c CONFIG] before the
+    command) trained the full 12 epochs: the root parser reads a config for `fit:` and dropped the preset's
+    settings; a recipe there failed on jsonargparse's `Option 'model.init_args...' is not accepted`."""
+    monkeypatch.chdir(tmp_path)
+    debug, recipe = REPO / "configs" / "presets" / "debug.yaml", REPO / "configs" / "lenet_shapes.yaml"
+    for path in (debug, recipe):
+        with pytest.raises(SystemExit) as stop:
+            main(["--config", str(path), "fit", "--print_config"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"lit_ddp: error: --config {path} before fit holds "), err[0]
+        assert err[0].endswith(f"give it after the command (fit --config {path})"), err[0]
+    assert not (tmp_path / "logs").exists()
+    # A config for the root parser, the command's settings under its name, is read as before.
+    (tmp_path / "root.yaml").write_text("fit:\n  trainer:\n    max_epochs: 1\n")
+    with pytest.raises(SystemExit) as stop:
+        main(["--config", "root.yaml", "fit", "--print_config"])
+    assert stop.value.code == 0 and "  max_epochs: 1\n" in capsys.readouterr().out
+
+
 def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["fiit"])

@@ -17,6 +17,10 @@ the model and the data the command line picks a class for (the others get the co
   ``trainer.callbacks`` list replaces the list it appended to), and a preset's setting replaced by a recipe
   given after it, are refused in one line that says which order does what was asked. A preset given after
   the recipe adjusts it, as designed.
+- A ``--config`` before the command (``--config presets/debug.yaml fit``, which the root's usage shows) is
+  the root parser's: it reads each command's settings under the command's name (``fit: {trainer: ...}``)
+  and drops the settings at the file's top without a word (the debug preset's limits: the full run), or
+  fails on the first class's arguments. Such a file is refused, with the order that reads it.
 """
 
 from pathlib import Path
@@ -27,6 +31,8 @@ from lit_ddp.utils import NOT_SETTINGS, command_line, config_files, yaml_flow, y
 
 # Far above any real config (a saved ResNet run's config.yaml is about 400 nodes), far below a hang.
 MAX_NODES = 100_000
+# The commands a config before the command holds settings for, under their names.
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # Settings jsonargparse accepts that the run then replaces without a word.
 UNUSED = {
     # cli.py links the data's num_classes to the model's, at instantiation, over any value given
@@ -125,6 +131,18 @@ def _shape(path: Path, content: object, command: str) -> str | None:
     )
 
 
+def _before(path: Path, content: object, command: str) -> str | None:
+    """The line for a config given before the command whose top holds settings, not commands, or None."""
+    top = [str(key) for key in content if key not in SUBCOMMANDS] if isinstance(content, dict) else []
+    if not top:
+        return None
+    return (
+        f"--config {path} before {command} holds {', '.join(top)} at its top: a config given before the"
+        f" command is read for each command's settings under its name ({command}:), and these would not be"
+        f" used: give it after the command ({command} --config {path})"
+    )
+
+
 def _settings(tree, prefix: str = "") -> set[str]:
     """The option keys a config tree sets, as the command line spells them: ``init_args`` left out, and a
     ``class_path`` is its option's own key (``model.class_path`` is ``--model``)."""
@@ -184,10 +202,13 @@ def argument_problems(argv: list[str]) -> list[str]:
         return too_large
     words = command_line(argv)
     command = next((word for _, option, word in words if option is None), "fit")
+    at = next((i for i, option, _ in words if option is None), None)  # the command's position
     lines, contents = [], {}
     for i, path in files:
         content, line = _read(path)
         line = line or (None if content is INVALID else _shape(path, content, command))
+        before = at is not None and i < at and content is not INVALID
+        line = line or (_before(path, content, command) if before else None)
         lines += [line] if line else []
         contents[i] = (path, content)
     given, replaced = _order(argv, words, contents)
