@@ -190,6 +190,12 @@ def test_a_config_before_the_command_is_refused_unless_its_settings_are_under_th
     with pytest.raises(SystemExit) as stop:
         main(["--config", "root.yaml", "fit", "--print_config"])
     assert stop.value.code == 0 and "  max_epochs: 1\n" in capsys.readouterr().out
+    # After the command, the same file is refused: the command's parser has no `fit` key.
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--config", "root.yaml", "--print_config"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("lit_ddp: error: --config root.yaml after fit holds fit at its top"), err[0]
 
 
 def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys) -> None:

@@ -494,6 +494,7 @@ FILES = {
     "top_list.yaml": "- trainer\n- model\n",
     "scalar.yaml": "max_epochs\n",
     "nested.yaml": "fit:\n  trainer:\n",
+    "root.yaml": "fit:\n  trainer:\n    max_epochs: 1\n",
     "bomb.yaml": "\n".join(
         ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
         + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
@@ -585,6 +586,16 @@ ARGUMENTS = [
     (["--config", "value.yaml"], ["value.yaml, line 2: trainer: 5 holds no Trainer settings"]),
     (["--config", "list.yaml"], ["list.yaml, line 1: trainer: [max_epochs] holds no Trainer settings"]),
     (["--config", "nested.yaml"], ["nested.yaml, line 2: trainer: holds no Trainer settings"]),  # fit: {...}
+    # A config of the root parser's (a command's settings under its name) after the command: jsonargparse's
+    # "Group 'fit' does not accept option 'trainer.max_epochs'".
+    (
+        ["--config", "root.yaml"],
+        [
+            "--config root.yaml after fit holds fit at its top, as a config given before the command does:"
+            " give it before the command (--config root.yaml fit), or write its settings at its top, not"
+            " under fit:"
+        ],
+    ),
     # In the order that does what was asked: no line. A preset after a recipe adjusts it.
     (["--config", RECIPE, "--config", DEBUG, "--config", "bs.yaml", "--trainer.max_epochs=1"], []),
     (["--config", EMA, ADDED, "--trainer.callbacks.monitor=val/loss"], []),

@@ -20,7 +20,9 @@ the model and the data the command line picks a class for (the others get the co
 - A ``--config`` before the command (``--config presets/debug.yaml fit``, which the root's usage shows) is
   the root parser's: it reads each command's settings under the command's name (``fit: {trainer: ...}``)
   and drops the settings at the file's top without a word (the debug preset's limits: the full run), or
-  fails on the first class's arguments. Such a file is refused, with the order that reads it.
+  fails on the first class's arguments. Such a file is refused, with the order that reads it; and so is a
+  file of settings under a command's name given after the command, whose parser has no key of that name
+  (jsonargparse's ``Group 'fit' does not accept option 'trainer.max_epochs'``).
 """
 
 from pathlib import Path
@@ -143,6 +145,18 @@ def _before(path: Path, content: object, command: str) -> str | None:
     )
 
 
+def _after(path: Path, content: object, command: str) -> str | None:
+    """The line for a config given after the command that holds settings under a command's name, or None."""
+    under = [str(key) for key in content if key in SUBCOMMANDS] if isinstance(content, dict) else []
+    if not under:
+        return None
+    return (
+        f"--config {path} after {command} holds {', '.join(under)} at its top, as a config given before the"
+        f" command does: give it before the command (--config {path} {command}), or write its settings at"
+        f" its top, not under {under[0]}:"
+    )
+
+
 def _settings(tree, prefix: str = "") -> set[str]:
     """The option keys a config tree sets, as the command line spells them: ``init_args`` left out, and a
     ``class_path`` is its option's own key (``model.class_path`` is ``--model``)."""
@@ -207,8 +221,8 @@ def argument_problems(argv: list[str]) -> list[str]:
     for i, path in files:
         content, line = _read(path)
         line = line or (None if content is INVALID else _shape(path, content, command))
-        before = at is not None and i < at and content is not INVALID
-        line = line or (_before(path, content, command) if before else None)
+        if content is not INVALID and at is not None:
+            line = line or (_before if i < at else _after)(path, content, command)
         lines += [line] if line else []
         contents[i] = (path, content)
     given, replaced = _order(argv, words, contents)
