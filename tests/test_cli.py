@@ -153,6 +153,12 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             "--model.help=LeNetCifar: no such model class: did you mean LeNetCIFAR?",
         ),
         (["--model.net.help", "LeNet"], {}, "unknown option --model.net.help"),
+        # A preset given to the group it sets: it said "Group 'trainer' does not accept option ...".
+        (
+            ["--trainer", "d.yaml"],
+            {"d.yaml": "trainer:\n  max_epochs: 1\n"},
+            "--trainer=d.yaml holds trainer: at its top, as a --config file does: pass it as --config d.yaml",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_or_file_and_the_fix(

@@ -107,6 +107,14 @@ ROWS = [
         {},
         "--model.net.batch_norm=maybe: expected true or false",
     ),
+    # A preset given as the group's value: jsonargparse's "Group 'trainer' does not accept option
+    # 'trainer.max_epochs'".
+    (
+        ["fit", "--trainer", "{tmp}/debug.yaml"],
+        {"debug.yaml": "trainer:\n  max_epochs: 1\n"},
+        "--trainer={tmp}/debug.yaml holds trainer: at its top, as a --config file does: pass it as --config"
+        " {tmp}/debug.yaml, or write the file's settings at its top, not under trainer:",
+    ),
     # A class's help asked for by a name that is no such class: the name is at fault, not the option.
     (
         ["fit", "--model.help", "LeNetCifar"],

@@ -497,10 +497,13 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
 
 
 def _group(ctx: Context, s: Setting) -> str | None:
-    """A group of settings (``--model.optim``) given one value: jsonargparse read it as a file name."""
+    """A group of settings (``--model.optim``) given one value: jsonargparse read it as a file name; or given
+    a file that holds the group's own name at its top (a preset: ``--trainer=debug.yaml``)."""
     place = _place(ctx, s.key)
-    if not place.group or isinstance(s.value, dict) or Path(s.text).is_file():
+    if not place.group or isinstance(s.value, dict):
         return None
+    if Path(s.text).is_file():
+        return None if s.file else _group_file(place, Path(s.text))
     key, listed = place.shown, f"{ctx.prog} {ctx.command} --help lists them"
     if s.file:
         return (
@@ -511,6 +514,22 @@ def _group(ctx: Context, s: Setting) -> str | None:
     return (
         f"--{key}={s.text}: {key} is a group of settings, not one value: set them one by one,"
         f" --{key}.FIELD=VALUE ({listed}), or give a YAML file of them"
+    )
+
+
+def _group_file(place: Place, path: Path) -> str | None:
+    """A file given to a group (``--trainer=FILE``) is its settings; one under the group's name is read as
+    a setting named ``trainer.trainer``."""
+    try:
+        content = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    name, key = place.shown.split(".")[-1], _option(place.shown)
+    if not (isinstance(content, dict) and name in content):
+        return None
+    return (
+        f"--{key}={path} holds {name}: at its top, as a --config file does: pass it as --config {path}, or"
+        f" write the file's settings at its top, not under {name}:"
     )
 
 
