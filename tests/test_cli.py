@@ -153,6 +153,7 @@ OPTIM_TYPO_YAML = "model:\n  init_args:\n    optim:\n      lrr: 0.01\n"
             "--model.help=LeNetCifar: no such model class: did you mean LeNetCIFAR?",
         ),
         (["--model.net.help", "LeNet"], {}, "unknown option --model.net.help"),
+        (["--model.optim.lr", "--trainer.max_epochs=1"], {}, "--model.optim.lr is given no value"),
         # A preset given to the group it sets: it said "Group 'trainer' does not accept option ...".
         (
             ["--trainer", "d.yaml"],

@@ -115,6 +115,18 @@ ROWS = [
         "--trainer={tmp}/debug.yaml holds trainer: at its top, as a --config file does: pass it as --config"
         " {tmp}/debug.yaml, or write the file's settings at its top, not under trainer:",
     ),
+    # An option given no value (`--model.optim.lr $LR` with LR empty): "argument --model: expected one
+    # argument", naming another option; a mistyped one was "unrecognized arguments".
+    (
+        ["fit", "--model.optim.lr", "--trainer.max_epochs=1"],
+        {},
+        "--model.optim.lr is given no value: pass --model.optim.lr=VALUE",
+    ),
+    (
+        ["fit", "--trainer.max_epochz"],
+        {},
+        "unknown option --trainer.max_epochz: did you mean --trainer.max_epochs?",
+    ),
     # A class's help asked for by a name that is no such class: the name is at fault, not the option.
     (
         ["fit", "--model.help", "LeNetCifar"],

@@ -45,7 +45,8 @@ TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "t
 class Setting:
     """A setting the user gave: its key without ``init_args`` (a ``class_path`` is its owner's key), its
     value, its text as written, and where: the command line, or a file and the YAML keys leading to it.
-    ``help``: the value is the class whose help ``--KEY.help`` asks for, not a choice of what runs."""
+    ``help``: the value is the class whose help ``--KEY.help`` asks for, not a choice of what runs.
+    ``bare``: an option given no value (the next word is an option, or there is none)."""
 
     key: tuple[str, ...]
     value: object
@@ -53,6 +54,7 @@ class Setting:
     file: Path | None = None
     yaml_keys: tuple[str, ...] = ()
     help: bool = False
+    bare: bool = False
 
     def where(self) -> str:
         if self.file is None:
@@ -110,15 +112,24 @@ def explain(message: str, argv: list[str], parsers: list, bases: dict[str, type]
     defaults = parsers[-1].get_defaults() if parsers else {}  # the model and data each subcommand defaults to
     settings = _settings(argv, words, command)
     ctx = Context(settings, keys, defaults, bases, command, prog)
-    for check in (_help_of, _not_an_option, _class_choice, _unknown_key, _group, _required, _value):
+    for check in (_help_of, _not_an_option, _class_choice, _unknown_key, _group, _required, _value, _bare):
         for setting in settings:
-            if setting.help != (check is _help_of):  # a help request sets nothing: only its own check
+            if not _applies(check, setting):
                 continue
             line = check(ctx, setting)
             if line:
                 return line
     first = next(line.strip() for line in message.strip().splitlines() if line.strip())
     return f"{first} (see {prog} {command} --help)"
+
+
+def _applies(check, s: Setting) -> bool:
+    """A help request sets nothing: only its own check; an option without a value has only a name to check."""
+    if s.help:
+        return check is _help_of
+    if s.bare:
+        return check in (_not_an_option, _unknown_key, _bare)
+    return check not in (_help_of, _bare)
 
 
 def _normal(parts: Iterable[str]) -> tuple[str, ...]:
@@ -133,8 +144,12 @@ def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
     for i, option, value in words:
         if i in files:
             settings += _file_settings(files[i], command)
-        elif option and option.startswith("--") and option not in NOT_SETTINGS and value is not None:
+        elif option and option.startswith("--") and option not in NOT_SETTINGS:
             key = _normal(option[2:].removesuffix("+").split("."))
+            if value is None:
+                if key[-1] != "help":  # `--model.help` alone: the help of the option's own class
+                    settings.append(Setting(key, None, "", bare=True))
+                continue
             # `--model.help=NAME` (jsonargparse's help of a class) names a class for `model`: checked as one.
             help = len(key) > 1 and key[-1] == "help"
             key = key[:-1] if help else key
@@ -494,6 +509,19 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
     if match:
         return f"{where}{what}: did you mean {match if where else '--' + _option(match)}?"
     return f"{where}{what}: see {ctx.prog} {ctx.command} --help for the options"
+
+
+def _bare(ctx: Context, s: Setting) -> str | None:
+    """An option that takes a value given none: argparse names the option its key starts with instead
+    (``--model.optim.lr``: "argument --model: expected one argument"). A true-or-false one may stand alone."""
+    place = _place(ctx, s.key)
+    if not place.known or place.group or bool in _flat(place.annotation):
+        return None
+    key = _option(place.shown)
+    return (
+        f"--{key} is given no value: pass --{key}=VALUE (an empty shell variable, `--{key} $X`, leaves it"
+        " out)"
+    )
 
 
 def _group(ctx: Context, s: Setting) -> str | None:
