@@ -20,6 +20,7 @@ from lit_ddp.callbacks.summary import EpochSummary
 from lit_ddp.callbacks.throughput import Throughput
 from lit_ddp.data.samplers import stable_seed
 from lit_ddp.data.shapes import CLASS_NAMES, draw_shapes
+from lit_ddp.models import LeNetCIFAR
 
 VAL_SIZE = 101  # odd: 2 ranks get 51 + 50 images, and a padded sampler would count one twice
 EPOCHS = 2
@@ -391,19 +392,51 @@ def test_a_loader_that_keeps_up_gets_no_hint(tmp_path: Path, capsys) -> None:
     assert "training waited for data" not in out
 
 
-def test_an_image_data_module_names_its_own_remedies(tmp_path: Path, monkeypatch) -> None:
-    """The remedies follow the data module and the machine: spare CPUs → more workers; JPEG files decoded
-    in the workers → the GPU decoder first."""
+def test_an_image_data_module_names_the_remedies_that_apply_to_its_run(tmp_path: Path, monkeypatch) -> None:
+    """The remedies follow the data module, the machine and the device: spare CPUs → more workers; JPEG files
+    decoded in the workers → the GPU decoder first, only where training runs on a GPU; images in memory on a
+    CPU → none (the wait is their augmentation in the training process, which no loader worker shortens)."""
     from imagenet_tree import make_tree
 
     from lit_ddp.data import ImageNetDataModule, ShapesDataModule, base
 
     monkeypatch.setattr(base, "available_cpus", lambda: 8)
-    shapes = ShapesDataModule(num_workers=1)
+    cuda = lambda: torch.device("cuda")  # noqa: E731 - only the device's type is read
+    shapes = ShapesDataModule(train_size=16, val_size=8, num_workers=1)
+    shapes.setup("fit")
+    assert shapes.loader_remedies() == []
+    monkeypatch.setattr(shapes, "_training_device", cuda)
     assert shapes.loader_remedies() == ["more loader workers: --data.num_workers=7 (now 1, 8 CPUs)"]
     make_tree(tmp_path, train_per_class=1, val_per_class=1)
     imagenet = ImageNetDataModule(data_dir=str(tmp_path), num_workers=7)
+    assert imagenet.loader_remedies() == ["more CPUs per device (all 8 are loader workers already)"]
+    monkeypatch.setattr(imagenet, "_training_device", cuda)
     assert imagenet.loader_remedies() == [
         "decode the images on the GPU: --data.decode=gpu",
         "more CPUs per device (all 8 are loader workers already)",
     ]
+
+
+@pytest.mark.timeout(120)
+def test_images_in_memory_on_a_cpu_get_no_hint_to_add_workers(tmp_path: Path, capsys) -> None:
+    """Training on the CPU from memory, the data wait is the batch's crop, flip and normalisation in the
+    training process: more loader workers (what the hint said) only add a copy between processes, and the
+    GPU decoder it could name is no remedy without a GPU. The epoch line still shows the share."""
+    from lit_ddp.data import ShapesDataModule
+
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        limit_val_batches=0,
+        callbacks=[Throughput(), EpochSummary(wait_hint_above=0.0)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=8, batch_size=16))
+    out = capsys.readouterr().out
+    assert re.search(r"\| data wait \d+% \|", out), out
+    assert "training waited for data" not in out, out

@@ -28,10 +28,14 @@ def _budget_to_raise(trainer: Trainer) -> str:
     return ""
 
 
-def _wait_hint(trainer: Trainer, wait: float) -> str:
+def _wait_hint(trainer: Trainer, wait: float) -> str | None:
+    """The line naming the data module's remedies; None where it has none for this run (images in memory
+    on a CPU: the wait is the batch's augmentation in the training process, which the epoch line shows)."""
     remedies = getattr(trainer.datamodule, "loader_remedies", lambda: [])()
-    fixes = f": {'; or '.join(remedies)}" if remedies else ""
-    return f"training waited for data {wait:.0%} of each step (the devices were idle meanwhile){fixes}"
+    if not remedies:
+        return None
+    idle = " (the devices were idle meanwhile)" if trainer.strategy.root_device.type != "cpu" else ""
+    return f"training waited for data {wait:.0%} of each step{idle}: {'; or '.join(remedies)}"
 
 
 class EpochSummary(Callback):
@@ -121,4 +125,6 @@ class EpochSummary(Callback):
         pl_module.print(" | ".join(p for p in parts if p))  # rank 0 only, above the progress bar
         if wait is not None and float(wait) > self.wait_hint_above and not self._hinted:
             self._hinted = True
-            pl_module.print(_wait_hint(trainer, float(wait)))
+            hint = _wait_hint(trainer, float(wait))
+            if hint is not None:
+                pl_module.print(hint)

@@ -344,10 +344,16 @@ class ImageDataModule(LightningDataModule):
         workers, cpus = self.workers_per_device(), available_cpus()
         devices = self.trainer.num_devices if self.trainer is not None else 1
         spare = cpus // max(devices, 1) - 1
+        device = self._training_device()
+        on_cuda = device is not None and device.type == "cuda"
         remedies = []
         # Encoded images decoded in the workers, and no per-image augmentation that must run there.
-        if type(self.decoder) is ImageDecode and self.decoder.sample_augment is None:
+        if on_cuda and type(self.decoder) is ImageDecode and self.decoder.sample_augment is None:
             remedies.append("decode the images on the GPU: --data.decode=gpu")
+        if not on_cuda and isinstance(self.train_set, TensorImageDataset):
+            # Training on the CPU from memory, the wait is the crop, flip and normalisation the training
+            # process does itself: a worker would only index memory and add a copy between processes.
+            return remedies
         if workers < spare:
             remedies.append(f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)")
         else:
