@@ -151,10 +151,13 @@ def test_images_a_predict_limit_left_unread_are_not_called_unreadable(
     assert f"1 unreadable image(s) left out: {images / 'aa.jpg'}" in out and "d.png" not in out
 
 
-def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("writer", [[], ["--predictions=null"]], ids=["writer", "no writer"])
+def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, capsys, writer: list) -> None:
     """Every file of predict_dir unreadable (text under .jpg names): predict wrote a predictions.csv of no
-    row and exited 0, where train, val and test refuse such a split. It stops as they do, in one line, and
-    leaves no run folder (an empty predictions.csv would read as "no image to label")."""
+    row and exited 0, where train, val and test refuse such a split. It stops as they do, in one line naming
+    a file and why it could not be read, and leaves no run folder (an empty predictions.csv would read as "no
+    image to label"). Without the predictions writer it exited 0, having labelled nothing: the refusal is
+    about the input, not about the file written."""
     folder = tmp_path / "images"
     folder.mkdir()
     for name in ("a.jpg", "b.jpg", "c.jpg"):
@@ -168,12 +171,13 @@ def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, caps
                 f"--data.predict_dir={folder}",
                 "--ckpt_path=untrained",
                 f"--trainer.default_root_dir={tmp_path / 'run'}",
+                *writer,
             ]
         )
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("lit_ddp: error: every one of the 3 image files read under ")
-    assert f"--data.predict_dir={folder}" in err and str(folder / "a.jpg") in err
+    assert f"--data.predict_dir={folder}" in err and f"(such as {folder / 'a.jpg'}: " in err
     assert "replace them with readable images" in err
     assert not list((tmp_path / "run").rglob("predictions.csv"))
     assert not list((tmp_path / "run").rglob("version_*"))

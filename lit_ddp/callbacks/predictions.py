@@ -111,9 +111,6 @@ class PredictionWriter(Callback):
             dist.all_gather_object(gathered, mine)
         parts = [p for p, _ in gathered if p is not None]
         not_read = {i for _, rank_not_read in gathered for i in rank_not_read}
-        if parts and not any(len(p["index"]) for p in parts):
-            # Every rank decides on the same gathered rows: all stop alike, before rank 0 writes a file.
-            self._refuse_unreadable(trainer.datamodule, not_read)
         if not trainer.is_global_zero or not parts:
             return
         rows = {key: torch.cat([p[key] for p in parts]) for key in KEYS}
@@ -143,28 +140,6 @@ class PredictionWriter(Callback):
                     f"; {len(unreadable)} unreadable image(s) left out: {self._names(unreadable, dataset)}"
                 )
         pl_module.print(report)  # rank 0 only
-
-    def _refuse_unreadable(self, datamodule, not_read: set[int]) -> None:
-        """UserError when batches were read and every file in them was unreadable (each left out of its
-        batch, so no row is left), as train, val and test refuse such a split (skipped_images.py): a
-        predictions.csv with no row would read as a folder with nothing to label."""
-        dataset = getattr(datamodule, "predict_set", None)
-        unreadable = sorted(set(range(len(dataset))) - not_read) if dataset is not None else []
-        if not unreadable:
-            return
-        predict_dir = getattr(datamodule, "predict_dir", None)
-        where = (
-            f"under --data.predict_dir={predict_dir}"
-            if predict_dir is not None
-            else f"from the {getattr(datamodule, 'predict_source', 'predict data')}"
-        )
-        paths = self._paths(dataset)
-        first = paths[unreadable[0]] if paths else f"index {unreadable[0]}"
-        raise UserError(
-            f"every one of the {len(unreadable)} image files read {where} is unreadable (such as {first}):"
-            " predict would label none of them and write a predictions.csv with no row; replace them with"
-            " readable images"
-        )
 
     @staticmethod
     def _not_read(trainer: Trainer) -> list[int]:

@@ -1,5 +1,6 @@
 """Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch; a
-split whose every file read in an epoch is unreadable stops the run.
+split whose every file read in an epoch is unreadable stops the run, predict's too (its files left out are
+named in predictions.csv's report line, callbacks/predictions.py).
 
 Works with any ``ImageDataModule`` whose splits are image files, through its ``unreadable``
 (``UnreadableFiles``: ImageNetDataModule's). For any other it does nothing.
@@ -40,11 +41,23 @@ class SkippedImagesReport(Callback):
         if read and unreadable >= read and not trainer.sanity_checking:
             # Every rank decides on the same gathered counts: all stop alike, none waits for the others.
             path, why = next(iter(found.items()))
+            if split == "predict":
+                where = (
+                    f"under --data.predict_dir={dm.predict_dir}"
+                    if dm.predict_dir
+                    else f"from the {dm.predict_source}"
+                )
+                raise UserError(
+                    f"every one of the {read} image files read {where} is unreadable (such as {path}:"
+                    f" {why}): predict would label none of them; replace them with readable images"
+                )
             raise UserError(
                 f"every one of the {read} {split} image files read this epoch is unreadable (such as {path}:"
                 f" {why}): the run would learn or score black placeholders; replace the {split} files with"
                 " readable images"
             )
+        if split == "predict":
+            return  # predictions.csv's report line names the files it left out
         new = files.report(split, found)
         known = files.reported(split)
         if new:
@@ -69,3 +82,6 @@ class SkippedImagesReport(Callback):
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._report(trainer, pl_module, "test")
+
+    def on_predict_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._report(trainer, pl_module, "predict")

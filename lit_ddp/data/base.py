@@ -97,7 +97,7 @@ class ImageDataModule(LightningDataModule):
     test_split: str = "test"  # what test_set holds, named in predict's report
     exif_transpose: bool = True  # predict_dir's images are turned upright as their EXIF orientation says
     # Data modules whose splits are image files note the unreadable ones here (callbacks/skipped_images.py
-    # reports them); None: the splits are in memory, nothing to report.
+    # reports them), as does any with a predict_dir; None: the splits are in memory, nothing to report.
     unreadable: UnreadableFiles | None = None
     # Data modules of encoded images (files, shards) decode them with this strategy (decoders.py), chosen
     # once by their --data.decode; None: the splits are pixels already.
@@ -152,6 +152,8 @@ class ImageDataModule(LightningDataModule):
         self.predict_dir = local_path(predict_dir, "--data.predict_dir") if predict_dir is not None else None
         # Listed here, in the launching process: a wrong folder fails before any rank is spawned.
         self.predict_files = self._list_predict_dir(self.predict_dir) if self.predict_dir is not None else []
+        if self.predict_dir is not None and self.unreadable is None:
+            self.unreadable = UnreadableFiles()
         self._epoch = 0  # the training epoch whose samples are being counted
         self._samples = 0  # training samples of that epoch consumed over all ranks (trained, or resumed)
         self._batches = 0  # training batches of that epoch on this rank: MixUp/CutMix's key
