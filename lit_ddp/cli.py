@@ -297,7 +297,10 @@ class LitDDPCLI(LightningCLI):
 
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
-        # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error.
+        # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error, the data
+        # has what the subcommand reads.
+        if isinstance(self.datamodule, ImageDataModule):
+            self.datamodule.check_stage(self.subcommand)
         check_launcher_world(self.trainer)
         stop_spawned_ranks_cleanly(self.trainer)  # ddp_spawn: stop signals as under ddp (preemption.py)
         config = self.config_init[self.subcommand]

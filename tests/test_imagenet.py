@@ -178,6 +178,31 @@ def test_a_tree_without_val_names_the_missing_split_and_predicts_on_a_folder(tmp
     assert len(csv.read_text().splitlines()) == 1 + 8 + 1  # a header, 8 files, gray (truncated: unread)
 
 
+def test_test_reads_test_without_val_and_names_test_when_it_is_missing(tmp_path: Path, capsys) -> None:
+    """A tree of train/ and test/: `test` was refused for want of val/ (checked at construction, for every
+    subcommand), though it reads test/. It scores test/ now; fit still needs val/, and a tree of train/
+    alone is refused by `test` naming test/, the folder it reads."""
+    data = tmp_path / "data"
+    make_tree(data)
+    (data / "val").rename(data / "test")
+    from lit_ddp.cli import main
+
+    args = [*small_run(data, tmp_path / "logs"), "--data.num_workers=0"]
+    cli = build_cli(["test", *args, "--ckpt_path=untrained"])
+    assert cli.datamodule.test_split == "test"
+    assert cli.trainer.callback_metrics["test/skipped_images"] == 1  # test/CLASSES[1]/corrupt.JPEG: read
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *args, "--trainer.max_epochs=1"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.startswith(f"lit_ddp: error: {data} has train/ but no val/: ")
+    shutil.rmtree(data / "test")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["test", *args, "--ckpt_path=untrained"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lit_ddp: error: {data} has train/ but no test/") and str(data / "test") in err
+
+
 def test_strict_stops_at_the_first_unreadable_file_naming_it(tree, tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"unreadable image file .*(truncated|corrupt)\.JPEG") as err:
         build_cli(["fit", *small_run(tree[0], tmp_path), "--data.strict=true", "--data.num_workers=0"])

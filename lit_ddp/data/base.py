@@ -168,6 +168,11 @@ class ImageDataModule(LightningDataModule):
 
     # ---- the splits ----------------------------------------------------------------------------
 
+    def check_stage(self, stage: str) -> None:
+        """UserError where what ``stage`` ("fit", "validate", "test", "predict") reads is missing: the CLI
+        calls it before any process starts. Nothing here: a data module of folders checks them
+        (imagenet.py)."""
+
     def load_split(self, split: str) -> Dataset | tuple[Tensor, Tensor]:
         """The ``split`` ("train", "val" or "test") as a Dataset of (C, H, W) uint8 images and int64 labels,
         or as a pair (N, C, H, W) uint8 images, (N,) labels held in memory. A function of the seed only:

@@ -59,7 +59,8 @@ class ImageNetDataModule(ImageDataModule):
     """ImageFolder-layout JPEGs: RandomResizedCrop + flip for training, resize + centre crop for evaluation.
 
     Args:
-        data_dir: folder holding ``train/`` and ``val/`` (and optionally ``test/``) class folders.
+        data_dir: folder of class folders: ``train/`` (the classes), ``val/`` for fit and validate, ``test/``
+            for test (``val/`` where there is none).
         image_size: side of the square crops fed to the model.
         val_resize: evaluation images are resized to this short side, then centre-cropped to image_size.
         batch_size: per device.
@@ -141,17 +142,20 @@ class ImageNetDataModule(ImageDataModule):
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
-        # Predicting on a folder reads no split (the classes are train/'s), so it runs without val/.
-        if not (self.data_dir / "val").is_dir() and self.predict_dir is None:
-            raise UserError(self._no_val())
         if self.num_classes == 1:
             raise UserError(
                 f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
                 " needs at least two, one folder per class"
             )
 
-    def _no_val(self) -> str:
+    def _no_split(self, name: str) -> str:
         # The folder is right (it holds train/'s class folders): --data.data_dir elsewhere is not the fix.
+        if name == "test":
+            return (
+                f"{self.data_dir} has train/ but no test/ (nor val/, which test reads where there is no"
+                f" test/): put the images to test on in {self.data_dir / 'test'}/<class>/, the class folders"
+                " of train/"
+            )
         return (
             f"{self.data_dir} has train/ but no val/: set some images of each class aside in"
             f" {self.data_dir / 'val'}/<class>/, the class folders of train/, to validate on"
@@ -161,12 +165,23 @@ class ImageNetDataModule(ImageDataModule):
     def strict(self) -> bool:
         return self.unreadable.strict
 
+    def check_stage(self, stage: str) -> None:
+        self._splits(stage)
+
     def _splits(self, stage: str) -> list[str]:
-        if stage == "fit":
-            return ["train", "val"]
-        if stage == "validate":
-            return ["val"]
-        return ["test" if (self.data_dir / "test").is_dir() else "val"]
+        """The folders ``stage`` reads, or UserError naming the one it lacks: test/ for test and predict, or
+        val/ where there is none (ImageNet's test labels are not public); none for a predict_dir (the
+        classes are train/'s)."""
+        if stage == "predict" and self.predict_dir is not None:
+            return []
+        names = {"fit": ["train", "val"], "validate": ["val"]}.get(stage)
+        if names is None:
+            has_test = (self.data_dir / "test").is_dir() or not (self.data_dir / "val").is_dir()
+            names = ["test" if has_test else "val"]
+        for name in names:
+            if not (self.data_dir / name).is_dir():
+                raise UserError(self._no_split(name))
+        return names
 
     def _listing(self, name: str, trusted_since: float | None) -> SplitListing:
         started = time.perf_counter()
@@ -189,15 +204,19 @@ class ImageNetDataModule(ImageDataModule):
         if self.trainer is None:  # called by hand: every split
             names = ["train", "val", *(["test"] if (self.data_dir / "test").is_dir() else [])]
         else:
-            stage = {TrainerFn.FITTING: "fit", TrainerFn.VALIDATING: "validate"}.get(self.trainer.state.fn)
-            names = self._splits(stage or "test")
+            stage = {
+                TrainerFn.FITTING: "fit",
+                TrainerFn.VALIDATING: "validate",
+                TrainerFn.PREDICTING: "predict",
+            }
+            names = self._splits(stage.get(self.trainer.state.fn, "test"))
         for name in names:
             self._listing(name, trusted_since=None)
 
     def _split(self, name: str, train: bool) -> ImageFileDataset:
         root = self.data_dir / name
-        if name == "val" and not root.is_dir():  # the check at construction is skipped for predict_dir
-            raise UserError(self._no_val())
+        if not root.is_dir():  # a data module used without the CLI, which checks before any process starts
+            raise UserError(self._no_split(name))
         listing = self._listing(name, trusted_since=self._created_at)
         class_to_idx = {c: i for i, c in enumerate(self.class_names)}
         unknown = [f for f in listing.folders if class_key(f) not in class_to_idx]
@@ -233,8 +252,8 @@ class ImageNetDataModule(ImageDataModule):
         return ImageFileDataset(samples, decoder.reader(train), self.image_size, decoder.collate(train))
 
     def load_split(self, split: str) -> ImageFileDataset:
-        if split == "test":  # test/, or val/ when there is none (ImageNet's test labels are not public)
-            self.test_split = "test" if (self.data_dir / "test").is_dir() else "val"
+        if split == "test":
+            (self.test_split,) = self._splits("test")
             return self._split(self.test_split, train=False)
         return self._split(split, train=split == "train")
 
