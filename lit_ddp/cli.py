@@ -35,6 +35,7 @@ from lit_ddp.compat import set_collective_timeout
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
+from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
@@ -231,7 +232,8 @@ class LitDDPCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         try:
-            super().instantiate_classes()
+            with checkpoint_replaces_weights(self.plan.checkpoint_replaces_weights):
+                super().instantiate_classes()
         except ValueError as err:  # jsonargparse's, around what a named class's constructor raised
             failed = None if _user_error(err) else constructor_failure(err)
             if failed is None:

@@ -283,3 +283,48 @@ def test_finetune_recipe_trains_on_a_folder_from_a_weights_file_then_predicts(
     rows = csv.read_text().splitlines()
     assert rows[0].startswith("index,path,prediction") and len(rows) > len(CLASSES)
     assert all(row.split(",")[2] in CLASSES for row in rows[1:])  # class names read from the folders
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_checkpoint_evaluates_without_the_weights_file_it_was_started_from(tmp_path: Path, capsys) -> None:
+    """`predict --ckpt_path=last` of a fine-tune whose --model.weights file had moved was refused ("weights
+    file ... does not exist"), though the checkpoint replaces every weight it loads: it gives the rows it
+    gives with the file there, and test runs too. A fit that would start from the file still needs it."""
+    from lit_ddp.cli import main
+
+    root = tmp_path / "my_images"
+    make_tree(root, train_per_class=4, val_per_class=2)
+    weights = tmp_path / "resnet18.pth"
+    save_resnet18(weights)
+    common = [
+        f"--config={FINETUNE}",
+        f"--data.data_dir={root}",
+        "--model.arch=resnet18",
+        f"--model.weights={weights}",
+        "--data.image_size=32",
+        "--data.val_resize=36",
+        "--data.batch_size=4",
+        "--data.num_workers=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path / 'logs'}",
+    ]
+    short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    build_cli(["fit", *common, *short])
+    predict = ["predict", *common, "--ckpt_path=last", f"--data.predict_dir={root / 'val'}"]
+    build_cli([*predict, "--predictions.filename=present.csv"])
+    weights.rename(tmp_path / "moved.pth")
+    build_cli([*predict, "--predictions.filename=moved.csv"])
+    (present,), (moved,) = (list((tmp_path / "logs").rglob(name)) for name in ("present.csv", "moved.csv"))
+    assert len(present.read_text().splitlines()) > len(CLASSES)
+    assert moved.read_text() == present.read_text()
+    assert 0 <= build_cli(["test", *common, "--ckpt_path=last"]).trainer.callback_metrics["test/acc"] <= 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *common, *short])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lit_ddp: error: weights file {weights} does not exist: ")

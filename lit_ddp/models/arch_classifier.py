@@ -19,8 +19,8 @@ class ArchClassifier(ImageClassifier):
         weights: a state_dict file or a Lightning checkpoint to start from (README: Models and weights).
             Tensors of another shape (a 1000-class head in a 3-class network) keep their fresh
             initialisation. Loaded here, in every process that builds the model, so every rank starts
-            from the same weights; a ``--ckpt_path`` checkpoint, restored later, replaces them (then
-            ``--model.weights=null`` spares the file).
+            from the same weights; a ``--ckpt_path`` checkpoint, restored later, replaces them, so validate,
+            test and predict with one do not read the file (fit's resume does: it rebuilds the run).
         freeze_backbone: train the head only (the last layer with ``num_classes`` outputs): the other
             parameters get no gradient and no optimizer state, and their BatchNorm layers keep their
             loaded statistics (eval mode while training).

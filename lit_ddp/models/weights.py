@@ -2,6 +2,9 @@
 shape, so a head with another class count keeps its fresh initialisation. Nothing is downloaded."""
 
 import pathlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -16,6 +19,20 @@ from lit_ddp.utils import local_path
 # utils.plain_data). Every weights-only load of lit_ddp allows these (preflight/checkpoint_file.py too).
 CHECKPOINT_GLOBALS = [OptimConfig, pathlib.PosixPath, pathlib.PurePosixPath, pathlib.WindowsPath]
 NAMES_SHOWN = 6  # tensor names listed in the log line before "…"
+# True while the CLI builds the model of a validate, test or predict whose checkpoint replaces every weight:
+# the file is not read, so a fine-tune's checkpoint still scores once its pretrained file has moved. Not a
+# model argument: that would be a setting saved in the checkpoint, which a fit's resume compares.
+_REPLACED = ContextVar("weights_replaced_by_checkpoint", default=False)
+
+
+@contextmanager
+def checkpoint_replaces_weights(replaces: bool = True) -> Iterator[None]:
+    """Inside, where ``replaces``, ``load_weights`` reads no file: a checkpoint restored later replaces it."""
+    token = _REPLACED.set(replaces)
+    try:
+        yield
+    finally:
+        _REPLACED.reset(token)
 
 
 def _reason(err: Exception) -> str:
@@ -109,6 +126,8 @@ def load_weights(net: nn.Module, path: str | Path, num_classes: int, arch: str) 
     blocks in the same layers (a deeper network of the family).
     """
     path = Path(local_path(path, "--model.weights"))  # a YAML config's ~ and $VAR arrive unexpanded
+    if _REPLACED.get():
+        return f"weights: {path.name} not read: the --ckpt_path checkpoint replaces them"
     own = net.state_dict()
     state = _strip_prefix(read_state_dict(path), set(own))
     fits = {key: value for key, value in state.items() if key in own and value.shape == own[key].shape}

@@ -240,6 +240,12 @@ class RunPlan:
         )
 
     @property
+    def checkpoint_replaces_weights(self) -> bool:
+        """validate, test or predict of a checkpoint: its state_dict replaces every weight the model is built
+        with (runtime/resume.py checks that it holds them all), so ``--model.weights`` need not be read."""
+        return self.subcommand != "fit" and self.ckpt_path not in (None, UNTRAINED)
+
+    @property
     def device_count(self) -> int | None:
         """Devices per node, where the plan names a count (None for auto, -1 or a list Lightning reads)."""
         try:
