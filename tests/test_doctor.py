@@ -100,6 +100,21 @@ def test_what_fit_refuses_before_building_anything_the_doctor_refuses_in_its_lin
     ], err
 
 
+@pytest.mark.parametrize("kit_batch", [[], ["--batch-size=2"]])
+def test_a_config_batch_of_one_with_batch_norm_is_fits_line(capsys, kit_batch: list[str]) -> None:
+    """fit refuses a per-device batch of 1 with a BatchNorm model; the doctor said to run its checks at
+    --batch-size=2, and then said every check holds, for a config fit refuses."""
+    from lit_ddp.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--checks=grads", "--model.batch_norm=true", "--data.batch_size=1", *kit_batch])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and err.splitlines() == [
+        "lit_ddp: error: batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image"
+        " per device; pass --data.batch_size=2 or more, or a model without BatchNorm"
+    ], err
+
+
 def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:
     # The checks' own failures are test_ddp_kit.py's: here what doctor does with a report that has one.
     from lit_ddp.testing import doctor as doctor_module

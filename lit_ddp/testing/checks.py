@@ -793,6 +793,9 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         raise UserError(f"batch_size={case.batch_size} must be 1 or more: the per-device batch of the checks")
     configured_batch = dm.batch_size
     b = case.batch_size or min(configured_batch, 16)
+    # The config's batch as fit's setup judges it, in fit's line (the ranks run the checks' batch): a
+    # BatchNorm model with one image per device. Before the checks' own batch of 1, which is the kit's.
+    dm._check_batch_norm(model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
     if b == 1 and getattr(model, "batch_norm_per_device", False):
         raise UserError(
