@@ -505,6 +505,42 @@ def s3_samples(
     return ShardedSamples(url, "train", tmp_path / "cache", retries=retries, read_timeout=read_timeout)
 
 
+def test_a_file_missing_from_a_local_folder_is_named_after_a_short_wait_not_the_retries(
+    tmp_path: Path, cifar_shards: Path, monkeypatch, capsys
+) -> None:
+    """A local file missing was retried as an S3 object is, with backoff: --data.retries=10 kept a wrong
+    --data.url waiting 100 s before its line, and a deleted shard's line said to check that the store is
+    up. A missing local file is looked for again after the store's short waits (NFS: a file another node
+    wrote can take a moment to show), whatever --data.retries, then named with its fix."""
+    from lit_ddp.cli import main
+    from lit_ddp.data import shards
+
+    waits: list[float] = []
+    monkeypatch.setattr(shards.time, "sleep", waits.append)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--data=StreamingDataModule", "--data.url=nowhere", "--data.retries=10"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.splitlines() == [
+        "lit_ddp: error: no readable lit_ddp.json at nowhere/lit_ddp.json: point --data.url at a folder or"
+        " s3:// prefix written by `python -m lit_ddp shard SRC DEST`"
+    ], err
+    assert waits == list(LocalStore.missing_waits) and sum(waits) < 1
+
+    root = shutil.copytree(cifar_shards, tmp_path / "shards")
+    (root / "train" / "shard.00000.mds").unlink()
+    waits.clear()
+    samples = ShardedSamples(str(root), "train", tmp_path / "cache", retries=10)
+    with pytest.raises(ShardError) as missing:
+        samples[0]
+    assert str(missing.value) == (
+        f"shard {root / 'train' / 'shard.00000.mds'} is missing (3 attempts): it was moved or deleted since"
+        " `shard` wrote it; put it back, or re-shard: run `python -m lit_ddp shard` again into an empty DEST;"
+        " then resume with --ckpt_path=last"
+    )
+    assert waits == list(LocalStore.missing_waits)
+
+
 @pytest.mark.parametrize("fault", ["missing", "truncated", "server_stopped"])
 def test_an_unreadable_shard_is_retried_then_named_in_one_line(
     tmp_path: Path, s3_server, cifar_shards: Path, fault: str

@@ -15,7 +15,8 @@ node-local cache (``ChunkCache``: bounded, least recently used out first, shared
 of a node through a lock file per shard and an atomic rename); local ones are read in place. A shard that
 cannot be read (server down, answering errors or slower than ``read_timeout`` seconds, missing, shorter
 than its index says, other bytes than the SHA-1 its index records) is tried ``retries`` times with
-backoff, then fails with one line naming it (``ShardError``).
+backoff, then fails with one line naming it (``ShardError``); a file missing from a local folder is looked
+for twice more within a second (``LocalStore.missing_waits``), then named.
 
 Every byte read is checked against what the index promises, so damage is one line naming the file and
 "re-shard", never a traceback or a silent wrong: ``lit_ddp.json`` and ``index.json`` must parse and hold
@@ -99,6 +100,10 @@ def check_url_form(url: str, named: str) -> None:
 
 class LocalStore:
     """Files under a folder (local disk or a shared file system)."""
+
+    # Seconds before each new look for a missing file, whatever --data.retries: on NFS or Lustre a file
+    # another node wrote can take a moment to show, while S3's backoff would keep a wrong path waiting.
+    missing_waits = (0.25, 0.5)
 
     def __init__(self, root: str) -> None:
         self.root = root
@@ -254,12 +259,14 @@ def read_with_retries(
     store, key: str, size: int | None, retries: int, backoff: float = 0.2, digest: str | None = None
 ) -> bytes:
     """``store.read(key)``, checked against its expected ``size`` and SHA-1 ``digest``; up to ``retries``
-    attempts, doubling waits between them, then ``ShardError`` naming the shard and the last reason."""
+    attempts, doubling waits between them (a file missing from a folder: the store's ``missing_waits``),
+    then ``ShardError`` naming the shard and the last reason."""
     errors = _retryable_errors()
     last: BaseException | None = None
+    wait, waits = 0.0, None  # before the next attempt; the missing file's waits, where one is missing
     for attempt in range(max(retries, 1)):
         if attempt:
-            time.sleep(backoff * 2 ** (attempt - 1))
+            time.sleep(wait)
         try:
             data = store.read(key)
             if size is not None and len(data) != size:
@@ -269,7 +276,16 @@ def read_with_retries(
             return data
         except errors as err:
             last = err
-    attempts = f"{max(retries, 1)} attempt{'s' if retries > 1 else ''}"
+        waits = getattr(store, "missing_waits", None) if isinstance(last, FileNotFoundError) else None
+        if waits is not None and attempt == len(waits):
+            break
+        wait = backoff * 2**attempt if waits is None else waits[attempt]
+    attempts = f"{attempt + 1} attempt{'s' if attempt else ''}"
+    if waits is not None:
+        raise ShardError(
+            f"shard {store.name(key)} is missing ({attempts}): it was moved or deleted since `shard` wrote"
+            f" it; put it back, or {RESHARD}; then resume with --ckpt_path=last"
+        ) from last  # the reason, for read_before_training's line
     if isinstance(last, _Altered):
         raise ShardError(
             f"shard {store.name(key)} does not match the SHA-1 its {INDEX} records ({attempts}): the store"

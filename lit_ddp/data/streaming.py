@@ -168,7 +168,8 @@ class StreamingDataModule(ImageDataModule):
         window: shards whose samples are shuffled together; larger mixes more, reads more shards at once.
         cache_dir: node-local folder for shards read from s3:// (shared by the node's ranks); None:
             ``$XDG_CACHE_HOME/lit_ddp/shards``. cache_limit_gb bounds it (least recently used out first).
-        retries: attempts per shard read before the run stops naming the shard.
+        retries: attempts per shard read before the run stops naming the shard (a file missing from a
+            local folder: at most 3, within a second).
         read_timeout: s3:// only: seconds a read waits for the server before it fails (and is retried).
         image_size / val_resize / draft / exif_transpose / decode / decode_ahead: encoded (ImageFolder)
             shards: as ImageNetDataModule (``decode=gpu``: the shards' bytes decoded on the training
