@@ -463,7 +463,7 @@ def test_the_mid_epoch_stop_is_mid_epoch_under_gradient_accumulation(tmp_path: P
     assert steps_per_epoch(runs["k_stopped_end"]) == 1  # step 1 ends epoch 1
 
 
-def test_kit_settings_are_the_trainer_settings_the_config_trains_with() -> None:
+def test_kit_settings_are_the_trainer_settings_the_config_trains_with(monkeypatch) -> None:
     """A project's generated test passed the config's seed and SyncBatchNorm only: a config with gradient
     accumulation or clipping was checked without them, while doctor checked it with them."""
     from lit_ddp.testing import kit_settings
@@ -471,11 +471,17 @@ def test_kit_settings_are_the_trainer_settings_the_config_trains_with() -> None:
     trainer = {"sync_batchnorm": True, "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
     config = {"seed_everything": 7, "trainer": {**trainer, "devices": 8, "num_nodes": 2}}
     assert kit_settings(config) == {"seed": 7, **trainer, "devices": 16}
-    # The machine decides the count (auto, -1), or the seed is drawn at random (true): the kit's defaults.
-    drawn = kit_settings({"seed_everything": True, "trainer": {"devices": "auto"}})
+    # A seed drawn at random (true): the kit's. auto and -1: what fit starts on this machine (a machine with
+    # no GPU here: 1 CPU process, and a GPU config's count unknown, left to the kit).
+    drawn = kit_settings({"seed_everything": True, "trainer": {"devices": "auto", "accelerator": "cpu"}})
     defaults = {"sync_batchnorm": False, "accumulate_grad_batches": 1, "gradient_clip_val": None}
-    assert drawn == {"seed": 0, **defaults}
+    assert drawn == {"seed": 0, **defaults, "devices": 1}
     assert kit_settings({"trainer": {"devices": [0, 1]}})["devices"] == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "devices" not in kit_settings({"trainer": {"devices": -1, "accelerator": "gpu"}})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert kit_settings({"trainer": {"devices": "-1", "num_nodes": 2}})["devices"] == 8
 
 
 def test_a_validation_that_logs_no_metric_is_a_warning_not_a_yes() -> None:

@@ -135,14 +135,16 @@ def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -
         return failing
 
     monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
+    config = {
+        "trainer": {"devices": 4, "num_nodes": 2, "accumulate_grad_batches": 3, "gradient_clip_val": 1.0},
+        "seed_everything": 7,
+    }
     cli = SimpleNamespace(
         model=LeNetCIFAR(),
         datamodule=ShapesDataModule(batch_size=2),
         trainer=SimpleNamespace(num_devices=1, num_nodes=1),  # the checks' CPU trainer: the config counts
-        config={
-            "trainer": {"devices": 4, "num_nodes": 2, "accumulate_grad_batches": 3, "gradient_clip_val": 1.0},
-            "seed_everything": 7,
-        },
+        config=config,
+        parser=SimpleNamespace(parse_args=lambda args: config),
     )
     seen_args = []
     code = doctor_module.main(
@@ -173,13 +175,104 @@ def test_the_check_runs_batch_is_smaller_for_large_images(monkeypatch, image_siz
     monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
     data = ShapesDataModule(batch_size=batch_size)
     data.image_size = image_size
+    config = {"trainer": {}, "seed_everything": 0}
     cli = SimpleNamespace(
         model=LeNetCIFAR(),
         datamodule=data,
-        config={"trainer": {}, "seed_everything": 0},
+        config=config,
+        parser=SimpleNamespace(parse_args=lambda args: config),
     )
     assert doctor_module.main(["--config", "x.yaml"], lambda a: cli) == 0
     assert got["batch_size"] == expected
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "devices", "gpus", "world"),
+    [
+        ("auto", "auto", 0, 1),
+        ("auto", "auto", 4, 4),
+        ("gpu", "auto", 8, 8),
+        ("cpu", "auto", 4, 1),
+        ("gpu", "auto", 0, 0),
+    ],
+)
+def test_the_world_judged_is_the_one_the_config_runs_in_on_this_machine(
+    monkeypatch, capsys, accelerator: str, devices, gpus: int, world: int
+) -> None:
+    """devices=auto was judged as 1 device whatever the machine: a GPU machine's run starts every GPU (the
+    config's batch against each one's shard, the padding warning). auto is counted as fit counts it here,
+    from the config's own accelerator (the checks' parse runs on CPU); where this machine cannot (a GPU
+    config on a machine without one), the header says 1 was judged."""
+    import torch
+
+    from lit_ddp.testing import doctor as doctor_module
+    from lit_ddp.testing.checks import Report
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    got = {}
+    fake_checks = lambda model, data, **kwargs: got.update(kwargs) or Report([])  # noqa: E731
+    monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
+    checks_config = {"trainer": {"accelerator": "cpu", "devices": devices}, "seed_everything": 0}
+    own = {"trainer": {"accelerator": accelerator, "devices": devices}, "seed_everything": 0}
+    cli = SimpleNamespace(
+        model=LeNetCIFAR(),
+        datamodule=ShapesDataModule(batch_size=64),
+        config=checks_config,
+        parser=SimpleNamespace(parse_args=lambda args: own),
+    )
+    assert doctor_module.main(["--config", "x.yaml"], lambda a: cli) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert got.get("devices") == (world or None), header
+    if world:
+        assert header.endswith(
+            f"; judged for the run's {world} device{'s' if world > 1 else ''} (devices={devices} on this"
+            f" machine): a global batch of 64 × {world} × 1 = {64 * world}"
+        ), header
+    else:
+        assert header.endswith(
+            f"; the run's devices (devices={devices}, accelerator={accelerator}) cannot be counted on this"
+            " machine: judged as 1 device; pass --trainer.devices=N, the run's count"
+        ), header
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            [],
+            "judged for the run's 1 device (devices=auto on this machine): a global batch of 64 × 1 × 1 = 64",
+        ),
+        (
+            ["--trainer.devices=3"],
+            "judged for the run's 3 devices (devices=3): a global batch of 64 × 3 × 1 = 192",
+        ),
+        (
+            ["--trainer.accelerator=gpu"],
+            "the run's devices (devices=auto, accelerator=gpu) cannot be counted",
+        ),
+    ],
+)
+def test_the_doctor_names_the_world_it_judged_from_the_config_fit_reads(
+    monkeypatch, capsys, args: list[str], says: str
+) -> None:
+    """The command's own parse (the checks' faked): on this CPU machine auto is fit's 1 process; a GPU
+    config is not counted here, and says so."""
+    import torch
+
+    from lit_ddp.cli import main
+    from lit_ddp.testing import doctor as doctor_module
+    from lit_ddp.testing.checks import Report
+
+    if torch.cuda.is_available():
+        pytest.skip("counts this machine's GPUs: the case above fakes them")
+    got = {}
+    fake_checks = lambda model, data, **kwargs: got.update(kwargs) or Report([])  # noqa: E731
+    monkeypatch.setattr(doctor_module, "check_ddp_invariants", fake_checks)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--data.batch_size=64", *args])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and says in out.splitlines()[0], out
 
 
 @pytest.mark.parametrize("batch_size", ["0", "-2"])

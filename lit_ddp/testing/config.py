@@ -15,6 +15,7 @@ import importlib
 import io
 from collections.abc import Callable
 
+import torch
 import yaml
 from jsonargparse import ArgumentParser
 from lightning import LightningDataModule, LightningModule
@@ -74,22 +75,29 @@ def build(config: dict, num_classes: int | None = None) -> tuple[LightningModule
     return instantiate(model_config, LightningModule), data
 
 
-def _device_count(devices, num_nodes) -> int | None:
-    """Processes a config's ``trainer.devices`` × ``num_nodes`` start; None where the machine decides
-    (``auto``, -1)."""
+def _device_count(devices, num_nodes, accelerator="auto") -> int | None:
+    """Processes a config's ``trainer.devices`` × ``num_nodes`` start: a count or a list as given; auto and -1
+    as Lightning counts them on this machine (every CUDA GPU for a GPU run, 1 process for auto on a CPU);
+    None where this machine cannot tell (a GPU run on a machine without one, another accelerator)."""
     if isinstance(devices, list | tuple):
         return len(devices) * num_nodes
-    if isinstance(devices, str) and devices.strip().isdigit():
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
         devices = int(devices)
     if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
         return devices * num_nodes
-    return None
+    if devices not in ("auto", -1):
+        return None
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus):
+        return gpus * num_nodes or None
+    return num_nodes if devices == "auto" and accelerator in ("cpu", "auto") else None  # CPU: -1 is refused
 
 
 def kit_settings(config) -> dict:
     """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed,
     and the settings the real run trains with (SyncBatchNorm, gradient accumulation and clipping, and the
-    device count where the config gives one), so that a test of the config checks what ``doctor`` does.
+    device count it starts on this machine, left out where this machine cannot count them: devices=auto for
+    a GPU run on a machine without one), so that a test of the config checks what ``doctor`` does.
 
         check_ddp_invariants(model, data, **kit_settings(config))
     """
@@ -101,5 +109,6 @@ def kit_settings(config) -> dict:
         "accumulate_grad_batches": int(trainer.get("accumulate_grad_batches") or 1),
         "gradient_clip_val": trainer.get("gradient_clip_val"),
     }
-    devices = _device_count(trainer.get("devices"), int(trainer.get("num_nodes") or 1))
+    nodes, accelerator = int(trainer.get("num_nodes") or 1), str(trainer.get("accelerator") or "auto")
+    devices = _device_count(trainer.get("devices", "auto"), nodes, accelerator)
     return {**settings, **({"devices": devices} if devices is not None else {})}

@@ -11,7 +11,11 @@ check | holds? | measured | what to change. Exit status 0 when every check holds
 not failures), 1 when one does not. ``--batch-size`` is the per-device batch of the check runs (default:
 the config's, at most 8, or 4 for images over 64 px, which keeps ResNet-50 at 224 px within about two
 minutes on 2 cores: the checks need a few steps, not a full batch); the BatchNorm warning judges that
-batch (its gradient figure is measured there) and names the config's own beside it.
+batch (its gradient figure is measured there) and names the config's own beside it. The config's own batch
+is judged as ``fit`` judges it, for the run's device count, which the header names with its global batch:
+``devices=auto`` (or -1) counted as ``fit`` counts it on this machine (every GPU for a GPU run, 1 process on
+a CPU), or judged as 1 where this machine cannot count them (a GPU config on a laptop: pass
+``--trainer.devices=N``).
 
 The ranks run in this folder, as ``fit``'s would: a relative ``data_dir`` means the same to both.
 """
@@ -77,6 +81,26 @@ def _without_lightning_info() -> Iterator[None]:
             logger.setLevel(level)
 
 
+def _world(trainer, settings: dict, batch: int) -> str:
+    """The run the config's batch is judged for (fit's checks of it, the padding warning): its device count
+    and global batch, or, where this machine cannot count its devices, that 1 was judged."""
+    devices, accelerator = trainer.get("devices", "auto"), trainer.get("accelerator", "auto")
+    world = settings.get("devices")
+    if world is None:
+        return (
+            f"the run's devices (devices={devices}, accelerator={accelerator}) cannot be counted on this"
+            " machine: judged as 1 device; pass --trainer.devices=N, the run's count"
+        )
+    here = " on this machine" if str(devices).strip() in ("auto", "-1") else ""
+    nodes = int(trainer.get("num_nodes") or 1)
+    here += f" × {nodes} nodes" if nodes > 1 else ""
+    accumulate = settings["accumulate_grad_batches"]
+    return (
+        f"judged for the run's {world} device{'s' if world > 1 else ''} (devices={devices}{here}): a global"
+        f" batch of {batch} × {world} × {accumulate} = {batch * world * accumulate}"
+    )
+
+
 def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG) -> int:
     """``parse(args)``: the CLI's parser, returning a LightningCLI built with ``run=False`` (cli.py passes
     it, so this layer does not import the CLI); ``prog``: the command's name (a project's own). Returns the
@@ -85,7 +109,10 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     # The checks run on CPU: a GPU config must still parse and build its model and data on a laptop.
     with quiet_args_given(), _without_lightning_info():  # args given while sys.argv holds the doctor's
         cli = parse([*rest, "--trainer.accelerator=cpu"])
+        own = cli.parser.parse_args(rest)  # the config as fit reads it (parse only, nothing built)
     config = cli.config
+    # The run's accelerator, not the checks' CPU: with devices=auto (or -1) it decides the world judged.
+    config["trainer"]["accelerator"] = own.get("trainer", {}).get("accelerator", "auto")
     dm = cli.datamodule
     default = LARGE_IMAGE_BATCH if dm.image_size > LARGE_IMAGE else DEFAULT_BATCH
     # --batch-size=0 is the kit's one-line refusal, not the default batch in silence.
@@ -94,7 +121,9 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     seed = settings.pop("seed")
     print(
         f"{prog}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
-        f" {options.steps} steps, seed {seed}; " + ", ".join(f"{k}={v}" for k, v in settings.items()),
+        f" {options.steps} steps, seed {seed}; "
+        + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "devices")
+        + f"; {_world(config['trainer'], settings, dm.batch_size)}",
         flush=True,
     )
     start = time.monotonic()
