@@ -80,8 +80,14 @@ class SaveRunConfig(SaveConfigCallback):
     leaves None (the run stopped there on an AssertionError), and which for W&B is the ``save_dir`` of every
     run. Its run's folder is then the one its checkpoints go into.
 
-    Fork of ``lightning.pytorch.cli.SaveConfigCallback``: it writes into ``Trainer.log_dir``, not atomically;
-    goes when it writes beside the run's checkpoints for every logger, whole or not at all.
+    The file records the run, not the command that last went on with it: a fit that resumed its own run
+    (``--ckpt_path=last``, or the path of the run's checkpoint) records no ``ckpt_path``, so that
+    ``fit --config RUN/config.yaml`` trains the run again as a new one (with ``--ckpt_path=last`` it still
+    resumes it); a fit started from another run's checkpoint records that file's path (``best`` resolved).
+
+    Fork of ``lightning.pytorch.cli.SaveConfigCallback``: it writes into ``Trainer.log_dir``, not atomically,
+    and records ``ckpt_path`` as given; goes when it writes beside the run's checkpoints for every logger,
+    whole or not at all, and records what a re-run needs.
     """
 
     def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
@@ -106,12 +112,24 @@ class SaveRunConfig(SaveConfigCallback):
         log_dir = trainer.log_dir  # a broadcast, on every rank
         wandb = isinstance(trainer.logger, WandbLogger)
         folder = log_dir if log_dir is not None and not wandb else run_dir(trainer)
+        if stage == "fit" and self.config.get("ckpt_path") is not None:
+            started = trainer.ckpt_path  # resolved: None where `last` found no run and this one is new
+            own = started is None or _within(str(started), str(folder))
+            self.config = self.config.clone()
+            self.config.ckpt_path = None if own else str(started)
         if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
             return super().setup(trainer, pl_module, stage)
         if trainer.is_global_zero:  # written as lit_ddp writes files: whole or not at all (writes.py)
             text = self.parser.dump(self.config, skip_none=False)
             write_file(Path(folder) / self.config_filename, text, "the run's config")
         self.already_saved = trainer.strategy.broadcast(True)
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether the file ``path`` lies under ``folder`` (local paths as they resolve, remote ones as named)."""
+    if is_local_path(path) and is_local_path(folder):
+        return Path(path).resolve().is_relative_to(Path(folder).resolve())
+    return path.startswith(folder.rstrip("/") + "/")
 
 
 def _as_default(choice: str | type | dict) -> dict:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import REPO, TINY_RUN, run_cli
 from lightning import Callback
 
@@ -139,6 +140,26 @@ def test_fit_from_best_starts_a_new_run_and_leaves_the_best_runs_files(tmp_path:
     cli = build_cli(["fit", *TINY, "--trainer.max_epochs=3", "--ckpt_path=best", root])
     assert cli.trainer.logger.version == 1 and cli.trainer.current_epoch == 3
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    # Its config.yaml names the file it started from, not `best`, which a re-run would look up anew.
+    saved = yaml.safe_load((tmp_path / "lightning_logs" / "version_1" / "config.yaml").read_text())
+    assert saved["ckpt_path"] == cli.trainer.ckpt_path and Path(saved["ckpt_path"]).parent == run
+
+
+def test_a_resumed_runs_config_yaml_trains_the_run_again_and_still_resumes_it(tmp_path: Path, capsys) -> None:
+    """A resume's config.yaml recorded its `ckpt_path: last`: `fit --config RUN/config.yaml` resumed the
+    finished run and printed "nothing to train" instead of training it again. The file records the run."""
+    build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}"])
+    build_cli(
+        ["fit", *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", f"--trainer.default_root_dir={tmp_path}"]
+    )
+    config = tmp_path / "lightning_logs" / "version_0" / "config.yaml"
+    assert yaml.safe_load(config.read_text())["ckpt_path"] is None
+    capsys.readouterr()
+    again = build_cli(["fit", f"--config={config}"])
+    assert again.trainer.logger.version == 1 and again.trainer.global_step == 4  # 2 epochs of 2 steps
+    assert "nothing to train" not in capsys.readouterr().out
+    resumed = build_cli(["fit", f"--config={config}", "--ckpt_path=last", "--trainer.max_epochs=3"])
+    assert resumed.trainer.logger.version == 1 and resumed.trainer.global_step == 6
 
 
 @pytest.mark.parametrize(
