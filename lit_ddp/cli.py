@@ -17,6 +17,8 @@
 """
 
 import inspect
+import os
+import random
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +38,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
 from lit_ddp.models.weights import checkpoint_replaces_weights
-from lit_ddp.preflight import RunPlan, problems
+from lit_ddp.preflight import MAX_SEED, RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
@@ -123,6 +125,24 @@ class SaveRunConfig(SaveConfigCallback):
             text = self.parser.dump(self.config, skip_none=False)
             write_file(Path(folder) / self.config_filename, text, "the run's config")
         self.already_saved = trainer.strategy.broadcast(True)
+
+
+def _draw_seed(config) -> None:
+    """``--seed_everything=true``: a seed drawn here, which seeds the run and is what config.yaml records, so
+    that a re-run or a resume of it seeds alike. LightningCLI passes ``true`` on as ``seed_everything()``,
+    which seeds 0 since Lightning 2.1 (lightning#18846: processes that a launcher starts apart each drew
+    their own) while its help still promises a random seed. A rank that Lightning's launcher started
+    (LOCAL_RANK > 0) takes the seed of the process that started it, which ``seed_everything`` left in
+    PL_GLOBAL_SEED; under torchrun or srun ``true`` stays, for preflight to refuse (#18846's reason)."""
+    if config.get("seed_everything") is not True:
+        return
+    inherited = os.environ.get("PL_GLOBAL_SEED", "")
+    if os.environ.get("LOCAL_RANK", "0") != "0" and inherited.isdigit():
+        config["seed_everything"] = int(inherited)
+        return
+    launcher = launcher_world()
+    if launcher is None or launcher.starts_devices or launcher.world == 1:
+        config["seed_everything"] = random.SystemRandom().randint(0, MAX_SEED)  # not the forked state
 
 
 def _within(path: str, folder: str) -> bool:
@@ -215,6 +235,7 @@ class LitDDPCLI(LightningCLI):
             raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
+        _draw_seed(config)
         # The run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the other runs.
         experiment = place_runs(config) if subcommand else None
         # Every problem of the plan, a line each (main prints them), before anything is built: LightningCLI

@@ -1,10 +1,12 @@
 """The command line end to end: in process, and as real 2-process DDP runs on CPU."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli, main
@@ -345,6 +347,41 @@ def test_the_default_run_is_the_recipe_yaml_and_the_class_defaults(tmp_path: Pat
     yaml_model = recipe["model"]["init_args"]
     assert OptimConfig(**vars(yaml_model["optim"])) == defaults["optim"]
     assert yaml_model["batch_norm"] == defaults["batch_norm"]
+
+
+def test_seed_everything_true_draws_a_seed_that_the_run_uses_and_config_yaml_records(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """LightningCLI seeds `true` with 0 (Lightning 2.1 on), though its help says a random seed, and the run's
+    config.yaml recorded 0. Each run now draws one, seeds with it and records it, so that a re-run of its
+    config.yaml seeds alike."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # seed_everything sets it in this process: put back after
+    seeds = []
+    for name in ("a", "b"):
+        build_cli(["fit", *QUICK, "--seed_everything=true", f"--trainer.default_root_dir={tmp_path / name}"])
+        used = int(os.environ["PL_GLOBAL_SEED"])
+        saved = yaml.safe_load(next((tmp_path / name).rglob("config.yaml")).read_text())["seed_everything"]
+        assert saved == used and type(saved) is int, saved
+        seeds.append(used)
+    assert seeds[0] != seeds[1], seeds  # drawn: two runs agree once in 2**32
+
+
+def test_a_rank_lightnings_launcher_started_takes_the_seed_its_first_process_drew(monkeypatch) -> None:
+    """Under --trainer.strategy=ddp each rank parses the command line again: a seed of its own would seed
+    each rank otherwise. Outside a launcher, `false` and a number stay as given."""
+    from lit_ddp.cli import _draw_seed
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1234")  # what seed_everything left in the first process
+    config = {"seed_everything": True}
+    _draw_seed(config)
+    assert config == {"seed_everything": 1234}
+    monkeypatch.delenv("LOCAL_RANK")
+    for given in (False, 7):
+        config = {"seed_everything": given}
+        _draw_seed(config)
+        assert config == {"seed_everything": given}
 
 
 def test_every_callback_of_the_list_is_on_by_default_and_each_key_turns_one_off(tmp_path: Path) -> None:

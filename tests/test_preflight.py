@@ -260,6 +260,13 @@ MACHINE = [
         "the launcher started 2 processes (WORLD_SIZE) but --trainer.devices=2 × --trainer.num_nodes=2 = 4:"
         " make them equal (--trainer.devices)",
     ),
+    # Each of torchrun's processes would draw a seed of its own (lightning#18846): the CLI draws one only
+    # where every rank can take it.
+    (
+        RunPlan(devices=2, launcher=TORCHRUN, seed_everything=True),
+        "--seed_everything=true would draw a seed in each of the 2 processes torchrun started, and they would"
+        " differ: pass one seed for all of them (--seed_everything=N)",
+    ),
     (
         RunPlan(accelerator="gpu", cuda_devices=0),
         "--trainer.accelerator=gpu, but this machine has no CUDA GPU: pass --trainer.accelerator=cpu",
@@ -296,6 +303,7 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(root_dir="s3://bucket/runs"),  # a remote store checks its own permissions
         RunPlan(num_nodes=2, manual_start=True),  # MASTER_ADDR and NODE_RANK set on each node by hand
         RunPlan(devices=2, launcher=TORCHRUN),
+        RunPlan(devices=2, launcher=TORCHRUN, seed_everything=7),
         RunPlan(devices="auto", launcher=TORCHRUN),  # Lightning's count: checked against the built Trainer
         RunPlan(devices=1, launcher=Launcher("srun", 1, 1, "", starts_devices=True)),  # Lightning starts them
         RunPlan(subcommand="validate", ckpt_path="untrained"),  # the weights as built, on purpose

@@ -426,7 +426,14 @@ MAX_SEED = 2**32 - 1
 
 
 def _seed_range(plan: RunPlan) -> str | None:
-    seed = plan.seed_everything
+    seed, launcher = plan.seed_everything, plan.launcher
+    # true is drawn by the CLI (cli._draw_seed), except in processes a launcher started apart.
+    if seed is True and launcher is not None and launcher.world > 1 and not launcher.starts_devices:
+        return (
+            f"--seed_everything=true would draw a seed in each of the {launcher.world} processes"
+            f" {launcher.name} started, and they would differ: pass one seed for all of them"
+            " (--seed_everything=N)"
+        )
     if seed is None or isinstance(seed, bool) or 0 <= seed <= MAX_SEED:
         return None
     return f"--seed_everything={seed} is outside 0..{MAX_SEED}, the seeds numpy takes: pass one in that range"
