@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, read_scalars, run_cli
 from lightning import Callback
 
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 
 # 128 training images in batches of 32: 4 steps per epoch, 8 in all. A constant learning rate, so that
 # max_steps (which the schedule's length follows) changes nothing but where the run stops.
@@ -80,6 +80,41 @@ def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupt
     # Validation: the uninterrupted run's at each epoch end, and at a should_stop also where it stopped
     # (Lightning validates when a callback stops the fit early: EarlyStopping, max_time).
     assert got["val/acc"][-2:] == pytest.approx(want["val/acc"], abs=1e-6)
+
+
+def test_a_resume_whose_batch_limit_ends_the_stopped_epoch_already_is_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    """A --trainer.limit_train_batches at or below the batches the stopped epoch had trained ended that epoch
+    without its validation (ModelCheckpoint warned that val/acc was missing) and exited 0. One line now,
+    with the run's files as they were; the limit it names resumes, and the epoch validates."""
+    fit(tmp_path, f"--trainer.max_steps={STOP_AT}")  # epoch 2 stopped after 2 of its 4 batches
+    run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    for limit in ("2", "0.5"):  # 2 batches, or half of 4
+        with pytest.raises(SystemExit) as stop:
+            main(
+                [
+                    "fit",
+                    *RUN,
+                    f"--trainer.default_root_dir={tmp_path}",
+                    "--ckpt_path=last",
+                    f"--trainer.limit_train_batches={limit}",
+                ]
+            )
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1, err
+        assert err[0] == (
+            f"lit_ddp: error: --trainer.limit_train_batches={limit} ends an epoch after 2 batches, and the"
+            " checkpoint stopped epoch 2 after 2: that epoch would end without its validation; resume with"
+            " --trainer.limit_train_batches=3 or more (every epoch then trains that many), or train a new run"
+            " (no --ckpt_path)"
+        )
+        assert {p: p.read_bytes() for p in before} == before
+    resumed = fit(tmp_path, "--ckpt_path=last", "--trainer.limit_train_batches=3")
+    assert resumed.trainer.global_step == STOP_AT + 1 and "val/acc" in resumed.trainer.callback_metrics
+    assert "epoch 2/2 | train loss" in capsys.readouterr().out
 
 
 # ---- a stop inside a gradient accumulation -------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_a_mid_epoch_resume_with_other_samples_per_step_is_refused_in_one_line(t
 
 
 class _Trainer:
-    """What load_state_dict reads of a trainer: the device count and whether it is fitting."""
+    """What load_state_dict reads of a trainer: the device count, whether it is fitting, the batch limit."""
 
     def __init__(self, world_size: int, fn: str = "fit") -> None:
         from lightning.pytorch.trainer.states import TrainerFn, TrainerState
@@ -115,6 +115,7 @@ class _Trainer:
         self.world_size = world_size
         self.state = TrainerState(fn=TrainerFn(fn))
         self.num_training_batches = STEPS
+        self.limit_train_batches = 1.0  # Trainer's default: the whole epoch
 
 
 def resumed_module(state: dict, world_size: int, batch_size: int, fn: str = "fit") -> ShapesDataModule:

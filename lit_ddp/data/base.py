@@ -22,6 +22,7 @@ they pair images inside one device's batch (the one device-count-dependent augme
 """
 
 import functools
+import math
 import random
 from collections.abc import Sized
 from dataclasses import replace
@@ -733,6 +734,28 @@ class ImageDataModule(LightningDataModule):
                 " over the data and --data options it was trained with, or from an epoch-end checkpoint"
             )
 
+    def _check_epoch_limit(self, epoch: int, done: int) -> None:
+        """UserError where ``--trainer.limit_train_batches`` ends the epoch a fit resumes inside (``done``
+        batches per device trained) before its next batch: Lightning ended that epoch without its validation
+        (ModelCheckpoint then missed val/acc) or trained past the limit."""
+        limit = self.trainer.limit_train_batches
+        batches = limit
+        if isinstance(limit, float):  # a share of the epoch's batches: of a padded shard, as the sampler's
+            train = getattr(self, "train_set", None)
+            if limit >= 1.0 or not isinstance(train, Sized):
+                return
+            batches = int(
+                math.ceil(math.ceil(len(train) / self.trainer.world_size) / self.batch_size) * limit
+            )
+        if done < batches:
+            return
+        raise UserError(
+            f"--trainer.limit_train_batches={limit} ends an epoch after {batches} batches, and the"
+            f" checkpoint stopped epoch {epoch + 1} after {done}: that epoch would end without its"
+            f" validation; resume with --trainer.limit_train_batches={done + 1} or more (every epoch then"
+            " trains that many), or train a new run (no --ckpt_path)"
+        )
+
     def load_state_dict(self, state_dict: dict) -> None:
         saved = tuple(state_dict.get("class_names") or ())
         if saved and self.class_names and saved != tuple(self.class_names):
@@ -759,6 +782,8 @@ class ImageDataModule(LightningDataModule):
                 f" over all devices ({samples} of epoch {epoch} done), this run takes {step}"
                 f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
             )
+        if fitting and mid_epoch:
+            self._check_epoch_limit(epoch, samples // step)
         resumes = fitting or self.trainer is None  # validate, test and predict read any checkpoint
         if resumes:
             self._check_same_order(state_dict, mid_epoch)
