@@ -10,7 +10,9 @@ It runs small fits and validations on CPU with 2 gloo processes and with 1 (wall
 and checks:
 
 - first-step gradients 2×b = 1×2b: two processes with per-device batch b compute the gradients one process
-  computes with batch 2b, to 1e-4 in ‖Δg‖/‖g‖ (README: what "the same model" means);
+  computes with batch 2b, to 1e-4 in ‖Δg‖/‖g‖ (README: what "the same model" means); where they, or the
+  weights below, differ with no cause in the records, the two fits run again in float64, whose rows then
+  show (float32 rounds 2 × b and 1 × 2b otherwise, which can tip a ReLU or max-pool: as large as a bug);
 - weights after each step 2×b = 1×2b, ranks alike: the weights and buffers after every checked step, to
   1e-3 in ‖Δw‖/‖w − w₀‖, the optimizer's settings (learning rate, ...) at each step, and the ranks' weights
   and buffers against each other at the end, exactly;

@@ -5,10 +5,12 @@ Two launches of small runs on the head of the data: 2 processes × b (a fit, the
 stopped after its first step and resumed, a validation), then 1 process × 2b (a fit, the same fit again,
 the fit with the global RNGs re-seeded as its epoch starts, a validation). Each rank records what it did
 (record.py); the checks compare the records, and a failing row's fix names the cause the records point to
-(``Evidence``).
+(``Evidence``). Where gradients or weights differ and the records name no cause, two more launches re-run
+the two fits in float64 (``run_cases``).
 """
 
 import copy
+import dataclasses
 import math
 import pickle
 import re
@@ -53,6 +55,8 @@ class Row:
     measured: str
     fix: str = ""
     warning: bool = False  # a warning row: reported, never fails the report
+    # Failed with no cause in the records: float32 rounding may be it (run_cases re-runs it in float64).
+    rounding: bool = False
 
 
 @dataclass
@@ -308,7 +312,7 @@ def _optim_settings(two: dict, one: dict) -> str:
     return ""
 
 
-def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why: Evidence) -> Row:
+def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads: Row, why: Evidence) -> Row:
     """Outcomes, not only the first gradient: the weights and buffers after each step, 2 × b vs 1 × 2b, and
     the ranks' against each other at the end."""
     init = one["init"]
@@ -345,7 +349,7 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
         if ranks_differ
         else "; ranks at the end: identical"
     )
-    fix = ""
+    fix, rounding = "", False
     if not holds:
         differing_buffers = [k for k in ranks_differ if k in buffers]
         if settings:
@@ -364,8 +368,8 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
                 f"{ranks_differ[0]} differs between the ranks: something updates weights outside the"
                 " optimizer's step or skips DDP's gradient sync"
             )
-        elif not grads_hold:
-            fix = "the first step's gradients already differ: see 'grads'"
+        elif not grads.holds:
+            fix, rounding = "the first step's gradients already differ: see 'grads'", grads.rounding
         elif exact:
             fix = (
                 f"buffer {exact.split()[0]} depends on the per-device batch or the device count (a count of"
@@ -375,11 +379,13 @@ def _steps(two: list[dict], one: dict, bn_unsynced: bool, grads_hold: bool, why:
         elif why.forward_rng:
             fix = why.forward_rng_fix
         else:
+            rounding = True
             fix = (
                 f"with the same first gradients, {worst_key} parts after step {worst_step}: the optimizer,"
                 " its schedule or a buffer depends on the per-device batch or the device count"
             )
-    return Row("steps", "weights after each step 2×b = 1×2b, ranks alike", holds, measured, fix)
+    check = "weights after each step 2×b = 1×2b, ranks alike"
+    return Row("steps", check, holds, measured, fix, rounding=rounding)
 
 
 def _integer_difference(
@@ -423,7 +429,7 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence
     ranks_agree = relative_error(two[0]["grads"], two[1]["grads"]) == 0
     holds = error <= GRAD_RTOL and ranks_agree
     measured = f"relative difference {error:.1e} (‖Δg‖/‖g‖, 2 × {b} vs 1 × {2 * b}; limit {GRAD_RTOL:.0e})"
-    fix = ""
+    fix, rounding = "", False
     scale = grad_scale(two[0]["grads"], one["grads"]) if not holds else None
     if scale is not None:
         measured += f"; 2-process gradients are {scale:.4g} × the 1-process ones"
@@ -442,11 +448,12 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence
         elif why.forward_rng:
             fix = why.forward_rng_fix
         else:
+            rounding = ranks_agree  # the ranks, fed the same all-reduced gradients, round alike
             fix = (
                 "something in forward or the loss depends on the per-device batch (a statistic over the"
                 " batch: a home-made batch norm, a per-device mean): compute it over all ranks or per sample"
             )
-    return Row("grads", "first-step gradients 2×b = 1×2b", holds, measured, fix)
+    return Row("grads", "first-step gradients 2×b = 1×2b", holds, measured, fix, rounding=rounding)
 
 
 def _metrics(two: list[dict], one: dict, shards_explain: bool = False) -> Row:
@@ -883,7 +890,25 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     return jobs, facts
 
 
-def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
+def _in_float64(row64: Row, row32: Row) -> Row:
+    """The float64 re-run's row in place of a failed float32 one; where float64 holds, the float32 figure
+    is the rounding of 2 × b and 1 × 2b (their kernels round a sum otherwise) tipping a decision that
+    routes the gradient (a ReLU near 0, a max-pool near-tie) one way on 2 processes, the other on 1."""
+    if row32.holds:
+        return row32
+    measured = f"in float64: {row64.measured}"
+    if row64.holds:
+        measured += (
+            f"; float32 ({row32.measured.split(' (')[0]}) is rounding that tips a ReLU or max-pool near"
+            " its threshold otherwise at the two batch sizes"
+        )
+    return dataclasses.replace(row64, measured=measured)
+
+
+def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = False) -> Report:
+    """The case's report; ``float64``: its grads and steps rows from the fits re-run in float64 where the
+    float32 ones failed (``run_cases``)."""
+
     def rec(name: str, world_size: int, stage: str = "fit") -> list[dict]:
         return load(root / f"{key}_{name}", stage, world_size)
 
@@ -908,13 +933,23 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
         forward_rng=full[0].get("forward_rng", []) or full1.get("forward_rng", []),
         loose=loose_changes(full[0]),
     )
-    grads_row = _grads(full, full1, case.sync_batchnorm, bn, why)
+
+    def steps(two: list[dict], one: dict, grads: Row) -> Row:
+        return _steps(two, one, bool(bn) and not case.sync_batchnorm, grads, why)
+
+    grads32 = grads_row = _grads(full, full1, case.sync_batchnorm, bn, why)
+    steps_row = lambda: steps(full, full1, grads32)  # noqa: E731
+    if float64:
+        full64, (full1_64,) = rec("full_f64", 2), rec("full1_f64", 1)
+        grads64 = _grads(full64, full1_64, case.sync_batchnorm, bn, why)
+        grads_row = _in_float64(grads64, grads32)
+        steps_row = lambda: _in_float64(steps(full64, full1_64, grads64), steps(full, full1, grads32))  # noqa: E731
     shards = None
     if "shards" in case.checks or "metrics" in case.checks:
         shards = _shards(full, runs["val2"], facts["train"], facts["val"], full1, runs["val1"][0])
     rows = {
         "grads": lambda: grads_row,
-        "steps": lambda: _steps(full, full1, bool(bn) and not case.sync_batchnorm, grads_row.holds, why),
+        "steps": steps_row,
         "data": lambda: data_row,
         "metrics": lambda: _metrics(runs["val2"], runs["val1"][0], shards_explain=shards[1]),
         "shards": lambda: shards[0],
@@ -947,10 +982,64 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict) -> Report:
     return Report(checked + warned)
 
 
+def _launch(jobs: dict[int, list[Job]], root: Path, timeout: float, tag: str = "") -> None:
+    """Runs ``jobs`` (world size → its jobs) in one 2-process and one 1-process launch, side by side: the
+    1-process rank uses what the 2-process ones leave of the CPUs."""
+    stop = threading.Event()  # a failed launch ends the other: its error is the one to report
+
+    def run_world(world_size: int, port: int) -> None:
+        jobs_file = root / f"jobs{tag}_{world_size}.pkl"
+        command = ["-m", "lit_ddp.testing.worker", str(jobs_file)]
+        try:
+            jobs_file.write_bytes(pickle.dumps(jobs[world_size]))
+            # In this process's folder, as fit would run: relative paths in the config mean the same.
+            launch(world_size, command, Path.cwd(), timeout, f"log{tag}{world_size}_rank", root, port, stop)
+        except LaunchStopped:
+            raise
+        except BaseException as err:
+            stop.set()
+            for rank in range(world_size if isinstance(err, LaunchError) else 0):
+                if (found := user_error_file(jobs_file, rank)).is_file():  # a rank's one line to report
+                    raise UserError(found.read_text()) from None
+            raise
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lit_ddp_launch") as pool:
+        futures = [pool.submit(run_world, w, port) for w, port in zip((2, 1), free_ports(2), strict=True)]
+    # The launch that failed, not the one it ended.
+    errors = [error for future in futures if (error := future.exception()) is not None]
+    errors.sort(key=lambda error: isinstance(error, LaunchStopped))
+    if errors:
+        raise errors[0]
+
+
+def _float64(jobs: dict[int, list[Job]], key: str) -> dict[int, list[Job]]:
+    """The case's 2- and 1-process fits (``full``, ``full1``) again in float64, as ``full_f64`` and
+    ``full1_f64``."""
+    return {
+        w: [
+            dataclasses.replace(
+                j,
+                name=f"{j.name}_f64",
+                digests=False,
+                trainer_kwargs={**j.trainer_kwargs, "precision": "64-true"},
+            )
+            for j in jobs[w]
+            if j.name in (f"{key}_full", f"{key}_full1")
+        ]
+        for w in jobs
+    }
+
+
 def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | None = None) -> list[Report]:
     """The checks of several cases in one 2-process and one 1-process launch (each launch costs a few
-    seconds of start-up), side by side: the 1-process ranks use what the 2-process ones leave of the CPUs.
-    For a test suite with many models or data modules. Warnings are not raised here, only reported."""
+    seconds of start-up). For a test suite with many models or data modules. Warnings are not raised here,
+    only reported.
+
+    A case whose gradients or weights differ with no cause in the records gets its two fits re-run in float64,
+    in one more pair of launches: 2 × b and 1 × 2b sum in other orders, and where a pre-activation lies
+    within float32's rounding of a ReLU's 0 (or two max-pool inputs of each other) the two runs route that
+    sample's gradient otherwise, an O(1) difference no tolerance tells from a bug; float64's rounding is 10⁹
+    times finer. A model that cannot run in float64 keeps its float32 rows."""
     with tempfile.TemporaryDirectory(prefix="lit_ddp_checks_") as tmp:
         root = Path(workdir).resolve() if workdir is not None else Path(tmp)
         try:
@@ -958,36 +1047,19 @@ def run_cases(cases: list[Case], timeout: float = 600, workdir: str | Path | Non
         except OSError as err:
             raise UserError(f"cannot create the workdir {root} ({err.strerror}): pass another one") from None
         plans = [_jobs(case, f"case{i}", root) for i, case in enumerate(cases)]
-        stop = threading.Event()  # a failed launch ends the other: its error is the one to report
-
-        def run_world(world_size: int, port: int) -> None:
-            jobs = [j for jobs, _ in plans for j in jobs[world_size]]
-            jobs_file = root / f"jobs_{world_size}.pkl"
-            command = ["-m", "lit_ddp.testing.worker", str(jobs_file)]
+        _launch({w: [j for jobs, _ in plans for j in jobs[w]] for w in (2, 1)}, root, timeout)
+        keys = [f"case{i}" for i in range(len(cases))]
+        reports = [_evaluate(c, k, root, facts) for c, k, (_, facts) in zip(cases, keys, plans, strict=True)]
+        again = [i for i, r in enumerate(reports) if any(row.rounding and not row.holds for row in r.rows)]
+        if again:
+            reruns = [_float64(plans[i][0], keys[i]) for i in again]
             try:
-                jobs_file.write_bytes(pickle.dumps(jobs))
-                # In this process's folder, as fit would run: relative paths in the config mean the same.
-                launch(world_size, command, Path.cwd(), timeout, f"log{world_size}_rank", root, port, stop)
-            except LaunchStopped:
-                raise
-            except BaseException as err:
-                stop.set()
-                for rank in range(world_size if isinstance(err, LaunchError) else 0):
-                    if (found := user_error_file(jobs_file, rank)).is_file():  # a rank's one line to report
-                        raise UserError(found.read_text()) from None
-                raise
-
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="lit_ddp_launch") as pool:
-            futures = [pool.submit(run_world, w, port) for w, port in zip((2, 1), free_ports(2), strict=True)]
-        # The launch that failed, not the one it ended.
-        errors = [error for future in futures if (error := future.exception()) is not None]
-        errors.sort(key=lambda error: isinstance(error, LaunchStopped))
-        if errors:
-            raise errors[0]
-        return [
-            _evaluate(case, f"case{i}", root, facts)
-            for i, (case, (_, facts)) in enumerate(zip(cases, plans, strict=True))
-        ]
+                _launch({w: [j for jobs in reruns for j in jobs[w]] for w in (2, 1)}, root, timeout, "_f64")
+            except (LaunchError, UserError):
+                return reports
+            for i in again:
+                reports[i] = _evaluate(cases[i], keys[i], root, plans[i][1], float64=True)
+        return reports
 
 
 def check_ddp_invariants(

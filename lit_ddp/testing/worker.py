@@ -163,6 +163,13 @@ def run(job: Job) -> None:
     if job.perturb_global_rng:
         callbacks.append(PerturbGlobalRNG())
     kwargs = dict(job.trainer_kwargs)
+    if kwargs.get("precision") == "64-true":
+        # The float64 re-run (checks.run_cases): Lightning converts a batch before its transfer, when the
+        # data modules still hold uint8; they normalise it to float32 after, into (images, labels[, ids]).
+        after = dm.on_after_batch_transfer
+        dm.on_after_batch_transfer = lambda batch, i: tuple(
+            t.double() if t.is_floating_point() else t for t in after(batch, i)
+        )
     if kwargs.get("sync_batchnorm"):
         kwargs["plugins"] = with_sync_batchnorm()  # lit_ddp's: works on CPU/gloo (runtime/sync_batchnorm.py)
     trainer = Trainer(
