@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer, seed_everything
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import Dataset
 
 from lit_ddp.data.datasets import WorkerError, collate_samples
@@ -166,9 +167,10 @@ def run(job: Job) -> None:
     if kwargs.get("precision") == "64-true":
         # The float64 re-run (checks.run_cases): Lightning converts a batch before its transfer, when the
         # data modules still hold uint8; they normalise it to float32 after, into (images, labels[, ids]).
+        # Any batch structure a user's data module returns (a tuple, a dict, a dataclass).
         after = dm.on_after_batch_transfer
-        dm.on_after_batch_transfer = lambda batch, i: tuple(
-            t.double() if t.is_floating_point() else t for t in after(batch, i)
+        dm.on_after_batch_transfer = lambda batch, i: apply_to_collection(
+            after(batch, i), torch.Tensor, lambda t: t.double() if t.is_floating_point() else t
         )
     if kwargs.get("sync_batchnorm"):
         kwargs["plugins"] = with_sync_batchnorm()  # lit_ddp's: works on CPU/gloo (runtime/sync_batchnorm.py)
