@@ -20,6 +20,15 @@ LINES = [
     ("devices", ["--trainer.devices=0"], "--trainer.devices=0 asks for no device: pass a count"),
     # Lightning raised a TypeError traceback for a value that is no count, list or auto.
     ("devices", ["--trainer.devices=abc"], "--trainer.devices=abc is not a number of devices: pass a count"),
+    ("devices", ["--trainer.devices=-2"], "--trainer.devices=-2 is not a number of devices: pass a count"),
+    # -1 on the CPU, on any machine: Lightning's TypeError traceback (`should be an int > 0`).
+    (
+        "devices",
+        ["--trainer.accelerator=cpu", "--trainer.devices=-1"],
+        "--trainer.devices=-1 means every GPU, and --trainer.accelerator=cpu runs on the CPU: pass a number"
+        " of CPU processes (--trainer.devices=2 --trainer.strategy=ddp), or --trainer.devices=auto (one"
+        " process)",
+    ),
     (
         "precision",
         ["--trainer.precision=16-true"],
@@ -238,6 +247,56 @@ def test_every_problem_is_a_line_of_its_own(tmp_path: Path, monkeypatch, capsys)
     ]
 
 
+class _Checked(BaseException):
+    """Raised by the spy once the plan is checked: a faked GPU's plan is not built."""
+
+
+# -1 with accelerator auto, in each subcommand and from a YAML config: every GPU where there are some, and
+# on a machine without one it was Lightning's TypeError traceback (`should be an int > 0`).
+EVERY_GPU = [
+    ["fit", "--trainer.devices=-1"],
+    ["fit", "--trainer.devices", "-1"],
+    ["fit", "--config=every_gpu.yaml"],  # devices: "-1", a text
+    *(
+        [command, "--ckpt_path=untrained", "--trainer.devices=-1"]
+        for command in ("validate", "test", "predict")
+    ),
+]
+
+
+@pytest.mark.parametrize("args", EVERY_GPU, ids=" ".join)
+@pytest.mark.parametrize("gpus", [0, 2])
+def test_devices_minus_one_is_every_gpu_and_one_line_without_one(
+    tmp_path: Path, monkeypatch, capsys, args: list[str], gpus: int
+) -> None:
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "every_gpu.yaml").write_text('trainer:\n  devices: "-1"\n')
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    seen: list[tuple[object, int, list[str]]] = []
+
+    def spy(plan: RunPlan) -> list[str]:
+        seen.append((plan.devices, plan.cuda_devices, problems(plan)))
+        if gpus:
+            raise _Checked
+        return seen[-1][2]
+
+    monkeypatch.setattr("lit_ddp.cli.problems", spy)
+    with pytest.raises(SystemExit if not gpus else _Checked) as stop:
+        main([args[0], *TINY_RUN, *args[1:]])
+    if gpus:  # Lightning's to count: every GPU
+        assert [(str(devices), cuda, found) for devices, cuda, found in seen] == [("-1", 2, [])], seen
+        return
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and err == [
+        "lit_ddp: error: --trainer.devices=-1 means every GPU, and this machine has none: pass a number of"
+        " CPU processes (--trainer.devices=2 --trainer.strategy=ddp), or --trainer.devices=auto (one process)"
+    ], err
+    assert not (tmp_path / "logs").exists()
+
+
 TORCHRUN = Launcher("torchrun", 2, 2, "--nnodes and --nproc_per_node")
 
 # (plan, the start of its line) for the rows that read the machine or the launcher that started the process:
@@ -277,6 +336,10 @@ MACHINE = [
         " --trainer.devices=2",
     ),
     (
+        RunPlan(devices=-1, cuda_devices=0),
+        "--trainer.devices=-1 means every GPU, and this machine has none: pass a number of CPU processes",
+    ),
+    (
         RunPlan(strategy="fsdp", cuda_devices=0),
         "--trainer.strategy=fsdp shards the model across CUDA GPUs, and this machine has none",
     ),
@@ -298,6 +361,8 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
     fits = [
         RunPlan(accelerator="gpu", devices=2, cuda_devices=2),
         RunPlan(accelerator="gpu", devices=[0, 1], cuda_devices=2),
+        RunPlan(devices=-1, cuda_devices=2),  # every GPU
+        RunPlan(accelerator="cuda", devices="-1", cuda_devices=2),
         RunPlan(strategy="fsdp", cuda_devices=1),
         RunPlan(accelerator="cpu", devices=8, strategy="ddp", cuda_devices=0),
         RunPlan(root_dir="s3://bucket/runs"),  # a remote store checks its own permissions

@@ -31,8 +31,9 @@ from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
 # gives it, uint8 here, before the data module normalises it on the device into float32).
 WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "float64", "64": "float64"}
-# What Lightning takes for --trainer.devices: a count, auto, a list of indices or a text of them ("0,1").
-DEVICES = re.compile(r"\s*(auto|-?\d+|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*")
+# What Lightning takes for --trainer.devices: a count, auto, -1 (every GPU), a list of indices or a text of
+# them ("0,1").
+DEVICES = re.compile(r"\s*(auto|-1|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*")
 DEVICES_FIX = "pass a count (--trainer.devices=2), -1 or auto for all of them, or a list of indices ([0,1])"
 
 
@@ -264,11 +265,23 @@ class RunPlan:
 
 def _no_devices(plan: RunPlan) -> str | None:
     # Lightning's own words: `Trainer(devices='0') value is not a valid input`, or a TypeError traceback
-    # from deep inside the Trainer for other text.
-    if str(plan.devices).strip() in ("0", "[]", ""):
+    # from deep inside the Trainer for other text, a count below -1, and -1 on the CPU (where Lightning 2.6
+    # takes a count of processes above 0).
+    text = str(plan.devices).strip()
+    if text in ("0", "[]", ""):
         return f"--trainer.devices={plan.devices} asks for no device: {DEVICES_FIX}"
-    if isinstance(plan.devices, str) and not DEVICES.fullmatch(plan.devices):
+    if isinstance(plan.devices, str | int) and not DEVICES.fullmatch(text):
         return f"--trainer.devices={plan.devices} is not a number of devices: {DEVICES_FIX}"
+    if text == "-1" and (plan.accelerator == "cpu" or (plan.accelerator == "auto" and not plan.cuda_devices)):
+        cpu = (
+            "this machine has none"
+            if plan.accelerator == "auto"
+            else "--trainer.accelerator=cpu runs on the CPU"
+        )
+        return (
+            f"--trainer.devices={plan.devices} means every GPU, and {cpu}: pass a number of CPU processes"
+            " (--trainer.devices=2 --trainer.strategy=ddp), or --trainer.devices=auto (one process)"
+        )
     return None
 
 
