@@ -72,8 +72,9 @@ def test_an_empty_split_is_refused_and_not_with_an_impossible_batch_size(capsys)
     assert "train_size=0 must be 1 or more" in line and "batch_size=0" not in line
 
 
-def test_batch_size_one_with_batch_norm_is_one_line_before_training(capsys, tmp_path: Path) -> None:
-    args = ["fit", "--data.train_size=16", "--data.val_size=8", "--data.batch_size=1"]
+@pytest.mark.parametrize("sync", [[], ["--trainer.sync_batchnorm=true"]])  # one device: nothing to sync with
+def test_batch_size_one_with_batch_norm_is_one_line_before_training(capsys, tmp_path: Path, sync) -> None:
+    args = ["fit", "--data.train_size=16", "--data.val_size=8", "--data.batch_size=1", *sync]
     args += ["--model.batch_norm=true", f"--trainer.default_root_dir={tmp_path}", *QUICK]
     line = one_error_line(capsys, args)
     assert "batch_size=1 with a BatchNorm model" in line and "--data.batch_size=2 or more" in line

@@ -115,6 +115,43 @@ def test_a_config_batch_of_one_with_batch_norm_is_fits_line(capsys, kit_batch: l
     ], err
 
 
+@pytest.mark.parametrize(("devices", "sync"), [(2, True), (1, True), (2, False)])
+def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_fit_trains_it(
+    monkeypatch, capsys, tmp_path: Path, devices: int, sync: bool
+) -> None:
+    """fit trains a batch of 1 per device when SyncBatchNorm spans 2 devices (their 2 images normalised
+    together), and refuses it on 1 device or without sync: the doctor says the same, and runs its checks at
+    that batch (2 processes × 1, 1 × 2) where fit trains it."""
+    import pickle
+
+    from lit_ddp.cli import main
+    from lit_ddp.testing import checks
+
+    class Launched(Exception):
+        pass
+
+    batches = {}
+
+    def launch(world_size: int, command: list[str], *args) -> None:  # the launch, not its ranks
+        batches[world_size] = {job.batch_size for job in pickle.loads(Path(command[-1]).read_bytes())}
+        raise Launched
+
+    monkeypatch.setattr(checks, "launch", launch)
+    monkeypatch.chdir(tmp_path)
+    args = ["doctor", "--checks=grads", "--model.batch_norm=true", "--data.batch_size=1"]
+    args += [f"--trainer.devices={devices}", "--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn"]
+    with pytest.raises(Launched if devices > 1 and sync else SystemExit):
+        main([*args, f"--trainer.sync_batchnorm={str(sync).lower()}"])
+    err = capsys.readouterr().err.strip()
+    if devices > 1 and sync:
+        assert batches == {2: {1}, 1: {2}} and "lit_ddp: error" not in err, err
+    else:
+        assert not batches and err.splitlines() == [
+            "lit_ddp: error: batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one"
+            " image per device; pass --data.batch_size=2 or more, or a model without BatchNorm"
+        ], err
+
+
 def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:
     # The checks' own failures are test_ddp_kit.py's: here what doctor does with a report that has one.
     from lit_ddp.testing import doctor as doctor_module

@@ -205,3 +205,47 @@ def test_syncbn_keeps_a_last_batch_of_one_image_per_device_as_one_process_keeps_
     assert two_ckpt["global_step"] == one_ckpt["global_step"] == 2
     for name, value in one_ckpt["state_dict"].items():
         torch.testing.assert_close(two_ckpt["state_dict"][name], value, rtol=0, atol=1e-5, msg=name)
+
+
+REFUSED = (
+    "lit_ddp: error: batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
+    " device; pass --data.batch_size=2 or more, or a model without BatchNorm"
+)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("sync", [True, False])
+def test_syncbn_over_two_devices_trains_a_batch_of_one_image_per_device(tmp_path: Path, sync: bool) -> None:
+    """SyncBatchNorm over 2 processes normalises their 2 images together, yet fit refused batch_size=1: the
+    data module asked the model in its setup, before the strategy swapped the synchronised layers in.
+    Without sync, each device's one image is refused, as before."""
+    from conftest import read_scalars, run_cli
+
+    args = [
+        "fit",
+        "--model.batch_norm=true",
+        "--data.train_size=4",
+        "--data.val_size=2",
+        "--data.test_size=2",
+    ]
+    args += ["--data.batch_size=1", "--data.num_workers=0", "--trainer.max_epochs=1", "--trainer.devices=2"]
+    args += [
+        "--trainer.strategy=ddp_spawn",
+        "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false",
+    ]
+    run = run_cli([*args, f"--trainer.sync_batchnorm={str(sync).lower()}"], tmp_path, timeout=300)
+    if not sync:
+        lines = [line for line in run.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+        assert run.returncode != 0 and lines == [REFUSED] and "Traceback" not in run.stderr, run.stderr[
+            -3000:
+        ]
+        assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # the failed run's folder went
+        return
+    assert run.returncode == 0, run.stderr[-3000:]
+    (events,) = tmp_path.rglob("events.out.tfevents.*")
+    scalars = read_scalars(events.parent)
+    assert scalars["train/loss_epoch"] and all(torch.isfinite(torch.tensor(scalars["train/loss_epoch"])))
+    assert torch.load(next(tmp_path.rglob("last.ckpt")), weights_only=False)["global_step"] == 2

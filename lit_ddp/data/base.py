@@ -188,7 +188,8 @@ class ImageDataModule(LightningDataModule):
                 f" × {t.accumulate_grad_batches} accumulation"
                 f" = {global_batch_size(t)} images per optimizer step"
             )
-            self._check_batch_norm(t.lightning_module)
+            if t.world_size == 1:  # no strategy syncs one process's BatchNorm: refused before any write
+                self._check_batch_norm(t.lightning_module)
         if self.class_names and len(self.class_names) != self.num_classes:
             # Else predictions.csv names the classes that have a name and numbers the others, in silence.
             raise UserError(
@@ -272,9 +273,10 @@ class ImageDataModule(LightningDataModule):
 
     def _check_batch_norm(self, model: object) -> None:
         """Training batches of one image cannot pass a BatchNorm that normalises each device's batch alone
-        (the model says so: ``ImageClassifier.batch_norm_per_device``, read here before the strategy swaps
-        in synchronised layers): refuse ``batch_size=1``; otherwise an epoch's last batch that would hold one
-        image per device is left out (``_drop_one_image_batch``)."""
+        (the model says so: ``ImageClassifier.batch_norm_per_device``, asked as the training loader is built,
+        once the strategy swapped in synchronised layers, and in setup on one process): refuse
+        ``batch_size=1``; otherwise an epoch's last batch that would hold one image per device is left out
+        (``_drop_one_image_batch``)."""
         if self.batch_size == 1 and getattr(model, "batch_norm_per_device", False):
             raise UserError(
                 "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
@@ -372,6 +374,8 @@ class ImageDataModule(LightningDataModule):
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
+        if train:  # the layers the model trains with: the strategy swaps SyncBatchNorm in after setup
+            self._check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
         if train and self._augments_on_device():
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
         workers = self.workers_per_device()

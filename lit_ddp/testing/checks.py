@@ -800,11 +800,14 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         raise UserError(f"batch_size={case.batch_size} must be 1 or more: the per-device batch of the checks")
     configured_batch = dm.batch_size
     b = case.batch_size or min(configured_batch, 16)
-    # The config's batch as fit's setup judges it, in fit's line (the ranks run the checks' batch): a
-    # BatchNorm model with one image per device. Before the checks' own batch of 1, which is the kit's.
-    dm._check_batch_norm(model)
+    # The config's batch as fit judges it, in fit's line (the ranks run the checks' batch): a BatchNorm model
+    # with one image per device, unless SyncBatchNorm spans the run's 2 or more devices (fit asks the model
+    # once its layers are synchronised; this one is not). Before the checks' own batch of 1, the kit's.
+    if not (case.sync_batchnorm and (case.devices or 1) > 1):
+        dm._check_batch_norm(model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
-    if b == 1 and getattr(model, "batch_norm_per_device", False):
+    # With SyncBatchNorm the 2-process ranks normalise 2 images, and the 1-process ones a batch of 2.
+    if b == 1 and not case.sync_batchnorm and getattr(model, "batch_norm_per_device", False):
         raise UserError(
             "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per device;"
             " run the checks at a batch of 2 or more (doctor --batch-size=2; check_ddp_invariants(...,"
