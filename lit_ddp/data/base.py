@@ -189,7 +189,7 @@ class ImageDataModule(LightningDataModule):
                 f" = {global_batch_size(t)} images per optimizer step"
             )
             if t.world_size == 1:  # no strategy syncs one process's BatchNorm: refused before any write
-                self._check_batch_norm(t.lightning_module)
+                self.check_batch_norm(t.lightning_module)
         if self.class_names and len(self.class_names) != self.num_classes:
             # Else predictions.csv names the classes that have a name and numbers the others, in silence.
             raise UserError(
@@ -271,7 +271,7 @@ class ImageDataModule(LightningDataModule):
             f" give {fix}"
         )
 
-    def _check_batch_norm(self, model: object) -> None:
+    def check_batch_norm(self, model: object) -> None:
         """Training batches of one image cannot pass a BatchNorm that normalises each device's batch alone
         (the model says so: ``ImageClassifier.batch_norm_per_device``, asked as the training loader is built,
         once the strategy swapped in synchronised layers, and in setup on one process): refuse
@@ -375,7 +375,7 @@ class ImageDataModule(LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
         if train:  # the layers the model trains with: the strategy swaps SyncBatchNorm in after setup
-            self._check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
+            self.check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
         if train and self._augments_on_device():
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
         workers = self.workers_per_device()

@@ -804,7 +804,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     # with one image per device, unless SyncBatchNorm spans the run's 2 or more devices (fit asks the model
     # once its layers are synchronised; this one is not). Before the checks' own batch of 1, the kit's.
     if not (case.sync_batchnorm and (case.devices or 1) > 1):
-        dm._check_batch_norm(model)
+        dm.check_batch_norm(model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
     # With SyncBatchNorm the 2-process ranks normalise 2 images, and the 1-process ones a batch of 2.
     if b == 1 and not case.sync_batchnorm and getattr(model, "batch_norm_per_device", False):
