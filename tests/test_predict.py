@@ -128,6 +128,21 @@ def test_predict_dir_reads_every_image_under_it_unlabelled(ckpt: Path, tmp_path:
     assert f"1 unreadable image(s) left out: {images / 'broken.jpg'}" in out
 
 
+def test_without_the_predictions_writer_the_unreadable_files_left_out_are_still_named(
+    ckpt: Path, tmp_path: Path, capsys
+) -> None:
+    """With --predictions=null the report line that names the unreadable files left out (the writer's) is
+    not printed: the files were skipped without a word. The skipped-images report names them then."""
+    images = tmp_path / "images"
+    write_images(images)
+    with pytest.warns(UserWarning, match="skipped 1 unreadable predict image file") as warned:
+        build_cli(
+            ["predict", *DATA, *QUIET, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}"]
+            + [f"--data.predict_dir={images}", "--predictions=null"]
+        )
+    assert any(str(images / "broken.jpg") in str(w.message) for w in warned)
+
+
 def test_images_a_predict_limit_left_unread_are_not_called_unreadable(
     ckpt: Path, tmp_path: Path, capsys
 ) -> None:

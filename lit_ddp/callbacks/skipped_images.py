@@ -1,6 +1,6 @@
 """Unreadable image files a data module skipped, gathered over the ranks and reported once per epoch; a
 split whose every file read in an epoch is unreadable stops the run, predict's too (its files left out are
-named in predictions.csv's report line, callbacks/predictions.py).
+named in predictions.csv's report line, callbacks/predictions.py, or here when no predictions are written).
 
 Works with any ``ImageDataModule`` whose splits are image files, through its ``unreadable``
 (``UnreadableFiles``: ImageNetDataModule's). For any other it does nothing.
@@ -10,6 +10,7 @@ import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lit_ddp.callbacks.predictions import PredictionWriter
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 
@@ -56,7 +57,7 @@ class SkippedImagesReport(Callback):
                 f" {why}): the run would learn or score black placeholders; replace the {split} files with"
                 " readable images"
             )
-        if split == "predict":
+        if split == "predict" and any(isinstance(c, PredictionWriter) for c in trainer.callbacks):
             return  # predictions.csv's report line names the files it left out
         new = files.report(split, found)
         known = files.reported(split)
@@ -68,7 +69,7 @@ class SkippedImagesReport(Callback):
                 f"skipped {len(new)} unreadable {split} image file(s) (left out of their batches; set"
                 f" --data.strict=true to stop at the first one instead): {names}"
             )
-        if known:
+        if known and split != "predict":  # predict logs no metric (Lightning refuses self.log there)
             # The same on every rank already (gathered above): nothing for Lightning to sync, which in
             # on_train_epoch_end it would do where the value is first read, on rank 0 alone.
             count = float(len(known))
