@@ -15,6 +15,7 @@ from conftest import REPO, read_scalars, run_cli
 from lightning import Callback
 
 from lit_ddp.cli import build_cli, main
+from lit_ddp.models.optim import lr_lambda
 
 # 128 training images in batches of 32: 4 steps per epoch, 8 in all. A constant learning rate, so that
 # max_steps (which the schedule's length follows) changes nothing but where the run stops.
@@ -205,10 +206,16 @@ def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, ca
     assert "ends a finished run (resume it with --ckpt_path=last and a larger --trainer.max_epochs" in out
     assert not [m for m in caplog.messages if "schedule spans" in m]  # the same budget: the same schedule
     caplog.clear()
+    every_step = "--trainer.log_every_n_steps=1"
     with caplog.at_level("INFO"):
-        fit(tmp_path, "--trainer.max_epochs=2", cosine, "--ckpt_path=last")  # trains on: no such line
+        # trains on: no such line
+        cli = fit(tmp_path, "--trainer.max_epochs=2", cosine, "--ckpt_path=last", every_step)
     assert "nothing to train" not in capsys.readouterr().out
     # ...on a schedule rebuilt for the new budget, which it says once
     note = "lit_ddp: note: the checkpoint's learning-rate schedule spans 4 steps, this run's 8 steps"
     notes = [m for m in caplog.messages if "schedule spans" in m]
     assert len(notes) == 1 and notes[0].startswith(note), notes
+    # from its first step: that one trained at the old curve's last lr (0 for a cosine), and showed it
+    lrs = read_scalars(tmp_path / "lightning_logs" / "version_0")["lr-AdamW/pg1"]  # steps 4-7
+    base, new_curve = cli.trainer.optimizers[0].param_groups[0]["initial_lr"], lr_lambda("cosine", 8, 0)
+    assert lrs == pytest.approx([base * new_curve(step) for step in range(4, 8)], rel=1e-6)

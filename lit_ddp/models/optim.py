@@ -185,6 +185,15 @@ class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "built_for"})
         if saved is None or saved == self.built_for:
             return
+        # The optimizer's lr, restored just before (Lightning loads the optimizers, then the schedulers), is
+        # the old curve's at this step: the first step of the resumed run would train at it.
+        curves = zip(self.base_lrs, self.lr_lambdas, strict=True)
+        self._last_lr = [base * curve(self.last_epoch) for base, curve in curves]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
+            if torch.is_tensor(group["lr"]):  # a replayed step's graph reads this tensor: filled in place
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
         rank_zero_info(
             f"lit_ddp: note: the checkpoint's learning-rate schedule spans {_curve(saved)}, this run's"
             f" {_curve(self.built_for)} (its budget, --trainer.max_epochs or --trainer.max_steps, decides the"
