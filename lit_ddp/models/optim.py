@@ -188,8 +188,8 @@ class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
         # The optimizer's lr, restored just before (Lightning loads the optimizers, then the schedulers), is
         # the old curve's at this step: the first step of the resumed run would train at it.
         curves = zip(self.base_lrs, self.lr_lambdas, strict=True)
-        self._last_lr = [base * curve(self.last_epoch) for base, curve in curves]
-        for group, lr in zip(self.optimizer.param_groups, self._last_lr, strict=True):
+        lrs = [base * curve(self.last_epoch) for base, curve in curves]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
             if torch.is_tensor(group["lr"]):  # a replayed step's graph reads this tensor: filled in place
                 group["lr"].fill_(lr)
             else:
