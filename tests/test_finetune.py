@@ -250,6 +250,25 @@ def test_recipe_round_trips_through_print_config(config: Path, capsys) -> None:
     assert is_within(yaml.safe_load(config.read_text()), printed)
 
 
+def _recipe_args(root: Path, weights: Path, logs: Path) -> list[str]:
+    """The fine-tune recipe on a small folder, shrunk to train in seconds on the CPU."""
+    return [
+        f"--config={FINETUNE}",
+        f"--data.data_dir={root}",
+        "--model.arch=resnet18",
+        f"--model.weights={weights}",
+        "--data.image_size=32",
+        "--data.val_resize=36",
+        "--data.batch_size=4",
+        "--data.num_workers=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=1",
+        "--trainer.precision=32-true",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={logs}",
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_finetune_recipe_trains_on_a_folder_from_a_weights_file_then_predicts(
@@ -259,21 +278,7 @@ def test_finetune_recipe_trains_on_a_folder_from_a_weights_file_then_predicts(
     root = tmp_path / "my_images"
     make_tree(root, train_per_class=4, val_per_class=2)
     save_resnet18(tmp_path / "resnet18.pth")
-    common = [
-        f"--config={FINETUNE}",
-        f"--data.data_dir={root}",
-        "--model.arch=resnet18",
-        f"--model.weights={tmp_path / 'resnet18.pth'}",
-        "--data.image_size=32",
-        "--data.val_resize=36",
-        "--data.batch_size=4",
-        "--data.num_workers=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.precision=32-true",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path / 'logs'}",
-    ]
+    common = _recipe_args(root, tmp_path / "resnet18.pth", tmp_path / "logs")
     short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     cli = build_cli(["fit", *common, *short])
     assert cli.trainer.global_step == 2 and cli.model.hparams.num_classes == len(CLASSES)
@@ -297,21 +302,7 @@ def test_a_checkpoint_evaluates_without_the_weights_file_it_was_started_from(tmp
     make_tree(root, train_per_class=4, val_per_class=2)
     weights = tmp_path / "resnet18.pth"
     save_resnet18(weights)
-    common = [
-        f"--config={FINETUNE}",
-        f"--data.data_dir={root}",
-        "--model.arch=resnet18",
-        f"--model.weights={weights}",
-        "--data.image_size=32",
-        "--data.val_resize=36",
-        "--data.batch_size=4",
-        "--data.num_workers=0",
-        "--trainer.accelerator=cpu",
-        "--trainer.devices=1",
-        "--trainer.precision=32-true",
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={tmp_path / 'logs'}",
-    ]
+    common = _recipe_args(root, weights, tmp_path / "logs")
     short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
     build_cli(["fit", *common, *short])
     predict = ["predict", *common, "--ckpt_path=last", f"--data.predict_dir={root / 'val'}"]
