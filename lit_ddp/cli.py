@@ -121,9 +121,12 @@ class SaveRunConfig(SaveConfigCallback):
             self.config.ckpt_path = None if own else str(started)
         if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
             return super().setup(trainer, pl_module, stage)
+        path = Path(folder) / self.config_filename
         if trainer.is_global_zero:  # written as lit_ddp writes files: whole or not at all (writes.py)
             text = self.parser.dump(self.config, skip_none=False)
-            write_file(Path(folder) / self.config_filename, text, "the run's config")
+            # A resume with the same settings leaves the file untouched: a folder synced by time stays synced.
+            if not (path.is_file() and path.read_bytes() == text.encode()):
+                write_file(path, text, "the run's config")
         self.already_saved = trainer.strategy.broadcast(True)
 
 

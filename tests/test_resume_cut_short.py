@@ -195,9 +195,12 @@ def test_the_stop_line_names_the_budget_a_resume_must_raise() -> None:
 
 def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, capsys, caplog) -> None:
     """Lightning skips the training loop of a run that has reached its max_epochs and says so; the line
-    now also says how to train on, as for a run cut short."""
+    now also says how to train on, as for a run cut short. It leaves the run's folder as it was: no empty
+    TensorBoard event file (its writer's, opened at set-up), no file written again."""
     cosine = "--model.optim.schedule=cosine"  # a schedule whose curve the budget decides
     fit(tmp_path, "--trainer.max_epochs=1", cosine)
+    run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()
     with caplog.at_level("INFO"):
         cli = fit(tmp_path, "--trainer.max_epochs=1", cosine, "--ckpt_path=last")
@@ -205,6 +208,7 @@ def test_a_resume_of_a_finished_run_names_the_budget_to_raise(tmp_path: Path, ca
     out = capsys.readouterr().out
     assert "ends a finished run (resume it with --ckpt_path=last and a larger --trainer.max_epochs" in out
     assert not [m for m in caplog.messages if "schedule spans" in m]  # the same budget: the same schedule
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
     caplog.clear()
     every_step = "--trainer.log_every_n_steps=1"
     with caplog.at_level("INFO"):

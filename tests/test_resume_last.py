@@ -43,17 +43,19 @@ def test_last_never_resumes_another_experiments_run_and_names_what_differs(tmp_p
 def test_a_refused_resume_leaves_the_runs_config_yaml_as_it_trained(tmp_path: Path, capsys) -> None:
     """A resume refused once the checkpoint was read (here another --data.seed) had written its own settings
     over the run's config.yaml first: the folder's config then named a seed it never trained with, and
-    `--config <run>/config.yaml --ckpt_path=last` was refused in its turn. A resume that runs rewrites it."""
+    `--config <run>/config.yaml --ckpt_path=last` was refused in its turn. A resume that runs rewrites it.
+    The refused resume also left an empty TensorBoard event file (its writer's, opened at set-up) in the
+    folder: the folder is now as it was, file for file."""
     root = f"--trainer.default_root_dir={tmp_path}"
     build_cli(["fit", *TINY, root])
     run = tmp_path / "lightning_logs" / "version_0"
-    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit) as stop:
         main(["fit", *TINY, "--data.seed=1", "--ckpt_path=last", "--trainer.max_epochs=2", root])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and "Traceback" not in err, err
     assert "with --data.seed=0, this run has --data.seed=1" in err.splitlines()[-1], err
-    assert {p: p.read_bytes() for p in before} == before
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
     assert "seed: 0" in (run / "config.yaml").read_text()
     build_cli(["fit", *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", root])
     assert "max_epochs: 2" in (run / "config.yaml").read_text()
