@@ -7,13 +7,17 @@ with the uninterrupted run's weights and TensorBoard metrics.
 """
 
 import os
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import REPO, read_scalars, run_cli
 from lightning import Callback
+from test_resume_dashboard import tensorboard
 
+from lit_ddp.callbacks import throughput
 from lit_ddp.cli import build_cli, main
 from lit_ddp.models.optim import lr_lambda
 
@@ -40,6 +44,15 @@ class StopAtStep(Callback):
             trainer.should_stop = True
 
 
+class SlowStoppedPart(Callback):
+    """Moves the dashboard's clock (throughput.time) 100 s on at step ``STOP_AT``: the part of epoch 2
+    before the stop took that long."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == STOP_AT:
+            throughput.time = SimpleNamespace(perf_counter=lambda: time.perf_counter() + 100)
+
+
 def fit(root: Path, *args: str):
     return build_cli(["fit", *RUN, f"--trainer.default_root_dir={root}", *args])
 
@@ -55,14 +68,17 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     "stop", [f"--trainer.max_steps={STOP_AT}", f"--trainer.callbacks+={__name__}.StopAtStep"]
 )
 def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupted_run(
-    tmp_path: Path, reference: Path, stop: str, capsys
+    tmp_path: Path, reference: Path, stop: str, capsys, monkeypatch
 ) -> None:
-    stopped = fit(tmp_path, stop)
+    monkeypatch.setattr(throughput, "time", time)  # put back after the test, as SlowStoppedPart moves it
+    stopped = fit(tmp_path, stop, f"--trainer.callbacks+={__name__}.SlowStoppedPart")
     assert stopped.trainer.global_step == STOP_AT
     out = capsys.readouterr().out
     # The budget that stopped it must be raised to go on: the same max_steps would stop the resume at once.
     budget = " and a larger --trainer.max_steps" if "max_steps" in stop else ""
-    assert f"epoch 2/2 stopped after 2 of 4 batches (resume with --ckpt_path=last{budget} to train" in out
+    (line,) = [line for line in out.splitlines() if line.startswith("epoch 2/2 stopped after 2 of 4 batches")]
+    assert f"(resume with --ckpt_path=last{budget} to train the rest)" in line
+    assert "img/s" not in line  # epoch 1's would be all there is to show
     run = tmp_path / "lightning_logs" / "version_0"
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["global_step"] == STOP_AT
@@ -81,6 +97,16 @@ def test_a_fit_stopped_inside_an_epoch_resumes_there_and_ends_as_the_uninterrupt
     # Validation: the uninterrupted run's at each epoch end, and at a should_stop also where it stopped
     # (Lightning validates when a callback stops the fit early: EarlyStopping, max_time).
     assert got["val/acc"][-2:] == pytest.approx(want["val/acc"], abs=1e-6)
+    # One perf/* point per epoch, at its last step, as in the uninterrupted run; epoch 2's time is both parts.
+    perf = {tag: points for tag, points in tensorboard(run)[0].items() if tag.startswith("perf/")}
+    assert sorted(perf) == [
+        "perf/data_wait",
+        "perf/epoch_time_s",
+        "perf/images_per_s",
+        "perf/images_per_s_per_device",
+    ]
+    assert all([step for step, _ in points] == [3, 7] for points in perf.values()), perf
+    assert perf["perf/epoch_time_s"][1][1] > 100
 
 
 def test_a_resume_whose_batch_limit_ends_the_stopped_epoch_already_is_one_line(

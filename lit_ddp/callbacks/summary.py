@@ -107,8 +107,9 @@ class EpochSummary(Callback):
         epoch, self._pending = self._pending, None
         metrics = dict(trainer.callback_metrics)
         epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
-        if self._cut_short is not None:
+        if self._cut_short is not None:  # and no perf/* of its own: those are the last full epoch's
             parts = [f"epoch {epoch + 1}{epochs} {self._cut_short}"]
+            metrics = {k: v for k, v in metrics.items() if not k.startswith("perf/")}
         else:
             parts = [f"epoch {epoch + 1}{epochs}", _fmt(metrics, "train")]
         if self._validated:

@@ -6,6 +6,11 @@ rank measures itself; at epoch end two small all-reduces (sum, max) combine the 
 rank, before they are logged. Left to Lightning (``sync_dist=True``), the reduction would run where a
 value is first read, and in this hook that is the progress bar, on rank 0 alone: a collective the other
 ranks never join.
+
+An epoch stopped inside (a stop signal, ``max_steps``, ``max_time``, a callback's ``should_stop``) and resumed
+is one epoch on the dashboard, as in the uninterrupted run: one point, over both parts. Its checkpoint
+carries what was measured before the stop (rank 0's sums stand for every rank's: the ranks train equal
+shares of each step), and an epoch cut short logs nothing until the resumed run ends it.
 """
 
 import time
@@ -14,6 +19,8 @@ import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+
+from lit_ddp.compat import epoch_cut_short
 
 
 def batch_length(batch) -> int:
@@ -35,16 +42,40 @@ class Throughput(Callback):
     when it logs that wait, reduced over the ranks in a hook every rank runs.
     """
 
+    def __init__(self) -> None:
+        self._open: dict | None = None  # the epoch being measured, and its sums before this process's part
+        self._restored: dict = {}
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # A run resumed mid-epoch gets no on_train_epoch_start for that epoch: Lightning skips it.
         self.on_train_epoch_start(trainer, pl_module)
+        if self._restored.get("epoch") == trainer.current_epoch:  # the part of this epoch before the stop
+            self._open = saved = self._restored
+            self._images, self._wait, self._busy = saved["images"], saved["wait"], saved["busy"]
+        self._restored = {}
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._open = {"epoch": trainer.current_epoch, "elapsed": 0.0, "peak": 0.0}
         self._images = 0
         self._wait = self._busy = 0.0
         self._epoch_start = self._last_end = time.perf_counter()
-        if pl_module.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(pl_module.device)
+        self._device = pl_module.device
+        if self._device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._device)
+
+    def _peak(self) -> float:
+        cuda = self._device.type == "cuda"
+        return max(torch.cuda.max_memory_allocated(self._device) / 2**30 if cuda else 0.0, self._open["peak"])
+
+    def state_dict(self) -> dict:
+        if self._open is None:  # no epoch in progress: nothing to carry
+            return {}
+        elapsed = self._open["elapsed"] + time.perf_counter() - self._epoch_start
+        sums = {"images": self._images, "wait": self._wait, "busy": self._busy}
+        return {**self._open, **sums, "elapsed": elapsed, "peak": self._peak()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._restored = dict(state_dict)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
@@ -67,18 +98,15 @@ class Throughput(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         step_time = self._wait + self._busy
-        if self._images == 0 or step_time <= 0:
+        if self._images == 0 or step_time <= 0 or epoch_cut_short(trainer):  # the last: not over yet
             return
         rate = self._images / step_time  # this rank's images/s
-        peak = (
-            torch.cuda.max_memory_allocated(pl_module.device) / 2**30
-            if pl_module.device.type == "cuda"
-            else 0
-        )
+        peak = self._peak()
         # Every rank reaches this hook, in the same epoch: the collectives pair up.
         summed = torch.tensor([rate, self._wait / step_time], dtype=torch.float64, device=pl_module.device)
         summed = trainer.strategy.reduce(summed, reduce_op="sum")
-        elapsed = time.perf_counter() - self._epoch_start
+        elapsed = self._open["elapsed"] + time.perf_counter() - self._epoch_start
+        self._open = None
         maxed = torch.tensor([elapsed, peak], dtype=torch.float64, device=pl_module.device)
         maxed = trainer.strategy.reduce(maxed, reduce_op="max")
         world = trainer.world_size
