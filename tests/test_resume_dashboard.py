@@ -3,7 +3,8 @@
 The weights of such a resume are the uninterrupted run's (test_resume_cut_short.py); this is what a user
 reads: TensorBoard's scalars across the run folder's two event files, the CSV logger's metrics.csv and
 MLflow's metric history. Every scalar has the uninterrupted run's steps, none missing, none twice, none past
-the end, with its values; the wall-clock perf/* values are compared by their steps only: one per epoch.
+the end, with its values; the wall-clock perf/* values are compared by their steps only: one per epoch. The
+train/batch image is the run's first batch's, once.
 
 Tolerance: relative 1e-6. The resume replays the same float32 operations on the same saved states, so the
 values match bitwise here; 1e-6 (float32 keeps about 7 digits) leaves room for a last-bit change in a sum's
@@ -142,6 +143,7 @@ def test_tensorboard_shows_the_uninterrupted_runs_scalars_in_one_run_folder(
     # The confusion matrix at each validation once; the run's settings (the same for both parts) with
     # the hparam metrics, whose values are the scalars above.
     assert got_others["val/confusion_matrix"] == want_others["val/confusion_matrix"] == [3, 7, 11]
+    assert got_others["train/batch"] == want_others["train/batch"] == [0]  # once per run, not at the resume
     assert got_hparams == want_hparams and got_hparams["trainer/max_epochs"] == 3
     assert got_others["_hparams_/experiment"] == [0, 0]  # its metric tags, as each part starts
 

@@ -9,6 +9,7 @@ import torch
 import yaml
 from conftest import REPO, TINY_RUN, run_cli
 from lightning import Callback
+from test_resume_dashboard import tensorboard
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
@@ -353,4 +354,6 @@ def test_fit_from_a_path_to_any_other_checkpoint_starts_a_new_run(tmp_path: Path
     for version, ckpt in enumerate((epoch, outside), start=1):
         cli = build_cli(["fit", *TINY, f"--ckpt_path={ckpt}", "--trainer.max_epochs=3", root])
         assert cli.trainer.logger.version == version, ckpt
+        # A new run's dashboard: its own train/batch image, though the checkpoint's run has one.
+        assert "train/batch" in tensorboard(Path(cli.trainer.log_dir))[1], ckpt
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -1,12 +1,14 @@
 """One augmented training batch as an image grid, once per run: what the model really sees."""
 
+import os
+
 import torch
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 from lit_ddp.callbacks.render import image_grid
-from lit_ddp.callbacks.sinks import sinks
+from lit_ddp.callbacks.sinks import run_dir, sinks
 from lit_ddp.errors import UserError
 
 
@@ -17,9 +19,18 @@ def denormalize(x: Tensor, mean, std) -> Tensor:
     return ((x.float() * s + m) * 255).round().clamp(0, 255).to(torch.uint8)
 
 
+def _run_of(trainer: Trainer) -> list[str]:
+    """Which run the loggers write: its folder, and each logger's version (an MLflow or W&B run id)."""
+    return [os.path.realpath(run_dir(trainer)), *(str(logger.version) for logger in trainer.loggers)]
+
+
 class TrainBatchImages(Callback):
     """Logs ``train/batch``: the first ``max_images`` images of rank 0's first training batch, after
-    augmentation, de-normalised with the data module's mean/std and captioned with class names."""
+    augmentation, de-normalised with the data module's mean/std and captioned with class names.
+
+    Once per run: a resumed fit that goes on in the run (``--ckpt_path=last``) logs none, as the uninterrupted
+    run would not (its checkpoint says which run has the image); one that starts a new run from a
+    checkpoint logs its own."""
 
     def __init__(self, max_images: int = 32, tile: int = 64) -> None:
         # Else found at the first batch: -1 kept all but one image, a negative tile crashed the run.
@@ -32,6 +43,13 @@ class TrainBatchImages(Callback):
         self.max_images = max_images
         self.tile = tile
         self._done = False
+        self._logged_in: list[str] | None = None  # the run that has the image (rank 0)
+
+    def state_dict(self) -> dict:
+        return {"logged_in": self._logged_in} if self._logged_in else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._logged_in = state_dict.get("logged_in")
 
     @rank_zero_only  # a side effect only: no collective here
     def on_train_batch_start(
@@ -39,7 +57,9 @@ class TrainBatchImages(Callback):
     ) -> None:
         if self._done:
             return
-        self._done = True  # once per run, also when the first batch is not batch 0 (resumed runs)
+        self._done = True  # once per fit, also when the first batch is not batch 0 (resumed runs)
+        if self._logged_in is not None and self._logged_in == _run_of(trainer):
+            return
         targets = sinks(trainer)
         if not targets or not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return
@@ -58,3 +78,4 @@ class TrainBatchImages(Callback):
         grid = image_grid(x.cpu(), captions, tile=self.tile)
         for sink in targets:
             sink.image("train/batch", grid, trainer.global_step)
+        self._logged_in = _run_of(trainer)
