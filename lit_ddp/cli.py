@@ -33,7 +33,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS, class_path, trainer_arguments
 from lit_ddp.callbacks.sinks import run_dir
-from lit_ddp.compat import set_collective_timeout
+from lit_ddp.compat import load_train_dataloader, set_collective_timeout
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
@@ -96,7 +96,10 @@ class SaveRunConfig(SaveConfigCallback):
         # A resumed fit writes into the checkpoint's run folder, over the config that run trained with: only
         # once the data module has taken the checkpoint (callbacks are restored after it), since a resume it
         # refuses (another --data.seed, batch or data) must leave that run's config.yaml as it was.
-        if stage == "fit" and self.config.get("ckpt_path") is not None:
+        # A fit without a logger writes into the root folder that such runs share, which failed_run.py cannot
+        # remove: only once its training loader is built (on_fit_start), so that what refuses the run there
+        # (a BatchNorm batch of one per device, known once the strategy synchronised the layers) comes first.
+        if stage == "fit" and (self.config.get("ckpt_path") is not None or trainer.logger is None):
             return
         self._save(trainer, pl_module, stage)
 
@@ -106,6 +109,8 @@ class SaveRunConfig(SaveConfigCallback):
     def on_fit_start(self, trainer: Trainer, pl_module) -> None:
         # --ckpt_path=last with no earlier run: a new run, with nothing restored. Before on_train_start,
         # where RunInfo reads the file.
+        if trainer.logger is None and not self.already_saved:
+            load_train_dataloader(trainer)  # as estimated_stepping_batches does: Lightning keeps it
         self._save(trainer, pl_module, "fit")
 
     def _save(self, trainer: Trainer, pl_module, stage: str) -> None:

@@ -216,11 +216,14 @@ REFUSED = (
 @pytest.mark.ddp
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("sync", [True, False])
-def test_syncbn_over_two_devices_trains_a_batch_of_one_image_per_device(tmp_path: Path, sync: bool) -> None:
+@pytest.mark.parametrize(("sync", "logger"), [(True, True), (False, True), (False, False)])
+def test_syncbn_over_two_devices_trains_a_batch_of_one_image_per_device(
+    tmp_path: Path, sync: bool, logger: bool
+) -> None:
     """SyncBatchNorm over 2 processes normalises their 2 images together, yet fit refused batch_size=1: the
     data module asked the model in its setup, before the strategy swapped the synchronised layers in.
-    Without sync, each device's one image is refused, as before."""
+    Without sync, each device's one image is refused, as before, and leaves no file: without a logger the
+    refused run had written config.yaml into the root folder that every logger-less run shares."""
     from conftest import read_scalars, run_cli
 
     args = [
@@ -236,13 +239,20 @@ def test_syncbn_over_two_devices_trains_a_batch_of_one_image_per_device(tmp_path
         "--trainer.accelerator=cpu",
         "--trainer.enable_progress_bar=false",
     ]
-    run = run_cli([*args, f"--trainer.sync_batchnorm={str(sync).lower()}"], tmp_path, timeout=300)
+    args += [f"--trainer.sync_batchnorm={str(sync).lower()}", *([] if logger else ["--trainer.logger=false"])]
+    earlier = tmp_path / "logs" / "config.yaml"  # a logger-less run's, in the root folder they all share
+    if not logger:
+        earlier.parent.mkdir()
+        earlier.write_text("seed_everything: 7\n")
+    run = run_cli(args, tmp_path, timeout=300)
     if not sync:
         lines = [line for line in run.stderr.splitlines() if line.startswith("lit_ddp: error:")]
         assert run.returncode != 0 and lines == [REFUSED] and "Traceback" not in run.stderr, run.stderr[
             -3000:
         ]
-        assert not [path for path in tmp_path.rglob("*") if path.is_file()]  # the failed run's folder went
+        left = [path for path in tmp_path.rglob("*") if path.is_file()]  # the failed run's folder went
+        assert left == ([] if logger else [earlier]), left
+        assert logger or earlier.read_text() == "seed_everything: 7\n"
         return
     assert run.returncode == 0, run.stderr[-3000:]
     (events,) = tmp_path.rglob("events.out.tfevents.*")
