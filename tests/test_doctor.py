@@ -152,6 +152,43 @@ def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_
         ], err
 
 
+def test_a_gpu_world_this_machine_cannot_count_is_not_refused_a_batch_of_one_with_sync_batchnorm(
+    monkeypatch, capsys, tmp_path: Path
+) -> None:
+    """devices=auto on a GPU config, on a machine without one: the doctor judged the run as 1 device and
+    gave fit's refusal of a batch of 1 with BatchNorm, though the run syncs BatchNorm over every GPU of its
+    machine. It now says what it judged and how to give the count, and runs the checks."""
+    import pickle
+
+    import torch
+
+    from lit_ddp.cli import main
+    from lit_ddp.testing import checks
+
+    class Launched(Exception):
+        pass
+
+    batches = {}
+
+    def launch(world_size: int, command: list[str], *args) -> None:  # the launch, not its ranks
+        batches[world_size] = {job.batch_size for job in pickle.loads(Path(command[-1]).read_bytes())}
+        raise Launched
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(checks, "launch", launch)
+    monkeypatch.chdir(tmp_path)
+    args = ["doctor", "--checks=grads", "--model.batch_norm=true", "--data.batch_size=1"]
+    with pytest.raises(Launched):
+        main([*args, "--trainer.accelerator=gpu", "--trainer.sync_batchnorm=true"])
+    captured = capsys.readouterr()
+    assert batches == {2: {1}, 1: {2}} and "lit_ddp: error" not in captured.err, captured.err
+    assert captured.out.splitlines()[0].endswith(
+        "; the run's devices (devices=auto, accelerator=gpu) cannot be counted on this machine: judged as 1"
+        " device, SyncBatchNorm as spanning 2 or more; pass --trainer.devices=N, the run's count"
+    ), captured.out
+
+
 def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:
     # The checks' own failures are test_ddp_kit.py's: here what doctor does with a report that has one.
     from lit_ddp.testing import doctor as doctor_module

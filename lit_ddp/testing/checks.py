@@ -802,8 +802,9 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     b = case.batch_size or min(configured_batch, 16)
     # The config's batch as fit judges it, in fit's line (the ranks run the checks' batch): a BatchNorm model
     # with one image per device, unless SyncBatchNorm spans the run's 2 or more devices (fit asks the model
-    # once its layers are synchronised; this one is not). Before the checks' own batch of 1, the kit's.
-    if not (case.sync_batchnorm and (case.devices or 1) > 1):
+    # once its layers are synchronised; this one is not), or may: devices not counted (a GPU run judged on a
+    # CPU) are not refused on a guess. Before the checks' own batch of 1, the kit's.
+    if not (case.sync_batchnorm and (case.devices is None or case.devices > 1)):
         dm.check_batch_norm(model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
     # With SyncBatchNorm the 2-process ranks normalise 2 images, and the 1-process ones a batch of 2.
@@ -1087,7 +1088,8 @@ def check_ddp_invariants(
     data module's, at most 16, so the runs stay small); ``steps``: optimizer steps of the 2-process fit, one
     epoch of 2·b·steps·accumulate_grad_batches training samples. ``sync_batchnorm``,
     ``accumulate_grad_batches`` and ``gradient_clip_val`` as the real run will use them; ``devices``: the
-    device count it will use (the padding warning considers it). ``checks``: a subset of ``CHECKS`` to run
+    device count it will use (the padding warning considers it; None: not known, SyncBatchNorm is taken to
+    span 2 or more). ``checks``: a subset of ``CHECKS`` to run
     (fewer runs). ``workdir``: keep the runs' records and logs there. Warnings come back as rows of the
     report and as ``DDPInvariantWarning``.
     """

@@ -15,7 +15,7 @@ batch (its gradient figure is measured there) and names the config's own beside 
 is judged as ``fit`` judges it, for the run's device count, which the header names with its global batch:
 ``devices=auto`` (or -1) counted as ``fit`` counts it on this machine (every GPU for a GPU run, 1 process on
 a CPU), or judged as 1 where this machine cannot count them (a GPU config on a laptop: pass
-``--trainer.devices=N``).
+``--trainer.devices=N``), with SyncBatchNorm taken to span several (a batch of one is not refused on a guess).
 
 The ranks run in this folder, as ``fit``'s would: a relative ``data_dir`` means the same to both.
 """
@@ -86,10 +86,11 @@ def _world(trainer, settings: dict, batch: int) -> str:
     and global batch, or, where this machine cannot count its devices, that 1 was judged."""
     devices, accelerator = trainer.get("devices", "auto"), trainer.get("accelerator", "auto")
     world = settings.get("devices")
-    if world is None:
+    if world is None:  # a batch of one per device is refused only where SyncBatchNorm spans one (checks.py)
+        synced = ", SyncBatchNorm as spanning 2 or more" if settings["sync_batchnorm"] else ""
         return (
             f"the run's devices (devices={devices}, accelerator={accelerator}) cannot be counted on this"
-            " machine: judged as 1 device; pass --trainer.devices=N, the run's count"
+            f" machine: judged as 1 device{synced}; pass --trainer.devices=N, the run's count"
         )
     here = " on this machine" if str(devices).strip() in ("auto", "-1") else ""
     nodes = int(trainer.get("num_nodes") or 1)
