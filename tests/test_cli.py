@@ -367,6 +367,24 @@ def test_seed_everything_true_draws_a_seed_that_the_run_uses_and_config_yaml_rec
     assert seeds[0] != seeds[1], seeds  # drawn: two runs agree once in 2**32
 
 
+def test_a_printed_config_with_seed_everything_true_draws_a_seed_where_it_runs(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """--print_config prints `true` as given: the config saved from it draws a seed at each run, as the
+    command line does, and the run's config.yaml records the number it seeded with."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # seed_everything sets it in this process: put back after
+    with pytest.raises(SystemExit) as stop:
+        build_cli(["fit", "--print_config", "--seed_everything=true"])
+    printed = capsys.readouterr().out
+    assert stop.value.code in (0, None) and yaml.safe_load(printed)["seed_everything"] is True, printed
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text(printed)
+    build_cli(["fit", "--config", "my.yaml", *QUICK, f"--trainer.default_root_dir={tmp_path}"])
+    saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())["seed_everything"]
+    assert type(saved) is int and saved == int(os.environ["PL_GLOBAL_SEED"]), saved
+
+
 def test_a_rank_lightnings_launcher_started_takes_the_seed_its_first_process_drew(monkeypatch) -> None:
     """Under --trainer.strategy=ddp each rank parses the command line again: a seed of its own would seed
     each rank otherwise. Outside a launcher, `false` and a number stay as given."""
