@@ -115,22 +115,19 @@ def test_a_config_batch_of_one_with_batch_norm_is_fits_line(capsys, kit_batch: l
     ], err
 
 
-@pytest.mark.parametrize(("devices", "sync"), [(2, True), (1, True), (2, False)])
-def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_fit_trains_it(
-    monkeypatch, capsys, tmp_path: Path, devices: int, sync: bool
-) -> None:
-    """fit trains a batch of 1 per device when SyncBatchNorm spans 2 devices (their 2 images normalised
-    together), and refuses it on 1 device or without sync: the doctor says the same, and runs its checks at
-    that batch (2 processes × 1, 1 × 2) where fit trains it."""
+class Launched(Exception):
+    """The doctor reached the launch of its checks' ranks, where these tests stop it."""
+
+
+@pytest.fixture
+def launches(monkeypatch, tmp_path: Path) -> dict[int, set[int]]:
+    """The checks' per-device batches by world size, recorded as the doctor launches its ranks (``Launched``
+    then stops it), in an empty working folder."""
     import pickle
 
-    from lit_ddp.cli import main
     from lit_ddp.testing import checks
 
-    class Launched(Exception):
-        pass
-
-    batches = {}
+    batches: dict[int, set[int]] = {}
 
     def launch(world_size: int, command: list[str], *args) -> None:  # the launch, not its ranks
         batches[world_size] = {job.batch_size for job in pickle.loads(Path(command[-1]).read_bytes())}
@@ -138,6 +135,19 @@ def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_
 
     monkeypatch.setattr(checks, "launch", launch)
     monkeypatch.chdir(tmp_path)
+    return batches
+
+
+@pytest.mark.parametrize(("devices", "sync"), [(2, True), (1, True), (2, False)])
+def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_fit_trains_it(
+    launches: dict[int, set[int]], capsys, devices: int, sync: bool
+) -> None:
+    """fit trains a batch of 1 per device when SyncBatchNorm spans 2 devices (their 2 images normalised
+    together), and refuses it on 1 device or without sync: the doctor says the same, and runs its checks at
+    that batch (2 processes × 1, 1 × 2) where fit trains it."""
+    from lit_ddp.cli import main
+
+    batches = launches
     args = ["doctor", "--checks=grads", "--model.batch_norm=true", "--data.batch_size=1"]
     args += [f"--trainer.devices={devices}", "--trainer.accelerator=cpu", "--trainer.strategy=ddp_spawn"]
     with pytest.raises(Launched if devices > 1 and sync else SystemExit):
@@ -153,31 +163,18 @@ def test_a_config_batch_of_one_with_sync_batchnorm_on_two_devices_is_checked_as_
 
 
 def test_a_gpu_world_this_machine_cannot_count_is_not_refused_a_batch_of_one_with_sync_batchnorm(
-    monkeypatch, capsys, tmp_path: Path
+    launches: dict[int, set[int]], monkeypatch, capsys
 ) -> None:
     """devices=auto on a GPU config, on a machine without one: the doctor judged the run as 1 device and
     gave fit's refusal of a batch of 1 with BatchNorm, though the run syncs BatchNorm over every GPU of its
     machine. It now says what it judged and how to give the count, and runs the checks."""
-    import pickle
-
     import torch
 
     from lit_ddp.cli import main
-    from lit_ddp.testing import checks
 
-    class Launched(Exception):
-        pass
-
-    batches = {}
-
-    def launch(world_size: int, command: list[str], *args) -> None:  # the launch, not its ranks
-        batches[world_size] = {job.batch_size for job in pickle.loads(Path(command[-1]).read_bytes())}
-        raise Launched
-
+    batches = launches
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(checks, "launch", launch)
-    monkeypatch.chdir(tmp_path)
     args = ["doctor", "--checks=grads", "--model.batch_norm=true", "--data.batch_size=1"]
     with pytest.raises(Launched):
         main([*args, "--trainer.accelerator=gpu", "--trainer.sync_batchnorm=true"])
