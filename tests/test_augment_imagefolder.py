@@ -35,7 +35,9 @@ def epoch_images(dm: ImageNetDataModule, epoch: int, replicas: int = 1) -> dict[
     """Sample index → the training crop its loader produced in ``epoch``, over ``replicas`` ranks' shards."""
     out = {}
     for rank in range(replicas):
-        dm.trainer = SimpleNamespace(distributed_sampler_kwargs={"num_replicas": replicas, "rank": rank})
+        dm.trainer = SimpleNamespace(
+            distributed_sampler_kwargs={"num_replicas": replicas, "rank": rank}, lightning_module=None
+        )
         loader = dm.train_dataloader()
         loader.sampler.set_epoch(epoch)
         order = [i for i, _ in loader.sampler]
