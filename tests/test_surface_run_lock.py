@@ -66,6 +66,19 @@ def test_a_second_run_on_a_held_run_directory_refuses_and_a_dead_holder_does_not
     assert not lock_path(run_dir).exists()
 
 
+def test_a_run_refused_after_its_logger_was_made_leaves_no_folder_it_made(tmp_path: Path, capsys) -> None:
+    """A run refused once its logger was made (here by its data module's setup: a batch larger than the
+    training set) removed its run folder and the logger's, but left the folders above them that it had made
+    (the root, logs/, empty). A folder that was there before stays, empty as it was."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for root in (tmp_path / "new" / "logs", kept):
+        argv = ["fit", *TINY_RUN, "--data.batch_size=100", f"--trainer.default_root_dir={root}"]
+        assert one_error_line(capsys, argv).startswith("--data.batch_size=100 is more than the 64 training")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"]
+    assert not any(kept.iterdir())
+
+
 def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path: Path) -> None:
     run_dir = tmp_path / "version_0"
     lock_path(run_dir).write_text('{"pid": 1, "host": "another-node"}')

@@ -35,17 +35,18 @@ def _holder(path: Path) -> dict | None:
 
 class RunLock(Callback):
     """Holds ``run_dir`` for this process until ``release()``, the run fails, or the process exits. A
-    callback so that a run that fails gives it back (and the folder it made for it, if left empty); the
+    callback so that a run that fails gives it back (and the folders it made for it, if left empty); the
     copies that ranks receive hold nothing (the pid is the launcher's)."""
 
     def __init__(self, run_dir: Path | str) -> None:
         self.run_dir = Path(run_dir)
         self.path = lock_path(self.run_dir)
         self.held = False
-        self.made_parent = False
+        self.made: list[Path] = []  # the folders this run creates above its run directory, deepest first
 
     def acquire(self) -> "RunLock":
-        self.made_parent = not self.path.parent.exists()
+        folder = self.path.parent.absolute()
+        self.made = [p for p in (folder, *folder.parents) if not p.exists()]
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(3):
             try:  # the lock is the file's creation (O_EXCL), not a rename; a full disk is one line
@@ -78,8 +79,11 @@ class RunLock(Callback):
         holder = _holder(self.path)
         if holder is not None and holder.get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
-            if self.made_parent and not any(self.path.parent.iterdir()):  # a failed start leaves nothing
-                self.path.parent.rmdir()
+            for folder in self.made:  # a failed start leaves none of them: logs/, logs/<recipe>/
+                try:
+                    folder.rmdir()  # an empty one only: one that holds anything stays, and those above it
+                except OSError:
+                    break
         atexit.unregister(self.release)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
