@@ -1,5 +1,6 @@
 """``--ckpt_path=last`` resumes a run of the same model and data, in that recipe's own folder."""
 
+import csv
 import os
 import warnings
 from pathlib import Path
@@ -60,6 +61,26 @@ def test_a_refused_resume_leaves_the_runs_config_yaml_as_it_trained(tmp_path: Pa
     assert "seed: 0" in (run / "config.yaml").read_text()
     build_cli(["fit", *TINY, "--ckpt_path=last", "--trainer.max_epochs=2", root])
     assert "max_epochs: 2" in (run / "config.yaml").read_text()
+
+
+def test_a_resume_with_nothing_to_train_leaves_the_csv_logs_as_they_were(tmp_path: Path, capsys) -> None:
+    """Lightning's CSV logger deletes metrics.csv as a resume opens the run's folder (lit_ddp wrote the same
+    rows back: a new file) and wrote hparams.yaml afresh with the model's and data's settings alone (the
+    run's trainer/* settings were lost). A resume that trains on records its own."""
+    csv_logger = ["--trainer.logger=CSVLogger", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    args = ["fit", *TINY, *csv_logger, f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(args)
+    run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    assert {"metrics.csv", "hparams.yaml"} <= {p.name for p in before}
+    capsys.readouterr()
+    build_cli([*args, "--ckpt_path=last"])
+    assert "nothing to train" in capsys.readouterr().out
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert "trainer/max_epochs: 2" in (run / "hparams.yaml").read_text()
+    with (run / "metrics.csv").open() as f:
+        assert {row["epoch"] for row in csv.DictReader(f)} == {"0", "1"}
 
 
 def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_path: Path, caplog) -> None:

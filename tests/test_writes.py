@@ -291,6 +291,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lit_ddp"
 OWN_WRITES = {
     ("data/convert.py", "os.replace"): "moves a split folder, whose files writes.py wrote, into DEST",
     ("data/dest_lock.py", "os.open"): "shard's DEST lock (flock, O_EXCL): its failure is shard's one line",
+    ("runtime/resume.py", "os.replace"): "a resumed CSV run's metrics.csv, moved aside and back: not written",
     ("data/shards.py", "open"): "an empty lock file per shard (flock)",
     ("data/cifar10.py", "open"): "an empty lock file for the download (flock)",
     ("scaffold/template.py", "write_text"): "inside cookiecutter's generation, in a temporary folder",

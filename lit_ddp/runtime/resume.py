@@ -18,12 +18,15 @@ so runs of different recipes never share the folder ``last`` searches.
 """
 
 import csv
-import io
+import os
+import tempfile
 from pathlib import Path
 
+import yaml
 from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
@@ -277,24 +280,52 @@ def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
         for each in (logger, *_loggers_of_the_run(trainer)):
             pin_logger_version(each, version)
             if isinstance(each, CSVLogger):
-                _keep_csv_metrics(each)
+                _keep_csv_files(each)
     continue_mlflow_run(trainer, found, logger_config)
     continue_wandb_run(trainer, found, logger_config)
 
 
-def _keep_csv_metrics(logger: CSVLogger) -> None:
+def _keep_csv_files(logger: CSVLogger) -> None:
     """Lightning's CSV writer deletes ``metrics.csv`` when it opens a run folder that exists ("Previous log
     files in this directory will be deleted"): the resumed run kept only its own epochs' rows. The file is
-    put back as it was, and the writer starts from its columns, so the new rows are appended (a new column
-    rewrites the file with the old rows in it, as Lightning does within one process)."""
-    path = Path(logger.log_dir) / "metrics.csv"
-    if rank_zero_only.rank != 0 or not path.is_file():
+    moved aside while the writer opens the folder, and back, unwritten; the writer starts from its columns,
+    so the new rows are appended (a new column rewrites the file with the old rows in it, as Lightning does
+    within one process). The writer also wrote ``hparams.yaml`` afresh with the first settings it was given
+    (the model's and data's): it now starts from the file's, and writes the file only when they change, so
+    that a resume with nothing to train leaves both files as they were."""
+    folder = Path(logger.log_dir)
+    if rank_zero_only.rank != 0 or not folder.is_dir():
         return
-    saved = path.read_bytes()
-    header = next(csv.reader(io.StringIO(saved.decode())), [])
-    writer = logger.experiment  # opens the folder, deleting the file
-    write_file(path, saved, "the CSV log")  # whole or not at all: it holds every earlier epoch's rows
-    writer.metrics_keys = list(header)
+    path, aside = folder / "metrics.csv", folder / ".metrics.csv.resumed"
+    kept = path.is_file()
+    if kept:
+        os.replace(path, aside)
+    try:
+        writer = logger.experiment  # opens the folder, deleting metrics.csv
+    finally:
+        if kept:
+            os.replace(aside, path)
+    if kept:
+        with path.open(newline="") as f:
+            writer.metrics_keys = next(csv.reader(f), [])
+    hparams = folder / writer.NAME_HPARAMS_FILE
+    try:
+        saved = yaml.safe_load(hparams.read_bytes())
+    except (OSError, yaml.YAMLError):
+        saved = None
+    if not isinstance(saved, dict):
+        return  # none to keep, or not a file of settings: Lightning's writer writes it afresh
+    writer.hparams = saved
+
+    def log_changed_hparams(params: dict) -> None:
+        writer.hparams.update(params)
+        with tempfile.TemporaryDirectory() as tmp:  # Lightning's writer, for its format
+            save_hparams_to_yaml(Path(tmp) / hparams.name, writer.hparams)
+            text = (Path(tmp) / hparams.name).read_bytes()
+        if not (hparams.is_file() and hparams.read_bytes() == text):
+            write_file(hparams, text, "the CSV logger's hparams")
+
+    writer.log_hparams = log_changed_hparams
 
 
 def check_compatible(model: LightningModule, checkpoint: dict, path: Path) -> None:
