@@ -83,6 +83,22 @@ def test_a_resume_with_nothing_to_train_leaves_the_csv_logs_as_they_were(tmp_pat
         assert {row["epoch"] for row in csv.DictReader(f)} == {"0", "1"}
 
 
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_resume_refused_in_ddp_spawns_ranks_leaves_the_run_folder_as_it_was(tmp_path: Path) -> None:
+    """Under ddp_spawn the refusal is the ranks' (they read the checkpoint), and Lightning leaves their
+    loggers unfinalized there: rank 0's empty TensorBoard event file (its header, 88 bytes) stayed."""
+    build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}"])
+    run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    spawn = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    args = ["fit", *TINY, *spawn, "--data.seed=1", "--ckpt_path=last", "--trainer.max_epochs=2"]
+    refused = run_cli([*args, f"--trainer.default_root_dir={tmp_path}"], tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "with --data.seed=0, this run has --data.seed=1" in refused.stderr
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
+
+
 def test_last_picks_the_newest_run_of_this_model_and_data_and_says_which(tmp_path: Path, caplog) -> None:
     root = f"--trainer.default_root_dir={tmp_path}"
     build_cli(["fit", *TINY, root])  # version_0: Shapes

@@ -283,7 +283,9 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
 
     A UserError (bad input the rank found: a fractional limit of no batch, an evaluation set smaller than
     the world) is also written to ``user_error_file``: torch hands the main process a rank's exception as
-    traceback text only, which would reach the user as a wall of it instead of the one line."""
+    traceback text only, which would reach the user as a wall of it instead of the one line. The rank's
+    loggers are finalized as Lightning's handling of a failure does it elsewhere: a refused resume leaves no
+    empty TensorBoard event file (the rank's writer's) in the run's folder."""
     try:
         return function(*args, **kwargs)
     except (SIGTERMException, KeyboardInterrupt) as stop:
@@ -298,6 +300,10 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
             logger.finalize("interrupted")
         return None
     except UserError as err:
+        trainer = getattr(function, "__self__", None)  # the Trainer's, where Lightning launches the rank
+        for logger in trainer.loggers if isinstance(trainer, Trainer) else []:
+            with contextlib.suppress(OSError, UserError):  # the rank's own error is the one to report
+                logger.finalize("failed")
         # A temporary folder that cannot be written loses the hand-over, never the rank's own error.
         with contextlib.suppress(WriteError):
             write_file(user_error_file, str(err), "the rank's error for the main process", elsewhere=None)
