@@ -53,7 +53,7 @@ from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import prepare_ckpt_path, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
-from lit_ddp.utils import imported
+from lit_ddp.utils import imported, local_path
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
@@ -273,6 +273,8 @@ class LitDDPCLI(LightningCLI):
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
+            if subcommand != "fit" and data:
+                _take_saved_classes(data, self._checkpoint)
             hparams = self._checkpoint.get("hyper_parameters") or {}
             if hparams and "_class_path" not in hparams:
                 self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
@@ -371,6 +373,22 @@ class LitDDPCLI(LightningCLI):
 
     before_fit = before_validate = before_test = before_predict = _before_run
     after_fit = after_validate = after_test = after_predict = _after_run
+
+
+def _take_saved_classes(data, checkpoint: dict) -> None:
+    """A data module that takes ``class_names`` and has no ``data_dir/train/`` to read them from (the held-out
+    splits copied alone, to evaluate on) gets the checkpoint's own (``ImageDataModule.state_dict``): the
+    model's classes in the order of its labels. Not where they are given, nor over a train/ (whose classes
+    the data module checks against the checkpoint's as it loads)."""
+    init_args = data.get("init_args") or {}
+    if "class_names" not in init_args or init_args["class_names"] is not None:
+        return
+    data_dir = init_args.get("data_dir")
+    if data_dir is not None and (Path(local_path(data_dir, "--data.data_dir")) / "train").is_dir():
+        return
+    state = checkpoint.get(imported(data["class_path"]).__qualname__)  # where Lightning saves it
+    if isinstance(state, dict) and state.get("class_names"):
+        init_args["class_names"] = list(state["class_names"])
 
 
 def _as_picked(choice) -> dict:

@@ -1,7 +1,10 @@
 """Data inputs that gave a traceback or a misleading line (issue 32): each is now one line naming the
 problem and the fix."""
 
+import csv
+import io
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +119,58 @@ def test_predict_on_renamed_class_folders_is_refused_before_any_row(tmp_path: Pa
         " with --model.weights=<checkpoint> instead of --ckpt_path"
     )
     assert not list(tmp_path.rglob("predictions.csv"))
+
+
+def test_a_checkpoint_evaluates_a_folder_without_train_on_its_own_classes(tmp_path: Path, capsys) -> None:
+    """validate, test and predict of a checkpoint on a folder holding the held-out splits alone (no train/)
+    were refused: the classes came from train/ only. They come from the checkpoint now, each class folder
+    taken to the checkpoint's label of its name: the same metrics and predictions as with train/ there, for
+    a test/ that lacks a class too. Without the checkpoint's classes, or for fit, one line."""
+    root = image_tree(tmp_path / "tree", {"cat": 4, "dog": 4, "fox": 4})
+    args = ["--model=LeNetCIFAR", "--data=ImageNetDataModule", f"--data.data_dir={root}"]
+    args += ["--data.image_size=32", "--data.val_resize=32", "--data.batch_size=4", "--data.num_workers=0"]
+    args += [f"--data.index_cache={tmp_path / 'index'}", "--trainer.enable_progress_bar=false"]
+    build_cli(["fit", *args, "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path / 'runs'}"])
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    (root / "val").rename(root / "test")  # test/ without cat, the checkpoint's label 0
+    shutil.rmtree(root / "test" / "cat")
+    shutil.copytree(root / "test", root / "val")
+
+    def evaluate(out: Path) -> tuple[float, float, str]:
+        runs = [f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={out}"]
+        val = build_cli(["validate", *args, *runs]).trainer.callback_metrics["val/acc"].item()
+        test = build_cli(["test", *args, *runs]).trainer.callback_metrics["test/acc"].item()
+        build_cli(["predict", *args, *runs])
+        (predictions,) = out.rglob("predictions.csv")
+        return val, test, predictions.read_text()
+
+    with_train = evaluate(tmp_path / "with_train")
+    (root / "train").rename(tmp_path / "train")
+    assert evaluate(tmp_path / "without_train") == with_train
+    rows = list(csv.DictReader(io.StringIO(with_train[2])))
+    assert len(rows) == 8 and all(Path(row["path"]).parent.name == row["label"] for row in rows)
+    (root / "test" / "wolf").mkdir()  # a class the checkpoint never learnt
+    shutil.copy(next((root / "test" / "dog").iterdir()), root / "test" / "wolf")
+    line = one_error_line(capsys, ["test", *args, f"--ckpt_path={ckpt}"])
+    assert line.startswith(f"lit_ddp: error: {root / 'test'} has class folders that the model did not learn")
+    assert "('wolf'" in line
+    shutil.rmtree(root / "val")  # the split validate reads, named as a folder without train/ has it
+    line = one_error_line(capsys, ["validate", *args, f"--ckpt_path={ckpt}"])
+    assert (
+        line
+        == f"lit_ddp: error: {root} has no val/: put the images to validate on in {root / 'val'}/<class>/"
+    )
+    with pytest.raises(
+        UserError, match=r"^--data.class_names=\['cat', 'cat'\] must name two or more classes, each"
+    ):
+        ImageNetDataModule(data_dir=str(root), class_names=["cat", "cat"])
+    for command in (["test", "--ckpt_path=untrained"], ["fit"]):  # no classes: the line names what gives them
+        line = one_error_line(capsys, [command[0], *args, *command[1:]])
+        assert line == (
+            f"lit_ddp: error: {root} has no train/, whose class folders are the classes: to fit, put the"
+            f" training images in {root / 'train'}/<class>/; to validate, test or predict, pass"
+            " --ckpt_path=PATH to a fit's checkpoint file (it records the classes)"
+        )
 
 
 class _OwnData(ImageDataModule):

@@ -81,6 +81,9 @@ class ImageNetDataModule(ImageDataModule):
             random_erasing, which run in the workers.
         decode_ahead: with decode=gpu, each batch is decoded on a thread while the batch before it trains;
             false: in the training loop, between steps (device_decode.py says why ahead is the default).
+        class_names: the classes in the model's label order; each split's class folders are read as the class
+            of their name. None: train/'s class folders, sorted. With them, validate, test and predict need no
+            train/: the CLI passes those of the --ckpt_path checkpoint where data_dir has none.
         gpu_decode: deprecated: ``decode`` (true is ``gpu``, false ``cpu``).
         **kwargs: ``ImageDataModule``'s (num_workers, seed, predict_dir, mixup_alpha, cutmix_alpha). With
             num_workers None (the default), the CPU cores this process may use, shared over the node's
@@ -103,6 +106,7 @@ class ImageNetDataModule(ImageDataModule):
         index_cache: str | None = None,
         decode: str = "cpu",
         decode_ahead: bool = True,
+        class_names: list[str] | None = None,
         gpu_decode: bool | None = None,
         **kwargs,
     ) -> None:
@@ -124,31 +128,62 @@ class ImageNetDataModule(ImageDataModule):
         self.index_source: dict[str, str] = {}  # split → "listed" or "cache": how its last list was got
         self.scans: dict[str, int] = {}  # split → how often this process listed its folder
         self._order: tuple[SampleIndex, dict] | None = None  # the training files' digest (order_inputs)
-        # Classes come from the training folder, here in the launching process: the CLI links
+        # Classes come from the training folder (or class_names), here in the launching process: the CLI links
         # num_classes to the model, and a missing folder fails before any rank is spawned. Compared and
         # shown in NFC (folder_index.class_key); the folders keep their names on disk.
-        folders = find_classes(self.data_dir / "train")
-        self.class_names = tuple(class_key(f) for f in folders)
+        self._classes_given = class_names is not None
+        self.class_names = self._classes(class_names)
         self.num_classes = len(self.class_names)
-        counts = Counter(self.class_names)
-        twins = sorted(f for f, key in zip(folders, self.class_names, strict=True) if counts[key] > 1)
+
+    def _classes(self, given: list[str] | None) -> tuple[str, ...]:
+        """``given`` in NFC, or train/'s class folders; UserError where they are not two or more classes."""
+        if given is not None:
+            names = tuple(class_key(c) for c in given)
+            if len(set(names)) < max(2, len(names)):
+                raise UserError(
+                    f"--data.class_names={list(given)} must name two or more classes, each once: the model's"
+                    " classes, in the order of its labels"
+                )
+            return names
+        train = self.data_dir / "train"
+        folders = find_classes(train)
+        names = tuple(class_key(f) for f in folders)
+        counts = Counter(names)
+        twins = sorted(f for f, key in zip(folders, names, strict=True) if counts[key] > 1)
         if twins:
             raise UserError(
-                f"{self.data_dir / 'train'} has class folders whose names differ only in their Unicode form"
+                f"{train} has class folders whose names differ only in their Unicode form"
                 f" ({', '.join(map(ascii, twins))}): merge each pair into one folder"
             )
-        if not self.class_names:
+        if not names and not train.is_dir() and any((self.data_dir / s).is_dir() for s in ("val", "test")):
+            raise UserError(
+                f"{self.data_dir} has no train/, whose class folders are the classes: to fit, put the"
+                f" training images in {train}/<class>/; to validate, test or predict, pass"
+                " --ckpt_path=PATH to a fit's checkpoint file (it records the classes)"
+            )
+        if not names:
             raise UserError(
                 f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
-        if self.num_classes == 1:
+        if len(names) == 1:
             raise UserError(
-                f"{self.data_dir / 'train'} has one class folder ({self.class_names[0]}): a classifier"
-                " needs at least two, one folder per class"
+                f"{train} has one class folder ({names[0]}): a classifier needs at least two, one folder per"
+                " class"
             )
+        return names
 
     def _no_split(self, name: str) -> str:
+        d = self.data_dir
+        if not (d / "train").is_dir():  # an evaluation folder, its classes given (class_names)
+            if name == "train":
+                return f"{d} has no train/: fit trains on {d / 'train'}/<class>/, one folder per class"
+            if name == "test":
+                return (
+                    f"{d} has no test/ (nor val/, which test reads where there is no test/): put the images"
+                    f" to test on in {d / 'test'}/<class>/"
+                )
+            return f"{d} has no val/: put the images to validate on in {d / 'val'}/<class>/"
         # The folder is right (it holds train/'s class folders): --data.data_dir elsewhere is not the fix.
         if name == "test":
             return (
@@ -201,8 +236,8 @@ class ImageNetDataModule(ImageDataModule):
     def prepare_data(self) -> None:
         # Lightning calls this on each node's local rank 0, then setup on every rank: one listing per node,
         # and none at all while the cached one is current.
-        if self.trainer is None:  # called by hand: every split
-            names = ["train", "val", *(["test"] if (self.data_dir / "test").is_dir() else [])]
+        if self.trainer is None:  # called by hand: every split there is
+            names = [n for n in ("train", "val", "test") if (self.data_dir / n).is_dir()]
         else:
             stage = {
                 TrainerFn.FITTING: "fit",
@@ -220,6 +255,12 @@ class ImageNetDataModule(ImageDataModule):
         listing = self._listing(name, trusted_since=self._created_at)
         class_to_idx = {c: i for i, c in enumerate(self.class_names)}
         unknown = [f for f in listing.folders if class_key(f) not in class_to_idx]
+        if unknown and self._classes_given:
+            known = ", ".join(map(ascii, self.class_names[:5])) + (", ..." if self.num_classes > 5 else "")
+            raise UserError(
+                f"{root} has class folders that the model did not learn ({', '.join(map(ascii, unknown[:5]))}"
+                f"; its classes, --data.class_names: {known}): remove them, or use a model that learnt them"
+            )
         if unknown:
             raise UserError(
                 f"{root} has class folders that train/ lacks ({', '.join(map(ascii, unknown[:5]))}): fix the"
