@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from jsonargparse import ArgumentError
-from lightning import Trainer
+from lightning import Trainer, seed_everything
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -51,7 +51,7 @@ from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
-from lit_ddp.runtime.resume import prepare_ckpt_path, share_run_folder
+from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
 from lit_ddp.utils import imported, local_path
 from lit_ddp.writes import write_file
@@ -135,22 +135,25 @@ class SaveRunConfig(SaveConfigCallback):
         self.already_saved = trainer.strategy.broadcast(True)
 
 
-def _draw_seed(config) -> None:
+def _draw_seed(config) -> bool:
     """``--seed_everything=true``: a seed drawn here, which seeds the run and is what config.yaml records, so
-    that a re-run or a resume of it seeds alike. LightningCLI passes ``true`` on as ``seed_everything()``,
-    which seeds 0 since Lightning 2.1 (lightning#18846: processes that a launcher starts apart each drew
-    their own) while its help still promises a random seed. A rank that Lightning's launcher started
-    (LOCAL_RANK > 0) takes the seed of the process that started it, which ``seed_everything`` left in
-    PL_GLOBAL_SEED; under torchrun or srun ``true`` stays, for preflight to refuse (#18846's reason)."""
+    that a re-run of it seeds alike (a fit resuming a run of its own takes that run's: ``_before_run``).
+    LightningCLI passes ``true`` on as ``seed_everything()``, which seeds 0 since Lightning 2.1
+    (lightning#18846: processes that a launcher starts apart each drew their own) while its help still
+    promises a random seed. A rank that Lightning's launcher started (LOCAL_RANK > 0) takes the seed of the
+    process that started it, which ``seed_everything`` left in PL_GLOBAL_SEED; under torchrun or srun
+    ``true`` stays, for preflight to refuse (#18846's reason). Returns whether it drew."""
     if config.get("seed_everything") is not True:
-        return
+        return False
     inherited = os.environ.get("PL_GLOBAL_SEED", "")
     if os.environ.get("LOCAL_RANK", "0") != "0" and inherited.isdigit():
         config["seed_everything"] = int(inherited)
-        return
+        return False
     launcher = launcher_world()
     if launcher is None or launcher.starts_devices or launcher.world == 1:
         config["seed_everything"] = random.SystemRandom().randint(0, MAX_SEED)  # not the forked state
+        return True
+    return False
 
 
 def _within(path: str, folder: str) -> bool:
@@ -243,7 +246,7 @@ class LitDDPCLI(LightningCLI):
             raise UserError(explain(str(err), argv, self._parsers, bases, self.prog)) from None
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        _draw_seed(config)
+        self._seed_drawn = _draw_seed(config)
         # The run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the other runs.
         experiment = place_runs(config) if subcommand else None
         # Every problem of the plan, a line each (main prints them), before anything is built: LightningCLI
@@ -358,9 +361,14 @@ class LitDDPCLI(LightningCLI):
         ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
         logger_config = self.config[self.subcommand]["trainer"].get("logger")  # as given: MLflow's run_id
-        config["ckpt_path"] = prepare_ckpt_path(
+        config["ckpt_path"], resumed = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
         )
+        # `true` resuming a run of its own: the seed that run drew, for this process and the ranks it starts
+        # (PL_GLOBAL_SEED) and for its config.yaml, which goes on recording it.
+        seed = recorded_seed(resumed) if resumed is not None and self._seed_drawn else None
+        if seed is not None:
+            self.config[self.subcommand]["seed_everything"] = seed_everything(seed, workers=True)
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)

@@ -385,6 +385,34 @@ def test_a_printed_config_with_seed_everything_true_draws_a_seed_where_it_runs(
     assert type(saved) is int and saved == int(os.environ["PL_GLOBAL_SEED"]), saved
 
 
+def test_a_fit_resuming_its_own_run_with_seed_everything_true_keeps_the_seed_that_run_drew(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`fit --config my.yaml --ckpt_path=last` (my.yaml: `seed_everything: true`) drew a new seed, seeded the
+    resumed process with it and recorded it over the run's own in config.yaml. A resume (`last`, or the path
+    of the run's last.ckpt) now goes on with the run's seed; a new run from its checkpoint still draws."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # seed_everything sets it in this process: put back after
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text("seed_everything: true\n")
+    args = ["fit", "--config", "my.yaml", *TINY_SHAPES, "--trainer.enable_progress_bar=false"]
+    build_cli([*args, "--trainer.max_epochs=1"])
+    (run_config,) = (tmp_path / "logs").rglob("config.yaml")
+    drawn = yaml.safe_load(run_config.read_text())["seed_everything"]
+    assert drawn == int(os.environ["PL_GLOBAL_SEED"]), drawn
+    last = next(run_config.parent.rglob("last.ckpt"))
+    for epochs, ckpt_path in ((2, "last"), (3, str(last))):
+        build_cli([*args, f"--trainer.max_epochs={epochs}", f"--ckpt_path={ckpt_path}"])
+        assert list((tmp_path / "logs").rglob("config.yaml")) == [run_config]  # the same run went on
+        recorded = yaml.safe_load(run_config.read_text())["seed_everything"]
+        assert (int(os.environ["PL_GLOBAL_SEED"]), recorded) == (drawn, drawn), ckpt_path
+    tuned = tmp_path / "tuned"
+    build_cli([*args, "--trainer.max_epochs=4", f"--ckpt_path={last}", f"--trainer.default_root_dir={tuned}"])
+    (new_config,) = tuned.rglob("config.yaml")
+    assert yaml.safe_load(new_config.read_text())["seed_everything"] == int(os.environ["PL_GLOBAL_SEED"])
+    assert int(os.environ["PL_GLOBAL_SEED"]) != drawn  # a new run draws (two draws agree once in 2**32)
+
+
 def test_a_rank_lightnings_launcher_started_takes_the_seed_its_first_process_drew(monkeypatch) -> None:
     """Under --trainer.strategy=ddp each rank parses the command line again: a seed of its own would seed
     each rank otherwise. Outside a launcher, `false` and a number stay as given."""

@@ -379,17 +379,18 @@ def prepare_ckpt_path(
     checkpoint: dict | None = None,
     datamodule=None,
     logger_config=None,
-) -> str | None:
-    """The path the subcommand should get: ``last`` resolved across the runs of this model and data, ``best``
-    to that run's best checkpoint; an explicit file checked now (``checkpoint``: that file, if already
-    loaded). A fit resumed from ``last``, or from the path of a file ``last`` could find, goes on in that run
-    (``logger_config``: the CLI's ``trainer.logger`` as given, which MLflow's run is rebuilt from).
+) -> tuple[str | None, Path | None]:
+    """The path the subcommand should get, and the run folder a fit goes on in (None: a new run, or not a
+    fit): ``last`` resolved across the runs of this model and data, ``best`` to that run's best checkpoint;
+    an explicit file checked now (``checkpoint``: that file, if already loaded). A fit resumed from ``last``,
+    or from the path of a file ``last`` could find, goes on in that run (``logger_config``: the CLI's
+    ``trainer.logger`` as given, which MLflow's run is rebuilt from).
 
     With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a first submission of a requeued
     job); ``validate``, ``test`` and ``predict`` refuse, since they would score random weights (without
     ``ckpt_path`` preflight refused them already, unless ``--model.weights`` or ``untrained`` says so)."""
     if ckpt_path in (None, UNTRAINED):  # with no weights at all, preflight refused validate, test, predict
-        return None
+        return None, None
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer, model, datamodule)
         if found is None and subcommand != "fit" and not _fixed_dir_lasts(trainer):
@@ -401,11 +402,11 @@ def prepare_ckpt_path(
             lightnings = subcommand != "fit" or _fixed_dir_lasts(trainer)
             note = None if lightnings else _new_run_note(trainer, model, datamodule)
             if note is None:
-                return ckpt_path  # Lightning's own lookup (a fixed dirpath, a pinned version)
+                return ckpt_path, None  # Lightning's own lookup (a fixed dirpath, a pinned version)
             # A first submission of a requeued job, say: a new run. Lightning's own warning for it would
             # tell to set ModelCheckpoint(save_last=True), which every lit_ddp run does.
             rank_zero_info(f"lit_ddp: note: {note}")
-            return None
+            return None, None
         if subcommand != "fit":  # an evaluation gets a run of its own
             rank_zero_info(f"{subcommand}: {found}")
         ckpt_path, checkpoint, resumed = str(found), None, subcommand == "fit"
@@ -423,7 +424,7 @@ def prepare_ckpt_path(
         )
         ckpt_path, checkpoint, resumed = str(best), None, False
     elif ckpt_path in SPECIAL or "://" in ckpt_path:
-        return ckpt_path
+        return ckpt_path, None
     else:
         # A run's last.ckpt given by its path (copied from `resuming from`, an sbatch script) is the file
         # `last` would resume, and goes on in that run the same way. Any other checkpoint (an epoch's, the
@@ -439,4 +440,14 @@ def prepare_ckpt_path(
     if resumed:
         rank_zero_info(f"resuming from {path}")
         _continue_run(trainer, path, logger_config)
-    return ckpt_path
+    return ckpt_path, path.parent.parent if resumed else None
+
+
+def recorded_seed(run: Path) -> int | None:
+    """The seed ``run``'s config.yaml records (``seed_everything``: the number a run of ``true`` drew), or
+    None where it records none or cannot be read."""
+    try:
+        seed = yaml.safe_load((run / "config.yaml").read_text()).get("seed_everything")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):  # AttributeError: not a mapping
+        return None
+    return seed if type(seed) is int else None
