@@ -18,7 +18,6 @@
 
 import inspect
 import os
-import random
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +37,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier
 from lit_ddp.models.weights import checkpoint_replaces_weights
-from lit_ddp.preflight import MAX_SEED, RunPlan, launcher_world, problems
+from lit_ddp.preflight import RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
@@ -53,7 +52,7 @@ from lit_ddp.runtime.quiet import quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
-from lit_ddp.utils import imported, local_path
+from lit_ddp.utils import draw_seed, imported, local_path
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps
@@ -151,7 +150,7 @@ def _draw_seed(config) -> bool:
         return False
     launcher = launcher_world()
     if launcher is None or launcher.starts_devices or launcher.world == 1:
-        config["seed_everything"] = random.SystemRandom().randint(0, MAX_SEED)  # not the forked state
+        config["seed_everything"] = draw_seed()
         return True
     return False
 

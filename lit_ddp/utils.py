@@ -4,6 +4,7 @@ plain; paths expanded as a shell would."""
 import dataclasses
 import functools
 import os
+import random
 import re
 import sys
 import types
@@ -15,6 +16,13 @@ import yaml
 from lit_ddp.errors import UserError
 
 _VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+# numpy's seeds, which Lightning's seed_everything checks.
+MAX_SEED = 2**32 - 1
+
+
+def draw_seed() -> int:
+    """A seed for ``seed_everything: true``, drawn as fit draws it and the trust kit judges it."""
+    return random.SystemRandom().randint(0, MAX_SEED)  # not the global RNG: a forked process shares its state
 
 
 def flatten(tree, prefix: str = "", sep: str = "/") -> dict:

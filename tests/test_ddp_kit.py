@@ -148,6 +148,7 @@ def test_a_sound_model_and_data_module_pass_every_check_without_a_warning(report
     report = reports["sound"]
     print(report.table())
     assert report.ok and not report.warnings, report.table()
+    assert report.table().splitlines()[-1] == "seed of these runs: 0"  # the case's
     assert [r.key for r in report.rows] == [
         *("grads", "steps", "data", "metrics", "shards", "augmentation", "resume", "reproducible"),
         *("batchnorm", "dropout", "padding", "global_rng"),
@@ -471,17 +472,32 @@ def test_kit_settings_are_the_trainer_settings_the_config_trains_with(monkeypatc
     trainer = {"sync_batchnorm": True, "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
     config = {"seed_everything": 7, "trainer": {**trainer, "devices": 8, "num_nodes": 2}}
     assert kit_settings(config) == {"seed": 7, **trainer, "devices": 16}
-    # A seed drawn at random (true): the kit's. auto and -1: what fit starts on this machine (a machine with
-    # no GPU here: 1 CPU process, and a GPU config's count unknown, left to the kit).
-    drawn = kit_settings({"seed_everything": True, "trainer": {"devices": "auto", "accelerator": "cpu"}})
+    # auto and -1: what fit starts on this machine (a machine with no GPU here: 1 CPU process, and a GPU
+    # config's count unknown, left to the kit). No seed (false, none): the kit's.
+    unseeded = kit_settings({"seed_everything": False, "trainer": {"devices": "auto", "accelerator": "cpu"}})
     defaults = {"sync_batchnorm": False, "accumulate_grad_batches": 1, "gradient_clip_val": None}
-    assert drawn == {"seed": 0, **defaults, "devices": 1}
+    assert unseeded == {"seed": 0, **defaults, "devices": 1}
     assert kit_settings({"trainer": {"devices": [0, 1]}})["devices"] == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "devices" not in kit_settings({"trainer": {"devices": -1, "accelerator": "gpu"}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert kit_settings({"trainer": {"devices": "-1", "num_nodes": 2}})["devices"] == 8
+
+
+def test_a_config_whose_seed_is_drawn_is_judged_at_a_drawn_seed_that_the_report_names() -> None:
+    """`seed_everything: true`, which a printed config keeps: fit and doctor draw a seed (doctor's header
+    names it), while a project's test, kit_settings(resolved_config(...)), judged seed 0 every time. It now
+    draws as they do, and the report's table ends with the seed its runs took, to pass again as seed=N."""
+    from lit_ddp.cli import main
+    from lit_ddp.testing import kit_settings, resolved_config
+    from lit_ddp.testing.checks import Row
+
+    config = resolved_config(main, "--seed_everything=true")
+    seeds = [kit_settings(config)["seed"] for _ in range(2)]
+    assert seeds[0] != seeds[1] and all(0 <= s < 2**32 for s in seeds), seeds  # two draws agree once in 2**32
+    table = Report([Row("grads", "first-step gradients", True, "1e-7", "")], seed=seeds[0]).table()
+    assert table.splitlines()[-1] == f"seed of these runs: {seeds[0]}", table
 
 
 def test_a_validation_that_logs_no_metric_is_a_warning_not_a_yes() -> None:

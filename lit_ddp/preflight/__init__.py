@@ -27,6 +27,7 @@ from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, 
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
+from lit_ddp.utils import MAX_SEED
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
 # gives it, uint8 here, before the data module normalises it on the device into float32).
@@ -434,11 +435,8 @@ def _dist_timeout(plan: RunPlan) -> str | None:
     )
 
 
-# numpy's seeds, which Lightning's seed_everything checks (a ValueError traceback, once the run started).
-MAX_SEED = 2**32 - 1
-
-
 def _seed_range(plan: RunPlan) -> str | None:
+    # Outside numpy's seeds: Lightning's ValueError traceback, once the run started.
     seed, launcher = plan.seed_everything, plan.launcher
     # true is drawn by the CLI (cli._draw_seed), except in processes a launcher started apart.
     if seed is True and launcher is not None and launcher.world > 1 and not launcher.starts_devices:

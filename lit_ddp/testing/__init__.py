@@ -38,9 +38,9 @@ and randomness the data path takes from the global RNGs (judged only when two un
 
 ``report.ok`` is True when every check holds (warnings aside); ``report["augmentation same on any device
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |
-measured | what to change. ``python -m lit_ddp doctor --config my.yaml`` runs the same on a config;
-``kit_settings(config)`` gives a test the arguments doctor takes from it (seed, SyncBatchNorm, accumulation,
-clipping, device count).
+measured | what to change, then the runs' seed. ``python -m lit_ddp doctor --config my.yaml`` runs the
+same on a config; ``kit_settings(config)`` gives a test the arguments doctor takes from it (seed,
+SyncBatchNorm, accumulation, clipping, device count).
 
 The model and data module travel to the ranks pickled by value (cloudpickle): their classes may live in a
 script, a notebook or a test function.

@@ -61,9 +61,11 @@ class Row:
 
 @dataclass
 class Report:
-    """The checks' verdicts. ``ok``: every check holds (warnings aside); ``table()`` for a failure message."""
+    """The checks' verdicts. ``ok``: every check holds (warnings aside); ``table()`` for a failure message,
+    which names the ``seed`` the runs took (a config's ``seed_everything: true`` draws one each time)."""
 
     rows: list[Row] = field(default_factory=list)
+    seed: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -88,8 +90,9 @@ class Report:
         ]
         widths = [max(len(x[i]) for x in [head, *lines]) for i in range(3)]
         fmt = lambda x: " | ".join(c.ljust(w) for c, w in zip(x[:3], widths, strict=True)) + " | " + x[3]  # noqa: E731
+        seed = [] if self.seed is None else [f"seed of these runs: {self.seed}"]
         return "\n".join(
-            [fmt(head), "-+-".join("-" * w for w in widths) + "-+-" + "-" * 14, *map(fmt, lines)]
+            [fmt(head), "-+-".join("-" * w for w in widths) + "-+-" + "-" * 14, *map(fmt, lines), *seed]
         )
 
 
@@ -983,7 +986,7 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
         for key in re.findall(r"see '(\w+)'", row.fix):
             if key not in shown and key in ("grads", "data", "augmentation", "shards"):
                 row.fix = row.fix.replace(f"see '{key}'", rows[key]().fix)
-    return Report(checked + warned)
+    return Report(checked + warned, case.seed)
 
 
 def _launch(jobs: dict[int, list[Job]], root: Path, timeout: float, tag: str = "") -> None:

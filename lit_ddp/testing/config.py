@@ -22,6 +22,7 @@ from lightning import LightningDataModule, LightningModule
 
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.quiet import quiet_args_given
+from lit_ddp.utils import draw_seed
 
 
 def resolved_config(main: Callable[[list[str]], object], *args: str) -> dict:
@@ -94,15 +95,17 @@ def _device_count(devices, num_nodes, accelerator="auto") -> int | None:
 
 
 def kit_settings(config) -> dict:
-    """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed,
-    and the settings the real run trains with (SyncBatchNorm, gradient accumulation and clipping, and the
-    device count it starts on this machine, left out where this machine cannot count them: devices=auto for
-    a GPU run on a machine without one), so that a test of the config checks what ``doctor`` does.
+    """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed
+    (``true``: one drawn, as ``fit`` and ``doctor`` draw it, which the report names), and the settings the
+    real run trains with (SyncBatchNorm, gradient accumulation and clipping, and the device count it starts
+    on this machine, left out where this machine cannot count them: devices=auto for a GPU run on a machine
+    without one), so that a test of the config checks what ``doctor`` does.
 
         check_ddp_invariants(model, data, **kit_settings(config))
     """
     trainer = config.get("trainer") or {}
     seed = config.get("seed_everything")
+    seed = draw_seed() if seed is True else seed  # a printed config keeps `true`, which fit draws at each run
     settings = {
         "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
         "sync_batchnorm": bool(trainer.get("sync_batchnorm")),
