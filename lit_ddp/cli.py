@@ -44,6 +44,7 @@ from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
+from lit_ddp.runtime.failed_run import refusal
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
@@ -333,20 +334,14 @@ class LitDDPCLI(LightningCLI):
 
     def fit(self, **kwargs) -> None:
         """``trainer.fit`` (LightningCLI runs a subcommand's method of the CLI where it has one), with
-        Lightning's refusal of a validation interval longer than the epoch as one line: a ValueError with
-        nothing else to tell it by, raised once the epoch's batches are known, for any model."""
+        Lightning's refusal of a validation interval longer than the epoch as one line (failed_run.py)."""
         try:
             self.trainer.fit(**kwargs)
-        except ValueError:
-            t = self.trainer
-            interval, batches = t.val_check_interval, t.num_training_batches
-            if not isinstance(interval, int) or t.check_val_every_n_epoch is None or interval <= batches:
+        except ValueError as err:
+            refused = refusal(self.trainer, err)
+            if refused is None:
                 raise
-            raise UserError(
-                f"--trainer.val_check_interval={interval} validates every {interval} training batches, and an"
-                f" epoch has {batches} per device: pass {batches} or fewer, or"
-                " --trainer.check_val_every_n_epoch=null to count the batches across epochs"
-            ) from None
+            raise refused from None
 
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world

@@ -568,7 +568,7 @@ def test_lightning_settings_users_pass_work_or_fail_in_one_line(
 ) -> None:
     from lit_ddp.cli import main
 
-    argv = ["fit", *QUICK, *args, f"--trainer.default_root_dir={tmp_path}"]
+    argv = ["fit", *QUICK, *args, f"--trainer.default_root_dir={tmp_path / 'runs'}"]
     if error is None:
         main([a for a in argv if not a.startswith("--trainer.log_every_n_steps=1")])
         assert list(tmp_path.rglob("last.ckpt"))
@@ -578,6 +578,8 @@ def test_lightning_settings_users_pass_work_or_fail_in_one_line(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(error) and "Traceback" not in "\n".join(err)
+    # A refusal leaves none of the folders it made (the interval's left version_0 with its config.yaml).
+    assert not (tmp_path / "runs").exists()
 
 
 class OwnOptimizer(LeNetCIFAR):
@@ -594,10 +596,11 @@ def test_a_validation_interval_past_the_epoch_is_one_line_for_a_model_with_its_o
     configure_optimizers as it loads them, or in Lightning's loop for a model that does not."""
     argv = ["fit", *QUICK, "--model=test_cli.OwnOptimizer", "--trainer.val_check_interval=9"]
     with pytest.raises(SystemExit) as exit_info:
-        main([*argv, f"--trainer.default_root_dir={tmp_path}"])
+        main([*argv, f"--trainer.default_root_dir={tmp_path / 'runs'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("lit_ddp: error: --trainer.val_check_interval=9 validates every 9 training")
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("subcommand", ["validate", "test", "predict"])

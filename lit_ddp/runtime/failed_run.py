@@ -17,6 +17,24 @@ from lightning import Callback, LightningModule, Trainer
 from lit_ddp.errors import UserError
 
 
+def refusal(trainer: Trainer, exception: BaseException) -> UserError | None:
+    """The bad input that stopped the run as one line, or None: a UserError, or Lightning's refusal of a
+    validation interval longer than the epoch (a ValueError with nothing else to tell it by, raised once the
+    epoch's batches are known, for any model)."""
+    if isinstance(exception, UserError):
+        return exception
+    interval, batches = trainer.val_check_interval, trainer.num_training_batches
+    if not isinstance(exception, ValueError) or not isinstance(interval, int):
+        return None
+    if trainer.check_val_every_n_epoch is None or interval <= batches:
+        return None
+    return UserError(
+        f"--trainer.val_check_interval={interval} validates every {interval} training batches, and an"
+        f" epoch has {batches} per device: pass {batches} or fewer, or"
+        " --trainer.check_val_every_n_epoch=null to count the batches across epochs"
+    )
+
+
 class RemoveFailedRunDir(Callback):
     """On a UserError or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C), rank 0
     deletes the run directory if this run created every file in it and no checkpoint is among them: never a
@@ -27,7 +45,8 @@ class RemoveFailedRunDir(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt)
-        if not (isinstance(exception, UserError) or interrupted) or not trainer.is_global_zero:
+        refused = refusal(trainer, exception) is not None
+        if not (refused or interrupted) or not trainer.is_global_zero:
             return
         if trainer.logger is None:
             return
