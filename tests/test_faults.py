@@ -594,6 +594,35 @@ def test_d_a_nan_loss_stops_every_rank_at_that_step_naming_the_checkpoint(tmp_pa
     assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_d_under_ddp_spawn_a_run_stopped_by_its_ranks_keeps_or_removes_its_folder_as_under_ddp(
+    tmp_path: Path,
+) -> None:
+    """Under ddp_spawn a rank's refusal reached only the main process's callbacks, and the main process does
+    not train: a NaN stop at step 2, before any checkpoint, removed the run's folder with the curves that show
+    the divergence (under ddp they stay). A --trainer.val_check_interval past the epoch, refused in the ranks,
+    was a ValueError traceback (exit 1) that left the new version_0 behind."""
+    spawn = [a.replace("=ddp", "=ddp_spawn") if a.startswith("--trainer.strategy") else a for a in DDP_FIT]
+    nan = [*fault(tmp_path / "probe", "nan", rank=1, at_step=2), "--trainer.log_every_n_steps=1"]
+    root = "--trainer.default_root_dir=nan"
+    stopped = run_cli([*spawn, *nan, root], tmp_path, env=ENV, timeout=RUN_TIMEOUT)
+    assert stopped.returncode == 2 and "non-finite loss or gradients at step 2" in stopped.stderr
+    run = tmp_path / "nan" / "lightning_logs" / "version_0"
+    assert (run / "config.yaml").is_file() and len(read_scalars(run)["train/loss_step"]) == 2
+    refused = run_cli(
+        [*spawn, "--trainer.val_check_interval=9", "--trainer.default_root_dir=new/dir"],
+        tmp_path,
+        env=ENV,
+        timeout=RUN_TIMEOUT,
+    )
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert len(errors) == 1 and "--trainer.val_check_interval=9 validates every 9 training" in errors[0]
+    assert not (tmp_path / "new").exists()
+
+
 # ---- e: a corrupt, mismatched or unsafe checkpoint -------------------------------------------------
 
 

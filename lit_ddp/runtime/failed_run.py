@@ -17,12 +17,14 @@ from lightning import Callback, LightningModule, Trainer
 from lit_ddp.errors import UserError
 
 
-def refusal(trainer: Trainer, exception: BaseException) -> UserError | None:
+def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | None:
     """The bad input that stopped the run as one line, or None: a UserError, or Lightning's refusal of a
     validation interval longer than the epoch (a ValueError with nothing else to tell it by, raised once the
     epoch's batches are known, for any model)."""
     if isinstance(exception, UserError):
         return exception
+    if trainer is None:
+        return None
     interval, batches = trainer.val_check_interval, trainer.num_training_batches
     if not isinstance(exception, ValueError) or not isinstance(interval, int):
         return None
@@ -36,9 +38,9 @@ def refusal(trainer: Trainer, exception: BaseException) -> UserError | None:
 
 
 class RemoveFailedRunDir(Callback):
-    """On a UserError or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C), rank 0
-    deletes the run directory if this run created every file in it and no checkpoint is among them: never a
-    resumed run's directory, never a file from before this run."""
+    """On a refusal (above) or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C),
+    rank 0 deletes the run directory if this run created every file in it and no checkpoint is among them:
+    never a resumed run's directory, never a file from before this run."""
 
     def __init__(self) -> None:
         self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
@@ -50,7 +52,7 @@ class RemoveFailedRunDir(Callback):
             return
         if trainer.logger is None:
             return
-        if interrupted and trainer.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
+        if trainer.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
             return  # ddp_spawn's main process, which does not train: rank 0 knows whether the run did
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return

@@ -66,6 +66,7 @@ from lit_ddp.compat import (
 )
 from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.failed_run import refusal
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
 from lit_ddp.writes import WriteError, write_file
@@ -281,11 +282,12 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
     (PreemptionCheckpoint saves last.ckpt there), and then ends the rank normally: its results go back to
     the main process, which exits 0.
 
-    A UserError (bad input the rank found: a fractional limit of no batch, an evaluation set smaller than
-    the world) is also written to ``user_error_file``: torch hands the main process a rank's exception as
-    traceback text only, which would reach the user as a wall of it instead of the one line. The rank's
-    loggers are finalized as Lightning's handling of a failure does it elsewhere: a refused resume leaves no
-    empty TensorBoard event file (the rank's writer's) in the run's folder."""
+    A refusal (bad input the rank found: a fractional limit of no batch, an evaluation set smaller than the
+    world, a NaN loss; failed_run.refusal) reaches the callbacks and then the loggers as Lightning's handling
+    of a failure does it elsewhere: rank 0, which knows whether the run trained, keeps or removes the run's
+    folder (the main process, which does not train, cannot tell), and a refused resume leaves no empty
+    TensorBoard event file. Its line is also written to ``user_error_file``: torch hands the main process a
+    rank's exception as traceback text only, which would reach the user as a wall of it, not one line."""
     try:
         return function(*args, **kwargs)
     except (SIGTERMException, KeyboardInterrupt) as stop:
@@ -299,15 +301,21 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
         for logger in trainer.loggers:
             logger.finalize("interrupted")
         return None
-    except UserError as err:
+    except Exception as err:
         trainer = getattr(function, "__self__", None)  # the Trainer's, where Lightning launches the rank
-        for logger in trainer.loggers if isinstance(trainer, Trainer) else []:
+        trainer = trainer if isinstance(trainer, Trainer) else None
+        refused = refusal(trainer, err)
+        if refused is None:
+            raise
+        for callback in trainer.callbacks if trainer is not None else []:
+            callback.on_exception(trainer, trainer.lightning_module, refused)
+        for logger in trainer.loggers if trainer is not None else []:
             with contextlib.suppress(OSError, UserError):  # the rank's own error is the one to report
                 logger.finalize("failed")
         # A temporary folder that cannot be written loses the hand-over, never the rank's own error.
         with contextlib.suppress(WriteError):
-            write_file(user_error_file, str(err), "the rank's error for the main process", elsewhere=None)
-        raise
+            write_file(user_error_file, str(refused), "the rank's error for the main process", elsewhere=None)
+        raise refused from None
 
 
 @contextlib.contextmanager
