@@ -79,6 +79,27 @@ def test_a_run_refused_after_its_logger_was_made_leaves_no_folder_it_made(tmp_pa
     assert not any(kept.iterdir())
 
 
+def test_a_run_without_a_logger_refused_at_its_first_step_leaves_no_config_or_folder_it_made(
+    tmp_path: Path, capsys
+) -> None:
+    """Without a logger a fit writes its config.yaml into its root folder once its training loader is built:
+    refused after that (a non-finite loss at its first step, before any update), it left the config and the
+    folders it had made for it (new/logs/), where a run with a logger leaves nothing. A root that was there
+    before stays, without the config."""
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    nan = [
+        "--trainer.callbacks+=fault_probe.Fault",
+        "--trainer.callbacks.action=nan",
+        "--trainer.callbacks.at_step=0",
+    ]
+    for root in (tmp_path / "new" / "logs", kept):
+        argv = ["fit", *TINY_RUN, *nan, "--trainer.logger=false", f"--trainer.default_root_dir={root}"]
+        assert one_error_line(capsys, argv).startswith("non-finite loss or gradients at step 0")
+    assert [p.name for p in tmp_path.iterdir()] == ["kept"]
+    assert not any(kept.iterdir())
+
+
 def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path: Path) -> None:
     run_dir = tmp_path / "version_0"
     lock_path(run_dir).write_text('{"pid": 1, "host": "another-node"}')

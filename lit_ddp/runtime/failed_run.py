@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_ddp.errors import UserError
 
@@ -40,29 +41,57 @@ def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | No
 class RemoveFailedRunDir(Callback):
     """On a refusal (above) or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C),
     rank 0 deletes the run directory if this run created every file in it and no checkpoint is among them:
-    never a resumed run's directory, never a file from before this run."""
+    never a resumed run's directory, never a file from before this run. A run without a logger writes its
+    config into the root folder that such runs share: only a config this run added goes, and the folders it
+    made for it, left empty."""
 
     def __init__(self) -> None:
         self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
+        self.new_configs: list[Path] = []
+        self.made: list[Path] = []  # deepest first
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if trainer.logger is not None:
+            return
+        # Before SaveConfigCallback's own setup (LightningCLI adds it after every other callback).
+        root = Path(trainer.default_root_dir).absolute()
+        self.made = [p for p in (root, *root.parents) if not p.exists()]
+        configs = (root / c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback))
+        self.new_configs = [path for path in configs if not path.exists()]
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt)
         refused = refusal(trainer, exception) is not None
         if not (refused or interrupted) or not trainer.is_global_zero:
             return
-        if trainer.logger is None:
-            return
         if trainer.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
             return  # ddp_spawn's main process, which does not train: rank 0 knows whether the run did
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return
-        if trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)
+        if trainer.logger is None:
+            removed = self._remove_new_configs()
+        elif trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)
             return
-        run_dir = Path(trainer.logger.log_dir)
+        else:
+            removed = self._remove_run_dir(Path(trainer.logger.log_dir))
+        if interrupted and removed is not None:  # Lightning says only that it shuts down: what became of it
+            line = "lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep"
+            print(f"{line}, {removed} removed", file=sys.stderr, flush=True)
+
+    def _remove_run_dir(self, run_dir: Path) -> Path | None:
         files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
         if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):
-            return
+            return None
         shutil.rmtree(run_dir, ignore_errors=True)
-        if interrupted:  # Lightning says only that it shuts down: what became of the run
-            line = "lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep"
-            print(f"{line}, {run_dir} removed", file=sys.stderr, flush=True)
+        return run_dir
+
+    def _remove_new_configs(self) -> Path | None:
+        written = [path for path in self.new_configs if path.is_file()]
+        for path in written:
+            path.unlink(missing_ok=True)
+        for folder in self.made:
+            try:
+                folder.rmdir()  # an empty one only: one that holds anything stays, and those above it
+            except OSError:
+                break
+        return written[0] if written else None
