@@ -27,11 +27,10 @@ from lightning import Trainer, seed_everything
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS, class_path, trainer_arguments
-from lit_ddp.callbacks.sinks import run_dir
+from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.compat import load_train_dataloader, set_collective_timeout
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
@@ -117,8 +116,8 @@ class SaveRunConfig(SaveConfigCallback):
         if self.already_saved:
             return
         log_dir = trainer.log_dir  # a broadcast, on every rank
-        wandb = isinstance(trainer.logger, WandbLogger)
-        folder = log_dir if log_dir is not None and not wandb else run_dir(trainer)
+        shared = isinstance(trainer.logger, SHARED_SAVE_DIR)
+        folder = log_dir if log_dir is not None and not shared else run_dir(trainer)
         if stage == "fit" and self.config.get("ckpt_path") is not None:
             started = trainer.ckpt_path  # resolved: None where `last` found no run and this one is new
             own = started is None or _within(str(started), str(folder))

@@ -301,3 +301,36 @@ def test_an_mlflow_store_that_cannot_be_used_is_one_line_before_the_run(tmp_path
         assert line.startswith(f"the MLflow tracking server {uri} does not answer (ConnectionError)")
         assert elapsed < 60  # MLflow's own retries take minutes
     assert not list(tmp_path.iterdir())  # stopped before the run made its folder
+
+
+@pytest.mark.timeout(300)
+def test_mlflow_on_a_file_store_keeps_each_runs_config_in_its_own_folder_beside_its_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trainer.log_dir is a file store's root for MLflow, which every run shares: each run's config.yaml
+    (and predict's rows) went there, over the last run's, and a resume read no config.yaml of its run (its
+    seed)."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    import yaml
+
+    from lit_ddp.cli import build_cli
+
+    store = tmp_path / "mlruns"
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store.as_uri()}"]
+    args = [*FIT, *logger, f"--trainer.default_root_dir={tmp_path}", "--seed_everything=true"]
+    runs = [Path(build_cli(args).trainer.checkpoint_callback.dirpath).parent for _ in range(2)]
+
+    def seed(run: Path) -> int:
+        return yaml.safe_load((run / "config.yaml").read_text())["seed_everything"]
+
+    assert runs[0] != runs[1] and all((run / "checkpoints" / "last.ckpt").is_file() for run in runs)
+    seeds = [seed(run) for run in runs]  # each run's own drawn seed
+    assert seeds[0] != seeds[1] and not (store / "config.yaml").exists()
+    # The resume of the newest run takes the seed its config.yaml records and leaves that file its own.
+    resumed = build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert Path(resumed.trainer.checkpoint_callback.dirpath).parent == runs[1]
+    assert resumed.config.fit.seed_everything == seeds[1] and seed(runs[1]) == seeds[1]
+    build_cli(["predict", *TINY_RUN, *logger, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path=last"])
+    (rows,) = store.glob("*/*/predictions.csv")
+    assert (rows.parent / "config.yaml").is_file() and not (store / "predictions.csv").exists()

@@ -18,10 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor
 
-from lit_ddp.callbacks.sinks import run_dir
+from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.errors import UserError
 from lit_ddp.utils import local_path
@@ -78,10 +77,10 @@ class PredictionWriter(Callback):
     @staticmethod
     def _run_dir(trainer: Trainer) -> str:
         # Trainer.log_dir (a broadcast, so every rank asks), or where it is not the run's folder (none for
-        # MLflow on a database, the save_dir of every run for W&B) the run's folder, beside its config.yaml,
-        # as rank 0 knows it.
+        # MLflow on a database, the save_dir of every run for W&B and an MLflow file store) the run's folder,
+        # beside its config.yaml, as rank 0 knows it.
         log_dir = trainer.log_dir
-        if log_dir is None or isinstance(trainer.logger, WandbLogger):
+        if log_dir is None or isinstance(trainer.logger, SHARED_SAVE_DIR):
             return trainer.strategy.broadcast(run_dir(trainer))
         return log_dir
 

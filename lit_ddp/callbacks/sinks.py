@@ -209,18 +209,21 @@ def sinks(trainer: Trainer) -> list[Sink]:
     return out
 
 
+SHARED_SAVE_DIR = (WandbLogger, MLFlowLogger)  # Trainer.log_dir is their save_dir, shared by every run
+
+
 def run_dir(trainer: Trainer) -> str:
     """The run's folder, where config.yaml is saved: ``Trainer.log_dir``'s rule, without its broadcast (a
     collective that would wait forever when only rank 0 asks). A logger with no local folder (MLflow on a
-    database or a server) has none there, and W&B's ``save_dir`` holds every run; its run's folder is then
-    the one its checkpoints/ go into (ModelCheckpoint's rule): ``save_dir/<experiment>/<run>``, under
-    ``default_root_dir`` without a ``save_dir``."""
+    database or a server) has none there, and the ``save_dir`` of W&B and of MLflow's file store holds every
+    run; its run's folder is then the one its checkpoints/ go into (ModelCheckpoint's rule):
+    ``save_dir/<experiment>/<run>``, under ``default_root_dir`` without a ``save_dir``."""
     if not trainer.loggers:
         return trainer.default_root_dir
     first = trainer.loggers[0]
     if isinstance(first, (TensorBoardLogger, CSVLogger)):
         found = first.log_dir
     else:
-        found = None if isinstance(first, WandbLogger) else first.save_dir
+        found = None if isinstance(first, SHARED_SAVE_DIR) else first.save_dir
     root = first.save_dir or trainer.default_root_dir
     return found or os.path.join(root, str(first.name), str(first.version))
