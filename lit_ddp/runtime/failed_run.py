@@ -16,6 +16,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
 
 
 def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | None:
@@ -55,7 +56,7 @@ class RemoveFailedRunDir(Callback):
             return
         # Before SaveConfigCallback's own setup (LightningCLI adds it after every other callback).
         root = Path(trainer.default_root_dir).absolute()
-        self.made = [p for p in (root, *root.parents) if not p.exists()]
+        self.made = missing_folders(root)
         configs = (root / c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback))
         self.new_configs = [path for path in configs if not path.exists()]
 
@@ -89,9 +90,5 @@ class RemoveFailedRunDir(Callback):
         written = [path for path in self.new_configs if path.is_file()]
         for path in written:
             path.unlink(missing_ok=True)
-        for folder in self.made:
-            try:
-                folder.rmdir()  # an empty one only: one that holds anything stays, and those above it
-            except OSError:
-                break
+        remove_empty_folders(self.made)
         return written[0] if written else None

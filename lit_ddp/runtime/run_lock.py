@@ -33,6 +33,23 @@ def _holder(path: Path) -> dict | None:
         return None  # being written this instant, or removed: judged on the next try
 
 
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and the folders above it that do not exist yet, deepest first: what a run will make, for
+    ``remove_empty_folders`` to take back if the run is refused."""
+    folder = folder.absolute()
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Removes ``folders`` (deepest first) while they are empty: one that holds anything stays, and those
+    above it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 class RunLock(Callback):
     """Holds ``run_dir`` for this process until ``release()``, the run fails, or the process exits. A
     callback so that a run that fails gives it back (and the folders it made for it, if left empty); the
@@ -45,8 +62,7 @@ class RunLock(Callback):
         self.made: list[Path] = []  # the folders this run creates above its run directory, deepest first
 
     def acquire(self) -> "RunLock":
-        folder = self.path.parent.absolute()
-        self.made = [p for p in (folder, *folder.parents) if not p.exists()]
+        self.made = missing_folders(self.path.parent)
         me = {"pid": os.getpid(), "host": socket.gethostname()}
         for attempt in range(3):
             try:  # the lock is the file's creation (O_EXCL), not a rename; a full disk is one line
@@ -79,11 +95,7 @@ class RunLock(Callback):
         holder = _holder(self.path)
         if holder is not None and holder.get("pid") == os.getpid():
             self.path.unlink(missing_ok=True)
-            for folder in self.made:  # a failed start leaves none of them: logs/, logs/<recipe>/
-                try:
-                    folder.rmdir()  # an empty one only: one that holds anything stays, and those above it
-                except OSError:
-                    break
+            remove_empty_folders(self.made)  # a failed start leaves none of them: logs/, logs/<recipe>/
         atexit.unregister(self.release)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
