@@ -297,6 +297,31 @@ def test_devices_minus_one_is_every_gpu_and_one_line_without_one(
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize("accelerator", ["mps", "tpu"])
+def test_devices_minus_one_on_apple_silicon_or_a_tpu_is_lightnings_to_count(
+    tmp_path: Path, monkeypatch, accelerator: str
+) -> None:
+    # A Mac's (or a TPU VM's) --trainer.devices=-1 got the CPU's line ("this machine has none"), while
+    # Lightning's auto runs it on MPS (or every TPU core).
+    import torch
+    from lightning.pytorch.accelerators import MPSAccelerator, XLAAccelerator
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: accelerator == "mps"))
+    monkeypatch.setattr(XLAAccelerator, "is_available", staticmethod(lambda: accelerator == "tpu"))
+    seen: list[tuple[object, str | None, list[str]]] = []
+
+    def spy(plan: RunPlan) -> list[str]:
+        seen.append((plan.devices, plan.other_accelerator, problems(plan)))
+        raise _Checked
+
+    monkeypatch.setattr("lit_ddp.cli.problems", spy)
+    with pytest.raises(_Checked):
+        main(["fit", *TINY_RUN, "--trainer.devices=-1"])
+    assert [(str(devices), other, found) for devices, other, found in seen] == [("-1", accelerator, [])], seen
+
+
 TORCHRUN = Launcher("torchrun", 2, 2, "--nnodes and --nproc_per_node")
 
 # (plan, the start of its line) for the rows that read the machine or the launcher that started the process:
@@ -339,6 +364,10 @@ MACHINE = [
         RunPlan(devices=-1, cuda_devices=0),
         "--trainer.devices=-1 means every GPU, and this machine has none: pass a number of CPU processes",
     ),
+    (  # a CPU run asked for, though the machine has MPS
+        RunPlan(accelerator="cpu", devices=-1, other_accelerator="mps"),
+        "--trainer.devices=-1 means every GPU, and --trainer.accelerator=cpu runs on the CPU",
+    ),
     (
         RunPlan(strategy="fsdp", cuda_devices=0),
         "--trainer.strategy=fsdp shards the model across CUDA GPUs, and this machine has none",
@@ -362,6 +391,7 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(accelerator="gpu", devices=2, cuda_devices=2),
         RunPlan(accelerator="gpu", devices=[0, 1], cuda_devices=2),
         RunPlan(devices=-1, cuda_devices=2),  # every GPU
+        RunPlan(devices=-1, other_accelerator="mps"),  # Apple silicon: Lightning's auto runs on MPS
         RunPlan(accelerator="cuda", devices="-1", cuda_devices=2),
         RunPlan(strategy="fsdp", cuda_devices=1),
         RunPlan(accelerator="cpu", devices=8, strategy="ddp", cuda_devices=0),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.accelerators import MPSAccelerator, XLAAccelerator
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import MLFlowLogger
 
@@ -35,6 +36,8 @@ WEIGHT_DTYPES = {"16-true": "float16", "bf16-true": "bfloat16", "64-true": "floa
 # What Lightning takes for --trainer.devices: a count, auto, -1 (every GPU), a list of indices or a text of
 # them ("0,1").
 DEVICES = re.compile(r"\s*(auto|-1|\[?\s*\d+(\s*,\s*\d+)*\s*,?\s*\]?)\s*")
+# The accelerators besides CUDA that Lightning's `auto` chooses where they are present.
+_OTHER_ACCELERATORS = (("tpu", XLAAccelerator), ("mps", MPSAccelerator))
 DEVICES_FIX = "pass a count (--trainer.devices=2), -1 or auto for all of them, or a list of indices ([0,1])"
 
 
@@ -159,6 +162,9 @@ class RunPlan:
     logger_dirs: tuple[str, ...] = ()
     mlflow_stores: tuple[tuple[str, str], ...] = ()  # (tracking URI, experiment) of each MLflow logger
     cuda_devices: int = 0  # this machine's
+    # This machine's other accelerator, "mps" (Apple silicon) or "tpu", which Lightning's `auto` picks and
+    # where devices=-1 means all of them, as on CUDA; None where it has neither.
+    other_accelerator: str | None = None
     launcher: Launcher | None = None  # what started this process, from the environment
     manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
     subcommand: str = "fit"
@@ -176,6 +182,7 @@ class RunPlan:
         cls,
         config,
         cuda_devices: int | None = None,
+        other_accelerator: str | None = None,
         environ=None,
         subcommand: str = "fit",
         checkpoint: dict | None = None,
@@ -183,10 +190,10 @@ class RunPlan:
         experiment: str | None = None,
     ) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
-        ``cuda_devices``: this machine's count, ``environ`` its environment, unless given; ``checkpoint``:
-        the ``ckpt_path`` file, loaded here (weights-only, memory-mapped) unless given; ``packages``: the
-        project's (``preflight.checkpoint.packages_of``); ``experiment``: the recipe's name, where the caller
-        has read it (``folders.place_runs``)."""
+        ``cuda_devices``: this machine's count, ``other_accelerator`` its MPS or TPU and ``environ`` its
+        environment, unless given; ``checkpoint``: the ``ckpt_path`` file, loaded here (weights-only,
+        memory-mapped) unless given; ``packages``: the project's (``preflight.checkpoint.packages_of``);
+        ``experiment``: the recipe's name, where the caller has read it (``folders.place_runs``)."""
         environ = os.environ if environ is None else environ
         checkpoint_problem = None
         if checkpoint is None:
@@ -200,6 +207,7 @@ class RunPlan:
         model_args = _get(_get(config, "model", {}), "init_args", {})
         if cuda_devices is None:
             cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            other_accelerator = next((name for name, cls in _OTHER_ACCELERATORS if cls.is_available()), None)
         return cls(
             accelerator=str(_get(trainer, "accelerator", "auto")),
             devices=_get(trainer, "devices", "auto"),
@@ -228,6 +236,7 @@ class RunPlan:
             logger_dirs=_logger_dirs(loggers),
             mlflow_stores=mlflow_stores(loggers),
             cuda_devices=cuda_devices,
+            other_accelerator=other_accelerator,
             launcher=launcher_world(environ),
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
             subcommand=subcommand,
@@ -273,7 +282,8 @@ def _no_devices(plan: RunPlan) -> str | None:
         return f"--trainer.devices={plan.devices} asks for no device: {DEVICES_FIX}"
     if isinstance(plan.devices, str | int) and not DEVICES.fullmatch(text):
         return f"--trainer.devices={plan.devices} is not a number of devices: {DEVICES_FIX}"
-    if text == "-1" and (plan.accelerator == "cpu" or (plan.accelerator == "auto" and not plan.cuda_devices)):
+    only_cpu = not (plan.cuda_devices or plan.other_accelerator)
+    if text == "-1" and (plan.accelerator == "cpu" or (plan.accelerator == "auto" and only_cpu)):
         cpu = (
             "this machine has none"
             if plan.accelerator == "auto"
