@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, TINY_RUN, WITH_PROBES, cli_env
 from test_mistakes import one_error_line
 
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.run_lock import RunLock, lock_path
 
@@ -98,6 +98,27 @@ def test_a_run_without_a_logger_refused_at_its_first_step_leaves_no_config_or_fo
         assert one_error_line(capsys, argv).startswith("non-finite loss or gradients at step 0")
     assert [p.name for p in tmp_path.iterdir()] == ["kept"]
     assert not any(kept.iterdir())
+
+
+def test_a_run_without_a_logger_refused_at_its_first_step_puts_back_the_config_it_wrote_over(
+    tmp_path: Path, capsys
+) -> None:
+    """Runs without a logger share their root folder's config.yaml: one refused at its first step (before
+    any update) wrote its own config over the earlier run's and left it there, so the root's config no longer
+    named the run whose checkpoints lie beside it."""
+    root = tmp_path / "logs"
+    earlier = ["fit", *TINY_RUN, "--trainer.logger=false", f"--trainer.default_root_dir={root}"]
+    main([*earlier, "--trainer.max_steps=1"])
+    config = root / "config.yaml"
+    before = config.read_bytes()
+    nan = [
+        "--trainer.callbacks+=fault_probe.Fault",
+        "--trainer.callbacks.action=nan",
+        "--trainer.callbacks.at_step=0",
+    ]
+    refused = [*earlier, *nan, "--seed_everything=123", "--data.batch_size=4"]
+    assert one_error_line(capsys, refused).startswith("non-finite loss or gradients at step 0")
+    assert config.read_bytes() == before
 
 
 def test_a_lock_from_another_host_names_the_file_to_delete(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
+from lit_ddp.writes import write_file
 
 
 def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | None:
@@ -43,12 +44,13 @@ class RemoveFailedRunDir(Callback):
     """On a refusal (above) or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C),
     rank 0 deletes the run directory if this run created every file in it and no checkpoint is among them:
     never a resumed run's directory, never a file from before this run. A run without a logger writes its
-    config into the root folder that such runs share: only a config this run added goes, and the folders it
-    made for it, left empty."""
+    config into the root folder that such runs share: a config this run added goes, with the folders it made
+    for it, left empty, and an earlier run's config it wrote over is put back as it was."""
 
     def __init__(self) -> None:
         self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
         self.new_configs: list[Path] = []
+        self.earlier_configs: dict[Path, bytes] = {}
         self.made: list[Path] = []  # deepest first
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -57,8 +59,9 @@ class RemoveFailedRunDir(Callback):
         # Before SaveConfigCallback's own setup (LightningCLI adds it after every other callback).
         root = Path(trainer.default_root_dir).absolute()
         self.made = missing_folders(root)
-        configs = (root / c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback))
+        configs = [root / c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback)]
         self.new_configs = [path for path in configs if not path.exists()]
+        self.earlier_configs = {path: path.read_bytes() for path in configs if path.is_file()}
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt)
@@ -70,7 +73,7 @@ class RemoveFailedRunDir(Callback):
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
             return
         if trainer.logger is None:
-            removed = self._remove_new_configs()
+            removed = self._undo_configs()
         elif trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)
             return
         else:
@@ -86,9 +89,12 @@ class RemoveFailedRunDir(Callback):
         shutil.rmtree(run_dir, ignore_errors=True)
         return run_dir
 
-    def _remove_new_configs(self) -> Path | None:
+    def _undo_configs(self) -> Path | None:
         written = [path for path in self.new_configs if path.is_file()]
         for path in written:
             path.unlink(missing_ok=True)
         remove_empty_folders(self.made)
+        for path, earlier in self.earlier_configs.items():
+            if path.is_file() and path.read_bytes() != earlier:
+                write_file(path, earlier, "the earlier run's config")
         return written[0] if written else None
