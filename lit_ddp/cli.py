@@ -48,7 +48,7 @@ from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
-from lit_ddp.runtime.quiet import quiet_console
+from lit_ddp.runtime.quiet import SEED_LINE, quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
@@ -246,6 +246,8 @@ class LitDDPCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         self._seed_drawn = _draw_seed(config)
+        # A resume of its own run seeds again, with the run's seed (_before_run): one seed line, that one.
+        SEED_LINE.defer(self._seed_drawn and subcommand == "fit" and config.get("ckpt_path") is not None)
         # The run's folders as the plan reads them: ~ and $VAR expanded, W&B's beside the other runs.
         experiment = place_runs(config) if subcommand else None
         # Every problem of the plan, a line each (main prints them), before anything is built: LightningCLI
@@ -360,6 +362,7 @@ class LitDDPCLI(LightningCLI):
         # `true` resuming a run of its own: the seed that run drew, for this process and the ranks it starts
         # (PL_GLOBAL_SEED) and for its config.yaml, which goes on recording it.
         seed = recorded_seed(resumed) if resumed is not None and self._seed_drawn else None
+        SEED_LINE.settle(reseeding=seed is not None)
         if seed is not None:
             self.config[self.subcommand]["seed_everything"] = seed_everything(seed, workers=True)
         if self.rendezvous is None:

@@ -413,6 +413,30 @@ def test_a_fit_resuming_its_own_run_with_seed_everything_true_keeps_the_seed_tha
     assert int(os.environ["PL_GLOBAL_SEED"]) != drawn  # a new run draws (two draws agree once in 2**32)
 
 
+def test_a_resume_with_seed_everything_true_prints_one_seed_line_the_runs_own(tmp_path: Path) -> None:
+    """Such a resume printed Lightning's "Seed set to" twice: the seed drawn at parse time, then, once the
+    run was found, the run's own. Only the second is true, and only it is printed now; a fit from another
+    run's checkpoint (a new run) prints its drawn seed, once."""
+    (tmp_path / "my.yaml").write_text("seed_everything: true\n")
+    args = ["fit", "--config", "my.yaml", *TINY_SHAPES, "--trainer.enable_progress_bar=false"]
+
+    def seed_lines(extra: list[str]) -> list[int]:
+        done = run_cli([*args, *extra], tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = (done.stdout + done.stderr).splitlines()
+        return [int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("Seed set to")]
+
+    first = seed_lines(["--trainer.max_epochs=1"])
+    (run_config,) = (tmp_path / "logs").rglob("config.yaml")
+    drawn = yaml.safe_load(run_config.read_text())["seed_everything"]
+    assert first == [drawn], first
+    assert seed_lines(["--trainer.max_epochs=2", "--ckpt_path=last"]) == [drawn]
+    last = next(run_config.parent.rglob("last.ckpt"))
+    tuned = seed_lines(["--trainer.max_epochs=3", f"--ckpt_path={last}", "--trainer.default_root_dir=tuned"])
+    (tuned_config,) = (tmp_path / "tuned").rglob("config.yaml")
+    assert tuned == [yaml.safe_load(tuned_config.read_text())["seed_everything"]], tuned
+
+
 def test_a_rank_lightnings_launcher_started_takes_the_seed_its_first_process_drew(monkeypatch) -> None:
     """Under --trainer.strategy=ddp each rank parses the command line again: a seed of its own would seed
     each rank otherwise. Outside a launcher, `false` and a number stay as given."""

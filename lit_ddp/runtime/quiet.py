@@ -168,11 +168,15 @@ class _SeedLine:
     """Lightning's "Seed set to N" held back until the Trainer is built. LightningCLI seeds before it builds
     the config's classes, so a mistake found there (a logger that cannot start) read as the seed line and
     then the one-line error; a run whose Trainer is built prints the seed line once, before the Trainer's
-    own lines. A filter on each of the two loggers (``hold`` and ``release``)."""
+    own lines. A filter on each of the two loggers (``hold`` and ``release``).
+
+    A fit that drew its seed and may resume a run of its own (``--ckpt_path``) holds the line until the
+    checkpoint is found (``defer``, then ``settle``): a resume seeds again with the run's recorded seed, and
+    its line is the one that is true."""
 
     def __init__(self) -> None:
         self.held: logging.LogRecord | None = None
-        self.releasing = False
+        self.releasing = self.deferred = False
 
     def hold(self, record: logging.LogRecord) -> bool:
         if self.releasing:
@@ -180,8 +184,8 @@ class _SeedLine:
         self.held = record
         return False
 
-    def release(self, record: logging.LogRecord) -> bool:
-        if self.held is not None:
+    def release(self, record: logging.LogRecord | None = None) -> bool:
+        if self.held is not None and not self.deferred:
             held, self.held = self.held, None
             self.releasing = True
             try:
@@ -189,6 +193,18 @@ class _SeedLine:
             finally:
                 self.releasing = False
         return True
+
+    def defer(self, until_settled: bool) -> None:
+        """Whether this command's held line waits for ``settle`` (set by each command: a refused one never
+        settles)."""
+        self.deferred = until_settled
+
+    def settle(self, reseeding: bool) -> None:
+        """Drop the held line where the run seeds again (its own line replaces it), else print it."""
+        self.deferred = False
+        if reseeding:
+            self.held = None
+        self.release()
 
 
 SEED_LINE = _SeedLine()
