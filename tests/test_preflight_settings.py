@@ -6,6 +6,8 @@ parser's keys and the classes' signatures. The lines themselves are the ones tes
 test_cli.py and test_scaffold.py assert through the whole CLI.
 """
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -173,11 +175,21 @@ def test_the_module_reads_no_message_text() -> None:
     assert "import re\n" not in Path(settings.__file__).read_text()
 
 
-def test_no_check_finds_fault_with_the_recipes_and_presets(monkeypatch) -> None:
-    """Every setting of the shipped configs fits its key, class and type: a check that flagged one would name
-    a setting that is not at fault in place of jsonargparse's line."""
+def test_no_check_finds_fault_with_the_recipes_presets_and_a_printed_config(
+    monkeypatch, tmp_path: Path
+) -> None:
+    """Every setting of the shipped configs, and of one `fit --print_config` writes, fits its key, class and
+    type: a check that flagged one would name a setting that is not at fault in place of jsonargparse's
+    line."""
     from jsonargparse import ArgumentError
     from lightning.pytorch.cli import LightningCLI
+
+    # Every default setting, as `fit --print_config` writes it (the README's first config): a Signals value
+    # read as a class name put every mistake of such a file on resilience.requeue_signal.
+    printed = tmp_path / "printed.yaml"
+    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
+        cli.main(["fit", "--print_config"])
+    printed.write_text(out.getvalue())
 
     def refuse(self, parser, args) -> None:
         raise ArgumentError(None, "refused")
@@ -186,6 +198,7 @@ def test_no_check_finds_fault_with_the_recipes_and_presets(monkeypatch) -> None:
     configs = sorted((REPO / "configs").glob("*.yaml"))
     presets = sorted((REPO / "configs" / "presets").glob("*.yaml"))
     runs = [[str(c)] for c in configs] + [[str(configs[0]), str(p)] for p in presets]
+    runs.append([str(printed)])
     for files in runs:
         with pytest.raises(cli.UserError) as err:
             cli.build_cli(["fit", *(arg for f in files for arg in ("--config", f))], run=True)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
-from jsonargparse import ArgumentError, ArgumentParser
+from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
 from lit_ddp.utils import NOT_SETTINGS, command_line, config_files, yaml_flow, yaml_key_line
 
@@ -251,8 +251,12 @@ def _classes(tp: object) -> list[type]:
             continue
         if origin is not None:
             found += [cls for arg in typing.get_args(member) for cls in _classes(arg)]
-        elif isinstance(member, type) and member not in TYPE_NAMES and not issubclass(member, os.PathLike):
-            found.append(member)
+        elif (
+            isinstance(member, type)
+            and member not in TYPE_NAMES
+            and not issubclass(member, os.PathLike | enum.Enum)
+        ):
+            found.append(member)  # an Enum is chosen by a member's name (SIGUSR1), not by a class path
     return list(dict.fromkeys(found))
 
 
@@ -571,7 +575,8 @@ def _required(ctx: Context, s: Setting) -> str | None:
     called = _called(ctx, s.key)  # its first argument comes from the class it is given to
     given = {x.key[len(s.key)] for x in ctx.settings if x.key[: len(s.key)] == s.key and x.key != s.key}
     defaults = _node(ctx.defaults, s.key)  # a project's default model may give its network
-    given |= set(defaults.get("init_args") or {}) if hasattr(defaults, "get") else set()
+    init_args = defaults.get("init_args") if hasattr(defaults, "get") else None
+    given |= set(vars(init_args) if isinstance(init_args, Namespace) else init_args or {})
     params = list(inspect.signature(cls).parameters.values())[1 if called else 0 :]
     missing = [
         p.name
