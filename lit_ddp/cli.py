@@ -196,6 +196,8 @@ class LitDDPCLI(LightningCLI):
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
         main_kwargs = {"prog": self.prog, "description": description(self.prog), **main_kwargs}
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if not add_subcommands:  # doctor's parser, given fit's configs: a printed one holds ckpt_path too
+            self.parser.add_method_arguments(self.trainer_class, "fit", skip=set(self.subcommands()["fit"]))
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         # A typo must not change what runs (jsonargparse would expand --trainer.max_epoch), and errors
@@ -254,6 +256,9 @@ class LitDDPCLI(LightningCLI):
         # reads the checkpoint's hyperparameters next, and jsonargparse would import what they name (only
         # what this command or lit_ddp trusts).
         packages = frozenset(packages_of(self.default_model, self.default_data))
+        if not subcommand and config.get("ckpt_path") is not None:  # doctor's: it trains from the start
+            config = config.clone()
+            config["ckpt_path"] = None
         plan = RunPlan.of(config, subcommand=subcommand or "fit", packages=packages, experiment=experiment)
         found = problems(plan)
         if found:

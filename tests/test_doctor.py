@@ -186,6 +186,25 @@ def test_a_gpu_world_this_machine_cannot_count_is_not_refused_a_batch_of_one_wit
     ), captured.out
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_the_doctor_reads_a_config_fit_printed(launches: dict[int, set[int]], capsys, resume: bool) -> None:
+    """`fit --print_config > my.yaml` then `doctor --config my.yaml` (the README's road) was refused: the
+    printed config holds fit's own arguments (ckpt_path, weights_only), which the doctor's parser lacked. A
+    resume's config names its checkpoint: the doctor says it is not read, and checks the training."""
+    from lit_ddp.cli import main
+
+    args = ["--checks=grads", "--data.train_size=64", "--trainer.accelerator=cpu"]
+    with pytest.raises(SystemExit):
+        main(["fit", "--print_config", *(["--ckpt_path=some/last.ckpt"] if resume else [])])
+    Path("my.yaml").write_text(capsys.readouterr().out)
+    with pytest.raises(Launched):
+        main(["doctor", "--config", "my.yaml", *args])
+    captured = capsys.readouterr()
+    assert launches and "lit_ddp: error" not in captured.err, captured.err
+    noted = "doctor: note: ckpt_path=some/last.ckpt is not read: the checks train from the start"
+    assert (noted in captured.out) == resume, captured.out
+
+
 def test_doctor_exits_1_naming_the_fix_when_a_check_fails(monkeypatch, capsys) -> None:
     # The checks' own failures are test_ddp_kit.py's: here what doctor does with a report that has one.
     from lit_ddp.testing import doctor as doctor_module

@@ -112,6 +112,8 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
         cli = parse([*rest, "--trainer.accelerator=cpu"])
         own = cli.parser.parse_args(rest)  # the config as fit reads it (parse only, nothing built)
     config = cli.config
+    if config.get("ckpt_path") is not None:  # a resume's config (fit --print_config --ckpt_path=...)
+        print(f"{prog}: note: ckpt_path={config['ckpt_path']} is not read: the checks train from the start")
     # The run's accelerator, not the checks' CPU: with devices=auto (or -1) it decides the world judged.
     config["trainer"]["accelerator"] = own.get("trainer", {}).get("accelerator", "auto")
     dm = cli.datamodule
