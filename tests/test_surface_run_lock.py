@@ -1,4 +1,5 @@
-"""One run at a time in a run directory: a second `fit --ckpt_path=last` on it refuses in one line."""
+"""One run at a time in a run directory (TensorBoard's, an MLflow or W&B run's): a second
+`fit --ckpt_path=last` on it refuses in one line."""
 
 import os
 import signal
@@ -11,6 +12,7 @@ import pytest
 import torch
 from conftest import REPO, TINY_RUN, WITH_PROBES, cli_env
 from test_mistakes import one_error_line
+from test_wandb import OFFLINE, offline_files, offline_wandb  # noqa: F401 (a fixture)
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.errors import UserError
@@ -192,3 +194,95 @@ def test_two_real_resumes_on_one_root_at_once_one_refuses_and_the_other_finishes
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert state["epoch"] == 2 and state["global_step"] == 6  # the winner's final state: 3 epochs × 2 steps
     assert not lock_path(run_dir).exists()
+
+
+def _snapshot(folder: Path) -> dict:
+    """Each file under ``folder``, by its path there, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_of_an_mlflow_run_held_by_another_process_refuses_and_leaves_the_run_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Two `fit --ckpt_path=last` of one MLflow run both went on in it, unlocked: the same checkpoints/ and
+    the same MLflow run, one run's final state lost. Its folder (on a file store MLflow's own run folder) is
+    held as a TensorBoard run's is, and MLflow still lists the experiment's runs beside the lock."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path / "mlruns"
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store.as_uri()}"]
+    base = [
+        "fit",
+        *TINY_RUN,
+        "--trainer.limit_val_batches=1",
+        *logger,
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    run_dir = Path(build_cli(base).trainer.checkpoint_callback.dirpath).parent
+    assert run_dir.parent.parent == store and not lock_path(run_dir).exists()  # released when the run ends
+    client = MlflowClient(store.as_uri())
+    experiment = run_dir.parent.name
+
+    def tracker_run() -> tuple:
+        (run,) = client.search_runs([experiment])  # one MLflow run: taking the lock started no other
+        history = client.get_metric_history(run.info.run_id, "val/acc")
+        return run.info.run_id, run.info.status, run.info.end_time, run.data.params, history
+
+    before = tracker_run(), _snapshot(run_dir)
+    assert before[0][0] == run_dir.name
+    holder = _holder(run_dir)
+    resume = [*base, "--trainer.max_epochs=2", "--ckpt_path=last"]
+    try:
+        assert (tracker_run(), _snapshot(run_dir)) == before  # the lock disturbs no listing of the store
+        line = one_error_line(capsys, resume)
+        assert line == (
+            f"{run_dir} is in use by another run (pid {holder.pid}): wait for it to finish, or start a new"
+            f" MLflow run: both would log into run {run_dir.name}"
+        )
+        assert (tracker_run(), _snapshot(run_dir)) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding the lock: a stale lock is left behind
+        holder.wait()
+    assert lock_path(run_dir).exists()
+    resumed = build_cli(resume)
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.logger.run_id == run_dir.name
+    assert not lock_path(run_dir).exists()
+    assert [m.step for m in tracker_run()[-1]] == [1, 3]  # both epochs in the one MLflow run
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("offline_wandb")
+def test_a_resume_of_a_wandb_run_held_by_another_process_refuses_and_leaves_the_run_as_it_was(
+    tmp_path: Path, capsys
+) -> None:
+    """As with MLflow: a resumed W&B run goes on in the same run id and the same checkpoints/."""
+    import wandb
+
+    logs = tmp_path / "logs"
+    base = ["fit", *TINY_RUN, "--trainer.limit_val_batches=1", *OFFLINE, f"--trainer.default_root_dir={logs}"]
+    first = build_cli(base)
+    wandb.finish()
+    capsys.readouterr()  # what W&B printed of that run
+    run_id = first.trainer.logger.version
+    run_dir = logs / "lightning_logs" / run_id
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and not lock_path(run_dir).exists()
+    before = _snapshot(run_dir), _snapshot(logs / "wandb")
+    holder = _holder(run_dir)
+    resume = [*base, "--trainer.max_epochs=2", "--ckpt_path=last"]
+    try:
+        line = one_error_line(capsys, resume)
+        assert line == (
+            f"{run_dir} is in use by another run (pid {holder.pid}): wait for it to finish, or start a new"
+            f" W&B run: both would log into run {run_id}"
+        )
+        assert (_snapshot(run_dir), _snapshot(logs / "wandb")) == before  # no W&B run was started
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    resumed = build_cli(resume)
+    wandb.finish()
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.logger.version == run_id
+    assert not lock_path(run_dir).exists() and len(offline_files(logs, run_id)) == 2

@@ -16,10 +16,14 @@ import time
 from pathlib import Path
 
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
+from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.writes import create_file, gone
+
+NEW_ROOT = "give this run another --trainer.default_root_dir"
 
 
 def lock_path(run_dir: Path) -> Path:
@@ -55,8 +59,9 @@ class RunLock(Callback):
     callback so that a run that fails gives it back (and the folders it made for it, if left empty); the
     copies that ranks receive hold nothing (the pid is the launcher's)."""
 
-    def __init__(self, run_dir: Path | str) -> None:
+    def __init__(self, run_dir: Path | str, fix: str = NEW_ROOT) -> None:
         self.run_dir = Path(run_dir)
+        self.fix = fix  # the refusal's other way out, besides waiting for the holder
         self.path = lock_path(self.run_dir)
         self.held = False
         self.made: list[Path] = []  # the folders this run creates above its run directory, deepest first
@@ -81,7 +86,7 @@ class RunLock(Callback):
                 stale = "" if same_host else f" (if no run is going on there, delete {self.path})"
                 raise UserError(
                     f"{self.run_dir} is in use by another run ({where}){stale}: wait for it to finish, or"
-                    " give this run another --trainer.default_root_dir"
+                    f" {self.fix}"
                 ) from None
             self.held = True
             atexit.register(self.release)
@@ -112,12 +117,26 @@ def launcher_rank_zero() -> bool:
 
 
 def hold_run_dir(trainer: Trainer) -> RunLock | None:
-    """The lock on the trainer's run directory (a versioned logger's ``log_dir``), taken by the process that
-    starts the run; None where there is no such directory or this is not that process."""
+    """The lock on the trainer's run directory, taken by the process that starts the run: a versioned
+    logger's ``log_dir``, or the folder of an MLflow or W&B run (``<save_dir>/<experiment>/<run id>``, where
+    its config.yaml and checkpoints/ go), whose resumes go on in one tracker run. None where there is no
+    such local directory or this is not that process."""
     logger = trainer.logger
-    if not isinstance(logger, TensorBoardLogger | CSVLogger) or not launcher_rank_zero():
+    if not launcher_rank_zero():
         return None
-    lock = RunLock(logger.log_dir).acquire()
+    if isinstance(logger, TensorBoardLogger | CSVLogger):
+        lock = RunLock(logger.log_dir)
+    elif isinstance(logger, SHARED_SAVE_DIR):
+        if isinstance(logger, WandbLogger) and logger.version is None:
+            _ = logger.experiment  # a new W&B run has its id once started; a resumed one is named by it
+        folder = run_dir(trainer)  # MLflow's run id: the run this logger logs into, started (or found) here
+        if not is_local_path(folder):
+            return None
+        tracker = "W&B" if isinstance(logger, WandbLogger) else "MLflow"
+        lock = RunLock(folder, f"start a new {tracker} run: both would log into run {logger.version}")
+    else:
+        return None
+    lock.acquire()
     # Resilience (resilience.py, which imports this module) releases it after its other parts on a failure.
     holder = next((c for c in trainer.callbacks if hasattr(c, "run_lock")), None)
     if holder is not None:
