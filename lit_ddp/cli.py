@@ -64,7 +64,8 @@ PROG = f"python -m {__package__}"
 DESCRIPTION = (
     "DDP image classification: fit, validate, test and predict (each with --help)."
     " `doctor --config X.yaml` checks that a config trains the same model on any device count"
-    " (doctor --help)."
+    " (doctor --help). `shard SRC DEST` writes a dataset as shards to stream from a folder or S3"
+    " (shard --help)."
 )
 
 

@@ -227,6 +227,7 @@ def test_a_mistyped_command_names_the_closest_and_help_names_the_program(capsys)
     assert stop.value.code == 0 and out.startswith("usage: python -m lit_ddp ")
     assert "fit,validate,test,predict" in out
     assert "`new DEST` generates a new project" in " ".join(out.split())
+    assert "`shard SRC DEST` writes a dataset as shards" in " ".join(out.split())  # it was not named
 
 
 @pytest.mark.slow
