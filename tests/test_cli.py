@@ -682,6 +682,13 @@ def test_the_console_shows_what_a_user_can_act_on_and_nothing_else(tmp_path: Pat
     assert "Epoch 1/1" in console and "global batch = 32 per device" in console
     assert "epoch 1/1 | train loss" in console
     assert "62.0 K trainable parameters, 0 frozen" in console
+    # The fit's last line: where its run went, and the checkpoints that --ckpt_path=best and last read.
+    (saved,) = [line for line in fit.stdout.splitlines() if line.startswith("run saved in ")]
+    folder, _, files = saved.removeprefix("run saved in ").partition(": best by val/acc ")
+    best, _, last = files.split(" ", 1)[1].partition(", last ")
+    assert last == "checkpoints/last.ckpt (--ckpt_path=last resumes it)", saved
+    assert folder == "logs/lightning_logs/version_0" and (tmp_path / folder / best).is_file(), saved
+    assert (tmp_path / folder / "checkpoints" / "last.ckpt").is_file()
     for noise in (
         "litlogger",
         "LeafSpec",

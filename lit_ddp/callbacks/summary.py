@@ -1,10 +1,14 @@
 """One console line per epoch, printed by rank 0 only: epoch, losses, accuracies, images/s, the share of step
-time spent waiting for data, time; and once per fit, when that share is high, the likely fixes."""
+time spent waiting for data, time; once per fit, when that share is high, the likely fixes; and at the end
+of a fit, where its run and checkpoints are."""
+
+import os
 
 from lightning import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import RunningStage
 
+from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.compat import batches_done, epoch_cut_short
 
 
@@ -26,6 +30,32 @@ def _budget_to_raise(trainer: Trainer) -> str:
     if any(seconds is not None and seconds <= 0 for seconds in remaining):
         return " and a larger --trainer.max_time"
     return ""
+
+
+def _shown(path: str, within: str | None = None) -> str:
+    """A local path as short as it reads: relative to ``within`` (else the working folder) under it."""
+    folder = os.path.abspath(within) if within is not None else os.getcwd()
+    if "://" in path or not os.path.abspath(path).startswith(folder + os.sep):
+        return path
+    return os.path.relpath(os.path.abspath(path), folder)
+
+
+def where_saved(trainer: Trainer) -> str:
+    """The fit's closing line: its run folder, and the checkpoints to evaluate or resume from there."""
+    folder = str(run_dir(trainer))
+    checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
+    # The first that monitors a metric is the one --ckpt_path=best reads (Lightning's choice too); one that
+    # monitors none keeps only its newest file (lit_ddp's last.ckpt: callbacks/last_checkpoint.py).
+    best = next((c for c in checkpoints if c.monitor and c.best_model_score is not None), None)
+    newest = [c.last_model_path or ("" if c.monitor else c.best_model_path) for c in checkpoints]
+    last = next(filter(None, newest), "")
+    parts = []
+    if best is not None and best.best_model_path:
+        score = f"{best.monitor} {float(best.best_model_score):.4f}"
+        parts.append(f"best by {score} {_shown(best.best_model_path, folder)}")
+    if last:
+        parts.append(f"last {_shown(last, folder)} (--ckpt_path=last resumes it)")
+    return f"run saved in {_shown(folder)}" + (f": {', '.join(parts)}" if parts else "")
 
 
 def _wait_hint(trainer: Trainer, wait: float) -> str | None:
@@ -64,9 +94,12 @@ class EpochSummary(Callback):
         self._trained = True
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._trained:
+            pl_module.print(where_saved(trainer))
+            return
         # A fit resumed from a finished run trains nothing (Lightning skips its training loop and says
         # which budget is reached): name the budget to raise, as for a run cut short.
-        if self._trained or not trainer.ckpt_path:
+        if not trainer.ckpt_path:
             return
         budget = _budget_to_raise(trainer)
         if not budget and trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch:

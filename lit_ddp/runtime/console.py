@@ -23,7 +23,7 @@ class Console(CallbackGroup):
         skipped_images: unreadable image files, gathered over the ranks and reported once per epoch.
         epoch_summary: one line per epoch: losses, accuracies, images/s, the share of step time spent
             waiting for data, time; and once, when that share is above ``wait_hint_above``, what would
-            feed the devices faster.
+            feed the devices faster; at the end of a fit, where its run folder and checkpoints are.
         progress_bar: Lightning's bar, counting epochs from 1, redrawn at most ten times a second.
         model_summary: the modules that hold parameters, and the totals.
     """
