@@ -123,6 +123,32 @@ def test_a_stopped_wandb_run_resumes_in_the_same_run_to_the_uninterrupted_weight
         torch.testing.assert_close(got["state_dict"][key], value, rtol=0, atol=0, msg=key)
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_a_ddp_spawn_wandb_run_resumes_in_the_same_run_and_folder(tmp_path: Path, offline_wandb) -> None:
+    """Under ddp_spawn the resume logged into a new W&B run with a checkpoints folder of its own: spawning
+    pickles the CLI's config with the trainer, and the logger there (the one the resume replaced) started a
+    W&B run without an id, which the resumed logger then joined. Now one run id, one folder, epoch 2 in it."""
+    spawn = ["--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    args = [*FIT, *spawn, *OFFLINE, "--trainer.logger.init_args.project=litddp"]
+    work = tmp_path / "work"
+    first = run_cli(args, cwd=work)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_cli([*args, "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=work)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    logs = work / "logs"
+    (run,) = (logs / "litddp").iterdir()
+    output = resumed.stdout + resumed.stderr
+    assert f"continuing W&B run {run.name} (project litddp)" in output
+    assert f"run saved in {run.relative_to(work)}" in output
+    assert len(offline_files(logs, run.name)) == 2  # the first run and its resume: one run id
+    assert {p.name.rsplit("-", 1)[-1] for p in (logs / "wandb").glob("offline-run-*")} == {run.name}
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert (last["epoch"], last["global_step"]) == (1, 2)  # the second epoch (from 0), one batch a rank each
+
+
 def test_tensorboards_last_leaves_a_wandb_run_in_the_same_recipe_folder_alone(tmp_path: Path, caplog) -> None:
     """W&B's default project is the recipe's name, so its runs' folders sit beside TensorBoard's version_N in
     logs/<recipe>/: TensorBoard's `last` took the newest of either and would have written its events into

@@ -137,6 +137,12 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
     else:
         return None
     lock.acquire()
+    if isinstance(logger, WandbLogger):
+        # Started here, in the process that spawns the ranks: ddp_spawn pickles the CLI's config with the
+        # trainer, and a logger there that a resume replaced (wandb_resume.py) would start a W&B run without
+        # an id, which this one would then join (a WandbLogger joins the W&B run in progress). After the
+        # lock: a refused run starts none.
+        _ = logger.experiment
     # Resilience (resilience.py, which imports this module) releases it after its other parts on a failure.
     holder = next((c for c in trainer.callbacks if hasattr(c, "run_lock")), None)
     if holder is not None:
