@@ -175,21 +175,11 @@ def test_the_module_reads_no_message_text() -> None:
     assert "import re\n" not in Path(settings.__file__).read_text()
 
 
-def test_no_check_finds_fault_with_the_recipes_presets_and_a_printed_config(
-    monkeypatch, tmp_path: Path
-) -> None:
-    """Every setting of the shipped configs, and of one `fit --print_config` writes, fits its key, class and
-    type: a check that flagged one would name a setting that is not at fault in place of jsonargparse's
-    line."""
+def test_no_check_finds_fault_with_the_recipes_and_presets(monkeypatch) -> None:
+    """Every setting of the shipped configs fits its key, class and type: a check that flagged one would name
+    a setting that is not at fault in place of jsonargparse's line."""
     from jsonargparse import ArgumentError
     from lightning.pytorch.cli import LightningCLI
-
-    # Every default setting, as `fit --print_config` writes it (the README's first config): a Signals value
-    # read as a class name put every mistake of such a file on resilience.requeue_signal.
-    printed = tmp_path / "printed.yaml"
-    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit):
-        cli.main(["fit", "--print_config"])
-    printed.write_text(out.getvalue())
 
     def refuse(self, parser, args) -> None:
         raise ArgumentError(None, "refused")
@@ -198,8 +188,38 @@ def test_no_check_finds_fault_with_the_recipes_presets_and_a_printed_config(
     configs = sorted((REPO / "configs").glob("*.yaml"))
     presets = sorted((REPO / "configs" / "presets").glob("*.yaml"))
     runs = [[str(c)] for c in configs] + [[str(configs[0]), str(p)] for p in presets]
-    runs.append([str(printed)])
     for files in runs:
         with pytest.raises(cli.UserError) as err:
             cli.build_cli(["fit", *(arg for f in files for arg in ("--config", f))], run=True)
         assert str(err.value).startswith("refused (see "), (files, err.value)
+
+
+RECIPES = [None, *sorted(p.name for p in (REPO / "configs").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r or "default")
+@pytest.mark.parametrize("command", ["fit", "validate", "test", "predict"])
+def test_no_check_finds_fault_with_any_config_print_config_writes(
+    monkeypatch, tmp_path: Path, command: str, recipe: str | None
+) -> None:
+    """What `COMMAND [--config RECIPE] --print_config` writes holds every default setting of that command:
+    the file a user edits. A check that flagged one put every mistake of the file on that setting (a
+    Signals value, requeue_signal: SIGUSR1, read as a class name), or ended in a traceback."""
+    from jsonargparse import ArgumentError
+    from lightning.pytorch.cli import LightningCLI
+
+    args = [command, *(["--config", str(REPO / "configs" / recipe)] if recipe else [])]
+    args += [] if command == "fit" else ["--ckpt_path=untrained"]
+    printed = tmp_path / "printed.yaml"
+    with contextlib.redirect_stdout(io.StringIO()) as out, pytest.raises(SystemExit) as done:
+        cli.main([*args, "--print_config"])
+    assert done.value.code in (0, None)
+    printed.write_text(out.getvalue())
+
+    def refuse(self, parser, args) -> None:
+        raise ArgumentError(None, "refused")
+
+    monkeypatch.setattr(LightningCLI, "parse_arguments", refuse)
+    with pytest.raises(cli.UserError) as err:
+        cli.build_cli([command, "--config", str(printed)], run=True)
+    assert str(err.value).startswith("refused (see "), err.value
