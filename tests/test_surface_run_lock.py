@@ -274,7 +274,10 @@ def test_a_resume_of_a_wandb_run_held_by_another_process_refuses_and_leaves_the_
     logs = tmp_path / "logs"
     base = ["fit", *TINY_RUN, "--trainer.limit_val_batches=1", *OFFLINE, f"--trainer.default_root_dir={logs}"]
     first = build_cli(base)
+    # W&B's service goes on writing the run's .wandb file after finish() returns: its exit is when it is done.
     wandb.finish()
+    wandb.teardown()
+    os.environ.pop("WANDB_SERVICE", None)  # its address: the resume below starts a service of its own
     capsys.readouterr()  # what W&B printed of that run
     run_id = first.trainer.logger.version
     run_dir = logs / "lightning_logs" / run_id
