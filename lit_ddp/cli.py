@@ -365,6 +365,9 @@ class LitDDPCLI(LightningCLI):
         config["ckpt_path"], resumed = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
         )
+        for callback in self.trainer.callbacks:  # each node resolves it alone: the ranks compare at setup
+            if isinstance(callback, Resilience):
+                callback.starts_from(ckpt_path, config["ckpt_path"])
         # `true` resuming a run of its own: the seed that run drew, for this process and the ranks it starts
         # (PL_GLOBAL_SEED) and for its config.yaml, which goes on recording it.
         seed = recorded_seed(resumed) if resumed is not None and self._seed_drawn else None

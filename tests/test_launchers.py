@@ -259,6 +259,83 @@ def test_torchrun_with_devices_left_out_is_one_clear_error_not_two_trainings(tmp
     assert not (tmp_path / "logs").exists()
 
 
+def two_nodes(args: list[str], cwds: list[Path], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """One torchrun per node, as on two machines: each in its own folder (a node's own disk), both on
+    loopback. A timeout is for a hang."""
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}"),
+                *("--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}"),
+                *("-m", "lit_ddp", "fit", *args, "--trainer.num_nodes=2", "--trainer.devices=1"),
+            ],
+            cwd=cwd,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, cwd in enumerate(cwds)
+    ]
+    try:
+        outs = [node.communicate(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+    return [
+        subprocess.CompletedProcess(n.args, n.returncode, *out) for n, out in zip(nodes, outs, strict=True)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_a_node_that_finds_no_run_to_resume_stops_the_job_with_one_line_instead_of_a_hang(
+    tmp_path: Path,
+) -> None:
+    """Each node resolves --ckpt_path=last on its own disk: the node without the run folder started a new run
+    while the other resumed, and both hung at the first collective they disagreed on."""
+    first, second = tmp_path / "node0", tmp_path / "node1"
+    first.mkdir()
+    second.mkdir()
+    trained = run([sys.executable, "-m", "lit_ddp", "fit", *RUN], cwd=first)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    last = first / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+
+    args = [*RUN, "--trainer.max_epochs=2", "--ckpt_path=last", "--trainer.strategy=ddp"]
+    nodes = two_nodes(args, [first, second])
+    line = (
+        "lit_ddp: error: --ckpt_path=last: the ranks found different checkpoints (rank 0 on"
+        f" {socket.gethostname()}: logs/lightning_logs/version_0/checkpoints/last.ckpt; rank 1 on"
+        f" {socket.gethostname()}: no checkpoint (a new run)): each node resolves --ckpt_path on its own"
+        " filesystem, so every node must see the same run folder: put --trainer.default_root_dir"
+    )
+    for node in nodes:
+        assert node.returncode != 0, node.stderr[-3000:]
+        assert node.stderr.count(line) == 1, node.stderr[-3000:]  # each node's log says it once
+    assert last.read_bytes() == before  # the run is as it was: nothing trained, nothing written over
+    assert not list(second.iterdir())  # and node 1 left no new run behind
+
+
+def test_the_line_for_ranks_that_disagree_groups_them_by_what_they_found() -> None:
+    from lit_ddp.runtime.same_checkpoint import _describe
+
+    last, stamp = "logs/r/version_3/checkpoints/last.ckpt", 1_796_000_000 * 10**9
+    views = [(f"node-{'ab'[r // 8]}", last, (1234, stamp)) for r in range(8)]
+    views += [(f"node-{r // 8}", None, None) for r in range(8, 32)]
+    assert (
+        _describe(views)
+        == f"ranks 0-7 on node-a: {last}; ranks 8-31 on node-1 and 2 more hosts: no checkpoint (a new run)"
+    )
+    # One path, two files (each node's own older run): what tells them apart.
+    views = [("a", last, (1234, stamp)), ("b", last, (999, stamp)), ("a", last, (1234, stamp))]
+    described = _describe(views)
+    assert described.startswith(f"ranks 0, 2 on a: {last} (1,234 bytes, modified 20")
+    assert f"; rank 1 on b: {last} (999 bytes, modified 20" in described
+
+
 def _trainer(devices: int = 1, num_nodes: int = 1, strategy: str = "auto"):
     from lightning import Trainer
 

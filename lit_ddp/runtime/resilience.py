@@ -16,6 +16,7 @@ from lit_ddp.runtime.faults import FaultMonitor, LostRankReport
 from lit_ddp.runtime.nan_guard import NanGuard
 from lit_ddp.runtime.preemption import DEFAULT_CHECK_EVERY_N_BATCHES, PreemptionCheckpoint
 from lit_ddp.runtime.run_lock import RunLock
+from lit_ddp.runtime.same_checkpoint import SameCheckpoint
 
 
 class Resilience(CallbackGroup):
@@ -32,7 +33,7 @@ class Resilience(CallbackGroup):
 
     Always on: a run stopped by bad input before its first step leaves no empty run folder; a fractional
     ``limit_val_batches``/``limit_test_batches``/``limit_predict_batches`` scores the same batches on every
-    rank; the run folder's lock is released when the run fails.
+    rank; every rank starts from the same checkpoint; the run folder's lock is released when the run fails.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class Resilience(CallbackGroup):
             (fault_monitor, FaultMonitor),
             (True, RemoveFailedRunDir),
             (True, EvenEvalLimits),
+            (True, SameCheckpoint),
         ]
         super().__init__(make() for on, make in parts if on)
         self.run_lock: RunLock | None = None  # taken before the run starts (cli.py): released last on failure
@@ -59,6 +61,10 @@ class Resilience(CallbackGroup):
         monitor = self.member(FaultMonitor)
         if monitor is not None:
             monitor.report = report
+
+    def starts_from(self, given: str | None, resolved: str | None) -> None:
+        """The ``--ckpt_path`` given and the file this rank resolved it to, for the ranks to compare."""
+        self.member(SameCheckpoint).starts_from(given, resolved)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
