@@ -7,11 +7,16 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 from helpers import s3
 from imagenet_tree import make_tree
 
@@ -19,6 +24,7 @@ from lit_ddp import writes
 from lit_ddp.cli import main
 
 s3_server = s3.s3_server  # the fixture: a moto server on 127.0.0.1
+slow_s3 = s3.slow_s3  # the fixture: that server behind a proxy that answers late
 
 
 @dataclass
@@ -209,6 +215,35 @@ def test_ctrl_c_or_sigterm_mid_shard_is_one_line_leaves_nothing_and_a_rerun_comp
     assert left() == []  # no partial shards, no lock, no DEST folder this run made
     monkeypatch.setattr(module, "_read_file", read)
     assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0
+
+
+def test_the_staging_folder_of_an_s3_shard_run_killed_outright_is_removed_by_the_next_run(
+    tmp_path: Path, capsys, monkeypatch, s3_server, slow_s3
+) -> None:
+    """An s3:// DEST's shards are staged whole in TMPDIR before they are uploaded: a run killed outright
+    (SIGKILL, the OOM killer, a node lost) left that folder, a dataset's size, for good, and every rerun
+    that was killed left one more. Killed here as its upload begins (every answer of the server late)."""
+    make_tree(tmp_path / "tree")
+    tmpdir, dest = tmp_path / "tmp", f"s3://{s3_server.bucket}/{tmp_path.name}"
+    tmpdir.mkdir()
+    slow_s3.delay = 2.0  # the upload waits on the server: the run is killed holding its whole staging folder
+    env = cli_env({**s3_server.env, "AWS_ENDPOINT_URL": slow_s3.url, "TMPDIR": str(tmpdir)})
+    command = [sys.executable, "-m", "lit_ddp", "shard", str(tmp_path / "tree"), dest, "--shard-mb=0.05"]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmpdir.glob("lit_ddp-shard-*/val/index.json")):  # staged whole, not yet uploaded
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            time.sleep(0.01)
+    finally:
+        run.kill()
+        run.communicate()
+    assert run.returncode == -signal.SIGKILL
+    s3_server.client().delete_object(Bucket=s3_server.bucket, Key=f"{tmp_path.name}/.lit_ddp-lock")  # as told
+    monkeypatch.setenv("TMPDIR", str(tmpdir))  # the rerun, in this process, on the same TMPDIR
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert shard(capsys, tmp_path / "tree", dest, "--shard-mb=0.05").returncode == 0
+    assert list(tmpdir.glob("lit_ddp-shard-*")) == []
 
 
 @pytest.mark.parametrize(

@@ -394,13 +394,41 @@ def _shard_into(
     """The conversion, DEST's lock held and DEST checked; ``still_ours``: S3's check that the lock is still
     this run's, before uploading and before publishing."""
     if is_remote(dest):
-        tmp = tempfile.TemporaryDirectory(prefix="lit_ddp-shard-")
-        work = Path(tmp.name)
-    else:
-        tmp = None
-        work = Path(dest) / PARTIAL
-        shutil.rmtree(work, ignore_errors=True)  # an interrupted run's: started over
-        work.mkdir(parents=True)
+        work = _staging()
+        with local_lock(work):  # held while this run lives: the next run's _staging leaves it alone
+            try:
+                return _shard_work(root, cifar, dest, shard_mb, workers, still_ours, work)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    work = Path(dest) / PARTIAL
+    shutil.rmtree(work, ignore_errors=True)  # an interrupted run's: started over
+    work.mkdir(parents=True)
+    manifest = _shard_work(root, cifar, dest, shard_mb, workers, still_ours, work)
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+STAGING = "lit_ddp-shard-"
+
+
+def _staging() -> Path:
+    """A new folder in TMPDIR for an s3:// DEST's shards until they are uploaded (a dataset's size). Those
+    that runs killed outright left there (SIGKILL, the OOM killer: no clean-up ran) are removed first: a
+    folder is a killed run's when its lock file is there and no process holds it."""
+    for old in Path(tempfile.gettempdir()).glob(STAGING + "*"):
+        try:
+            if old.stat().st_uid != os.getuid() or not (old / LOCK).is_file():
+                continue  # another user's, or one whose run is just starting
+            with local_lock(old):
+                shutil.rmtree(old)
+        except (UserError, OSError):
+            continue  # held by a live run, or not ours to remove
+    return Path(tempfile.mkdtemp(prefix=STAGING))
+
+
+def _shard_work(
+    root: Path, cifar: Path | None, dest: str, shard_mb: float, workers: int | None, still_ours, work: Path
+) -> dict:
     # CIFAR's pickles are read whole in this process; an ImageFolder tree's files by a pool of readers.
     pool = None if cifar is not None else ThreadPoolExecutor(workers or 4 * available_cpus())
     try:
@@ -419,10 +447,6 @@ def _shard_into(
     manifest = {"lit_ddp_shards": FORMAT_VERSION, "format": "mds", **meta, "splits": splits}
     encoded = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
     _publish(work, dest, list(splits), encoded, still_ours)
-    if tmp is not None:
-        tmp.cleanup()
-    else:
-        shutil.rmtree(work, ignore_errors=True)
     return manifest
 
 
