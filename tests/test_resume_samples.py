@@ -9,6 +9,7 @@ labels of the same step of one process with the whole batch (rank r takes every 
 
 import ast
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,8 @@ def test_a_mid_epoch_resume_with_other_samples_per_step_is_refused_in_one_line(t
     lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "cannot resume mid-epoch exactly: the checkpoint took 32 training samples per step" in lines[0]
+    # counted as the console counts epochs ("epoch 1/2", "stopped by SIGINT at epoch 1"), not from 0
+    assert re.search(r"over all devices \(\d+ of epoch 1 done\)", lines[0]), lines[0]
     assert "this run takes 16 (16 per device × 1): resume with --data.batch_size=32" in lines[0]
 
 
@@ -147,7 +150,9 @@ def test_the_state_counts_samples_over_all_ranks_and_old_checkpoints_still_load(
 
 def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
     state = {"epoch": 1, "samples": 96, "samples_per_step": 32, "epoch_complete": False, "batches": 3}
-    with pytest.raises(UserError, match=r"took 32 training samples per step .* this run takes 64"):
+    with pytest.raises(
+        UserError, match=r"took 32 training samples per step .*\(96 of epoch 2 done\), this run takes 64"
+    ):
         resumed_module(state, world_size=2, batch_size=32)
     with pytest.raises(UserError, match="resume on a device count that divides it"):
         resumed_module(state, world_size=3, batch_size=8)

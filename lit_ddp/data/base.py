@@ -783,7 +783,7 @@ class ImageDataModule(LightningDataModule):
             fix = f"resume with {per_device}" if per_device else "resume on a device count that divides it"
             raise UserError(
                 f"cannot resume mid-epoch exactly: the checkpoint took {saved_step} training samples per step"
-                f" over all devices ({samples} of epoch {epoch} done), this run takes {step}"
+                f" over all devices ({samples} of epoch {epoch + 1} done), this run takes {step}"
                 f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
             )
         if fitting and mid_epoch:
