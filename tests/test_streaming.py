@@ -263,11 +263,18 @@ def test_a_mid_epoch_resume_over_another_order_is_refused_in_one_line(
     tmp_path: Path, cifar_shards: Path
 ) -> None:
     """The checkpoint counts the samples its order had taken: over shards written again with another
-    --shard-mb, another hold-out or another window, the same count skips other samples. Refused; the
-    same shards and settings resume, and an epoch-end checkpoint starts the next epoch over any."""
+    --shard-mb, from another tree of as many samples (other images and labels: each shard as many samples
+    and bytes; it resumed), another hold-out or another window, the same count skips other samples. Refused;
+    the same shards (also sharded again) and settings resume, and an epoch-end checkpoint starts the next
+    epoch over any."""
+    from test_cifar10 import write_cifar10
+
     from lit_ddp.data.convert import convert
 
     convert(str(cifar_shards.parent / "src"), str(tmp_path / "resharded"), shard_mb=0.02)
+    convert(str(cifar_shards.parent / "src"), str(tmp_path / "again"), shard_mb=0.05)
+    write_cifar10(tmp_path / "other", per_batch=40, test_size=30, seed=1)
+    convert(str(tmp_path / "other"), str(tmp_path / "other_shards"), shard_mb=0.05)
 
     def module(url: Path = cifar_shards, **kwargs) -> StreamingDataModule:
         dm = StreamingDataModule(url=str(url), **{"val_size": 40, "batch_size": 8, **kwargs})
@@ -277,7 +284,7 @@ def test_a_mid_epoch_resume_over_another_order_is_refused_in_one_line(
     stopped = module()
     stopped._epoch, stopped._samples, stopped._batches = 1, 32, 4  # 4 batches of epoch 1 trained
     state = stopped.state_dict()
-    for changed in (dict(url=tmp_path / "resharded"), dict(window=2)):
+    for changed in (dict(url=tmp_path / "resharded"), dict(url=tmp_path / "other_shards"), dict(window=2)):
         with pytest.raises(UserError, match="cannot resume mid-epoch exactly") as err:
             module(**changed).load_state_dict(state)
         assert "\n" not in str(err.value) and "or from an epoch-end checkpoint" in str(err.value)
@@ -285,9 +292,10 @@ def test_a_mid_epoch_resume_over_another_order_is_refused_in_one_line(
     for epoch_complete in (False, True):
         with pytest.raises(UserError, match="has --data.val_size=30: resume with --data.val_size=40"):
             module(val_size=30).load_state_dict({**state, "epoch_complete": epoch_complete})
-    same = module()
-    same.load_state_dict(state)
-    assert same.resume_point == (1, 32)
+    before = {**state, "order": {k: v for k, v in state["order"].items() if k != "content"}}  # lit_ddp 0.2's
+    for same, saved in ((module(), state), (module(url=tmp_path / "again"), state), (module(), before)):
+        same.load_state_dict(saved)
+        assert same.resume_point == (1, 32)
     epoch_end = module(url=tmp_path / "resharded")
     epoch_end.load_state_dict({**state, "epoch_complete": True})
     assert epoch_end.resume_point == (2, 0)

@@ -730,6 +730,8 @@ class ImageDataModule(LightningDataModule):
                 f" with {then}, or train with other values in a new run (no --ckpt_path)"
             )
         saved, order = state_dict.get("order"), self.order_inputs()
+        if saved is not None and order is not None:  # what an older checkpoint did not record is not compared
+            saved, order = ({k: d[k] for k in saved.keys() & order.keys()} for d in (saved, order))
         if mid_epoch and saved is not None and order is not None and saved != order:
             count = "as many, but other samples or settings" if saved["samples"] == order["samples"] else None
             raise UserError(

@@ -300,9 +300,11 @@ class StreamingDataModule(ImageDataModule):
         return {**super().split_options(), "val_size": self.val_size}  # held out of train by the seed
 
     def order_inputs(self) -> dict | None:
-        """The train split's shards (their sizes: sharded again with another --shard-mb is another order),
-        its samples (the held-out val_size) and the window; None for a split someone wrapped. Other pixels
-        in shards of the same sizes are not told apart: nothing here reads them."""
+        """The train split's shards (their sample counts: sharded again with another --shard-mb is another
+        order), its samples (the held-out val_size) and the window; None for a split someone wrapped. And
+        what the shards hold (``content``: each one's bytes and the SHA-1 ``index.json`` records), so that
+        shards of another tree with as many samples in each are told apart; the same tree sharded again
+        gives the same bytes. A checkpoint saved without ``content`` is compared without it."""
         train = self.train_set
         if not isinstance(train, ShardImageDataset):
             return None
@@ -310,7 +312,16 @@ class StreamingDataModule(ImageDataModule):
         digest = hashlib.blake2b(sizes.tobytes(), digest_size=16)
         digest.update(np.asarray(train.positions, np.int64).tobytes())
         shards, samples = len(sizes), len(train.positions)
-        return {"shards": shards, "samples": samples, "window": self.window, "digest": digest.hexdigest()}
+        records = zip(train.samples.shards, train.samples.digests, strict=True)
+        held = [f"{size} {sha1 or ''}" for (_, size, _), sha1 in records]
+        content = hashlib.blake2b("\n".join(held).encode(), digest_size=16).hexdigest()
+        return {
+            "shards": shards,
+            "samples": samples,
+            "window": self.window,
+            "digest": digest.hexdigest(),
+            "content": content,
+        }
 
     def train_sampler(self, dataset: Dataset, num_replicas: int, rank: int) -> Sampler:
         """The shards' windowed (seed, epoch) order (``ShardOrderSampler``), started at ``resume_point``."""
