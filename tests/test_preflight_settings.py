@@ -141,6 +141,14 @@ ROWS = [
         "--data.help=lit_ddp.data.ShapeDataModule: no such class (lit_ddp.data has no ShapeDataModule): did"
         " you mean lit_ddp.data.ShapesDataModule?",
     ),
+    # A recipe's data class replaced on the command line (docs/streaming.md: "any recipe with
+    # --data=StreamingDataModule"): jsonargparse drops the recipe's keys the new class does not take, so the
+    # line names the mistake, not the recipe's data_dir (it was "c.yaml, line 3: unknown key data.data_dir").
+    (
+        ["fit", "--config", "{tmp}/c.yaml", "--data=StreamingDataModule", "--data.url=s", "--model.foo=1"],
+        {"c.yaml": "data:\n  class_path: lit_ddp.data.CIFAR10DataModule\n  init_args: {data_dir: data/}\n"},
+        "unknown option --model.foo:",
+    ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (
         ["fit", "--resilience.requeue_signal=SIGUSR3"],

@@ -308,6 +308,27 @@ def _given(ctx: Context, key: tuple[str, ...]) -> str | None:
     return next((value for value in given if isinstance(value, str)), None)
 
 
+def _class_replaced_after(ctx: Context, s: Setting) -> bool:
+    """Whether a later setting gives the class of ``s``'s top-level key another class than the one in effect
+    at ``s`` (a recipe's data, then ``--data=StreamingDataModule``): jsonargparse drops the arguments of
+    the earlier class that the later one does not take, so they are no mistake."""
+    base = ctx.bases.get(s.key[0])
+    if len(s.key) < 2 or not isinstance(base, type) or base in TYPE_NAMES or s.key[0] == "trainer":
+        return False
+    at = next(i for i, setting in enumerate(ctx.settings) if setting is s)
+
+    def chosen(settings: list[Setting]) -> str | None:
+        given = (x.value for x in reversed(settings) if x.key == s.key[:1] and not x.help)
+        return next((value for value in given if isinstance(value, str)), None)
+
+    later = chosen(ctx.settings[at + 1 :])
+    if later is None:
+        return False
+    earlier = chosen(ctx.settings[:at])
+    then = _named(earlier, [base]) if earlier else _default_class(ctx.defaults, s.key[:1]) or base
+    return _named(later, [base]) is not then
+
+
 def _called(ctx: Context, key: tuple[str, ...]) -> bool:
     """Whether ``key`` takes a callable (the model's network: it calls ``net(num_classes, ...)``)."""
     return any(typing.get_origin(t) is collections.abc.Callable for t in _flat(_place(ctx, key).annotation))
@@ -495,7 +516,7 @@ def _help_of(ctx: Context, s: Setting) -> str | None:
 
 def _unknown_key(ctx: Context, s: Setting) -> str | None:
     place = _place(ctx, s.key)
-    if place.known:
+    if place.known or _class_replaced_after(ctx, s):
         return None
     key, where = place.shown, s.where()
     what = f"unknown key {key}" if where else f"unknown option --{_option(key)}"
