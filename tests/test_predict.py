@@ -272,3 +272,28 @@ def test_predictions_stay_in_the_run_directory_and_never_replace_a_file(
     assert len((tmp_path / "out.csv").read_text().splitlines()) == 64
     build_cli([*args, "--predictions.filename=sub/p.csv"])
     assert len(list(root.rglob("sub/p.csv"))) == 1
+
+
+def test_predictions_from_image_folder_shards_name_each_rows_file(tmp_path: Path, capsys) -> None:
+    """Shards of an image folder keep each file's path: predictions.csv had rows of indices only, with no way
+    to tell which image a row was."""
+    from imagenet_tree import make_tree
+
+    from lit_ddp.data.convert import convert
+
+    special = make_tree(tmp_path / "tree")
+    convert(str(tmp_path / "tree"), str(tmp_path / "shards"), shard_mb=0.05)
+    data = [f"--data.url={tmp_path / 'shards'}", "--data.image_size=32", "--data.val_resize=36"]
+    data += ["--data.batch_size=4", "--data.num_workers=0"]
+    build_cli(
+        ["predict", "--data=StreamingDataModule", *data, *QUIET, "--ckpt_path=untrained"]
+        + [f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    )
+    rows = read_rows(tmp_path / "run")
+    corrupt = special["corrupt"].relative_to(tmp_path / "tree").as_posix()
+    tree = tmp_path / "tree"
+    files = sorted(p.relative_to(tree).as_posix() for p in (tree / "val").rglob("*"))
+    assert list(rows[0]) == ["index", "path", "prediction", "probability", "top5", "label"]
+    assert sorted(r["path"] for r in rows) == [f for f in files if f.endswith(".JPEG") and f != corrupt]
+    assert all(r["path"].split("/")[1] == r["label"] for r in rows)  # the label is the file's class folder
+    assert f"1 unreadable image(s) left out: {corrupt}" in capsys.readouterr().out

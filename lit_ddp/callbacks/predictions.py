@@ -185,7 +185,12 @@ class PredictionWriter(Callback):
 
     @staticmethod
     def _paths(dataset) -> list[str] | None:
-        return [p for p, _ in dataset.samples] if isinstance(dataset, ImageFileDataset) else None
+        """Each sample's file, by index: an image folder's, or a dataset's own ``file_paths()`` (shards of an
+        image folder keep them); None where the samples come from no files."""
+        if isinstance(dataset, ImageFileDataset):
+            return [p for p, _ in dataset.samples]
+        file_paths = getattr(dataset, "file_paths", None)
+        return file_paths() if callable(file_paths) else None
 
     def _names(self, indices: list[int], dataset, shown: int = 5) -> str:
         paths = self._paths(dataset)

@@ -121,6 +121,13 @@ class ShardImageDataset(Dataset):
         labels = torch.tensor(labels, dtype=torch.long)
         return Batch(x, labels, unreadable={i: e for i, e in enumerate(errors) if e})
 
+    def file_paths(self) -> list[str] | None:
+        """Each sample's file, relative to the folder ``shard`` read, in position order: what predictions.csv
+        names a row by. None for shards that keep no paths (CIFAR-10's, which come from no files)."""
+        if self.samples.header != 8:
+            return None
+        return [self.samples[int(index)].path for index in self.positions]
+
     def __getitem__(self, index: int):
         batch = self._batch([index])
         return batch.images[0], batch.labels[0]
