@@ -48,7 +48,7 @@ from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
-from lit_ddp.runtime.quiet import SEED_LINE, quiet_console
+from lit_ddp.runtime.quiet import SEED_LINE, quiet_args_given, quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
@@ -239,6 +239,12 @@ class LitDDPCLI(LightningCLI):
         for choice_parser in self._choice_parsers:
             choice_parser.set_defaults({k: v for k, v in defaults.items() if k not in picked})
         try:
+            if (validated := _without_print_config(argv)) is not None:
+                # jsonargparse prints the config before it validates it: a network argument without a
+                # default would be printed as null, and the printed file refused by fit. Validated first,
+                # a config fit refuses is refused here with fit's line (a project's resolved_config too).
+                with quiet_args_given():
+                    super().parse_arguments(parser, validated)
             super().parse_arguments(parser, args)
         except ArgumentError as err:
             # The class each top-level key takes, for the settings under it to be checked against.
@@ -443,6 +449,12 @@ def _user_error(exc: BaseException | None) -> BaseException | None:
     it instantiates the data module in its own ValueError, keeping ours in the exception chain."""
     ours = (e for e in exception_chain(exc) if isinstance(e, UserError | MisconfigurationException))
     return next(ours, None)
+
+
+def _without_print_config(argv: list[str]) -> list[str] | None:
+    """``argv`` without its ``--print_config[=flags]``; None when it asks for no printed config."""
+    kept = [a for a in argv if a != "--print_config" and not a.startswith("--print_config=")]
+    return kept if len(kept) < len(argv) else None
 
 
 def main(

@@ -11,6 +11,7 @@ from conftest import REPO, TINY_SHAPES, assert_single_run, read_scalars, run_cli
 
 from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
+from lit_ddp.errors import UserError
 from lit_ddp.models import LeNetCIFAR
 from lit_ddp.preflight import checkpoint_file
 from lit_ddp.runtime import resume
@@ -62,6 +63,45 @@ def test_print_config_shows_the_embedded_default(tmp_path: Path) -> None:
     result = run_cli(["fit", "--print_config"], cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "lit_ddp.models.LeNetCIFAR" in result.stdout and "lit_ddp.data.ShapesDataModule" in result.stdout
+
+
+DEPTH_NET = """from torch import nn
+
+
+class DepthNet(nn.Module):
+    def __init__(self, num_classes: int, depth: int) -> None:
+        super().__init__()
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, num_classes))
+"""
+
+
+@pytest.mark.parametrize("depth", ["left out", "null, as --print_config printed it"])
+def test_a_network_argument_without_a_default_is_named_by_print_config_and_by_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, depth: str
+) -> None:
+    """A network whose argument has no default, named in a recipe without it: --print_config printed the
+    recipe with `depth: null` and exited 0 (so a project's resolved_config, its test that every recipe
+    parses, passed a recipe fit refuses), and fit on that printed file said `Parser key "model": (see ...)`.
+    """
+    from lit_ddp.testing import resolved_config
+
+    (tmp_path / "depth_net.py").write_text(DEPTH_NET)
+    null = "\n      init_args:\n        depth: null" if depth.startswith("null") else ""
+    (tmp_path / "recipe.yaml").write_text(
+        "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args:\n    net:\n"
+        f"      class_path: depth_net.DepthNet{null}\n"
+    )
+    line = "recipe.yaml, line 4: model.net: DepthNet needs depth: set it under its init_args"
+    for args in (["fit", "--config", "recipe.yaml", "--print_config"], ["fit", "--config", "recipe.yaml"]):
+        result = run_cli(args, cwd=tmp_path, timeout=120)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert result.stderr.strip().splitlines()[-1] == f"lit_ddp: error: {line}", (args, result.stderr)
+        assert "depth" not in result.stdout, args  # nothing printed to run
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError) as err:
+        resolved_config(main, "--config", "recipe.yaml")
+    assert str(err.value) == line
 
 
 def test_a_mistyped_option_is_one_line_naming_the_closest_option(tmp_path: Path) -> None:

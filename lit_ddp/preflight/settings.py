@@ -594,7 +594,13 @@ def _required(ctx: Context, s: Setting) -> str | None:
         return None
     place = named[0]
     called = _called(ctx, s.key)  # its first argument comes from the class it is given to
-    given = {x.key[len(s.key)] for x in ctx.settings if x.key[: len(s.key)] == s.key and x.key != s.key}
+    # A null is no value: jsonargparse counts a required argument given null (--print_config writes one
+    # that has no default as null) as missing.
+    given = {
+        x.key[len(s.key)]
+        for x in ctx.settings
+        if x.key[: len(s.key)] == s.key and x.key != s.key and (x.value is not None or not x.file)
+    }
     defaults = _node(ctx.defaults, s.key)  # a project's default model may give its network
     init_args = defaults.get("init_args") if hasattr(defaults, "get") else None
     given |= set(vars(init_args) if isinstance(init_args, Namespace) else init_args or {})
