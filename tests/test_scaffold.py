@@ -875,6 +875,34 @@ def test_the_networks_num_classes_given_in_its_arguments_says_the_model_passes_i
     ), err.value
 
 
+def test_a_network_without_num_classes_is_told_to_take_it_not_to_drop_its_first_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A network whose first argument is not the number of classes (`def __init__(self, hidden=8)`, its head
+    fixed) set in a config: the line said "leave it out", after which the model built Net(num_classes) and
+    trained with hidden=num_classes, without a word."""
+    from lit_ddp.cli import build_cli
+
+    (tmp_path / "hidden_net.py").write_text(
+        "from torch import nn\n\n\nclass HiddenNet(nn.Module):\n"
+        "    def __init__(self, hidden: int = 8) -> None:\n        super().__init__()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = tmp_path / "default.yaml"
+    config.write_text(
+        "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args:\n    net:\n"
+        "      class_path: hidden_net.HiddenNet\n      init_args:\n        hidden: 4\n"
+    )
+    with pytest.raises(UserError) as err:
+        build_cli(["fit", "--config", str(config), "--print_config"], prog="python -m proj")
+    assert str(err.value) == (
+        f"{config}, line 7: unknown key model.init_args.net.init_args.hidden: hidden is the first argument of"
+        " hidden_net.HiddenNet, which the model fills with the number of classes (from the data): make"
+        " num_classes its first argument (def __init__(self, num_classes, hidden, ...)); if hidden is the"
+        " number of classes, leave it out"
+    )
+
+
 def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -> None:
     """`cruft update` leaves git's markers where it could not merge, exits 0 and `cruft check` passes: the
     project's tests (and its .ci/run, through lit_ddp.testing.conflicts) stop on them, naming the file."""

@@ -526,6 +526,12 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
         # The network's first argument is not an option: the model calls Net(num_classes, ...) with the
         # data's classes.
         name = f"{owner.__module__}.{owner.__qualname__}"
+        if first != "num_classes":  # left out, it would silently be given the number of classes
+            return (
+                f"{where}{what}: {first} is the first argument of {name}, which the model fills with the"
+                f" number of classes (from the data): make num_classes its first argument (def __init__(self,"
+                f" num_classes, {first}, ...)); if {first} is the number of classes, leave it out"
+            )
         return (
             f"{where}{what}: {first} is the first argument of {name}, which the model passes itself (the"
             " number of classes, from the data): leave it out"
