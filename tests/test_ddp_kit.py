@@ -359,6 +359,20 @@ def test_the_padding_warning_counts_the_repeats_per_device_count() -> None:
     assert "3 repeated on 4 devices, 7 repeated on 8 devices" in padding.measured
 
 
+@pytest.mark.parametrize("given", ["an instance", "the class"])
+def test_a_network_given_as_the_model_is_one_line_naming_its_classifier(given: str) -> None:
+    """The network a project's net.py holds, passed as the model (README's `model=MyModel()`): the line was
+    its multi-line repr and "pass an instance, a class, or a dict", which it already was."""
+    from lit_ddp.models.lenet import LeNet
+
+    with pytest.raises(UserError) as err:
+        check_ddp_invariants(LeNet(10) if given == "an instance" else LeNet, ShapesDataModule(**SHAPES))
+    assert str(err.value) == (
+        "model=LeNet is a network (an nn.Module), not a LightningModule: pass the model fit trains,"
+        " lit_ddp.models.ImageClassifier(net=LeNet, num_classes=N), or lit_ddp.testing.build(config)'s"
+    )
+
+
 class HoldsALock(ShapesDataModule):
     """A data module with an attribute no pickler takes."""
 

@@ -106,6 +106,13 @@ def _model(model) -> LightningModule:
         return model()
     if isinstance(model, dict) and "class_path" in model:
         return instantiate(model, LightningModule)
+    network = model if isinstance(model, type) else type(model)
+    if issubclass(network, nn.Module):  # the network alone, as a project's net.py holds it
+        raise UserError(
+            f"model={network.__name__} is a network (an nn.Module), not a LightningModule: pass the model fit"
+            f" trains, lit_ddp.models.ImageClassifier(net={network.__name__}, num_classes=N), or"
+            " lit_ddp.testing.build(config)'s"
+        )
     raise UserError(
         f"model={model!r} is not a LightningModule: pass an instance, a class, or a"
         ' {"class_path": ..., "init_args": {...}} dict'
