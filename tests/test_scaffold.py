@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import ctrl_c_while_importing, run_cli
+from conftest import cli_env, ctrl_c_while_importing, run_cli
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -901,6 +901,32 @@ def test_a_network_without_num_classes_is_told_to_take_it_not_to_drop_its_first_
         " num_classes its first argument (def __init__(self, num_classes, hidden, ...)); if hidden is the"
         " number of classes, leave it out"
     )
+
+
+def test_the_ci_conflict_check_runs_without_runpys_warning_or_torch(tmp_path: Path) -> None:
+    """A project's .ci/run runs `python -m lit_ddp.testing.conflicts .`: lit_ddp.testing imported the module
+    (and torch and Lightning, seconds) before runpy ran it, which printed "RuntimeWarning: 'lit_ddp.testing.
+    conflicts' found in sys.modules ... this may result in unpredictable behaviour" on every CI run."""
+    (tmp_path / "net.py").write_text("<<<<<<< ours\nx = 1\n=======\nx = 2\n>>>>>>> theirs\n")
+    probe = (
+        "import runpy, sys; sys.argv = ['conflicts', sys.argv[1]]\n"
+        "try:\n    runpy.run_module('lit_ddp.testing.conflicts', run_name='__main__', alter_sys=True)\n"
+        "finally:\n    print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)\n"
+    )
+    for argv in (["-m", "lit_ddp.testing.conflicts", str(tmp_path)], ["-c", probe, str(tmp_path)]):
+        result = subprocess.run(
+            [sys.executable, "-W", "error::RuntimeWarning", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=cli_env(),
+        )
+        assert result.returncode == 1, result.stderr
+        lines = result.stderr.splitlines()
+        assert lines[:3] == [
+            f"net.py:{n}: merge conflict marker (left by cruft update or git): resolve it" for n in (1, 3, 5)
+        ], result.stderr
+    assert lines[3:] == ["no torch"], result.stderr
 
 
 def test_conflict_markers_fail_the_projects_own_checks_by_name(tmp_path: Path) -> None:

@@ -46,9 +46,37 @@ The model and data module travel to the ranks pickled by value (cloudpickle): th
 script, a notebook or a test function.
 """
 
-from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants
-from lit_ddp.testing.config import build, instantiate, kit_settings, resolved_config
-from lit_ddp.testing.conflicts import conflict_markers
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lit_ddp.testing.checks import DDPInvariantWarning, Report, Row, check_ddp_invariants
+    from lit_ddp.testing.config import build, instantiate, kit_settings, resolved_config
+    from lit_ddp.testing.conflicts import conflict_markers
+
+# Each name from its module when first read: `python -m lit_ddp.testing.conflicts` (a project's .ci/run)
+# then runs without importing torch and Lightning, and without runpy's warning about a module the package
+# imported before running it as __main__.
+_MODULES = {
+    "DDPInvariantWarning": "checks",
+    "Report": "checks",
+    "Row": "checks",
+    "check_ddp_invariants": "checks",
+    "build": "config",
+    "instantiate": "config",
+    "kit_settings": "config",
+    "resolved_config": "config",
+    "conflict_markers": "conflicts",
+}
+
+
+def __getattr__(name: str):
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DDPInvariantWarning",
