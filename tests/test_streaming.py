@@ -306,7 +306,8 @@ def test_encoded_shards_crop_in_the_workers_and_refuse_a_val_size(tmp_path: Path
 
     make_tree(tmp_path / "tree")
     convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
-    with pytest.raises(UserError, match="have a val split of their own"):
+    # The fix that works where a recipe sets val_size, as the CIFAR ones do: "leave it out" did not.
+    with pytest.raises(UserError, match="have a val split of their own: pass --data.val_size=0 "):
         StreamingDataModule(url=str(tmp_path / "s"), val_size=5)
     args = dict(augmentation=RandomResizedCropFlip(), image_size=32, val_resize=36, strict=True)
     dm = StreamingDataModule(url=str(tmp_path / "s"), **args)
@@ -547,6 +548,39 @@ def test_a_file_missing_from_a_local_folder_is_named_after_a_short_wait_not_the_
         " then resume with --ckpt_path=last"
     )
     assert waits == list(LocalStore.missing_waits)
+
+
+@pytest.mark.parametrize("folder", ["split", "interrupted", "image_folder"])
+def test_a_url_at_a_folder_that_is_not_shards_says_what_it_is_and_the_url_to_pass(
+    tmp_path: Path, cifar_shards: Path, monkeypatch, folder: str
+) -> None:
+    """The three folders --data.url is pointed at by mistake each got the same line, to point it at shards."""
+    from lit_ddp.data.convert import PARTIAL
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(cifar_shards, "shards")
+    (Path("interrupted") / PARTIAL / "train").mkdir(parents=True)  # what a killed `shard` leaves in DEST
+    make_tree(Path("tree"), train_per_class=1, val_per_class=1)
+    url, why = {
+        "split": (
+            "shards/train",
+            "shards/train is the train split of the shards at shards: pass --data.url=shards",
+        ),
+        "interrupted": (
+            "interrupted",
+            "interrupted holds an interrupted `shard` run's .lit_ddp-partial (it writes lit_ddp.json last):"
+            " run `python -m lit_ddp shard SRC interrupted` again to complete it",
+        ),
+        "image_folder": (
+            "tree",
+            "tree is an image folder, not shards: shard it (`python -m lit_ddp shard tree DEST`, then"
+            " --data.url=DEST), or train from it as it is with --data=ImageNetDataModule"
+            " --data.data_dir=tree",
+        ),
+    }[folder]
+    with pytest.raises(UserError) as refused:
+        StreamingDataModule(url=url, retries=1)
+    assert str(refused.value) == f"no readable lit_ddp.json at {url}/lit_ddp.json: {why}"
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "server_stopped"])

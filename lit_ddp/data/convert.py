@@ -54,6 +54,7 @@ from lit_ddp.data.shards import (
     FOLDER_COLUMNS,
     INDEX,
     MANIFEST,
+    PARTIAL,
     SPLITS,
     S3Store,
     check_url_form,
@@ -64,7 +65,6 @@ from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
 from lit_ddp.writes import WriteError, advice, write_file
 
-PARTIAL = ".lit_ddp-partial"
 FORMAT_VERSION = 1
 
 

@@ -59,6 +59,7 @@ from lit_ddp.writes import WriteError, write_file
 
 MANIFEST = "lit_ddp.json"
 INDEX = "index.json"
+PARTIAL = ".lit_ddp-partial"  # where `shard` writes until it completes, inside DEST
 # MDS columns, in the order MDS stores them (sorted by name): variable-size first as uint32 sizes.
 COLUMNS = {"image": "bytes", "index": "int", "label": "int"}
 FOLDER_COLUMNS = {**COLUMNS, "path": "str"}  # ImageFolder shards also keep each file's relative path
@@ -309,6 +310,31 @@ def read_before_training(store, key: str, retries: int, url: str, said: Callable
         raise ShardError(problem or said(_why(err.__cause__))) from None
 
 
+def _no_manifest(url: str, name: str) -> str:
+    """The line for a --data.url with no manifest, saying what a local folder there is instead: the three
+    folders users point it at by mistake are one split of the shards, an interrupted ``shard``'s DEST and
+    the image folder itself."""
+    said = f"no readable {MANIFEST} at {name}"
+    folder = None if is_remote(url) else Path(url)
+    if folder is not None and (folder / INDEX).is_file() and (folder.parent / MANIFEST).is_file():
+        shards = folder.parent
+        return f"{said}: {url} is the {folder.name} split of the shards at {shards}: pass --data.url={shards}"
+    if folder is not None and (folder / PARTIAL).is_dir():
+        return (
+            f"{said}: {url} holds an interrupted `shard` run's {PARTIAL} (it writes {MANIFEST} last): run"
+            f" `python -m lit_ddp shard SRC {url}` again to complete it"
+        )
+    if folder is not None and (folder / "train").is_dir() and not (folder / "train" / INDEX).is_file():
+        return (
+            f"{said}: {url} is an image folder, not shards: shard it (`python -m lit_ddp shard {url} DEST`,"
+            f" then --data.url=DEST), or train from it as it is with --data=ImageNetDataModule"
+            f" --data.data_dir={url}"
+        )
+    return (
+        f"{said}: point --data.url at a folder or s3:// prefix written by `python -m lit_ddp shard SRC DEST`"
+    )
+
+
 def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT) -> dict:
     store = open_store(url, read_timeout)
     data = read_before_training(
@@ -316,10 +342,7 @@ def read_manifest(url: str, retries: int = 3, read_timeout: float = READ_TIMEOUT
         MANIFEST,
         retries,
         url,
-        lambda why: (
-            f"no readable {MANIFEST} at {store.name(MANIFEST)}: point --data.url at a folder or"
-            " s3:// prefix written by `python -m lit_ddp shard SRC DEST`"
-        ),
+        lambda why: _no_manifest(url, store.name(MANIFEST)),
     )
     manifest = parse_json(data, store.name(MANIFEST))
     try:

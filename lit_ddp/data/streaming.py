@@ -249,8 +249,8 @@ class StreamingDataModule(ImageDataModule):
             self.decode_images(decode, image_size, val_resize, draft, exif_transpose, ahead=decode_ahead)
         if "val" in self.splits and val_size != 0:
             raise UserError(
-                f"val_size={val_size}: the shards at {url} have a val split of their own: leave out"
-                " --data.val_size (it holds out training samples only for shards without one)"
+                f"val_size={val_size}: the shards at {url} have a val split of their own: pass"
+                " --data.val_size=0 (it holds out training samples only for shards without one)"
             )
         if "val" not in self.splits and val_size < 1:
             raise UserError(
