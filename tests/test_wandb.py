@@ -170,3 +170,28 @@ def test_tensorboards_last_leaves_a_wandb_run_in_the_same_recipe_folder_alone(tm
     assert f"resuming from {runs / 'version_0' / 'checkpoints' / 'last.ckpt'}" in caplog.messages
     assert resumed.trainer.logger.version == 0
     assert len(list(wandb_run.glob("events.out.tfevents.*"))) == 1  # the copy's own, none added
+
+
+def test_an_online_wandb_run_without_an_api_key_is_one_line_naming_login_and_offline(tmp_path: Path) -> None:
+    """README's `fit --trainer.logger=WandbLogger` on a machine not logged in to W&B, with no terminal to ask
+    for a key on (a batch job): W&B's UsageError came out as a 40-line traceback, exit 1. It is one line
+    with W&B's reason and both ways on (log in, or log offline), exit 2, and nothing is left under logs/."""
+    pytest.importorskip("wandb")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "NETRC": str(home / ".netrc"),  # none: W&B reads no key from it
+        "WANDB_API_KEY": "",
+        "WANDB_MODE": "online",
+        **{name: str(home / name.lower()) for name in ("WANDB_DIR", "WANDB_CONFIG_DIR", "WANDB_CACHE_DIR")},
+    }
+    work = tmp_path / "work"
+    proc = run_cli([*FIT, "--trainer.logger=WandbLogger", "--trainer.logger.init_args.project=shapes"],
+                   cwd=work, env=env, input="")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert "UsageError: No API key configured" in line
+    assert "`wandb login`" in line and "--trainer.logger.init_args.offline=true" in line
+    assert not (work / "logs").exists() or not any((work / "logs").rglob("*.ckpt"))

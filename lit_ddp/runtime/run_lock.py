@@ -116,6 +116,22 @@ def launcher_rank_zero() -> bool:
     return True
 
 
+def start_wandb_run(logger: WandbLogger) -> None:
+    """Starts (or joins) the logger's W&B run. W&B refusing the set-up (no API key and no terminal to ask
+    for one, as in a batch job; a key it does not accept) is one line with its reason and the ways on."""
+    from wandb.errors import Error as WandbError  # installed: the WandbLogger was created
+
+    try:
+        _ = logger.experiment
+    except WandbError as err:
+        reason = " ".join(str(err).split()).rstrip(".") or "(no message)"
+        raise UserError(
+            f"WandbLogger could not start its W&B run ({type(err).__name__}: {reason}): log in"
+            " (`wandb login`, or WANDB_API_KEY), or log offline with --trainer.logger.init_args.offline=true"
+            " (or WANDB_MODE=offline; `wandb sync` uploads the run later)"
+        ) from None
+
+
 def hold_run_dir(trainer: Trainer) -> RunLock | None:
     """The lock on the trainer's run directory, taken by the process that starts the run: a versioned
     logger's ``log_dir``, or the folder of an MLflow or W&B run (``<save_dir>/<experiment>/<run id>``, where
@@ -128,7 +144,7 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
         lock = RunLock(logger.log_dir)
     elif isinstance(logger, SHARED_SAVE_DIR):
         if isinstance(logger, WandbLogger) and logger.version is None:
-            _ = logger.experiment  # a new W&B run has its id once started; a resumed one is named by it
+            start_wandb_run(logger)  # a new W&B run has its id once started; a resumed one is named by it
         folder = run_dir(trainer)  # MLflow's run id: the run this logger logs into, started (or found) here
         if not is_local_path(folder):
             return None
@@ -142,7 +158,7 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
         # trainer, and a logger there that a resume replaced (wandb_resume.py) would start a W&B run without
         # an id, which this one would then join (a WandbLogger joins the W&B run in progress). After the
         # lock: a refused run starts none.
-        _ = logger.experiment
+        start_wandb_run(logger)
     # Resilience (resilience.py, which imports this module) releases it after its other parts on a failure.
     holder = next((c for c in trainer.callbacks if hasattr(c, "run_lock")), None)
     if holder is not None:
