@@ -218,6 +218,32 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_sbatch_sigusr1_after_the_last_epoch_says_the_fit_is_complete_and_does_not_requeue(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR1 as the run's last epoch ends (the time limit's warning came as it finished): the line said
+    "stopped by SIGUSR1 at the end of epoch 2 ...: resume with --ckpt_path=last" and rank 0 requeued the
+    job, whose next start found nothing to train. It says the fit is complete, and requeues nothing."""
+    script, env = slurm_job(tmp_path, "sbatch_single_node.sh", 1, 2)
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
+    done = run(
+        ["bash", str(script), *RUN, "--trainer.max_epochs=2", *probe, "--trainer.callbacks.at_epoch_end=1"],
+        tmp_path,
+        env,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "lit_ddp: SIGUSR1 came after the run's last training step, step 8: the fit is complete" in out
+    assert "resume with --ckpt_path=last" not in out and "stopped by" not in out, out[-3000:]
+    assert not (tmp_path / "scontrol.log").exists()  # no requeue: nothing is left to train
+    (last,) = tmp_path.glob("logs/lenet_shapes/version_*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
 @pytest.mark.timeout(500)
 def test_single_node_rendezvous_listens_on_loopback_only(tmp_path: Path) -> None:
     """Every socket a 2-process ``ddp`` run listens on is bound to 127.0.0.1 (torch's store would use all)."""

@@ -58,6 +58,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lit_ddp.callbacks.group import find_callback
 from lit_ddp.compat import (
     epoch_cut_short,
+    epochs_started_completed,
     request_stop,
     restore_stop_flag_broadcast,
     resume_inside_epoch,
@@ -268,6 +269,14 @@ class PreemptionCheckpoint(Callback):
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)
         stopped_by = self.stopped_by or "SIGTERM"
+        if fit_complete(trainer):
+            # The signal came as the last epoch ended: the checkpoint is the finished run, which a resume
+            # (or a requeued SLURM job) would only find nothing to train in.
+            rank_zero_info(
+                f"lit_ddp: {stopped_by} came after the run's last training step, step {trainer.global_step}:"
+                f" the fit is complete, saved {path}"
+            )
+            return
         rank_zero_info(
             f"lit_ddp: stopped by {stopped_by} {run_position(trainer)}: saved {path};"
             " resume with --ckpt_path=last"
@@ -383,6 +392,15 @@ def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
     )
     wrap = functools.partial(functools.partial, _run_rank, user_error_file)
     return wrap_spawn_launch(trainer.strategy, wrap, functools.partial(_ranks_running, user_error_file))
+
+
+def fit_complete(trainer: Trainer) -> bool:
+    """Whether the fit has reached its ``max_epochs`` (its last epoch ended) or its ``max_steps``."""
+    completed = epochs_started_completed(trainer)[1]
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    return (max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps) or (
+        max_epochs is not None and max_epochs >= 0 and completed >= max_epochs
+    )
 
 
 def _requeue_slurm_job() -> None:
