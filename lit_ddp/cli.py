@@ -30,6 +30,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.assembly import CALLBACKS, OPT_IN_CALLBACKS, class_path, trainer_arguments
+from lit_ddp.callbacks.group import find_callback
 from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.compat import load_train_dataloader, set_collective_timeout
 from lit_ddp.data import ImageDataModule
@@ -48,7 +49,7 @@ from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
 from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
-from lit_ddp.runtime.quiet import SEED_LINE, quiet_args_given, quiet_console
+from lit_ddp.runtime.quiet import SEED_LINE, QuietConsole, quiet_args_given, quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder
 from lit_ddp.runtime.run_lock import hold_run_dir
@@ -374,6 +375,9 @@ class LitDDPCLI(LightningCLI):
         for callback in self.trainer.callbacks:  # each node resolves it alone: the ranks compare at setup
             if isinstance(callback, Resilience):
                 callback.starts_from(ckpt_path, config["ckpt_path"])
+        quieting = find_callback(self.trainer.callbacks, QuietConsole)
+        if quieting is not None and isinstance(config["ckpt_path"], str | os.PathLike):
+            quieting.resumed = os.fspath(config["ckpt_path"])  # its folder's checkpoints are the run's own
         # `true` resuming a run of its own: the seed that run drew, for this process and the ranks it starts
         # (PL_GLOBAL_SEED) and for its config.yaml, which goes on recording it.
         seed = recorded_seed(resumed) if resumed is not None and self._seed_drawn else None

@@ -39,6 +39,7 @@ def test_the_filters_silence_their_messages_and_nothing_else() -> None:
         quiet.quiet_console()
         quiet.quiet_evaluation()
         resuming = quiet.quiet_exact_resume()
+        quiet.quiet_resumed_run("logs/lenet_cifar/version_0/checkpoints/last.ckpt")
         with quiet.quiet_args_given():
             for entry in quiet.EVERY_FILTER:
                 if entry.kind == "warning":
@@ -46,7 +47,13 @@ def test_the_filters_silence_their_messages_and_nothing_else() -> None:
         resuming.__exit__(None, None, None)
         warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
         warnings.warn(quiet.ARGS_GIVEN.example, UserWarning, stacklevel=1)  # only inside its block
-    assert [str(w.message) for w in caught] == ["a warning of the user's own", quiet.ARGS_GIVEN.example]
+        other_folder = "Checkpoint directory ckpts exists and is not empty."  # not the resumed run's
+        warnings.warn(other_folder, UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == [
+        "a warning of the user's own",
+        quiet.ARGS_GIVEN.example,
+        other_folder,
+    ]
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     infos = [q for q in quiet.CONSOLE if q.kind == "info"]
     assert infos and all(
@@ -142,3 +149,16 @@ def test_a_mixed_precision_fit_prints_its_model_size_without_lightnings_doubt(tm
     assert result.returncode == 0, result.stderr[-3000:]
     assert "not supported by the model summary" not in result.stderr, result.stderr[-3000:]
     assert re.search(r"trainable parameters, .* MB", result.stdout + result.stderr), result.stdout[-3000:]
+
+
+def test_a_resumed_fit_does_not_warn_that_its_own_checkpoint_folder_is_not_empty(tmp_path: Path) -> None:
+    """Every `fit --ckpt_path=last` (every requeue of a SLURM job) printed Lightning's warning, with its
+    source line, that logs/.../version_0/checkpoints "exists and is not empty": the folder of the run it
+    resumes, which holds the checkpoint it resumes from."""
+    args = ["fit", *CPU, *TINY_RUN, "--trainer.default_root_dir=logs"]
+    first = run_cli(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_cli([*args, "--trainer.max_epochs=2", "--ckpt_path=last"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from logs/lightning_logs/version_0/checkpoints/last.ckpt" in resumed.stderr
+    assert "exists and is not empty" not in resumed.stderr, resumed.stderr[-3000:]

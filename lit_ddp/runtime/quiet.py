@@ -14,6 +14,7 @@ Lightning's seed line is not silenced but held until the Trainer is built (``_Se
 
 import contextlib
 import logging
+import os
 import re
 import warnings
 from collections.abc import Iterator
@@ -128,6 +129,17 @@ EXACT_RESUME = Quiet(
     " loader's state_dict(), which it cannot see, so the warning would be false",
 )
 
+# A fit that goes on in the run folder of the checkpoint it resumes (quiet_resumed_run): that folder only.
+RESUMED_RUN = Quiet(
+    r"Checkpoint directory .* exists and is not empty\.",
+    "warning",
+    "lightning.pytorch.callbacks.model_checkpoint",
+    "exists and is not empty.",
+    "Checkpoint directory logs/lenet_cifar/version_0/checkpoints exists and is not empty.",
+    "a resumed fit goes on in its run's folder (runtime/resume.py), whose checkpoints are the ones it resumes"
+    " and keeps writing: the folder holds them by design, on every resume and requeue",
+)
+
 # While lit_ddp's own code builds the CLI from arguments of its own (quiet_args_given).
 ARGS_GIVEN = Quiet(
     r"LightningCLI's args parameter is intended to run from within Python",
@@ -141,7 +153,7 @@ ARGS_GIVEN = Quiet(
     " their own command's (or pytest's): that is what the args parameter is for",
 )
 
-EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, ARGS_GIVEN)
+EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, RESUMED_RUN, ARGS_GIVEN)
 
 # Loggers of another library whose records below ERROR are silenced, by the logger's name, for every command
 # (quiet_console): name -> why.
@@ -238,6 +250,15 @@ def quiet_exact_resume() -> warnings.catch_warnings:
     return context
 
 
+def quiet_resumed_run(checkpoint: str) -> None:
+    """Silence RESUMED_RUN for the folder of ``checkpoint``, the file a fit resumes, as ModelCheckpoint may
+    name it (as given, absolute, links resolved): a non-empty folder of any other path still warns."""
+    folder = os.path.dirname(checkpoint)
+    names = dict.fromkeys((folder, os.path.abspath(folder), os.path.realpath(folder)))
+    either = "|".join(re.escape(name) for name in names)
+    warnings.filterwarnings("ignore", message=rf"Checkpoint directory ({either}) exists and is not empty\.")
+
+
 @contextlib.contextmanager
 def quiet_args_given() -> Iterator[None]:
     """Silence ARGS_GIVEN inside the block (and nothing else, nor after it)."""
@@ -250,9 +271,15 @@ class QuietConsole(Callback):
     """The console filters in every process that runs a rank's work: ``main()`` sets them in the process it
     runs in, but ddp_spawn's ranks are fresh interpreters started by Lightning's launcher, and each would
     print what ``main()`` silences. In ``setup``: before any loader is built or checkpoint restored, where
-    the filtered messages come from; validate, test and predict add their own filters."""
+    the filtered messages come from; validate, test and predict add their own filters, and a fit the
+    checkpoint folder of the ``resumed`` file (set by the CLI once it has found it: Lightning sets
+    ``trainer.ckpt_path`` only after ``setup``)."""
+
+    resumed: str | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         quiet_console()
         if stage != "fit":
             quiet_evaluation()
+        elif self.resumed and os.path.dirname(self.resumed):
+            quiet_resumed_run(self.resumed)
