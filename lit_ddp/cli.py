@@ -372,9 +372,9 @@ class LitDDPCLI(LightningCLI):
         config["ckpt_path"], resumed = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
         )
-        for callback in self.trainer.callbacks:  # each node resolves it alone: the ranks compare at setup
-            if isinstance(callback, Resilience):
-                callback.starts_from(ckpt_path, config["ckpt_path"])
+        resilience = find_callback(self.trainer.callbacks, Resilience)
+        if resilience is not None:  # each node resolves it alone: the ranks compare at setup
+            resilience.starts_from(ckpt_path, config["ckpt_path"])
         quieting = find_callback(self.trainer.callbacks, QuietConsole)
         if quieting is not None and isinstance(config["ckpt_path"], str | os.PathLike):
             quieting.resumed = os.fspath(config["ckpt_path"])  # its folder's checkpoints are the run's own
