@@ -402,7 +402,7 @@ def test_a_checkpoint_of_another_model_class_than_the_explicit_one_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and err == [
         f"lit_ddp: error: --model=ArchClassifier, but {ckpt} holds a LeNetCIFAR: leave --model out (the"
-        " checkpoint decides the model) or pass a ArchClassifier checkpoint"
+        " checkpoint decides the model) or pass an ArchClassifier checkpoint"
     ]
     assert not (tmp_path / "eval").exists()
 

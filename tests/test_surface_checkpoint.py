@@ -93,7 +93,7 @@ def test_validating_another_models_checkpoint_with_the_default_model_named_is_re
         capsys, ["validate", *TINY_RUN, f"--ckpt_path={resnet}", "--model=LeNetCIFAR", root]
     )
     assert line == (
-        f"--model=LeNetCIFAR, but {resnet} holds a ArchClassifier: leave --model out (the checkpoint decides"
+        f"--model=LeNetCIFAR, but {resnet} holds an ArchClassifier: leave --model out (the checkpoint decides"
         " the model) or pass a LeNetCIFAR checkpoint"
     )
     # Its own class named, by short name or in full, is the checkpoint's: it is scored.

@@ -218,9 +218,10 @@ def checkpoint_model_overrides(
     saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
     if saved_class and chosen_class not in (saved_class, default_class):
         short, saved = chosen_class.rsplit(".", 1)[-1], saved_class.rsplit(".", 1)[-1]
+        a = lambda name: f"{'an' if name[:1] in 'AEIOU' else 'a'} {name}"  # noqa: E731 - "an ArchClassifier"
         raise UserError(
-            f"--model={short}, but {ckpt_path} holds a {saved}: leave --model out (the checkpoint decides"
-            f" the model) or pass a {short} checkpoint"
+            f"--model={short}, but {ckpt_path} holds {a(saved)}: leave --model out (the checkpoint decides"
+            f" the model) or pass {a(short)} checkpoint"
         )
     given = flatten(chosen.get("init_args") or {}, sep=".")
     default = flatten(defaults.get("init_args") or {}, sep=".")
