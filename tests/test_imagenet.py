@@ -237,6 +237,32 @@ def test_a_split_of_unreadable_files_is_refused_not_run_on_placeholders(tmp_path
         build_cli([*command, *args])
 
 
+def test_a_class_without_validation_images_has_no_class_accuracy_curve(tmp_path: Path) -> None:
+    """A val/ without one of train/'s class folders: TensorBoard drew val_class_acc/<that class> at 0.0
+    every epoch, a class the model seemed never to recognise, though no image of it was scored."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, wnid in enumerate(CLASSES if split == "train" else CLASSES[:2]):
+            (tmp_path / "data" / split / wnid).mkdir(parents=True)
+            for i in range(2):
+                draw(label, (80, 80), rng).save(tmp_path / "data" / split / wnid / f"{i}.JPEG")
+    args = [
+        "fit",
+        *small_run(tmp_path / "data", tmp_path / "logs"),
+        "--data.batch_size=3",
+        "--data.image_size=32",
+        "--data.val_resize=36",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+    ]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scalars = read_scalars(run_dirs(tmp_path / "logs")[0])
+    assert {k for k in scalars if k.startswith("val_class_acc/")} == {
+        f"val_class_acc/{c}" for c in CLASSES[:2]
+    }
+
+
 def test_macos_junk_and_hidden_entries_are_neither_classes_nor_images(tmp_path: Path) -> None:
     make_tree(tmp_path)
     junk = {str(p) for p in add_macos_junk(tmp_path)}

@@ -31,7 +31,7 @@ def counts_markdown(matrix: Tensor, names: list[str]) -> str:
 
 class ConfusionMatrix(Callback):
     """Logs ``val/confusion_matrix`` (image, and its counts as a text table) and ``val_class_acc/<class>``
-    (scalars) at each validation end.
+    (scalars; a class with no validation image has none) at each validation end.
 
     Beyond ``max_classes`` classes (ImageNet's 1000) a figure and per-class curves are unreadable: the
     per-class accuracies are logged as one histogram, ``val_class_acc``, instead.
@@ -79,14 +79,18 @@ class ConfusionMatrix(Callback):
             return
         matrix = self.metric.compute()  # (C, C) counts summed over ranks: a collective, on every rank
         per_class = matrix.diag().float() / matrix.sum(dim=1).clamp(min=1)  # accuracy (recall) per true class
+        # A class without validation images has no accuracy: 0 would read as a class never recognised.
+        seen = matrix.sum(dim=1) > 0  # the same on every rank: the matrix is summed over them
         names = class_names(trainer, matrix.shape[0])
         if len(names) <= self.max_classes:
             # Already whole-set values; sync_dist (an identity here) lets Lightning log them like val/*.
             scalars = {
-                f"val_class_acc/{n.replace('/', '_')}": a for n, a in zip(names, per_class, strict=True)
+                f"val_class_acc/{n.replace('/', '_')}": a
+                for n, a, has_images in zip(names, per_class, seen.tolist(), strict=True)
+                if has_images
             }
             pl_module.log_dict(scalars, on_step=False, on_epoch=True, sync_dist=True, batch_size=1)
-        self._write(trainer, matrix.cpu(), per_class.cpu(), names)
+        self._write(trainer, matrix.cpu(), per_class[seen].cpu(), names)
 
     @rank_zero_only
     def _write(self, trainer: Trainer, matrix: Tensor, per_class: Tensor, names: list[str]) -> None:
@@ -97,7 +101,7 @@ class ConfusionMatrix(Callback):
         if not targets:
             return
         if len(names) > self.max_classes:
-            for sink in targets:
+            for sink in targets if len(per_class) else ():
                 sink.values("val_class_acc", per_class, step)
             return
         figure, counts = confusion_figure(matrix, names), counts_markdown(matrix, names)
