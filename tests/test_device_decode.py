@@ -128,8 +128,29 @@ def test_a_batch_with_unreadable_files_is_dropped_and_reported_like_the_cpu_path
 
 
 def test_gpu_decode_with_worker_augmentations_is_one_clear_line(tree: Path) -> None:
-    with pytest.raises(UserError, match="--data.decode=gpu cannot run auto_augment"):
+    with pytest.raises(
+        UserError, match="--data.decode=gpu cannot run --data.augmentation.auto_augment=trivial"
+    ):
         data_module(tree, True, augmentation=RandomResizedCropFlip(auto_augment="trivialaugment"))
+
+
+def test_gpu_decode_with_the_modern_recipe_names_each_augmentation_to_turn_off(tmp_path: Path) -> None:
+    """The modern recipe sets auto_augment and random_erasing; the line said "drop those two", and a user who
+    passed --data.augmentation.auto_augment=none got the same line again, for the recipe's random_erasing."""
+    root = tmp_path / "data"
+    make_tree(root)
+    recipe = [f"--config={REPO / 'configs' / 'resnet50_imagenet_modern.yaml'}", f"--data.data_dir={root}"]
+    option = "--data.augmentation."
+    result = run_cli(["fit", *recipe, "--data.decode=gpu", f"{option}auto_augment=none"], cwd=tmp_path)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        f"lit_ddp: error: --data.decode=gpu cannot run {option}random_erasing=0.1 (per-image augmentation"
+        " in the loader workers, which then decode no image): pass --data.decode=cpu,"
+        f" or {option}random_erasing=0"
+    )
+    result = run_cli(["fit", *recipe, "--data.decode=gpu"], cwd=tmp_path)
+    assert f"cannot run {option}auto_augment=trivialaugment and {option}random_erasing=0.1 (" in result.stderr
+    assert result.stderr.rstrip().endswith(f"or {option}auto_augment=none {option}random_erasing=0")
 
 
 def test_the_older_gpu_decode_key_still_chooses_the_device_with_a_deprecation_line(tree: Path) -> None:

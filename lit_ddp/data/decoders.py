@@ -104,9 +104,15 @@ class DeviceDecode(ImageDecode):
     def __init__(self, *args, ahead: bool = True, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.sample_augment is not None:
+            # Each one that is on, and the value that turns it off (a recipe may set both).
+            crop, option = self.crop, "--data.augmentation."
+            on = [f"{option}auto_augment={crop.auto_augment}"] if crop.auto_augment != "none" else []
+            on += [f"{option}random_erasing={crop.random_erasing}"] if crop.random_erasing > 0 else []
+            off = [f"{option}auto_augment=none"] if crop.auto_augment != "none" else []
+            off += [f"{option}random_erasing=0"] if crop.random_erasing > 0 else []
             raise UserError(
-                "--data.decode=gpu cannot run auto_augment or random_erasing, which augment each image in the"
-                " workers: pass --data.decode=cpu, or drop those two"
+                f"--data.decode=gpu cannot run {' and '.join(on)} (per-image augmentation in the loader"
+                f" workers, which then decode no image): pass --data.decode=cpu, or {' '.join(off)}"
             )
         self.ahead = ahead
 
