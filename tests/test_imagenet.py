@@ -263,6 +263,37 @@ def test_a_class_without_validation_images_has_no_class_accuracy_curve(tmp_path:
     }
 
 
+def test_a_vit_given_crops_of_another_size_is_one_line_and_leaves_no_run_folder(tmp_path: Path) -> None:
+    """--model.arch=vit_b_16 with 32-pixel crops: torchvision's "AssertionError: Wrong image height!
+    Expected 224 but got 32!" traceback, exit 1, and a version_0 with config.yaml and hparams.yaml left."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, wnid in enumerate(CLASSES[:2]):
+            (tmp_path / "data" / split / wnid).mkdir(parents=True)
+            for i in range(2):
+                draw(label, (80, 80), rng).save(tmp_path / "data" / split / wnid / f"{i}.JPEG")
+    args = [
+        "fit",
+        *small_run(tmp_path / "data", tmp_path / "logs"),
+        "--model.arch=vit_b_16",
+        "--model.zero_init_residual=false",
+        "--data.batch_size=2",
+        "--data.image_size=32",
+        "--data.val_resize=36",
+        "--data.num_workers=0",
+        "--trainer.max_epochs=1",
+    ]
+    result = run_cli(args, cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert lines[-1] == (
+        "lit_ddp: error: VisionTransformer cannot take the data's 3×32×32 images (Wrong image height!"
+        " Expected 224 but got 32!): give the data the image size the network is built for"
+        " (--data.image_size), or choose a network for this size"
+    )
+    assert not list((tmp_path / "logs").rglob("*.yaml"))  # the failed start left no run folder behind
+
+
 def test_macos_junk_and_hidden_entries_are_neither_classes_nor_images(tmp_path: Path) -> None:
     make_tree(tmp_path)
     junk = {str(p) for p in add_macos_junk(tmp_path)}

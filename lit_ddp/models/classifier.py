@@ -287,10 +287,11 @@ class ImageClassifier(LightningModule):
         if self._input_fits:
             return self.net(x)
         # The first batch: images of a size the network was not built for (64 px into LeNet's 32) fail in
-        # torch's matmul with "mat1 and mat2 shapes cannot be multiplied" and a 60-line traceback.
+        # torch's matmul with "mat1 and mat2 shapes cannot be multiplied" and a 60-line traceback; a ViT
+        # built for one size (torchvision's, timm's) checks it with torch._assert: an AssertionError.
         try:
             logits = self.net(x)
-        except RuntimeError as err:
+        except (RuntimeError, AssertionError) as err:
             if isinstance(err, torch.OutOfMemoryError):
                 raise
             name, size = type(self.net).__name__, "×".join(map(str, x.shape[1:]))
