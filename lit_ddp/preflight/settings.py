@@ -315,7 +315,9 @@ def _class_replaced_after(ctx: Context, s: Setting) -> bool:
     base = ctx.bases.get(s.key[0])
     if len(s.key) < 2 or not isinstance(base, type) or base in TYPE_NAMES or s.key[0] == "trainer":
         return False
-    at = next(i for i, setting in enumerate(ctx.settings) if setting is s)
+    at = next((i for i, setting in enumerate(ctx.settings) if setting is s), None)
+    if at is None:  # a setting derived from one given (_help_of's, without its .help)
+        return False
 
     def chosen(settings: list[Setting]) -> str | None:
         given = (x.value for x in reversed(settings) if x.key == s.key[:1] and not x.help)
