@@ -250,3 +250,46 @@ def test_a_mid_epoch_resume_over_another_number_of_training_samples_is_refused_i
     grown = [*run, "--data.train_size=256", "--trainer.max_epochs=2", "--ckpt_path=last"]
     grown = run_cli(grown, cwd=tmp_path)
     assert grown.returncode == 0, grown.stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_data_module_fitted_again_in_the_same_process_trains_its_whole_first_epoch(tmp_path: Path) -> None:
+    """A data module used in one Trainer's fit, a resumed one above all, and then in another Trainer's fit (a
+    notebook, a sweep, a second stage of training) kept the first fit's resume point and sample count: the
+    fresh fit's first epoch trained only the samples after the old resume point, and its mid-epoch
+    checkpoint recorded the first fit's count (an epoch 'complete' after 3 of 4 steps)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+    from lit_ddp.models import ImageClassifier, LeNet
+
+    class Trained(Callback):
+        def __init__(self) -> None:
+            self.samples = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.samples += len(batch[1])
+
+    def fit(data: ShapesDataModule, *callbacks: Callback, ckpt_path: str | None = None) -> int:
+        trained = Trained()
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=tmp_path,
+            callbacks=[trained, *callbacks],
+        )
+        trainer.fit(ImageClassifier(net=LeNet), datamodule=data, ckpt_path=ckpt_path)
+        return trained.samples
+
+    data = ShapesDataModule(train_size=64, val_size=16, test_size=16, batch_size=16)  # 4 steps an epoch
+    every = dict(every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    assert fit(data, ModelCheckpoint(dirpath=tmp_path / "first", **every)) == 64
+    assert fit(data, ckpt_path=str(tmp_path / "first" / "step=2.ckpt")) == 32  # the 2 steps left
+    assert fit(data, ModelCheckpoint(dirpath=tmp_path / "again", **every)) == 64
+    state = torch.load(tmp_path / "again" / "step=3.ckpt", weights_only=True)["ShapesDataModule"]
+    assert (state["epoch"], state["samples"], state["epoch_complete"]) == (0, 48, False), state

@@ -181,6 +181,11 @@ class ImageDataModule(LightningDataModule):
         raise NotImplementedError(f"{type(self).__name__} must implement load_split(split) -> Dataset")
 
     def setup(self, stage: str) -> None:
+        if stage == "fit":
+            # Every fit counts from the start of its first epoch: a data module fitted before in this process
+            # (a notebook, a sweep) would otherwise start at that fit's resume point, and count on from its
+            # samples. A resumed fit's load_state_dict runs after setup and sets them from its checkpoint.
+            self._epoch, self._samples, self._batches, self._resume = 0, 0, 0, None
         if stage == "fit" and self.trainer is not None:
             t = self.trainer
             rank_zero_info(
