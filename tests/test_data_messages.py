@@ -533,3 +533,37 @@ def test_a_trainer_of_your_own_gets_the_splits_checks_too(tmp_path: Path, stage:
         else "the test split holds no sample: test would report no metric"
     )
     assert str(err.value).startswith(expected)
+
+
+@pytest.mark.parametrize("first", ["val", "train", "predict"])
+def test_a_data_modules_loaders_given_to_a_trainer_without_it_name_datamodule(first: str) -> None:
+    """``trainer.fit(model, dm.train_dataloader(), dm.val_dataloader())`` hands the model the loaders' uint8
+    images, never normalised (the data module's on_after_batch_transfer runs only for ``datamodule=dm``):
+    a first validation batch was 'LeNet cannot take the data's 3×32×32 images (Input type (unsigned
+    char) ...): give the data the image size the network is built for', a first training batch 'too many
+    values to unpack (expected 2)'."""
+    import lightning as L
+
+    from lit_ddp.models import ImageClassifier, LeNet
+
+    dm = ShapesDataModule(train_size=32, val_size=16, test_size=16, batch_size=8)
+    dm.setup("fit" if first != "predict" else "predict")
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=2 if first == "val" else 0,
+    )
+    model = ImageClassifier(net=LeNet)
+    with pytest.raises(UserError) as err:
+        if first == "predict":
+            trainer.predict(model, dm.predict_dataloader())
+        else:
+            trainer.fit(model, dm.train_dataloader(), dm.val_dataloader())
+    assert str(err.value).startswith("ImageClassifier got uint8 images, not normalised ones"), err.value
+    assert "pass datamodule=dm to the Trainer's fit, validate, test or predict" in str(err.value)
+    assert "\n" not in str(err.value)

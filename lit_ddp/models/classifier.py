@@ -286,6 +286,7 @@ class ImageClassifier(LightningModule):
             x = x.contiguous(memory_format=self.memory_format)
         if self._input_fits:
             return self.net(x)
+        self._check_normalised(x)
         # The first batch: images of a size the network was not built for (64 px into LeNet's 32) fail in
         # torch's matmul with "mat1 and mat2 shapes cannot be multiplied" and a 60-line traceback; a ViT
         # built for one size (torchvision's, timm's) checks it with torch._assert: an AssertionError.
@@ -397,8 +398,24 @@ class ImageClassifier(LightningModule):
                 f" (num_classes={max(high + 1, n)} or more), or labels from 0 to num_classes - 1"
             )
 
+    def _check_normalised(self, images: object) -> None:
+        """UserError for images that reach the model as uint8: a lit_ddp data module's loaders yield uint8
+        batches that its ``on_after_batch_transfer`` augments and normalises, a hook Lightning calls only for
+        the data module given to it. Its loaders given alone failed in the network, named as the wrong image
+        size, or on the training batch's third tensor."""
+        if isinstance(images, Tensor) and images.dtype == torch.uint8:
+            raise UserError(
+                f"{type(self).__name__} got uint8 images, not normalised ones: a lit_ddp data module"
+                " normalises (and augments) its batches in its on_after_batch_transfer hook, which Lightning"
+                " runs only for the data module itself: pass datamodule=dm to the Trainer's fit, validate,"
+                " test or predict, not dm.train_dataloader() and the like (a loader of your own: give float"
+                " images, normalised)"
+            )
+
     def _shared_step(self, batch: tuple[Tensor, Tensor], stage: str) -> tuple[Tensor, Tensor]:
         """The loss and the (B, num_classes) logits of one batch; updates the stage's metrics."""
+        if stage not in self._labels_fit and isinstance(batch, tuple | list) and batch:
+            self._check_normalised(batch[0])  # before the unpacking: a raw training batch has 3 tensors
         x, y = batch
         self._check_labels(y, stage)
         logits, loss = self._logits_and_loss(x, y, stage)
