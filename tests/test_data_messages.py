@@ -567,3 +567,16 @@ def test_a_data_modules_loaders_given_to_a_trainer_without_it_name_datamodule(fi
     assert str(err.value).startswith("ImageClassifier got uint8 images, not normalised ones"), err.value
     assert "pass datamodule=dm to the Trainer's fit, validate, test or predict" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("loader", ["train", "val", "test", "predict"])
+def test_a_data_modules_loader_asked_for_before_setup_says_to_call_setup(loader: str) -> None:
+    """``dm.train_dataloader()`` before any ``setup`` (a loop of your own, a look at a batch in a notebook)
+    raised RuntimeError "ShapesDataModule.setup() did not create this split": setup had never run."""
+    dm = ShapesDataModule(train_size=32, val_size=16, test_size=16, batch_size=8)
+    with pytest.raises(UserError) as err:
+        getattr(dm, f"{loader}_dataloader")()
+    assert str(err.value).startswith("ShapesDataModule's splits are not loaded: call dm.setup("), err.value
+    assert "\n" not in str(err.value)
+    dm.setup("predict" if loader == "predict" else "test" if loader == "test" else "fit")
+    assert len(getattr(dm, f"{loader}_dataloader")().dataset) > 0

@@ -421,13 +421,26 @@ class ImageDataModule(LightningDataModule):
         )
         return True
 
+    def _check_loaded(self, dataset: Dataset | None, split: str, stage: str) -> None:
+        """UserError for a loader asked for before any ``setup`` that loads its split (a loop of your own, a
+        look at a batch): a Trainer given the data module calls ``setup`` itself. With a Trainer, the base's
+        ``setup`` has refused a missing split already."""
+        if dataset is None and self.trainer is None:
+            raise UserError(
+                f"{type(self).__name__}'s splits are not loaded: call dm.setup({stage!r}) before its {split}"
+                " loader (a Trainer given datamodule=dm calls it)"
+            )
+
     def train_dataloader(self) -> DataLoader:
+        self._check_loaded(self.train_set, "train", "fit")
         return self._loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
+        self._check_loaded(self.val_set, "val", "fit")
         return self._loader(self.val_set, train=False)
 
     def test_dataloader(self) -> DataLoader:
+        self._check_loaded(self.test_set, "test", "test")
         return self._loader(self.test_set, train=False)
 
     @staticmethod
@@ -458,6 +471,7 @@ class ImageDataModule(LightningDataModule):
                 load = functools.partial(load_eval_crop, **sizes, exif_transpose=self.exif_transpose)
                 self.predict_set = ImageFileDataset(files, load, self.image_size)
         else:
+            self._check_loaded(self.test_set, "predict", "predict")
             self.predict_set = self.test_set
         if self.predict_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create the test split")
