@@ -526,3 +526,22 @@ def test_a_network_that_does_not_return_one_logits_tensor_per_class_is_one_line(
         UserError, match=rf"_Outputs returned {re.escape(said)}, not \(batch, num_classes=3\)"
     ):
         system(torch.randn(2, 3, 32, 32))
+
+
+def test_a_built_network_of_another_width_than_num_classes_names_num_classes_too() -> None:
+    """``ImageClassifier(net=MyNet(3))`` for 3-class data, num_classes left at its default of 10: the line
+    said to give the network a last layer of 10 outputs, the wrong fix; a network built from num_classes (a
+    class given as net) is still told about its last layer alone."""
+    import functools
+
+    system = ImageClassifier(net=nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 3)))
+    with pytest.raises(UserError) as err:
+        system(torch.randn(2, 3, 32, 32))
+    assert str(err.value) == (
+        "Sequential returned shape (2, 3), not (batch, num_classes=10) logits: give ImageClassifier"
+        " num_classes=3 if the data has 3 classes (a network passed built is not built from num_classes),"
+        " else a last layer with num_classes outputs"
+    )
+    composed = ImageClassifier(net=functools.partial(_Outputs, kind="wide"), num_classes=3)
+    with pytest.raises(UserError, match="its last layer with num_classes outputs$"):
+        composed(torch.randn(2, 3, 32, 32))

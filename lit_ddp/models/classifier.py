@@ -209,6 +209,7 @@ class ImageClassifier(LightningModule):
             # Arguments read from a file go to a network class only, never to a function.
             found = self._imported_net(net["class_path"], classes_only=True)
             net = functools.partial(found, **net.get("init_args", {}))
+        self._net_built_here = not isinstance(net, nn.Module)  # else num_classes did not shape it
         if not isinstance(net, nn.Module):
             _check_num_classes_first(net)
             # Composed: these arguments (the network's class_path and its own) are all a checkpoint needs.
@@ -313,9 +314,17 @@ class ImageClassifier(LightningModule):
             # width (1000 outputs for 10 classes) trained silently.
             tensor = isinstance(logits, Tensor)
             got = f"shape {tuple(logits.shape)}" if tensor else f"a {type(logits).__name__}"
+            fix = "return one tensor of logits from forward, its last layer with num_classes outputs"
+            if tensor and logits.ndim == 2 and not self._net_built_here:
+                # A module passed built: its width may be the data's classes, and num_classes the default.
+                width, system = logits.shape[1], type(self).__name__
+                fix = (
+                    f"give {system} num_classes={width} if the data has {width} classes (a network passed"
+                    " built is not built from num_classes), else a last layer with num_classes outputs"
+                )
             raise UserError(
                 f"{type(self.net).__name__} returned {got}, not (batch, num_classes={self.num_classes})"
-                " logits: return one tensor of logits from forward, its last layer with num_classes outputs"
+                f" logits: {fix}"
             )
         self._input_fits = True
         return logits
