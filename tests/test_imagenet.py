@@ -237,15 +237,20 @@ def test_a_split_of_unreadable_files_is_refused_not_run_on_placeholders(tmp_path
         build_cli([*command, *args])
 
 
+def two_per_class(root: Path, train: tuple[str, ...], val: tuple[str, ...]) -> None:
+    """train/ and val/ with two 80×80 JPEGs in each of the given class folders."""
+    rng = np.random.default_rng(0)
+    for split, classes in (("train", train), ("val", val)):
+        for wnid in classes:
+            (root / split / wnid).mkdir(parents=True)
+            for i in range(2):
+                draw(CLASSES.index(wnid), (80, 80), rng).save(root / split / wnid / f"{i}.JPEG")
+
+
 def test_a_class_without_validation_images_has_no_class_accuracy_curve(tmp_path: Path) -> None:
     """A val/ without one of train/'s class folders: TensorBoard drew val_class_acc/<that class> at 0.0
     every epoch, a class the model seemed never to recognise, though no image of it was scored."""
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for label, wnid in enumerate(CLASSES if split == "train" else CLASSES[:2]):
-            (tmp_path / "data" / split / wnid).mkdir(parents=True)
-            for i in range(2):
-                draw(label, (80, 80), rng).save(tmp_path / "data" / split / wnid / f"{i}.JPEG")
+    two_per_class(tmp_path / "data", CLASSES, CLASSES[:2])
     args = [
         "fit",
         *small_run(tmp_path / "data", tmp_path / "logs"),
@@ -266,12 +271,7 @@ def test_a_class_without_validation_images_has_no_class_accuracy_curve(tmp_path:
 def test_a_vit_given_crops_of_another_size_is_one_line_and_leaves_no_run_folder(tmp_path: Path) -> None:
     """--model.arch=vit_b_16 with 32-pixel crops: torchvision's "AssertionError: Wrong image height!
     Expected 224 but got 32!" traceback, exit 1, and a version_0 with config.yaml and hparams.yaml left."""
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for label, wnid in enumerate(CLASSES[:2]):
-            (tmp_path / "data" / split / wnid).mkdir(parents=True)
-            for i in range(2):
-                draw(label, (80, 80), rng).save(tmp_path / "data" / split / wnid / f"{i}.JPEG")
+    two_per_class(tmp_path / "data", CLASSES[:2], CLASSES[:2])
     args = [
         "fit",
         *small_run(tmp_path / "data", tmp_path / "logs"),
