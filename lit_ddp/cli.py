@@ -376,8 +376,8 @@ class LitDDPCLI(LightningCLI):
         if resilience is not None:  # each node resolves it alone: the ranks compare at setup
             resilience.starts_from(ckpt_path, config["ckpt_path"])
         quieting = find_callback(self.trainer.callbacks, QuietConsole)
-        if quieting is not None and isinstance(config["ckpt_path"], str | os.PathLike):
-            quieting.resumed = os.fspath(config["ckpt_path"])  # its folder's checkpoints are the run's own
+        if quieting is not None and resumed is not None:  # going on in that run: its checkpoints are its own
+            quieting.resumed = os.fspath(config["ckpt_path"])
         # `true` resuming a run of its own: the seed that run drew, for this process and the ranks it starts
         # (PL_GLOBAL_SEED) and for its config.yaml, which goes on recording it.
         seed = recorded_seed(resumed) if resumed is not None and self._seed_drawn else None

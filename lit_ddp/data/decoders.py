@@ -105,14 +105,17 @@ class DeviceDecode(ImageDecode):
         super().__init__(*args, **kwargs)
         if self.sample_augment is not None:
             # Each one that is on, and the value that turns it off (a recipe may set both).
-            crop, option = self.crop, "--data.augmentation."
-            on = [f"{option}auto_augment={crop.auto_augment}"] if crop.auto_augment != "none" else []
-            on += [f"{option}random_erasing={crop.random_erasing}"] if crop.random_erasing > 0 else []
-            off = [f"{option}auto_augment=none"] if crop.auto_augment != "none" else []
-            off += [f"{option}random_erasing=0"] if crop.random_erasing > 0 else []
+            settings = (
+                ("auto_augment", self.crop.auto_augment, "none"),
+                ("random_erasing", self.crop.random_erasing, 0),
+            )
+            on = [
+                (f"--data.augmentation.{name}", value, off) for name, value, off in settings if value != off
+            ]
             raise UserError(
-                f"--data.decode=gpu cannot run {' and '.join(on)} (per-image augmentation in the loader"
-                f" workers, which then decode no image): pass --data.decode=cpu, or {' '.join(off)}"
+                f"--data.decode=gpu cannot run {' and '.join(f'{o}={v}' for o, v, _ in on)} (per-image"
+                " augmentation in the loader workers, which then decode no image): pass --data.decode=cpu,"
+                f" or {' '.join(f'{o}={off}' for o, _, off in on)}"
             )
         self.ahead = ahead
 
