@@ -4,6 +4,7 @@ plain; paths expanded as a shell would."""
 import dataclasses
 import functools
 import os
+import pickle
 import random
 import re
 import sys
@@ -11,6 +12,7 @@ import types
 from pathlib import Path, PurePath
 
 import lightning as L
+import torch
 import yaml
 
 from lit_ddp.errors import UserError
@@ -72,6 +74,22 @@ def imported(name: str) -> object | None:
                 found = getattr(found, attribute, None)
             return found
     return None
+
+
+def saved_subclass(checkpoint_path, cls: type, key: str) -> type | None:
+    """The subclass of ``cls`` that a LightningCLI checkpoint names (``_class_path`` under ``key``), where it
+    is imported; None where the file names ``cls`` itself or none, or is not a local file this can read
+    (Lightning's own load then says what is wrong with it). Lightning builds the class named there only for
+    a class that takes ``**kwargs``; lit_ddp's typed base classes take the subclass's load instead."""
+    if not isinstance(checkpoint_path, str | os.PathLike) or not os.path.isfile(checkpoint_path):
+        return None
+    try:
+        saved = torch.load(checkpoint_path, map_location="cpu", weights_only=True, mmap=True).get(key)
+    except (pickle.UnpicklingError, RuntimeError, OSError, AttributeError):
+        return None
+    name = saved.get("_class_path") if isinstance(saved, dict) else None
+    named = imported(name) if isinstance(name, str) else None
+    return named if isinstance(named, type) and issubclass(named, cls) and named is not cls else None
 
 
 def per_device_batch_size(trainer: L.Trainer) -> int:

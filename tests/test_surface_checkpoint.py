@@ -270,6 +270,23 @@ def test_the_cli_takes_a_checkpoint_saved_from_python_as_the_model_it_names(tmp_
     assert line.endswith("do not fit lit_ddp.models.LeNetCIFAR: pass --model=<the class it was saved from>")
 
 
+def test_the_base_class_loads_a_cli_checkpoint_of_a_subclass_as_that_subclass(tmp_path: Path) -> None:
+    """`ImageClassifier.load_from_checkpoint` on a `--model=LeNetCIFAR` run's checkpoint stopped on
+    jsonargparse's "the following arguments are required: module.net": Lightning drops the class the
+    checkpoint names for a class without **kwargs before it builds one, and built the base class."""
+    from lit_ddp.data import ImageDataModule, ShapesDataModule
+    from lit_ddp.models import ImageClassifier, LeNetCIFAR
+
+    build_cli(["fit", *TINY_RUN, f"--trainer.default_root_dir={tmp_path}"])
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    model = ImageClassifier.load_from_checkpoint(ckpt)
+    assert type(model) is LeNetCIFAR
+    saved = torch.load(ckpt, weights_only=True)["state_dict"]
+    assert all(torch.equal(model.state_dict()[key], value) for key, value in saved.items())
+    assert type(ImageDataModule.load_from_checkpoint(ckpt)) is ShapesDataModule
+    assert type(LeNetCIFAR.load_from_checkpoint(ckpt)) is LeNetCIFAR  # the class itself, as before
+
+
 def test_a_composed_models_checkpoint_is_validated_with_its_model_named(tmp_path: Path) -> None:
     """`validate --model=ImageClassifier --model.net=LeNet --ckpt_path=...` stopped on a traceback ("the
     following arguments are required: net"): the model's defaults, for the note on replaced settings, were

@@ -52,7 +52,7 @@ from lit_ddp.data.samplers import (
 from lit_ddp.data.split_checks import check_split_evaluated, check_training_batch_fits
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import global_batch_size, local_path, plain_data
+from lit_ddp.utils import global_batch_size, local_path, plain_data, saved_subclass
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -717,6 +717,15 @@ class ImageDataModule(LightningDataModule):
         samples after the ones skipped."""
         train = getattr(self, "train_set", None)
         return {"samples": len(train)} if isinstance(train, Sized) else None
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs) -> "ImageDataModule":
+        """Lightning's, as the class a CLI run saved (``ImageDataModule.load_from_checkpoint`` of a
+        ``--data=ShapesDataModule`` run's file gives a ShapesDataModule), where that class is imported."""
+        named = saved_subclass(checkpoint_path, cls, "datamodule_hyper_parameters")
+        if named is not None:
+            return named.load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def state_dict(self) -> dict:
         # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands, in
