@@ -409,11 +409,11 @@ def test_an_image_data_module_names_the_remedies_that_apply_to_its_run(tmp_path:
     assert shapes.loader_remedies() == ["more loader workers: --data.num_workers=7 (now 1, 8 CPUs)"]
     make_tree(tmp_path, train_per_class=1, val_per_class=1)
     imagenet = ImageNetDataModule(data_dir=str(tmp_path), num_workers=7)
-    assert imagenet.loader_remedies() == ["more CPUs per device (all 8 are loader workers already)"]
+    assert imagenet.loader_remedies() == ["more CPUs per device (now 7 loader workers and training, 8 CPUs)"]
     monkeypatch.setattr(imagenet, "_training_device", cuda)
     assert imagenet.loader_remedies() == [
         "decode the images on the GPU: --data.decode=gpu",
-        "more CPUs per device (all 8 are loader workers already)",
+        "more CPUs per device (now 7 loader workers and training, 8 CPUs)",
     ]
 
 

@@ -372,7 +372,7 @@ class ImageDataModule(LightningDataModule):
         if workers < spare:
             remedies.append(f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)")
         else:
-            remedies.append(f"more CPUs per device (all {cpus} are loader workers already)")
+            remedies.append(f"more CPUs per device (now {workers} loader workers and training, {cpus} CPUs)")
         return remedies
 
     def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
