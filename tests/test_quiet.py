@@ -39,11 +39,13 @@ def test_the_filters_silence_their_messages_and_nothing_else() -> None:
         quiet.quiet_console()
         quiet.quiet_evaluation()
         resuming = quiet.quiet_exact_resume()
+        cut_short = quiet.quiet_cut_short()
         quiet.quiet_resumed_run("logs/lenet_cifar/version_0/checkpoints/last.ckpt")
         with quiet.quiet_args_given():
             for entry in quiet.EVERY_FILTER:
                 if entry.kind == "warning":
                     warnings.warn(entry.example, UserWarning, stacklevel=1)
+        cut_short.__exit__(None, None, None)
         resuming.__exit__(None, None, None)
         warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
         warnings.warn(quiet.ARGS_GIVEN.example, UserWarning, stacklevel=1)  # only inside its block

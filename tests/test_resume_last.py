@@ -10,6 +10,7 @@ import torch
 import yaml
 from conftest import REPO, TINY_RUN, run_cli
 from lightning import Callback
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from test_resume_dashboard import tensorboard
 
 from lit_ddp.cli import build_cli, main
@@ -274,6 +275,20 @@ def test_a_fit_without_validation_has_no_best_checkpoint_to_warn_about(tmp_path:
     assert not [w for w in caught if "monitored key" in str(w.message)], [str(w.message) for w in caught]
     checkpoints = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["last.ckpt"]
+
+
+def test_a_fit_stopped_by_its_budget_before_validating_does_not_ask_for_the_metric(tmp_path: Path) -> None:
+    """A fit that max_steps (or max_time) stops inside its first epoch has run no validation: Lightning's best
+    checkpoint warned that it "could not find the monitored key" val/acc, with a hint to log it, after the
+    console's line that the epoch stopped and how to resume. last.ckpt is written; a later epoch that
+    validates is still refused where its metric is missing (a --checkpoint.monitor typo)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1"])
+    assert not [w for w in caught if "monitored key" in str(w.message)], [str(w.message) for w in caught]
+    assert (tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    with pytest.raises(MisconfigurationException, match="val/acc5"):
+        build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}", "--checkpoint.monitor=val/acc5"])
 
 
 class SavedSteps(Callback):

@@ -23,6 +23,8 @@ from typing import Literal
 
 from lightning.pytorch import Callback
 
+from lit_ddp.compat import epoch_cut_short
+
 
 @dataclass(frozen=True)
 class Quiet:
@@ -129,6 +131,18 @@ EXACT_RESUME = Quiet(
     " loader's state_dict(), which it cannot see, so the warning would be false",
 )
 
+# While a fit that its budget stopped inside an epoch ends (quiet_cut_short).
+CUT_SHORT = Quiet(
+    r"`ModelCheckpoint\(monitor='[^']*'\)` could not find the monitored key",
+    "warning",
+    "lightning.pytorch.callbacks.model_checkpoint",
+    "could not find the monitored key in the returned",
+    "`ModelCheckpoint(monitor='val/acc')` could not find the monitored key in the returned metrics: ['epoch',"
+    " 'step']. HINT: Did you call `log('val/acc', value)` in the `LightningModule`?",
+    "max_steps or max_time stopped the fit inside an epoch, before its validation: the best checkpoint has no"
+    " metric to rank it by, the console's line says where the fit stopped, and last.ckpt resumes it",
+)
+
 # A fit that goes on in the run folder of the checkpoint it resumes (quiet_resumed_run): that folder only.
 RESUMED_RUN = Quiet(
     r"Checkpoint directory .* exists and is not empty\.",
@@ -153,7 +167,7 @@ ARGS_GIVEN = Quiet(
     " their own command's (or pytest's): that is what the args parameter is for",
 )
 
-EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, RESUMED_RUN, ARGS_GIVEN)
+EVERY_FILTER = (*CONSOLE, *EVALUATION, EXACT_RESUME, CUT_SHORT, RESUMED_RUN, ARGS_GIVEN)
 
 # Loggers of another library whose records below ERROR are silenced, by the logger's name, for every command
 # (quiet_console): name -> why.
@@ -250,6 +264,14 @@ def quiet_exact_resume() -> warnings.catch_warnings:
     return context
 
 
+def quiet_cut_short() -> warnings.catch_warnings:
+    """Silence CUT_SHORT until the returned context is exited."""
+    context = warnings.catch_warnings()
+    context.__enter__()
+    _ignore(CUT_SHORT)
+    return context
+
+
 def quiet_resumed_run(checkpoint: str) -> None:
     """Silence RESUMED_RUN for the folder of ``checkpoint``, the file a fit resumes, as ModelCheckpoint may
     name it (as given, absolute, links resolved): a non-empty folder of any other path still warns."""
@@ -276,6 +298,7 @@ class QuietConsole(Callback):
     ``trainer.ckpt_path`` only after ``setup``)."""
 
     resumed: str | None = None
+    _cut_short: warnings.catch_warnings | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         quiet_console()
@@ -283,3 +306,13 @@ class QuietConsole(Callback):
             quiet_evaluation()
         elif self.resumed and os.path.dirname(self.resumed):
             quiet_resumed_run(self.resumed)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # Before the checkpoint callbacks' own (Lightning calls them last), until the fit ends.
+        if self._cut_short is None and epoch_cut_short(trainer):
+            self._cut_short = quiet_cut_short()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._cut_short is not None:
+            self._cut_short.__exit__(None, None, None)
+            self._cut_short = None
