@@ -142,6 +142,7 @@ def test_a_ddp_spawn_wandb_run_resumes_in_the_same_run_and_folder(tmp_path: Path
     (run,) = (logs / "litddp").iterdir()
     output = resumed.stdout + resumed.stderr
     assert f"continuing W&B run {run.name} (project litddp)" in output
+    assert "wandb run already in progress" not in output  # the replaced logger's, pickled for the ranks
     assert f"run saved in {run.relative_to(work)}" in output
     assert len(offline_files(logs, run.name)) == 2  # the first run and its resume: one run id
     assert {p.name.rsplit("-", 1)[-1] for p in (logs / "wandb").glob("offline-run-*")} == {run.name}
