@@ -4,6 +4,7 @@ Every tag the README's "TensorBoard dashboard" section lists must exist in exact
 values that make sense, and what depends on the sharding (validation counts) must not change with it.
 """
 
+import csv
 import re
 import time
 from collections import Counter
@@ -258,6 +259,34 @@ def test_the_confusion_matrix_is_at_the_step_of_its_validations_scalars(tmp_path
     assert [e.step for e in acc.Images("val/confusion_matrix")] == val_steps
     assert [e.step for e in acc.Tensors("val/confusion_matrix/text_summary")] == val_steps
     assert [e.step for e in acc.Scalars("val_class_acc/disc")] == val_steps
+
+
+@pytest.mark.timeout(240)
+def test_under_gradient_accumulation_each_logged_step_has_one_learning_rate_point(tmp_path: Path) -> None:
+    """--trainer.accumulate_grad_batches=2: every batch of an optimizer step passes Lightning's logging
+    check, and its learning-rate monitor wrote lr-* twice at each logged step: two rows per step in
+    metrics.csv (and in MLflow's history), two points in TensorBoard."""
+    loggers = tmp_path / "loggers.yaml"
+    loggers.write_text(
+        "trainer:\n  logger:\n"
+        f"    - {{class_path: TensorBoardLogger, init_args: {{save_dir: {tmp_path}, name: runs}}}}\n"
+        f"    - {{class_path: CSVLogger, init_args: {{save_dir: {tmp_path}, name: runs}}}}\n"
+    )
+    # 16 batches of 16 an epoch, 8 optimizer steps: 16 steps in all, logged at every third (2, 5, ...).
+    args = ["fit", "--data.train_size=256", "--data.val_size=17", "--data.batch_size=16"]
+    args += ["--trainer.max_epochs=2", "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false"]
+    args += ["--trainer.accumulate_grad_batches=2", "--trainer.log_every_n_steps=3", f"--config={loggers}"]
+    result = run_cli(args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    acc = read_run(run_dir)
+    logged = [2, 5, 8, 11, 14]
+    assert [e.step for e in acc.Scalars("train/loss_step")] == logged
+    for tag in ("lr-AdamW/pg1", "lr-AdamW/pg2"):
+        assert [e.step for e in acc.Scalars(tag)] == logged, tag
+    with (run_dir / "metrics.csv").open() as f:
+        lr_rows = [int(row["step"]) for row in csv.DictReader(f) if row["lr-AdamW/pg1"]]
+    assert lr_rows == logged
 
 
 @pytest.mark.timeout(120)
