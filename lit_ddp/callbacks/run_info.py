@@ -3,7 +3,8 @@ and the environment, written by rank 0 when training starts to every logger (Ten
 tabs, MLflow's parameters and artifacts, files beside a CSV log).
 
 A resumed fit writes them again, at the step it resumes from: its settings may differ (more epochs, other
-devices), and TensorBoard keeps one value per step, so at step 0 they would replace the first part's."""
+devices), and TensorBoard keeps one value per step, so at step 0 they would replace the first part's. Its
+HParams tab keeps the first hyperparameters a run folder holds: there the resume's texts say what changed."""
 
 import os
 import platform
