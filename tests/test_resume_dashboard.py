@@ -16,7 +16,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import CPU, WITH_PROBES, run_cli
+from conftest import CPU, DDP2, ONE, WITH_PROBES, run_cli
 
 # 128 training images in batches of 32: 4 steps per epoch, 12 in all, each logged; a cosine schedule, so that
 # lr-* shows a step taken from the wrong place on the curve.
@@ -193,3 +193,37 @@ def test_mlflow_holds_the_uninterrupted_runs_history_in_one_run(
         return metrics
 
     assert_same_curves(history(tmp_path), history(reference))
+
+
+# ---- perf/* of an epoch resumed on another device count -----------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_an_epoch_stopped_on_1_device_and_resumed_on_2_counts_its_images_once(tmp_path: Path) -> None:
+    """Stopped mid-epoch on 1 device × 32, resumed on 2 × 16 (README: keep per-device batch × devices): the
+    checkpoint holds the count of the epoch's images so far, and each resumed rank counted all of them as
+    its own: perf/images_per_s, and the epoch line's img/s, counted the part before the stop twice."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # 1024 images: 32 steps an epoch on one device; SIGTERM at step 26, a few steps before the end, each
+    # step 0.3 s longer: the part before the stop is most of the epoch's step time.
+    fit1 = [*FIT[:4], "--data.train_size=1024", "--data.batch_size=32", "--trainer.max_epochs=1", *ONE]
+    fit1 += [*SIGTERM, "--trainer.callbacks.at_step=26", "--trainer.callbacks.step_s=0.3"]
+    stopped = run_cli([*fit1, f"--trainer.default_root_dir={tmp_path}"], cwd=tmp_path, env=ENV)
+    assert stopped.returncode == 0 and "(mid-epoch, after " in stopped.stderr, stopped.stderr[-3000:]
+    run = tmp_path / "lightning_logs" / "version_0"
+    saved = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    before = saved["callbacks"]["Dashboard"]["Throughput"]  # the images, wait and busy seconds so far
+    fit2 = [*FIT[:4], "--data.train_size=1024", "--data.batch_size=16", "--trainer.max_epochs=1", *DDP2]
+    resumed = run_cli([*fit2, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path=last"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    acc = EventAccumulator(str(run))
+    acc.Reload()
+    (rate,) = [e.value for e in acc.Scalars("perf/images_per_s")]
+    # The sum over the ranks of (its images) / (its step time, the part before the stop's included): at
+    # most the epoch's 1024 images over the step time before the stop, whatever the part after took.
+    assert before["images"] > 512 and rate <= 1024 / (before["wait"] + before["busy"]) * (1 + 1e-6), before

@@ -10,7 +10,8 @@ ranks never join.
 An epoch stopped inside (a stop signal, ``max_steps``, ``max_time``, a callback's ``should_stop``) and resumed
 is one epoch on the dashboard, as in the uninterrupted run: one point, over both parts. Its checkpoint
 carries what was measured before the stop (rank 0's sums stand for every rank's: the ranks train equal
-shares of each step), and an epoch cut short logs nothing until the resumed run ends it.
+shares of each step; resumed on another device count, the new ranks share those images), and an epoch cut
+short logs nothing until the resumed run ends it.
 """
 
 import time
@@ -50,12 +51,15 @@ class Throughput(Callback):
         # A run resumed mid-epoch gets no on_train_epoch_start for that epoch: Lightning skips it.
         self.on_train_epoch_start(trainer, pl_module)
         if self._restored.get("epoch") == trainer.current_epoch:  # the part of this epoch before the stop
-            self._open = saved = self._restored
-            self._images, self._wait, self._busy = saved["images"], saved["wait"], saved["busy"]
+            saved = self._restored
+            self._open = {**saved, "world": trainer.world_size}
+            share = saved.get("world", trainer.world_size) / trainer.world_size  # a rank's images: then / now
+            self._images, self._wait, self._busy = saved["images"] * share, saved["wait"], saved["busy"]
         self._restored = {}
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._open = {"epoch": trainer.current_epoch, "elapsed": 0.0, "peak": 0.0}
+        world = trainer.world_size  # a resume on another device count shares the images among its ranks
+        self._open = {"epoch": trainer.current_epoch, "elapsed": 0.0, "peak": 0.0, "world": world}
         self._images = 0
         self._wait = self._busy = 0.0
         self._epoch_start = self._last_end = time.perf_counter()

@@ -51,8 +51,10 @@ class Fault(Callback):
         at_epoch_end: int = -1,
         out_dir: str = "",
         in_sanity_check: bool = False,
+        step_s: float = 0.0,
     ) -> None:
         assert action in ACTIONS, action
+        self.step_s = step_s  # extra seconds of work in every training batch, on every rank
         self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
         self.in_sanity_check = in_sanity_check
         self.out_dir = Path(out_dir) if out_dir else None
@@ -100,6 +102,8 @@ class Fault(Callback):
             # Which data this step trains on: the labels identify a batch of the seeded shuffle.
             with open(self.out_dir / f"batches_rank{trainer.global_rank}.txt", "a") as f:
                 f.write(f"{trainer.current_epoch} {trainer.global_step} {batch[1].tolist()}\n")
+        if self.step_s > 0:
+            time.sleep(self.step_s)  # the workload of a slower step, not a wait for an event
         # Count batches seen in this process, not trainer.global_step, so a resumed run does not fire again.
         if self._batches == self.at_step:
             self._fire(trainer, pl_module)
