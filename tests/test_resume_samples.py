@@ -293,3 +293,42 @@ def test_a_data_module_fitted_again_in_the_same_process_trains_its_whole_first_e
     assert fit(data, ModelCheckpoint(dirpath=tmp_path / "again", **every)) == 64
     state = torch.load(tmp_path / "again" / "step=3.ckpt", weights_only=True)["ShapesDataModule"]
     assert (state["epoch"], state["samples"], state["epoch_complete"]) == (0, 48, False), state
+
+
+@pytest.mark.timeout(600)
+def test_an_epoch_end_resume_with_another_global_batch_goes_on_along_the_schedule(tmp_path: Path) -> None:
+    """A run stopped at an epoch's end and resumed with another global batch (as on more GPUs) counted its
+    schedule as if every epoch had taken the new batch's steps: its cosine reached 0 an epoch early and the
+    last epoch trained at lr 0. And --model.optim.scale_lr printed the new batch's lr while the run trained
+    at the checkpoint's. The lr now goes on from where an uninterrupted run of the new batch stands at that
+    epoch, scaled to that batch, and says so."""
+    import math
+
+    from conftest import read_scalars
+
+    run = [
+        "--trainer.max_epochs=3",
+        "--trainer.log_every_n_steps=1",
+        "--model.optim.name=sgd",
+        "--model.optim.lr=0.1",
+        "--model.optim.schedule=cosine",
+        "--model.optim.scale_lr=true",
+        "--model.optim.base_batch_size=32",
+    ]
+    stop = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    fit(tmp_path, *run, *ONE, *stop, "--trainer.callbacks.at_epoch_end=0")  # epoch 1: 8 steps of 32
+    resumed = fit(tmp_path, *run, "--trainer.devices=1", "--data.batch_size=64", "--ckpt_path=last")
+    said = resumed.stdout + resumed.stderr
+    assert "lr scaled by global batch: 0.1 × 64/32 = 0.2" in said
+    assert (
+        "lit_ddp: note: the checkpoint is at step 8, where a run of this global batch from the start would be"
+        " at step 4 (another number of optimizer steps an epoch): the learning-rate schedule goes on from its"
+        " step 4"
+    ) in said
+    assert "the checkpoint's run trained at a base lr of 0.1, this run's is 0.2" in said
+    lrs = read_scalars(tmp_path / "logs" / "lightning_logs" / "version_0")["lr-SGD/pg1"]
+    cosine = lambda step, steps: 0.5 * (1 + math.cos(math.pi * step / steps))  # noqa: E731
+    # Epoch 1 on a curve of 3 × 8 steps; epochs 2 and 3 on the 3 × 4 steps' curve, from its step 4 on (the
+    # same third of the run), at the lr scaled to 64 images.
+    expected = [0.1 * cosine(s, 24) for s in range(8)] + [0.2 * cosine(s, 12) for s in range(4, 12)]
+    assert lrs == pytest.approx(expected, rel=1e-6), said

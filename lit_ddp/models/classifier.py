@@ -563,11 +563,21 @@ class ImageClassifier(LightningModule):
         # inf with --trainer.max_epochs=-1 and no max_steps: only schedules that need no length can run.
         total_steps = trainer.estimated_stepping_batches
         steps_per_epoch = 0
-        if self.optim.warmup_epochs > 0:
+        if self.optim.warmup_epochs > 0 or math.isfinite(total_steps):
             if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning)
                 load_train_dataloader(trainer)
             steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         global_batch = global_batch_size(trainer)
+
+        def resumed_at() -> int | None:
+            # Where a run of this global batch from the start would stand at the data module's resume point
+            # (lit_ddp's data modules know it); after the checkpoint's restore, which calls this.
+            point = getattr(trainer.datamodule, "resume_point", None)
+            if point is None or not steps_per_epoch:
+                return None
+            epoch, samples = point
+            return epoch * steps_per_epoch + math.ceil(samples / global_batch)
+
         # Lightning's mixed precision (16 and bf16) refuses to clip for a fused optimizer: then no fused step.
         amp = isinstance(trainer.precision_plugin, MixedPrecision)
         clips_under_amp = bool(trainer.gradient_clip_val) and amp
@@ -580,6 +590,7 @@ class ImageClassifier(LightningModule):
             clips_under_amp=clips_under_amp,
             trained_as=trainer.model,  # FSDP there lays the gradients out its own way
             replayed_on=self.device if self._replays_step() else None,
+            resumed_at=resumed_at,
         )
         if self.optim.scale_lr:
             rank_zero_info(

@@ -170,21 +170,70 @@ class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
     A resume continues at the step reached on the curve of the run's own budget (``--trainer.max_epochs``,
     ``max_steps``): the same budget is the uninterrupted run, step for step; a larger one moves the lr to the
     new curve's value there, so the run ends with other weights than one given that budget from the start.
+    A resume at an epoch's end with another global batch takes other steps an epoch: ``resumed_at`` (called
+    after the restore) gives the step of this run's curve a run of this batch would stand at there, and the
+    curve goes on from it, at this run's base lr (``scale_lr``'s, for this batch).
     """
 
-    def __init__(self, optimizer: Optimizer, schedule: str, total_steps: float, warmup_steps: int) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        schedule: str,
+        total_steps: float,
+        warmup_steps: int,
+        resumed_at: Callable[[], int | None] | None = None,
+    ) -> None:
         # What the curve depends on: its length (a decaying schedule's) and its warmup, as lr_lambda cuts it.
         self.built_for = {
             "steps": total_steps if schedule in NEEDS_LENGTH else None,
             "warmup_steps": min(warmup_steps, max(total_steps, 1)),
         }
+        # Steps taken minus the step of this run's curve they stand for: not 0 once an epoch-end resume
+        # changed the steps an epoch takes (another global batch).
+        self.step_offset = 0
+        self._resumed_at = resumed_at
         super().__init__(optimizer, lr_lambda(schedule, total_steps, warmup_steps))
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in super().state_dict().items() if k != "_resumed_at"}
 
     def load_state_dict(self, state_dict: dict) -> None:
         saved = state_dict.get("built_for")  # absent from checkpoints written before it was recorded
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "built_for"})
-        if saved is None or saved == self.built_for:
+        ours = list(self.base_lrs)  # this run's --model.optim.lr (scaled to its global batch: scale_lr)
+        dropped = ("built_for", "step_offset", "_resumed_at")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in dropped})
+        notes = []
+        # A resume at an epoch's end may take another global batch, so other steps an epoch: the curve, built
+        # for this run's steps, goes on from where an uninterrupted run of this batch stands at that epoch.
+        at = self._resumed_at() if self._resumed_at is not None else None
+        offset = self.last_epoch - at if at is not None else state_dict.get("step_offset", 0)
+        if offset != state_dict.get("step_offset", 0):
+            notes.append(
+                f"the checkpoint is at step {self.last_epoch}, where a run of this global batch from the"
+                f" start would be at step {at} (another number of optimizer steps an epoch): the"
+                f" learning-rate schedule goes on from its step {at}, so the run ends with other weights than"
+                " one trained with this global batch from the start"
+            )
+        elif saved is not None and saved != self.built_for:
+            notes.append(
+                f"the checkpoint's learning-rate schedule spans {_curve(saved)}, this run's"
+                f" {_curve(self.built_for)} (its budget, --trainer.max_epochs or --trainer.max_steps, decides"
+                f" the length): the lr continues from step {self.last_epoch} on this run's schedule, so the"
+                " run ends with other weights than one trained with this budget from the start"
+            )
+        if not all(math.isclose(a, b) for a, b in zip(ours, self.base_lrs, strict=True)):
+            notes.append(
+                f"the checkpoint's run trained at a base lr of {self.base_lrs[0]:.4g}, this run's is"
+                f" {ours[0]:.4g} (--model.optim.lr, × global batch / base_batch_size with"
+                " --model.optim.scale_lr): it trains on at this run's"
+            )
+        self.step_offset, self.base_lrs = offset, ours
+        if offset:
+            self.lr_lambdas = [_shifted(curve, offset) for curve in self.lr_lambdas]
+        if not notes:
             return
+        for group, base in zip(self.optimizer.param_groups, ours, strict=True):
+            group["initial_lr"] = base
         # The optimizer's lr, restored just before (Lightning loads the optimizers, then the schedulers), is
         # the old curve's at this step: the first step of the resumed run would train at it.
         curves = zip(self.base_lrs, self.lr_lambdas, strict=True)
@@ -194,12 +243,12 @@ class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
                 group["lr"].fill_(lr)
             else:
                 group["lr"] = lr
-        rank_zero_info(
-            f"lit_ddp: note: the checkpoint's learning-rate schedule spans {_curve(saved)}, this run's"
-            f" {_curve(self.built_for)} (its budget, --trainer.max_epochs or --trainer.max_steps, decides the"
-            f" length): the lr continues from step {self.last_epoch} on this run's schedule, so the run ends"
-            " with other weights than one trained with this budget from the start"
-        )
+        for note in notes:
+            rank_zero_info(f"lit_ddp: note: {note}")
+
+
+def _shifted(curve: Callable[[int], float], offset: int) -> Callable[[int], float]:
+    return lambda step: curve(step - offset)
 
 
 def _curve(built_for: dict) -> str:
@@ -246,6 +295,7 @@ def build_optimizer(
     clips_under_amp: bool = False,
     trained_as: nn.Module | None = None,
     replayed_on: torch.device | None = None,
+    resumed_at: Callable[[], int | None] | None = None,
 ) -> tuple[Optimizer, RunSchedule]:
     """``total_steps``: optimizer steps of the whole run (``math.inf`` when open-ended);
     ``steps_per_epoch``: optimizer steps per epoch, which ``warmup_epochs`` counts in;
@@ -254,7 +304,8 @@ def build_optimizer(
     loss scaler, so the automatic choice is then not fused;
     ``trained_as``: the module the strategy runs (``trainer.model``), see :func:`fused_available`;
     ``replayed_on``: the device whose CUDA graphs replay the update (``--model.cuda_graph``), see
-    :func:`lit_ddp.models.step_graph.replayed_optimizer`."""
+    :func:`lit_ddp.models.step_graph.replayed_optimizer`;
+    ``resumed_at``: on a resume, the step of this run's curve where it continues, see :class:`RunSchedule`."""
     if not math.isfinite(total_steps) and cfg.schedule in NEEDS_LENGTH:
         raise UserError(
             f"--model.optim.schedule={cfg.schedule} decays over the run's length, which is open-ended: set"
@@ -290,4 +341,4 @@ def build_optimizer(
             f" than the run's {int(total_steps)}: the warmup is cut to {int(cut)} steps, so the lr reaches"
             " its peak only at the last step"
         )
-    return optimizer, RunSchedule(optimizer, cfg.schedule, total_steps, warmup_steps)
+    return optimizer, RunSchedule(optimizer, cfg.schedule, total_steps, warmup_steps, resumed_at)
