@@ -142,6 +142,13 @@ LINES = [
         ["--trainer.gradient_clip_val=-1"],
         "--trainer.gradient_clip_val=-1 is negative: Lightning then clips nothing (0 turns clipping off;",
     ),
+    # Lightning clipped nothing, with no word: the algorithm alone does not turn clipping on.
+    (
+        "clip_algorithm_alone",
+        ["--trainer.gradient_clip_algorithm=value"],
+        "--trainer.gradient_clip_algorithm=value clips nothing without --trainer.gradient_clip_val: pass the"
+        " largest value kept (--trainer.gradient_clip_val=0.5), or leave the algorithm out",
+    ),
     (
         "negative_settings",
         ["--trainer.log_every_n_steps=-5"],

@@ -153,6 +153,7 @@ class RunPlan:
     check_val_every_n_epoch: int | None = 1
     val_check_interval: object = None  # batches (int), a fraction of the epoch (float), or a time
     gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
     log_every_n_steps: int | None = None
     dist_timeout: float | None = None  # seconds; None: the CLI's default
     seed_everything: bool | int | None = None
@@ -227,6 +228,7 @@ class RunPlan:
             check_val_every_n_epoch=_get(trainer, "check_val_every_n_epoch", 1),
             val_check_interval=_get(trainer, "val_check_interval"),
             gradient_clip_val=_get(trainer, "gradient_clip_val"),
+            gradient_clip_algorithm=_get(trainer, "gradient_clip_algorithm"),
             log_every_n_steps=_get(trainer, "log_every_n_steps"),
             dist_timeout=_get(config, "dist_timeout"),
             seed_everything=_get(config, "seed_everything"),
@@ -434,6 +436,17 @@ def _negative_settings(plan: RunPlan) -> str | None:
     return None
 
 
+def _clip_algorithm_alone(plan: RunPlan) -> str | None:
+    # Lightning clips only where a value is given, and took the algorithm alone without a word.
+    algorithm = plan.gradient_clip_algorithm
+    if algorithm is None or plan.gradient_clip_val is not None:
+        return None
+    return (
+        f"--trainer.gradient_clip_algorithm={algorithm} clips nothing without --trainer.gradient_clip_val:"
+        " pass the largest value kept (--trainer.gradient_clip_val=0.5), or leave the algorithm out"
+    )
+
+
 def _dist_timeout(plan: RunPlan) -> str | None:
     # torch's rendezvous then timed out at once: a C++ traceback of 58 lines under ddp (exit 1).
     seconds = plan.dist_timeout
@@ -581,6 +594,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "validation_cadence": _validation_cadence,
     "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
+    "clip_algorithm_alone": _clip_algorithm_alone,
     "dist_timeout": _dist_timeout,
     "seed": _seed_range,
     "precision": _weights_precision,
