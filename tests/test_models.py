@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY_SHAPES, run_cli
+from conftest import TINY_RUN, TINY_SHAPES, run_cli
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -545,3 +545,24 @@ def test_a_built_network_of_another_width_than_num_classes_names_num_classes_too
     composed = ImageClassifier(net=functools.partial(_Outputs, kind="wide"), num_classes=3)
     with pytest.raises(UserError, match="its last layer with num_classes outputs$"):
         composed(torch.randn(2, 3, 32, 32))
+
+
+@pytest.mark.timeout(300)
+def test_a_resume_whose_optimizer_cannot_take_the_checkpoints_state_is_one_line(tmp_path) -> None:
+    """The model's --model.optim.* are this run's, not the checkpoint's: a resume that left out the first
+    run's --model.optim.name=sgd built AdamW and stopped on torch's KeyError 'step' traceback as it loaded
+    SGD's state; a weight decay turned on split the parameters into two groups, torch's ValueError."""
+    run = ["fit", *TINY_RUN, "--model.optim.schedule=constant"]
+    first = run_cli([*run, "--model.optim.name=sgd", "--model.optim.weight_decay=0"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    ckpt = "logs/lightning_logs/version_0/checkpoints/last.ckpt"
+    # --ckpt_path=last, as the docs resume: an explicit path is read with the checkpoint's --model settings.
+    for changed, said in (
+        (["--model.optim.weight_decay=0"], "--model.optim.name=adamw (the checkpoint's: sgd)"),
+        (["--model.optim.name=sgd", "--model.optim.weight_decay=0.01"], "--model.optim.weight_decay=0.01 ("),
+    ):
+        resumed = run_cli([*run, *changed, "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=tmp_path)
+        errors = [line for line in resumed.stderr.splitlines() if "error" in line.lower()]
+        assert resumed.returncode == 2 and len(errors) == 1 and "Traceback" not in resumed.stderr, errors
+        assert errors[0].startswith(f"lit_ddp: error: cannot resume {ckpt}: its optimizer state"), errors
+        assert said in errors[0], errors

@@ -17,6 +17,7 @@ Every metric is a torchmetrics object updated locally on each rank and reduced o
 over all ranks, so reported values are those of the whole dataset, not of rank 0's shard.
 """
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from lightning import LightningModule
 from lightning.pytorch.plugins import MixedPrecision
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics import MeanMetric, Metric, MetricCollection
@@ -525,6 +527,7 @@ class ImageClassifier(LightningModule):
             }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._check_optimizer_state_fits(checkpoint)
         states = checkpoint.get(TRAIN_STATES_KEY)
         if not states or self.global_rank != 0:
             return  # the totals go to one rank: the epoch-end sum over ranks counts them once
@@ -535,6 +538,34 @@ class ImageClassifier(LightningModule):
             for state, value in saved.items():
                 setattr(metric, state, value.to(getattr(metric, state).device))
         self._train_epoch_open = True
+
+    def _check_optimizer_state_fits(self, checkpoint: dict) -> None:
+        """UserError for a fit resumed from a checkpoint whose optimizer state this run's optimizer cannot
+        take: another ``name`` (torch's KeyError 'step' traceback as Adam loaded SGD's state), or the
+        parameters split into another number of groups (weight decay turned on or off: torch's ValueError)."""
+        try:
+            fitting = self.trainer.state.fn == TrainerFn.FITTING
+        except RuntimeError:  # not attached to a Trainer (load_from_checkpoint): no optimizer to restore
+            return
+        saved = (checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}).get("optim")
+        if not fitting or not isinstance(saved, dict) or "optimizer_states" not in checkpoint:
+            return
+        ours = dataclasses.asdict(self.optim)
+        keys = ["name"]
+        split = lambda c: c.get("weight_decay", 0) > 0 and c.get("no_decay_norm_and_bias", True)  # noqa: E731
+        if split(saved) != split(ours):  # param_groups: one group, or decaying weights and the rest
+            keys += ["weight_decay", "no_decay_norm_and_bias"]
+        shown = lambda v: str(v).lower() if isinstance(v, bool) else v  # noqa: E731
+        changed = [
+            f"--model.optim.{k}={shown(ours[k])} (the checkpoint's: {shown(saved[k])})"
+            for k in keys
+            if k in saved and saved[k] != ours[k]
+        ]
+        if changed:
+            raise UserError(
+                f"cannot resume {self.trainer.ckpt_path}: its optimizer state does not fit this run's"
+                f" optimizer, built with {', '.join(changed)}: resume with the checkpoint's settings"
+            )
 
     def _reset_metrics(self, *stages: str) -> None:
         for stage in stages:
