@@ -20,6 +20,7 @@ from torch.utils.data import Dataset
 
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.datasets import TensorImageDataset
+from lit_ddp.data.samplers import ResumableShuffleSampler
 from lit_ddp.models import ImageClassifier, LeNetCIFAR
 from lit_ddp.testing import Report
 from lit_ddp.testing.checks import Case, run_cases
@@ -94,6 +95,23 @@ class RankItems(_Items):
         x, y = self.data[index]
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         return (x.flip(-1) if rank == 1 else x), y
+
+
+class EveryRankAll(ShapesDataModule):
+    """Every rank trains on the whole permutation: the sampler asked for 1 replica, not the ranks'."""
+
+    def train_sampler(self, dataset, num_replicas: int, rank: int):
+        return super().train_sampler(dataset, 1, 0)
+
+
+class OrderByDeviceCount(ShapesDataModule):
+    """The permutation seeded by seed + device count: disjoint, covering shards, in another order on 2
+    processes than on 1."""
+
+    def train_sampler(self, dataset, num_replicas: int, rank: int):
+        return ResumableShuffleSampler(
+            dataset, num_replicas=num_replicas, rank=rank, seed=self.seed + num_replicas
+        )
 
 
 class RandomInGetitem(ShapesDataModule):
@@ -250,6 +268,8 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "self_seeded_split": case(data=SelfSeededSplit, checks=("data", "metrics", "augmentation")),
         "random_getitem": case(data=RandomInGetitem, checks=("data",)),
         "rank_getitem": case(data=RankInGetitem, checks=("data", "shards")),
+        "every_rank_all": case(data=EveryRankAll, checks=("grads", "shards", "augmentation", "resume")),
+        "order_by_device_count": case(data=OrderByDeviceCount, checks=("grads", "shards", "augmentation")),
         "home_made_norm": case(HomeMadeNorm),
         "summed_loss": case(system=SummedLoss),
         "forward_noise": case(ForwardNoise, checks=("grads", "steps")),
@@ -316,6 +336,33 @@ def test_a_rank_dependent_getitem_is_named_and_fails_the_shards_by_content(repor
     assert row.fix.startswith("rank 1's training split differs from rank 0's"), row
     shards = failing(report, "shards")
     assert "see 'data'" in shards.fix and "by content: 16 training, 8 validation" in shards.measured, shards
+
+
+def test_ranks_that_all_train_on_every_sample_are_named_by_the_shards_not_augmentation(reports) -> None:
+    """Every rank's sampler took the whole permutation: the shards row failed, and the gradients, the
+    augmentation and the resume pointed to the augmentation (take every random number from augment_batch's
+    rand), which was sound: its 8 "augmented differently" were samples the ranks' batches did not hold."""
+    report = reports["every_rank_all"]
+    shards = failing(report, "shards")
+    assert "32 shared" in shards.measured and shards.fix.startswith("shard one (seed, epoch) order"), shards
+    for key in ("grads", "augmentation", "resume"):
+        assert failing(report, key).fix.endswith("see 'shards'"), report.table()
+    augmentation = report["augmentation"].measured
+    assert augmentation.startswith("0 of 8 samples augmented differently"), augmentation
+    assert "; 8 of 1 process's first batch not in the ranks' first batches" in augmentation
+    assert "augment_batch" not in " ".join(r.fix for r in report.rows), report.table()
+
+
+def test_an_order_that_depends_on_the_device_count_fails_the_shards(reports) -> None:
+    """Disjoint, covering shards of another permutation on 2 processes than on 1: the shards row held, and
+    the gradients and the augmentation blamed the augmentation."""
+    report = reports["order_by_device_count"]
+    shards = failing(report, "shards")
+    assert "0 shared, 0 missing, batch 1: " in shards.measured, shards
+    assert "not in 1 process's batch 1" in shards.measured, shards
+    assert "rank r of W reading its positions" in shards.fix, shards
+    assert failing(report, "grads").fix.endswith("see 'shards'"), report.table()
+    assert "augment_batch" not in " ".join(r.fix for r in report.rows), report.table()
 
 
 def test_a_home_made_batch_statistic_is_named(reports) -> None:

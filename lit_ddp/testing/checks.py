@@ -206,6 +206,9 @@ class Evidence:
     to, and sends the reader to the row that shows it."""
 
     data_differs: bool = False  # the training samples themselves differ between the runs compared
+    # The ranks' training batches hold other samples than 1 process's (shards that overlap, an order that
+    # depends on the rank or the device count): not an augmentation or a model difference.
+    batches_differ: bool = False
     aug_differs: int = 0  # samples augmented differently on 2 processes than on 1
     forward_rng: list[int] = field(default_factory=list)  # steps whose forward drew from torch's global RNG
     loose: list[str] = field(default_factory=list)  # "net.calls (0 → 2)": changed by training, unsaved
@@ -453,6 +456,8 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence
             )
         elif why.data_differs:
             fix = "the two runs trained on other samples: see 'data'"
+        elif why.batches_differ:
+            fix = "the ranks' batches hold other samples than 1 process's: see 'shards'"
         elif why.aug_differs:
             fix = "the two runs trained on differently augmented images: see 'augmentation'"
         elif why.forward_rng:
@@ -515,6 +520,32 @@ def _shard_content(ranks: list[dict], one: dict | None, split: str, shards: list
     return sum((got - Counter(whole)).values())
 
 
+def other_batch(two: list[dict], one: dict) -> tuple[int, int]:
+    """(k, n): the first training batch k (from 1) whose samples on 2 processes, the ranks' batch k together,
+    are not the 1-process batch k's, and how many of its samples differ; (0, 0) where every batch matches.
+    2 × b trains what 1 × 2b does only where rank r reads positions r, r + 2, ... of the one (seed, epoch)
+    order: shards that overlap, or an order seeded by the rank or the device count, give other batches."""
+    ranks, whole = [r["samples"][0][1] for r in two], one["samples"][0][1]
+    b = len(two[0]["aug_index"][0]) if two[0]["aug_index"] else 0
+    for k in range(len(whole) // (2 * b) if b else 0):
+        got = Counter(i for shard in ranks for i in shard[k * b : (k + 1) * b])
+        if n := sum((Counter(whole[2 * k * b : 2 * (k + 1) * b]) - got).values()):
+            return k + 1, n
+    return 0, 0
+
+
+def train_shards(two: list[dict], train_samples: int) -> tuple[int, int]:
+    """(shared, missing): training samples both ranks read in their epoch, and samples neither read."""
+    shards = [set(r["samples"][0][1]) for r in two]
+    return len(shards[0] & shards[1]), train_samples - len(shards[0] | shards[1])
+
+
+ORDER_FIX = (
+    "shard one (seed, epoch) order over the ranks, rank r of W reading its positions r, r + W, ... (lit_ddp's"
+    " train_sampler does; no seed or order that depends on the rank or the device count)"
+)
+
+
 def _shards(
     two: list[dict],
     val_two: list[dict],
@@ -525,17 +556,18 @@ def _shards(
 ) -> tuple[Row, bool]:
     """The row, and whether its evaluation part fails (the metric row then points here)."""
     shards = [r["samples"][0][1] for r in two]
-    shared = len(set(shards[0]) & set(shards[1]))
-    missing = train_samples - len(set(shards[0]) | set(shards[1]))
+    shared, missing = train_shards(two, train_samples)
+    batch, batch_other = other_batch(two, one) if one is not None else (0, 0)
     evals = [r["eval_indices"]["val"][0] for r in val_two]
     read = sum(map(len, evals))
     repeats, unread = read - len(set().union(*evals)), val_samples - len(set().union(*evals))
     other = _shard_content(two, one, "train_set", shards)
     val_other = _shard_content(val_two, val_one, "val_set", evals)
-    holds = shared == 0 and missing == 0 and repeats == 0 and unread == 0 and not other and not val_other
+    holds = not (shared or missing or batch or repeats or unread or other or val_other)
     measured = (
-        f"train: shards of {'+'.join(str(len(s)) for s in shards)}, {shared} shared, {missing} missing; "
-        f"val: {val_samples} samples read {read} times over {'+'.join(str(len(e)) for e in evals)}"
+        f"train: shards of {'+'.join(str(len(s)) for s in shards)}, {shared} shared, {missing} missing"
+        + (f", batch {batch}: {batch_other} samples not in 1 process's batch {batch}" if batch else "")
+        + f"; val: {val_samples} samples read {read} times over {'+'.join(str(len(e)) for e in evals)}"
         f" ({repeats} repeats, {unread} unread)"
     )
     if other or val_other:
@@ -546,8 +578,8 @@ def _shards(
     fix = ""
     if repeats or unread:
         fix = "evaluate with lit_ddp's UnpaddedDistributedSampler (ImageDataModule._eval_sampler): no padding"
-    elif shared or missing:
-        fix = "shard training with a DistributedSampler over the same (seed, epoch) order on every rank"
+    elif shared or missing or batch:
+        fix = ORDER_FIX
     elif not holds:
         fix = "the ranks read other samples than one process at the same indices: see 'data'"
     row = Row("shards", "train shards disjoint+covering, eval unpadded", holds, measured, fix)
@@ -555,12 +587,21 @@ def _shards(
 
 
 def _augmentation(
-    dm: ImageDataModule, two: list[dict], one: dict, rng: tuple | None, mixing: bool, data_differs: bool
+    dm: ImageDataModule,
+    two: list[dict],
+    one: dict,
+    rng: tuple | None,
+    mixing: bool,
+    data_differs: bool,
+    batches_differ: bool = False,
 ) -> tuple[Row, int]:
     seen2, seen1 = augmented_by_sample(two), augmented_by_sample([one])
-    differ = differing(seen2, seen1)
-    holds = differ == 0
-    measured = f"{differ} of {len(seen1)} samples augmented differently on 2 processes than on 1"
+    absent = sum(i not in seen2 for i in seen1)  # other samples in the first batches: not augmentation's
+    differ = differing(seen2, seen1) - absent
+    holds = differ == 0 and absent == 0
+    measured = f"{differ} of {len(seen1) - absent} samples augmented differently on 2 processes than on 1"
+    if absent:
+        measured += f"; {absent} of 1 process's first batch not in the ranks' first batches"
     if not dm.augment:
         measured += " (augmentation off)"
     if mixing:
@@ -570,6 +611,8 @@ def _augmentation(
     if not holds:
         if data_differs:
             fix = "the samples differ before augmentation: see 'data'"
+        elif absent and not differ:
+            fix = "the ranks' batches hold other samples than 1 process's: see 'shards'"
         elif unreproducible:
             fix = (
                 "it differs between two runs with the same seed (an unseeded generator, the clock): take"
@@ -650,6 +693,8 @@ def _resume(
         fix = why.forward_rng_fix
     elif differs and why.data_differs:
         fix = "the runs read other samples: see 'data'"
+    elif differs and why.batches_differ:
+        fix = "the ranks' batches hold other samples than 1 process's: see 'shards'"
     elif diff != 0:
         fix = "save the data module's position (state_dict) and draw augmentation per sample"
     elif diff_e != 0:  # DataLoader workers read the sampler when Lightning builds the resumed iterator
@@ -939,10 +984,14 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
         again1 = augmented_by_sample(runs["again1"])
         rng = (differing(augmented_by_sample(rec("rng1", 1)), seen1), len(seen1), differing(again1, seen1))
     data_row, data_differs = _data(runs, "train_set")
-    aug_row, aug_differs = _augmentation(facts["dm"], full, full1, rng, facts["mixing"], data_differs)
+    batches_differ = any(train_shards(full, facts["train"])) or any(other_batch(full, full1))
+    aug_row, aug_differs = _augmentation(
+        facts["dm"], full, full1, rng, facts["mixing"], data_differs, batches_differ
+    )
     bn = [c for c in full[0].get("bn_classes", []) if "Sync" not in c]
     why = Evidence(
         data_differs=data_differs,
+        batches_differ=batches_differ,
         aug_differs=aug_differs,
         forward_rng=full[0].get("forward_rng", []) or full1.get("forward_rng", []),
         loose=loose_changes(full[0]),
@@ -992,7 +1041,9 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
     for row in checked:  # a pointer to a row this report does not show: that row's fix itself
         for key in re.findall(r"see '(\w+)'", row.fix):
             if key not in shown and key in ("grads", "data", "augmentation", "shards"):
-                row.fix = row.fix.replace(f"see '{key}'", rows[key]().fix)
+                # The training order is known from the fits alone, also where the shards row did not run.
+                found = ORDER_FIX if key == "shards" and shards is None else rows[key]().fix
+                row.fix = row.fix.replace(f"see '{key}'", found)
     return Report(checked + warned, case.seed)
 
 
