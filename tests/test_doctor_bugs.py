@@ -209,6 +209,29 @@ class UnsavedBuffer(SmallNet):
         return h * (1 + 0.5 / self.calls.clamp(min=1))
 
 
+class DropoutInEval(SmallNet):
+    """F.dropout with its default training=True: masks drawn in validation too."""
+
+    def hidden(self, h):
+        return F.dropout(h, 0.3)
+
+
+class LayerDropout(SmallNet):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__(num_classes)
+        self.drop = nn.Dropout(0.3)
+
+    def hidden(self, h):
+        return self.drop(h)
+
+
+class TrainModeInValidation(ImageClassifier):
+    """Back in training mode for validation ("Monte Carlo dropout"): its dropout draws masks there."""
+
+    def on_validation_epoch_start(self) -> None:
+        self.train()
+
+
 class RoundsByBatch(SmallNet):
     """Benign: adds a term that is 0 for any batch, a sum over the batch less the same sum in reverse order;
     float32 rounds the two otherwise, and otherwise for 8 images than for 16 (× 1e4: about 1e-2 of h)."""
@@ -270,6 +293,8 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "rank_getitem": case(data=RankInGetitem, checks=("data", "shards")),
         "every_rank_all": case(data=EveryRankAll, checks=("grads", "shards", "augmentation", "resume")),
         "order_by_device_count": case(data=OrderByDeviceCount, checks=("grads", "shards", "augmentation")),
+        "dropout_in_eval": case(DropoutInEval, checks=("metrics",)),
+        "train_mode_in_validation": case(LayerDropout, checks=("metrics",), system=TrainModeInValidation),
         "home_made_norm": case(HomeMadeNorm),
         "summed_loss": case(system=SummedLoss),
         "forward_noise": case(ForwardNoise, checks=("grads", "steps")),
@@ -363,6 +388,23 @@ def test_an_order_that_depends_on_the_device_count_fails_the_shards(reports) -> 
     assert "rank r of W reading its positions" in shards.fix, shards
     assert failing(report, "grads").fix.endswith("see 'shards'"), report.table()
     assert "augment_batch" not in " ".join(r.fix for r in report.rows), report.table()
+
+
+def test_dropout_left_on_in_validation_is_named_not_sync_dist(reports) -> None:
+    """F.dropout(h, p) draws masks in validation too: the metric row said to reduce the metrics over the
+    ranks (sync_dist=True), which they were."""
+    row = failing(reports["dropout_in_eval"], "metrics")
+    assert "validation steps drew from torch's global RNG" in row.measured, row
+    assert "F.dropout(x, p) without training=self.training" in row.fix and "sync_dist" not in row.fix, row
+
+
+def test_a_model_put_back_in_training_mode_for_validation_fails_the_metrics(reports) -> None:
+    """The checks run dropout at p=0, so a validation in training mode drew nothing there and every check
+    held, while the user's validation draws masks on each process."""
+    report = reports["train_mode_in_validation"]
+    row = failing(report, "metrics")
+    assert "in training mode during validation: net.drop (Dropout) (dropout at p=0" in row.measured, row
+    assert row.fix.startswith("validation runs net.drop in training mode"), row
 
 
 def test_a_home_made_batch_statistic_is_named(reports) -> None:

@@ -31,7 +31,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
 from lit_ddp.testing.config import instantiate
 from lit_ddp.testing.launch import LaunchError, LaunchStopped, free_ports, launch
-from lit_ddp.testing.record import load
+from lit_ddp.testing.record import DROPOUT, load
 from lit_ddp.testing.worker import Job, user_error_file
 
 # ‖Δg‖/‖g‖ of 2 × b vs 1 × 2b first-step gradients: float rounding stays well below (deeper networks and
@@ -130,9 +130,6 @@ def _datamodule(datamodule) -> ImageDataModule:
             " augmentation; subclass lit_ddp.data.ImageDataModule"
         )
     return datamodule
-
-
-DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def without_dropout(model: nn.Module) -> list[str]:
@@ -471,7 +468,9 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence
     return Row("grads", "first-step gradients 2×b = 1×2b", holds, measured, fix, rounding=rounding)
 
 
-def _metrics(two: list[dict], one: dict, shards_explain: bool = False) -> Row:
+def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: list[str] = ()) -> Row:
+    """``dropout``: the layers the checks ran at p=0 (``without_dropout``), which a validation in training
+    mode would otherwise draw masks in."""
     reference = one["val_logged"][-1]  # every metric the validation logged, not only lit_ddp's val/*
     if not reference:  # a "yes" here would vouch for metrics nobody logged
         return Row(
@@ -495,17 +494,36 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False) -> Row:
                     diff,
                     f"{key}: {got[key]:.6g} on rank {rank['rank']} of 2, {reference[key]:.6g} on 1",
                 )
-    holds = worst <= METRIC_RTOL
+    train_mode = one.get("eval_train_mode", [])  # the same model in every run
+    zeroed = {d.split(":")[0] for d in dropout}
+    masked = [m for m in train_mode if m.split(" (")[0] in zeroed]  # p=0 here, masks in the user's runs
+    draws = sum(r.get("eval_rng", 0) for r in [*two, one])
+    holds = worst <= METRIC_RTOL and not masked
     measured = f"{len(reference)} val metrics, largest relative difference {worst:.1e}"
-    if not holds:
+    if worst > METRIC_RTOL:
         measured += f" ({name})"
+    if train_mode:
+        measured += f"; in training mode during validation: {', '.join(train_mode[:3])}"
+        measured += " (dropout at p=0 in these checks)" if masked else ""
+    if draws:
+        measured += f"; validation steps drew from torch's global RNG ({draws} batches)"
     fix = ""
-    if not holds:
+    if not holds and shards_explain:
+        fix = "the ranks evaluate other samples than one process: see 'shards'"
+    elif not holds and train_mode:
         fix = (
-            "the ranks evaluate other samples than one process: see 'shards'"
-            if shards_explain
-            else "reduce every metric over the ranks: torchmetrics logged as objects, or sync_dist=True"
+            f"validation runs {train_mode[0].split(' (')[0]} in training mode (a .train() in a validation"
+            " hook): dropout then draws masks, and BatchNorm normalises by each device's batch, so the"
+            " metrics change with the device count; evaluate in eval mode, which Lightning sets"
         )
+    elif not holds and draws:
+        fix = (
+            "the model draws from torch's global RNG in validation (dropout left on in evaluation:"
+            " F.dropout(x, p) without training=self.training): each process draws other numbers, so the"
+            " metrics change with the device count; draw nothing at random in evaluation"
+        )
+    elif not holds:
+        fix = "reduce every metric over the ranks: torchmetrics logged as objects, or sync_dist=True"
     return Row("metrics", "validation metrics 1 = 2 processes", holds, measured, fix)
 
 
@@ -1014,7 +1032,9 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
         "grads": lambda: grads_row,
         "steps": steps_row,
         "data": lambda: data_row,
-        "metrics": lambda: _metrics(runs["val2"], runs["val1"][0], shards_explain=shards[1]),
+        "metrics": lambda: _metrics(
+            runs["val2"], runs["val1"][0], shards_explain=shards[1], dropout=facts["dropout"]
+        ),
         "shards": lambda: shards[0],
         "augmentation": lambda: aug_row,
         "resume": lambda: _resume(

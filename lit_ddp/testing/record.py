@@ -6,9 +6,10 @@ every epoch; the first step's gradients as the optimizer applies them (after DDP
 the training sampler yields each epoch; each epoch's first training batch as the step saw it, with its
 samples' indices; the indices each evaluation loader reads; the epoch-level metrics (a validate run's: every
 one it logged, whatever its name); the BatchNorm classes trained with; the optimizer's settings at each of
-the first steps (learning rate, betas, ...); the steps whose forward and loss drew from torch's global RNG;
-and the module attributes outside ``state_dict`` (plain numbers, tensors not registered, buffers registered
-with ``persistent=False``) before and after training.
+the first steps (learning rate, betas, ...); the steps whose forward and loss drew from torch's global RNG,
+and the validation batches whose step did; the dropout and BatchNorm layers a validation ran in training
+mode; and the module attributes outside ``state_dict`` (plain numbers, tensors not registered, buffers
+registered with ``persistent=False``) before and after training.
 Saved as ``<out_dir>/<stage>_rank<r>.pt`` (``load`` reads every rank's).
 """
 
@@ -18,12 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lit_ddp.runtime.sync_batchnorm import BATCH_NORMS
 
 STEP_STATES = 8  # the weights after each of the first optimizer steps are kept
+DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+# Layers whose training mode changes what evaluation computes: masks drawn, or the batch's own statistics.
+MODE_LAYERS = (*DROPOUT, *BATCH_NORMS)
 
 
 def snapshot(module: torch.nn.Module) -> dict[str, Tensor]:
@@ -150,6 +154,7 @@ class Recorder(Callback):
             "eval_indices": {},
             "optim": [],
             "forward_rng": [],
+            "eval_rng": 0,
         }
         self._last_state: dict[str, Tensor] = {}
         self._rng_state: Tensor | None = None
@@ -236,6 +241,21 @@ class Recorder(Callback):
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._eval_start(trainer, "val", trainer.val_dataloaders)
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        # The batch is on the device: what draws from here to the batch's end is the model's step.
+        self._rng_state = torch.random.get_rng_state()
+        if "eval_train_mode" not in self.record:  # Lightning put the model in eval mode before this
+            self.record["eval_train_mode"] = [
+                f"{name} ({type(m).__name__})"
+                for name, m in pl_module.named_modules()
+                if m.training and isinstance(m, MODE_LAYERS)
+            ]
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        if self._rng_state is not None and not torch.equal(self._rng_state, torch.random.get_rng_state()):
+            self.record["eval_rng"] += 1
+        self._rng_state = None
 
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._eval_start(trainer, "test", trainer.test_dataloaders)
