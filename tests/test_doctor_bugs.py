@@ -147,6 +147,13 @@ class HomeMadeNorm(SmallNet):
         return (h - h.mean(0)) / (h.std(0) + 1e-5)
 
 
+class BatchCentred(SmallNet):
+    """Centres each feature on the device batch's mean, in evaluation too (a batch of one stays finite)."""
+
+    def hidden(self, h):
+        return h - h.mean(0, keepdim=True)
+
+
 class ForwardNoise(SmallNet):
     """Noise from torch's global RNG in forward (issue 50)."""
 
@@ -294,6 +301,7 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "every_rank_all": case(data=EveryRankAll, checks=("grads", "shards", "augmentation", "resume")),
         "order_by_device_count": case(data=OrderByDeviceCount, checks=("grads", "shards", "augmentation")),
         "dropout_in_eval": case(DropoutInEval, checks=("metrics",)),
+        "batch_statistic_in_eval": case(BatchCentred, checks=("metrics",)),
         "train_mode_in_validation": case(LayerDropout, checks=("metrics",), system=TrainModeInValidation),
         "home_made_norm": case(HomeMadeNorm),
         "summed_loss": case(system=SummedLoss),
@@ -396,6 +404,14 @@ def test_dropout_left_on_in_validation_is_named_not_sync_dist(reports) -> None:
     row = failing(reports["dropout_in_eval"], "metrics")
     assert "validation steps drew from torch's global RNG" in row.measured, row
     assert "F.dropout(x, p) without training=self.training" in row.fix and "sync_dist" not in row.fix, row
+
+
+def test_a_batch_statistic_in_forward_fails_the_metrics_naming_it_not_sync_dist(reports) -> None:
+    """The ranks logged the same, reduced value, 1 process another: the metric row said to reduce the metrics
+    over the ranks (sync_dist=True); the model's output depends on the other images of its batch."""
+    row = failing(reports["batch_statistic_in_eval"], "metrics")
+    assert row.fix.startswith("the ranks agree, so the metrics are reduced, but not with 1 process"), row
+    assert "sync_dist" not in row.fix, row
 
 
 def test_a_model_put_back_in_training_mode_for_validation_fails_the_metrics(reports) -> None:

@@ -481,7 +481,7 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: 
             "log the validation metrics with self.log in validation_step to have them checked",
             warning=True,
         )
-    worst, name = 0.0, ""
+    worst, name, differ = 0.0, "", set()
     for rank in two:
         got = rank["val_logged"][-1]
         for key in reference.keys() | got.keys():
@@ -489,6 +489,8 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: 
                 worst, name = math.inf, f"{key} logged on one run only"
                 continue
             diff = abs(got[key] - reference[key]) / max(1.0, abs(reference[key]))
+            if diff > METRIC_RTOL:
+                differ.add(key)
             if diff > worst:
                 worst, name = (
                     diff,
@@ -522,9 +524,24 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: 
             " F.dropout(x, p) without training=self.training): each process draws other numbers, so the"
             " metrics change with the device count; draw nothing at random in evaluation"
         )
+    elif not holds and differ and all(_same_on_ranks(two, key) for key in differ):
+        # Each rank logged the same value: reduced over the ranks, from other outputs than 1 process's.
+        fix = (
+            "the ranks agree, so the metrics are reduced, but not with 1 process: the model's output for a"
+            " sample depends on the rest of its device batch (a statistic over the batch in forward or the"
+            " loss): compute it per sample or over all ranks"
+        )
     elif not holds:
         fix = "reduce every metric over the ranks: torchmetrics logged as objects, or sync_dist=True"
     return Row("metrics", "validation metrics 1 = 2 processes", holds, measured, fix)
+
+
+def _same_on_ranks(two: list[dict], key: str) -> bool:
+    """Whether every rank of a validation logged ``key`` with the same value (to METRIC_RTOL)."""
+    values = [r["val_logged"][-1].get(key) for r in two]
+    if any(v is None for v in values):
+        return False
+    return all(abs(v - values[0]) <= METRIC_RTOL * max(1.0, abs(values[0])) for v in values)
 
 
 def _shard_content(ranks: list[dict], one: dict | None, split: str, shards: list[list[int]]) -> int | None:
