@@ -87,6 +87,36 @@ def test_a_batch_that_fit_refuses_on_the_configured_devices_is_fits_line(tmp_pat
     assert "check " not in proc.stdout  # no table: nothing was checked
 
 
+CRASHES_IN_THE_RANKS = """
+from lit_ddp.data import ShapesDataModule
+
+
+class Unreachable(ShapesDataModule):
+    def load_split(self, split):
+        raise ConnectionError("bucket my-data is unreachable")
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_a_rank_failing_in_the_users_code_is_its_error_not_the_doctors_traceback(tmp_path: Path) -> None:
+    """A data module that fails in the ranks' setup: the doctor printed its own call stack (runpy, cli.py,
+    checks.py, a thread, launch.py) down to LaunchError, then the rank's last 3000 characters, and the
+    ranks' logs went with the temporary folder."""
+    (tmp_path / "unreachable.py").write_text(CRASHES_IN_THE_RANKS)
+    args = ["doctor", "--checks=grads", "--data=unreachable.Unreachable", "--data.train_size=64"]
+    proc = run_cli(args, tmp_path, timeout=560, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr.split("--- rank ")[0], proc.stderr[-6000:]  # only the ranks' own
+    first = proc.stderr.splitlines()[0]
+    assert (
+        first.startswith("python -m lit_ddp doctor: no check ran: the ") and " run failed (rank " in first
+    ), first
+    assert "ConnectionError: bucket my-data is unreachable" in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.rstrip().endswith("--workdir=DIR keeps each rank's whole log"), proc.stderr[-500:]
+    assert "check " not in proc.stdout  # no table: nothing was checked
+
+
 def test_what_fit_refuses_before_building_anything_the_doctor_refuses_in_its_line(capsys) -> None:
     """The doctor reads the config as fit does: the run plan's problems are fit's lines, before any check."""
     from lit_ddp.cli import main

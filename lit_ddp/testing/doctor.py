@@ -8,10 +8,11 @@ Reads the config and overrides as ``fit`` would, then runs the checks on CPU wit
 with the config's sync_batchnorm, accumulate_grad_batches, gradient_clip_val and seed (in float32,
 whatever the config's precision), and prints
 check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
-not failures), 1 when one does not. ``--batch-size`` is the per-device batch of the check runs (default:
-the config's, at most 8, or 4 for images over 64 px, which keeps ResNet-50 at 224 px within about two
-minutes on 2 cores: the checks need a few steps, not a full batch); the BatchNorm warning judges that
-batch (its gradient figure is measured there) and names the config's own beside it. The config's own batch
+not failures), 1 when one does not, or when a rank failed before any check (its last output is printed).
+``--batch-size`` is the per-device batch of the check runs (default: the config's, at most 8, or 4 for
+images over 64 px, which keeps ResNet-50 at 224 px within about two minutes on 2 cores: the checks need a
+few steps, not a full batch); the BatchNorm warning judges that batch (its gradient figure is measured
+there) and names the config's own beside it. The config's own batch
 is judged as ``fit`` judges it, for the run's device count, which the header names with its global batch:
 ``devices=auto`` (or -1) counted as ``fit`` counts it on this machine (every GPU for a GPU run, 1 process on
 a CPU), or judged as 1 where this machine cannot count them (a GPU config on a laptop: pass
@@ -32,6 +33,7 @@ from pathlib import Path
 from lit_ddp.runtime.quiet import quiet_args_given
 from lit_ddp.testing.checks import CHECKS, DDPInvariantWarning, check_ddp_invariants
 from lit_ddp.testing.config import kit_settings
+from lit_ddp.testing.launch import LaunchError
 
 PROG = "python -m lit_ddp doctor"
 DEFAULT_BATCH = 8
@@ -132,16 +134,23 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     start = time.monotonic()
     with warnings.catch_warnings():  # the table shows them
         warnings.simplefilter("ignore", DDPInvariantWarning)
-        report = check_ddp_invariants(
-            cli.model,
-            dm,
-            batch_size=batch,
-            steps=options.steps,
-            seed=seed,
-            checks=tuple(c.strip() for c in options.checks.split(",") if c.strip()),
-            workdir=options.workdir,
-            **settings,
-        )
+        try:
+            report = check_ddp_invariants(
+                cli.model,
+                dm,
+                batch_size=batch,
+                steps=options.steps,
+                seed=seed,
+                checks=tuple(c.strip() for c in options.checks.split(",") if c.strip()),
+                workdir=options.workdir,
+                **settings,
+            )
+        except LaunchError as err:  # a rank failed (your code, most often) or ran past its limit
+            # The ranks' own output is the news, not this process's call stack; their logs are kept only
+            # in a workdir.
+            keep = "" if options.workdir else f"\n{prog}: --workdir=DIR keeps each rank's whole log"
+            print(f"{prog}: no check ran: the {err}{keep}", file=sys.stderr)
+            return 1
     print(report.table())
     verdict = "every check holds" if report.ok else "some checks do not hold"
     print(f"{verdict} ({len(report.warnings)} warning(s)), {time.monotonic() - start:.0f} s", file=sys.stderr)
