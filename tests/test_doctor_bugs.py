@@ -10,6 +10,7 @@ Every case runs only the checks that name its bug, all cases in one 2-process an
 """
 
 import dataclasses
+import random
 
 import numpy as np
 import pytest
@@ -112,6 +113,14 @@ class OrderByDeviceCount(ShapesDataModule):
         return ResumableShuffleSampler(
             dataset, num_replicas=num_replicas, rank=rank, seed=self.seed + num_replicas
         )
+
+
+class FlipsByGlobalRandom(ShapesDataModule):
+    """Flips each training batch by a draw from Python's global RNG: seeded alike on every rank and process
+    count, so 2 × b = 1 × 2b holds; a resumed run draws anew from the seed."""
+
+    def augment_batch(self, x, rand):
+        return x.flip(-1) if random.random() < 0.5 else x
 
 
 class RandomInGetitem(ShapesDataModule):
@@ -301,6 +310,7 @@ with torch.random.fork_rng():  # the initial weights from a fixed seed (test_ddp
         "every_rank_all": case(data=EveryRankAll, checks=("grads", "shards", "augmentation", "resume")),
         "order_by_device_count": case(data=OrderByDeviceCount, checks=("grads", "shards", "augmentation")),
         "dropout_in_eval": case(DropoutInEval, checks=("metrics",)),
+        "flips_by_global_random": case(data=FlipsByGlobalRandom, checks=("augmentation", "resume")),
         "batch_statistic_in_eval": case(BatchCentred, checks=("metrics",)),
         "train_mode_in_validation": case(LayerDropout, checks=("metrics",), system=TrainModeInValidation),
         "home_made_norm": case(HomeMadeNorm),
@@ -396,6 +406,16 @@ def test_an_order_that_depends_on_the_device_count_fails_the_shards(reports) -> 
     assert "rank r of W reading its positions" in shards.fix, shards
     assert failing(report, "grads").fix.endswith("see 'shards'"), report.table()
     assert "augment_batch" not in " ".join(r.fix for r in report.rows), report.table()
+
+
+def test_augmentation_from_the_global_rng_fails_the_resume_check(reports) -> None:
+    """A batch flipped by random.random(): the resume row held (the resumed run's one draw came out as the
+    uninterrupted run's) and every check held, with a warning; a longer run resumes otherwise."""
+    report = reports["flips_by_global_random"]
+    assert report["augmentation"].holds and not report["global_rng"].holds, report.table()
+    row = failing(report, "resume")
+    assert "16 augmented samples follow the global RNGs" in row.measured, row
+    assert row.fix.startswith("a checkpoint does not hold the global RNGs' state"), row
 
 
 def test_dropout_left_on_in_validation_is_named_not_sync_dist(reports) -> None:

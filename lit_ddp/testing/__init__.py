@@ -34,7 +34,8 @@ A failing row names the cause the evidence points to (a loss summed, not average
 a split that differs between ranks or runs) and the fix. It also warns (a row of the report, and a
 ``DDPInvariantWarning``), with the measured number, about BatchNorm without SyncBatchNorm at a per-device
 batch under 32, a training-set size that leaves padded duplicates on 2, 4, 8 (or ``devices``) processes,
-and randomness the data path takes from the global RNGs (judged only when two unperturbed runs agree).
+and randomness the data path takes from the global RNGs (judged only when two unperturbed runs agree;
+it fails the resume check too: a checkpoint does not hold those RNGs' state).
 
 ``report.ok`` is True when every check holds (warnings aside); ``report["augmentation same on any device
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |

@@ -206,6 +206,9 @@ class Evidence:
     # The ranks' training batches hold other samples than 1 process's (shards that overlap, an order that
     # depends on the rank or the device count): not an augmentation or a model difference.
     batches_differ: bool = False
+    # Augmented samples that change when the global RNGs are re-seeded (0 where not measured): a checkpoint
+    # does not hold those RNGs' state, so a resumed run draws from them anew.
+    global_rng: int = 0
     aug_differs: int = 0  # samples augmented differently on 2 processes than on 1
     forward_rng: list[int] = field(default_factory=list)  # steps whose forward drew from torch's global RNG
     loose: list[str] = field(default_factory=list)  # "net.calls (0 → 2)": changed by training, unsaved
@@ -708,7 +711,9 @@ def _resume(
     (full, stopped, resumed), (full_e, stopped_e, resumed_e) = mid_epoch, epoch_end
     diff, diff_e = _resumed_diff(full, resumed), _resumed_diff(full_e, resumed_e)
     exact = _resumed_integers(full, resumed) or _resumed_integers(full_e, resumed_e)
-    differs = diff != 0 or diff_e != 0 or bool(exact)
+    why = why or Evidence()
+    # A draw from the global RNGs per batch can match by chance in the checks' few steps, not in a run.
+    differs = diff != 0 or diff_e != 0 or bool(exact) or bool(why.global_rng)
     holds = not differs
     measured = (
         f"stopped after step {stopped[0]['global_step']} of {full[0]['global_step']} (mid-epoch) and at the"
@@ -717,8 +722,9 @@ def _resume(
     )
     if exact:
         measured += f"; {exact}"
+    if why.global_rng:
+        measured += f"; {why.global_rng} augmented samples follow the global RNGs (the 'global RNG' row)"
     fix = ""
-    why = why or Evidence()
     if differs and why.loose:
         fix = (
             f"{', '.join(why.loose[:3])}: changed by training outside state_dict, so a checkpoint loses it;"
@@ -730,6 +736,11 @@ def _resume(
         fix = "the runs read other samples: see 'data'"
     elif differs and why.batches_differ:
         fix = "the ranks' batches hold other samples than 1 process's: see 'shards'"
+    elif why.global_rng:
+        fix = (
+            "a checkpoint does not hold the global RNGs' state (random, numpy, torch), so a resumed run"
+            " augments with other numbers: take every random number from augment_batch's rand"
+        )
     elif diff != 0:
         fix = "save the data module's position (state_dict) and draw augmentation per sample"
     elif diff_e != 0:  # DataLoader workers read the sampler when Lightning builds the resumed iterator
@@ -1029,6 +1040,7 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
         batches_differ=batches_differ,
         aug_differs=aug_differs,
         forward_rng=full[0].get("forward_rng", []) or full1.get("forward_rng", []),
+        global_rng=rng[0] if rng and not rng[2] else 0,
         loose=loose_changes(full[0]),
     )
 
