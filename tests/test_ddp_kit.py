@@ -526,6 +526,20 @@ def test_a_validation_that_logs_no_metric_is_a_warning_not_a_yes() -> None:
     assert logged.holds and not logged.warning and logged.measured.startswith("1 val metrics")
 
 
+def test_a_metric_that_is_nan_in_one_run_only_does_not_hold() -> None:
+    """A difference with NaN compares False with every bound, so val/loss NaN on 2 processes and finite on 1
+    held the metric check; NaN in both runs is the same value."""
+    from lit_ddp.testing.checks import _metrics
+
+    nan = float("nan")
+    two = [{"rank": r, "val_logged": [{"val/loss": nan, "val/acc": 0.5}]} for r in (0, 1)]
+    row = _metrics(two, {"val_logged": [{"val/loss": 0.7, "val/acc": 0.5}]})
+    assert not row.holds and "val/loss: nan on rank 0 of 2, 0.7 on 1" in row.measured, row.measured
+    finite = [{"rank": 0, "val_logged": [{"val/loss": 0.7}]}]
+    assert not _metrics(finite, {"val_logged": [{"val/loss": nan}]}).holds
+    assert _metrics(two, {"val_logged": [{"val/loss": nan, "val/acc": 0.5}]}).holds
+
+
 class _ForwardingClassifier(ImageClassifier):
     """A user's system that forwards ImageClassifier's arguments with **kwargs: jsonargparse (so fit) sees
     num_classes through them."""

@@ -471,6 +471,15 @@ def _grads(two: list[dict], one: dict, sync: bool, bn: list[str], why: "Evidence
     return Row("grads", "first-step gradients 2×b = 1×2b", holds, measured, fix, rounding=rounding)
 
 
+def _relative_difference(got: float, reference: float) -> float:
+    """|got - reference| relative to the reference (absolute below 1); NaN in one run only is infinitely far
+    (a NaN difference would compare False with every bound), NaN in both the same value."""
+    if math.isnan(got) and math.isnan(reference):
+        return 0.0
+    diff = abs(got - reference) / max(1.0, abs(reference))
+    return math.inf if math.isnan(diff) else diff
+
+
 def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: list[str] = ()) -> Row:
     """``dropout``: the layers the checks ran at p=0 (``without_dropout``), which a validation in training
     mode would otherwise draw masks in."""
@@ -491,7 +500,7 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: 
             if key not in got or key not in reference:
                 worst, name = math.inf, f"{key} logged on one run only"
                 continue
-            diff = abs(got[key] - reference[key]) / max(1.0, abs(reference[key]))
+            diff = _relative_difference(got[key], reference[key])
             if diff > METRIC_RTOL:
                 differ.add(key)
             if diff > worst:
