@@ -566,3 +566,30 @@ def test_a_resume_whose_optimizer_cannot_take_the_checkpoints_state_is_one_line(
         assert resumed.returncode == 2 and len(errors) == 1 and "Traceback" not in resumed.stderr, errors
         assert errors[0].startswith(f"lit_ddp: error: cannot resume {ckpt}: its optimizer state"), errors
         assert said in errors[0], errors
+
+
+def test_a_resume_trains_with_its_own_optimizer_settings_and_says_which_changed(tmp_path, caplog) -> None:
+    """torch's load_state_dict takes each param group's settings from the checkpoint: `fit --ckpt_path=last
+    --model.optim.weight_decay=0.001` over a run trained at 0.0005 trained on at 0.0005 without a word,
+    while its config.yaml recorded 0.001. This run's settings are put back after the load, with a note."""
+    from lit_ddp.cli import build_cli
+
+    root = f"--trainer.default_root_dir={tmp_path}"
+    run = ["fit", *TINY_RUN, "--model.optim.name=sgd", "--model.optim.schedule=constant", root]
+    build_cli([*run, "--model.optim.weight_decay=0.0005", "--model.optim.momentum=0.9"])
+    changed = ["--model.optim.weight_decay=0.001", "--model.optim.momentum=0.8"]
+    with caplog.at_level("INFO"):
+        resumed = build_cli([*run, *changed, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    decay, rest = resumed.trainer.optimizers[0].param_groups
+    assert (decay["weight_decay"], rest["weight_decay"], decay["momentum"], rest["momentum"]) == (
+        1e-3,
+        0,
+        0.8,
+        0.8,
+    )
+    notes = [m for m in caplog.messages if "trains on with this run's" in m]
+    assert notes == [
+        "lit_ddp: note: the optimizer trains on with this run's momentum 0.8 (the checkpoint's: 0.9),"
+        " weight_decay 0.001 (the checkpoint's: 0.0005)"
+    ], caplog.messages
+    assert resumed.trainer.global_step == 4  # two epochs of two steps: it resumed

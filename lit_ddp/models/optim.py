@@ -259,29 +259,47 @@ def _curve(built_for: dict) -> str:
 
 # A param group's flags that say how torch computes the update, not what the update is.
 IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable")
+# What the schedule sets in a group (RunSchedule's restore): every other entry is this run's --model.optim.
+SCHEDULED = ("params", "lr", "initial_lr")
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value  # betas: a tuple built, a list once saved
 
 
 def keep_implementation(optimizer: Optimizer) -> None:
-    """Keeps the implementation chosen for this run across a checkpoint's restore.
+    """Keeps this run's optimizer settings across a checkpoint's restore: its implementation and its
+    hyperparameters (weight decay, momentum, betas, eps, ...), which torch's ``load_state_dict`` takes
+    from the file.
 
-    torch's ``load_state_dict`` takes each group's flags from the file, which describe the saving run's
-    hardware: a run that chose a fused update under DDP, resumed under FSDP with channels-last weights, got
-    the fused step that crashes there, and a 16-mixed run built fused (its loss scaler then hands the step
-    its scale) that resumed unfused flags failed its first step. After each load the flags are put back,
-    and each step counter where torch keeps it for them (its load placed it for the file's flags): on the
-    parameter's device as float32 for a fused or capturable update, which reads it there, else on the CPU.
+    The implementation flags describe the saving run's hardware: a run that chose a fused update under DDP,
+    resumed under FSDP with channels-last weights, got the fused step that crashes there, and a 16-mixed run
+    built fused (its loss scaler then hands the step its scale) that resumed unfused flags failed its first
+    step. The hyperparameters are the saving run's --model.optim: a resume that changes one trains with it,
+    as its config.yaml records, and says so in a note. After each load both are put back, and each step
+    counter where torch keeps it for the flags (its load placed it for the file's): on the parameter's
+    device as float32 for a fused or capturable update, which reads it there, else on the CPU.
     """
-    chosen = [{k: group[k] for k in IMPLEMENTATION_FLAGS if k in group} for group in optimizer.param_groups]
+    chosen = [{k: v for k, v in group.items() if k not in SCHEDULED} for group in optimizer.param_groups]
 
     def restore(loaded: Optimizer) -> None:
-        for group, flags in zip(loaded.param_groups, chosen, strict=True):
-            group.update(flags)
+        changed = {}
+        for group, settings in zip(loaded.param_groups, chosen, strict=True):
+            for key, value in settings.items():
+                if key not in IMPLEMENTATION_FLAGS and key in group and _plain(group[key]) != _plain(value):
+                    changed.setdefault(key, (group[key], value))
+            group.update(settings)
             on_device = bool(group.get("fused") or group.get("capturable"))
             for param in group["params"]:
                 state = loaded.state.get(param, {})
                 if torch.is_tensor(state.get("step")):
                     step = state["step"]
                     state["step"] = step.to(param.device, torch.float32) if on_device else step.cpu()
+        if changed:
+            said = ", ".join(
+                f"{k} {_plain(new)} (the checkpoint's: {_plain(old)})" for k, (old, new) in changed.items()
+            )
+            rank_zero_info(f"lit_ddp: note: the optimizer trains on with this run's {said}")
 
     optimizer.register_load_state_dict_post_hook(restore)
 
