@@ -36,6 +36,16 @@ NOT_OPTIONS = {
     "optimizer": "the models build their optimizer from --model.optim.* (name, lr, weight_decay, momentum)",
     "lr_scheduler": "the models build their schedule from --model.optim.* (schedule, warmup_epochs)",
 }
+# The data keys 0.3.0 removed (CHANGELOG.md), from their value to the settings that replace them; none for
+# one that set nothing (null, augment: true). A closest name would be another key (crop_scale: batch_size).
+REMOVED = {
+    "augment": lambda v: [] if v is True else [("augmentation", None)],
+    "crop_padding": lambda v: [("augmentation", "CropFlip"), ("augmentation.padding", v)],
+    "crop_scale": lambda v: [("augmentation.scale", v)],
+    "crop_ratio": lambda v: [("augmentation.ratio", v)],
+    "auto_augment": lambda v: [("augmentation.auto_augment", v)],
+    "random_erasing": lambda v: [("augmentation.random_erasing", v)],
+}
 # Arguments the CLI fills in itself: the data's number of classes is linked to the model's (cli.py).
 PASSED = {("model", "num_classes")}
 TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "text"}
@@ -516,11 +526,39 @@ def _help_of(ctx: Context, s: Setting) -> str | None:
     return _class_choice(ctx, s)
 
 
+def _removed_key(s: Setting) -> bool:
+    return s.key[0] == "data" and len(s.key) == 2 and s.key[1] in REMOVED
+
+
+def _removed(ctx: Context, s: Setting) -> str:
+    """0.2's data keys, each with what replaces it at its value: those of ``s``'s file (a config.yaml 0.2
+    saved holds six), or of the command line, in one line."""
+
+    def given(one: Setting) -> str:
+        return f"data.{one.key[1]}: {yaml_flow(one.value)}" if one.file else f"--data.{one.key[1]}={one.text}"
+
+    def fix(one: Setting) -> str:
+        new = [] if one.value is None else REMOVED[one.key[1]](one.value)
+        if not new:
+            return f"it set nothing, {'delete the line' if one.file else 'leave it out'}"
+        if one.file:
+            return f"delete it and set {', '.join(f'data.{k}: {yaml_flow(v)}' for k, v in new)}"
+        return f"pass {' '.join(f'--data.{k}={yaml_flow(v)}' for k, v in new)}"
+
+    more = [o for o in ctx.settings if o is not s and o.file == s.file and _removed_key(o)]
+    more = [o for o in more if not _place(ctx, o.key).known]
+    return f"{s.where()}{given(s)}: removed in 0.3.0: {fix(s)}" + "".join(
+        f"; and {given(o)}: {fix(o)}" for o in more
+    )
+
+
 def _unknown_key(ctx: Context, s: Setting) -> str | None:
     place = _place(ctx, s.key)
     if place.known or _class_replaced_after(ctx, s):
         return None
     key, where = place.shown, s.where()
+    if _removed_key(s):
+        return _removed(ctx, s)
     what = f"unknown key {key}" if where else f"unknown option --{_option(key)}"
     owner = place.owner
     first = next(iter(inspect.signature(owner).parameters), None) if owner else None

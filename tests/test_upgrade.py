@@ -1,0 +1,63 @@
+"""A 0.2 user's runs, configs and checkpoints under 0.3: each works, or is one line naming what replaces it
+(CHANGELOG.md, 0.3.0 "Removed"). The 0.2 files are built here in the shape 0.2 wrote them."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_cli
+from test_mistakes import one_error_line
+
+# The data section of a config.yaml that 0.2 saved for `fit --config configs/lenet_cifar.yaml
+# --data.crop_padding=2`: the recipe's augmentation, and the deprecated keys as given (or null).
+SAVED_02 = """\
+data:
+  class_path: lit_ddp.data.ShapesDataModule
+  init_args:
+    augmentation:
+      class_path: lit_ddp.data.CropFlip
+      init_args:
+        padding: 4
+    augment: null
+    crop_padding: 2
+"""
+
+
+def test_a_config_yaml_02_saved_names_each_removed_key_and_what_replaces_it(tmp_path: Path) -> None:
+    """`augment: null` was 'did you mean data.augmentation?' (the file has one: `augmentation: null` in its
+    place turns the augmentation off), and `crop_padding: 2`, a line later, had no value in its line, while
+    the changelog said to delete it (padding 4 then). One line names both, the fix as it reads."""
+    config = tmp_path / "config.yaml"
+    config.write_text(SAVED_02)
+    proc = run_cli(["fit", f"--config={config}"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"lit_ddp: error: {config}, line 8: data.augment: null: removed in 0.3.0: it set nothing, delete the"
+        " line; and data.crop_padding: 2: delete it and set data.augmentation: CropFlip,"
+        " data.augmentation.padding: 2"
+    ), proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    fixed = SAVED_02.replace("    augment: null\n    crop_padding: 2\n", "").replace(
+        "padding: 4", "padding: 2"
+    )
+    config.write_text(fixed)
+    proc = run_cli(["fit", f"--config={config}", "--print_config"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    augmentation = yaml.safe_load(proc.stdout)["data"]["init_args"]["augmentation"]
+    assert augmentation == {"class_path": "lit_ddp.data.CropFlip", "init_args": {"padding": 2}}
+
+
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        ("--data.augment=false", "pass --data.augmentation=null"),
+        ("--data.augment=true", "it set nothing, leave it out"),
+        ("--data.crop_padding=2", "pass --data.augmentation=CropFlip --data.augmentation.padding=2"),
+        ("--data.crop_scale=[0.5,1]", "pass --data.augmentation.scale=[0.5, 1]"),  # was: batch_size?
+        ("--data.crop_ratio=[0.75,1.33]", "pass --data.augmentation.ratio=[0.75, 1.33]"),  # was: draft?
+        ("--data.auto_augment=randaugment", "pass --data.augmentation.auto_augment=randaugment"),
+        ("--data.random_erasing=0.25", "pass --data.augmentation.random_erasing=0.25"),
+    ],
+)
+def test_a_removed_data_option_names_its_replacement_with_the_value(capsys, given: str, fix: str) -> None:
+    line = one_error_line(capsys, ["fit", "--data=ImageNetDataModule", given])
+    assert line.startswith(f"{given}: removed in 0.3.0") and line.endswith(fix), line
