@@ -35,7 +35,7 @@ from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.compat import load_train_dataloader, set_collective_timeout
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_failure, exception_chain
-from lit_ddp.models import ImageClassifier
+from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
@@ -297,6 +297,9 @@ class LitDDPCLI(LightningCLI):
                 self._read_as_the_chosen_model(parser, subcommand, hparams, ckpt_path)
 
     def instantiate_classes(self) -> None:
+        model = (self.config[self.subcommand] if self.subcommand else self.config).get("model")
+        if model is not None:  # a 0.2 checkpoint's hyperparameters name the model by its 0.2 name
+            model["class_path"] = current_name(model.get("class_path"))
         try:
             with checkpoint_replaces_weights(self.plan.checkpoint_replaces_weights):
                 super().instantiate_classes()

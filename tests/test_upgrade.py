@@ -4,9 +4,12 @@
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 from test_mistakes import one_error_line
+
+from lit_ddp.cli import build_cli
 
 # The data section of a config.yaml that 0.2 saved for `fit --config configs/lenet_cifar.yaml
 # --data.crop_padding=2`: the recipe's augmentation, and the deprecated keys as given (or null).
@@ -61,3 +64,47 @@ def test_a_config_yaml_02_saved_names_each_removed_key_and_what_replaces_it(tmp_
 def test_a_removed_data_option_names_its_replacement_with_the_value(capsys, given: str, fix: str) -> None:
     line = one_error_line(capsys, ["fit", "--data=ImageNetDataModule", given])
     assert line.startswith(f"{given}: removed in 0.3.0") and line.endswith(fix), line
+
+
+def test_resnetimagenet_by_its_short_name_is_told_its_new_one(capsys) -> None:
+    """It was 'no such model class (the choices are ArchClassifier, LeNetCIFAR)'."""
+    line = one_error_line(capsys, ["fit", "--model=ResNetImageNet"])
+    assert (
+        line == "--model=ResNetImageNet: renamed in 0.3.0: name ArchClassifier (same arguments, same weights)"
+    )
+
+
+ARCH = ["--model=ArchClassifier", "--model.arch=resnet18", "--model.channels_last=false"]
+
+
+@pytest.fixture(scope="module")
+def run_02(tmp_path_factory) -> Path:
+    """A finished ResNet run whose checkpoint names its model as 0.2 did: ResNetImageNet."""
+    root = tmp_path_factory.mktemp("run")
+    build_cli(["fit", *TINY_RUN, *ARCH, f"--trainer.default_root_dir={root}"])
+    (last,) = root.rglob("last.ckpt")
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["hyper_parameters"]["_class_path"] == "lit_ddp.models.ArchClassifier"
+    checkpoint["hyper_parameters"]["_class_path"] = "lit_ddp.models.ResNetImageNet"
+    torch.save(checkpoint, last)
+    return root
+
+
+def test_a_02_resnet_checkpoint_resumes_and_validates_as_arch_classifier(run_02: Path) -> None:
+    """fit --ckpt_path=last was refused ('the runs under ... are other experiments', model ResNetImageNet),
+    --ckpt_path=PATH with the new name too ('holds a ResNetImageNet'), and without --model it was
+    jsonargparse's traceback: a 0.2 ResNet run could be neither resumed nor scored."""
+    root = f"--trainer.default_root_dir={run_02}"
+    (last,) = run_02.rglob("last.ckpt")
+    proc = run_cli(["validate", *TINY_RUN, root, f"--ckpt_path={last}"], cwd=run_02)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    proc = run_cli(["fit", *TINY_RUN, *ARCH, root, "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=run_02)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Restored all states" in proc.stdout + proc.stderr
+    resumed = torch.load(last, weights_only=True)
+    assert (
+        resumed["epoch"] == 1
+        and resumed["hyper_parameters"]["_class_path"] == "lit_ddp.models.ArchClassifier"
+    )
+    for config in run_02.rglob("config.yaml"):  # each re-runs with --config
+        assert yaml.safe_load(config.read_text())["model"]["class_path"] == "lit_ddp.models.ArchClassifier"

@@ -14,6 +14,24 @@ from lit_ddp.models.lenet_cifar import LeNetCIFAR
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.weights import load_weights
 
+# 0.2's names of the classes renamed since. A checkpoint 0.2 wrote names its model so, and LightningCLI
+# imports that name: it reads as the new class, and what a run writes names the new one; a short name
+# (--model=ResNetImageNet), which no class has, is told the new one (preflight.settings).
+RENAMED = {"ResNetImageNet": "ArchClassifier"}
+
+
+def __getattr__(name: str):
+    if name in RENAMED:
+        return globals()[RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def current_name(class_path):
+    """``class_path`` with a 0.2 name of a class here (``RENAMED``) replaced by its new one."""
+    module, _, name = str(class_path).rpartition(".")
+    return f"{module}.{RENAMED[name]}" if module == __name__ and name in RENAMED else class_path
+
+
 __all__ = [
     "RESNET_ARCHS",
     "ArchClassifier",

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lit_ddp.errors import UserError
+from lit_ddp.models import current_name
 from lit_ddp.models.weights import CHECKPOINT_GLOBALS, unsafe_globals
 from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
 
@@ -107,6 +108,9 @@ def load_checkpoint_file(
         raise UserError(
             f"checkpoint {path} is not a Lightning checkpoint (no state_dict): pass a .ckpt from a run"
         )
+    hparams = checkpoint.get("hyper_parameters")
+    if isinstance(hparams, dict) and "_class_path" in hparams:
+        hparams["_class_path"] = current_name(hparams["_class_path"])
     return checkpoint
 
 

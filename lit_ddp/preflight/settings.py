@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 from jsonargparse import ArgumentError, ArgumentParser, Namespace
 
+from lit_ddp.models import RENAMED as RENAMED_MODELS
 from lit_ddp.utils import NOT_SETTINGS, command_line, config_files, yaml_flow, yaml_key_line
 
 COMMANDS: tuple[str, ...] = ("fit", "validate", "test", "predict", "new")
@@ -480,6 +481,8 @@ def _class_choice(ctx: Context, s: Setting) -> str | None:
         return None
     (place, classes), name, chosen = named, s.value, s.key in CHOSEN
     at, module_name, attr = f"{s.where()}{s.shown(place.shown)}", *s.value.rpartition(".")[::2]
+    if s.key == ("model",) and not module_name and attr in RENAMED_MODELS:  # lit_ddp.models.<it> still reads
+        return f"{at}: renamed in 0.3.0: name {RENAMED_MODELS[attr]} (same arguments, same weights)"
     found, problem, match = _named(name, classes), "", ""
     if found is None and module_name:
         try:
