@@ -34,9 +34,9 @@ def test_a_config_yaml_02_saved_names_each_removed_key_and_what_replaces_it(tmp_
     config.write_text(SAVED_02)
     proc = run_cli(["fit", f"--config={config}"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        f"lit_ddp: error: {config}, line 8: data.augment: null: removed in 0.3.0: it set nothing, delete the"
-        " line; and data.crop_padding: 2: delete it and set data.augmentation: CropFlip,"
-        " data.augmentation.padding: 2"
+        f"lit_ddp: error: {config}, line 8: removed in 0.3.0: data.crop_padding: 2: delete it and set"
+        " data.augmentation: CropFlip, data.augmentation.padding: 2; data.augment: the default now, delete"
+        " them"
     ), proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
     fixed = SAVED_02.replace("    augment: null\n    crop_padding: 2\n", "").replace(
@@ -49,21 +49,56 @@ def test_a_config_yaml_02_saved_names_each_removed_key_and_what_replaces_it(tmp_
     assert augmentation == {"class_path": "lit_ddp.data.CropFlip", "init_args": {"padding": 2}}
 
 
+# The default callbacks as a config.yaml of the 0.2.0 release saves them, one set off, one changed.
+SAVED_020 = """\
+preemption:
+  class_path: lit_ddp.runtime.preemption.PreemptionCheckpoint
+  init_args:
+    requeue_signal: SIGUSR1
+    check_every_n_batches: 1
+progress_bar: null
+failed_run_cleanup:
+  class_path: lit_ddp.runtime.failed_run.RemoveFailedRunDir
+  init_args: {}
+"""
+
+
+def test_a_config_yaml_020_saved_names_the_groups_its_callback_keys_went_into(tmp_path: Path) -> None:
+    """Each of its thirty callback keys was one try, with the closest key: 'unknown key preemption: did you
+    mean predictions?'. A setting not at 0.3's default is named with its new key."""
+    config = tmp_path / "config.yaml"
+    config.write_text(SAVED_020)
+    proc = run_cli(["fit", f"--config={config}"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"lit_ddp: error: {config}, line 1: removed in 0.3.0: preemption.check_every_n_batches: 1: delete it"
+        " and set resilience.check_every_n_batches: 1; progress_bar: null: delete it and set"
+        " console.progress_bar: false; preemption, preemption.requeue_signal, failed_run_cleanup: the"
+        " default now, delete them"
+    ), proc.stderr
+
+
 @pytest.mark.parametrize(
     ("given", "fix"),
     [
         ("--data.augment=false", "pass --data.augmentation=null"),
-        ("--data.augment=true", "it set nothing, leave it out"),
         ("--data.crop_padding=2", "pass --data.augmentation=CropFlip --data.augmentation.padding=2"),
         ("--data.crop_scale=[0.5,1]", "pass --data.augmentation.scale=[0.5, 1]"),  # was: batch_size?
         ("--data.crop_ratio=[0.75,1.33]", "pass --data.augmentation.ratio=[0.75, 1.33]"),  # was: draft?
         ("--data.auto_augment=randaugment", "pass --data.augmentation.auto_augment=randaugment"),
         ("--data.random_erasing=0.25", "pass --data.augmentation.random_erasing=0.25"),
+        ("--quiet=null", "pass --console.quiet=false"),
+        ("--nan_guard.read=now", "pass --resilience.nan_read=now"),
+        ("--lr_monitor=null", "pass --dashboard.lr_monitor=false"),
     ],
 )
-def test_a_removed_data_option_names_its_replacement_with_the_value(capsys, given: str, fix: str) -> None:
+def test_a_removed_option_names_its_replacement_with_the_value(capsys, given: str, fix: str) -> None:
     line = one_error_line(capsys, ["fit", "--data=ImageNetDataModule", given])
-    assert line.startswith(f"{given}: removed in 0.3.0") and line.endswith(fix), line
+    assert line == f"removed in 0.3.0: {given}: {fix}"
+
+
+def test_removed_options_that_set_the_default_are_named_to_leave_out(capsys) -> None:
+    line = one_error_line(capsys, ["fit", "--data.augment=true", "--eval_limits=null"])
+    assert line == "removed in 0.3.0: --data.augment, --eval_limits: the default now, leave them out"
 
 
 def test_resnetimagenet_by_its_short_name_is_told_its_new_one(capsys) -> None:

@@ -47,6 +47,9 @@ REMOVED = {
     "auto_augment": lambda v: [("augmentation.auto_augment", v)],
     "random_erasing": lambda v: [("augmentation.random_erasing", v)],
 }
+# 0.2's callback keys: those always on since, and the groups the others went into (CHANGELOG.md, 0.3.0).
+ALWAYS_ON = ("failed_run_cleanup", "eval_limits")
+GROUPS = ("console", "resilience", "dashboard")
 # Arguments the CLI fills in itself: the data's number of classes is linked to the model's (cli.py).
 PASSED = {("model", "num_classes")}
 TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "text"}
@@ -529,30 +532,50 @@ def _help_of(ctx: Context, s: Setting) -> str | None:
     return _class_choice(ctx, s)
 
 
-def _removed_key(s: Setting) -> bool:
-    return s.key[0] == "data" and len(s.key) == 2 and s.key[1] in REMOVED
+def _replacement(ctx: Context, one: Setting) -> list[tuple[str, object]] | None:
+    """What replaces a key 0.3.0 removed, at its value: the settings (none: it is the default now), or None
+    for any other key. 0.2's callback keys are the parameters of the groups they went into (a default
+    callback's bare key turns it off; its arguments keep their names, but nan_guard's read)."""
+    key = one.key
+    if key[0] == "data" and len(key) == 2 and key[1] in REMOVED:
+        return [] if one.value is None else [(f"data.{k}", v) for k, v in REMOVED[key[1]](one.value)]
+    if key[0] in ALWAYS_ON and len(key) <= 2:
+        return []
+    for group in (g for g in GROUPS if g in ctx.bases):
+        params = inspect.signature(ctx.bases[group]).parameters
+        param = params.get({"read": "nan_read"}.get(key[-1], key[-1]))
+        if key[0] not in params or param is None or len(key) > 2:
+            continue
+        if len(key) == 1:
+            return [(f"{group}.{key[0]}", False)] if one.value is None else []
+        default = getattr(param.default, "name", param.default)  # an enum as YAML writes it
+        return [] if one.value == default else [(f"{group}.{param.name}", one.value)]
+    return None
 
 
 def _removed(ctx: Context, s: Setting) -> str:
-    """0.2's data keys, each with what replaces it at its value: those of ``s``'s file (a config.yaml 0.2
-    saved holds six), or of the command line, in one line."""
-
-    def given(one: Setting) -> str:
-        return f"data.{one.key[1]}: {yaml_flow(one.value)}" if one.file else f"--data.{one.key[1]}={one.text}"
-
-    def fix(one: Setting) -> str:
-        new = [] if one.value is None else REMOVED[one.key[1]](one.value)
+    """Every key 0.3.0 removed that ``s``'s file (or the command line) gives, with what replaces it at its
+    value, in one line: a config.yaml 0.2 saved holds some thirty."""
+    given = [o for o in ctx.settings if o.file == s.file and _replacement(ctx, o) is not None]
+    given = [o for o in given if not _place(ctx, o.key).known]
+    parts = []
+    for one in given:
+        new = _replacement(ctx, one)
         if not new:
-            return f"it set nothing, {'delete the line' if one.file else 'leave it out'}"
+            continue
         if one.file:
-            return f"delete it and set {', '.join(f'data.{k}: {yaml_flow(v)}' for k, v in new)}"
-        return f"pass {' '.join(f'--data.{k}={yaml_flow(v)}' for k, v in new)}"
-
-    more = [o for o in ctx.settings if o is not s and o.file == s.file and _removed_key(o)]
-    more = [o for o in more if not _place(ctx, o.key).known]
-    return f"{s.where()}{given(s)}: removed in 0.3.0: {fix(s)}" + "".join(
-        f"; and {given(o)}: {fix(o)}" for o in more
-    )
+            fix = f"delete it and set {', '.join(f'{k}: {yaml_flow(v)}' for k, v in new)}"
+        else:
+            fix = f"pass {' '.join(f'--{k}={yaml_flow(v)}' for k, v in new)}"
+        parts.append(
+            f"{'.'.join(one.key)}: {yaml_flow(one.value)}: {fix}"
+            if one.file
+            else f"--{'.'.join(one.key)}={one.text}: {fix}"
+        )
+    same = [".".join(o.key) if o.file else f"--{'.'.join(o.key)}" for o in given if not _replacement(ctx, o)]
+    if same:
+        parts.append(f"{', '.join(same)}: the default now, {'delete them' if s.file else 'leave them out'}")
+    return f"{s.where()}removed in 0.3.0: {'; '.join(parts)}"
 
 
 def _unknown_key(ctx: Context, s: Setting) -> str | None:
@@ -560,7 +583,7 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
     if place.known or _class_replaced_after(ctx, s):
         return None
     key, where = place.shown, s.where()
-    if _removed_key(s):
+    if _replacement(ctx, s) is not None:
         return _removed(ctx, s)
     what = f"unknown key {key}" if where else f"unknown option --{_option(key)}"
     owner = place.owner
