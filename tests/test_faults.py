@@ -458,6 +458,45 @@ def test_b_ctrl_c_during_the_sanity_check_leaves_no_run_folder_and_says_why(tmp_
     assert not list(tmp_path.glob("logs/**/version_*")) and not list(tmp_path.glob("logs/**/.*.lock"))
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_b_sigterm_to_one_rank_during_the_sanity_check_stops_every_rank_before_the_first_step(
+    tmp_path: Path, strategy: str
+) -> None:
+    """Lightning's SIGTERM handler, still in place during the sanity check, broadcast from inside itself:
+    rank 1 signalled alone waited there for rank 0, which waited for it in the check, and the job hung until
+    --dist_timeout. The ranks now agree as training starts and stop before its first step, with last.ckpt."""
+    args = [f"--trainer.strategy={strategy}", "--dist_timeout=60"]  # a hang ends in 60 s, not 600
+    args += [*fault(tmp_path / "probe", "sigterm", rank=1), "--trainer.callbacks.in_sanity_check=true"]
+    result = job([*DDP_FIT, *args], tmp_path)
+    out = result.stdout + result.stderr
+    assert (tmp_path / "probe" / "fired").is_file(), out[-3000:]
+    assert result.returncode == 0, out[-3000:]
+    assert "lit_ddp: rank 1 received SIGTERM" in out and "Traceback" not in out
+    assert "lit_ddp: stopped by SIGTERM at the start of epoch 1, step 0: saved" in out, out[-3000:]
+    assert torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"] == 0
+    assert not (tmp_path / "probe" / "batches_rank0.txt").exists()  # no training batch ran
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_b_sigusr1_during_the_sanity_check_stops_with_last_ckpt_and_resumes_exactly(
+    tmp_path: Path, one_device_reference: Path
+) -> None:
+    """Outside SLURM nothing handled SIGUSR1 before training: it killed the process (exit 138), leaving a run
+    folder without a checkpoint. It now stops as SIGTERM does, and the resume ends as the uninterrupted
+    run."""
+    stopped = one_device_fit(
+        tmp_path, *fault(tmp_path / "probe", "sigusr1"), "--trainer.callbacks.in_sanity_check=true"
+    )
+    assert "lit_ddp: stopped by SIGUSR1 at the start of epoch 1, step 0: saved" in stopped.stderr
+    one_device_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
+    assert batches(tmp_path / "probe2") == batches(one_device_reference / "probe")
+    assert_same_run(tmp_path, one_device_reference)
+
+
 @pytest.mark.timeout(120)
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of

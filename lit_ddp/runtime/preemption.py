@@ -21,8 +21,9 @@ any model whose batch takes a fraction of a second; set 1 for models with very s
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
 the handler, and its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` (a barrier) from inside the handler,
 wherever each rank happens to be; a rank blocked in another collective never matches them, and the job
-hangs. A signal before training starts (set-up, sanity check)
-still takes Lightning's path.
+hangs. SIGTERM and SIGUSR1 are recorded from the sanity check on, and agreed on as training starts, where a
+signal seen during the check stops every rank before the first step; one during set-up still takes
+Lightning's path.
 
 A stop in the middle of an epoch loses nothing: the checkpoint carries where the epoch stands (the data
 module's batch count, lit_ddp/data/base.py) and the epoch's training metric states summed over the ranks
@@ -123,13 +124,9 @@ class PreemptionCheckpoint(Callback):
             # Resumed mid-epoch, exactly: Lightning's warning that it is not, emitted as the epoch starts,
             # would be false. Only that one, and only until the epoch has started.
             self._quiet = quiet_exact_resume()
-        # After Lightning has installed its handlers (in Trainer._run, after on_fit_start): replace them.
-        # Lightning's signal connector restores the original handlers at teardown.
-        self._is_global_zero, self._rank = trainer.is_global_zero, trainer.global_rank
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.getsignal(signal.SIGINT)
-            for signum in self._codes:
-                signal.signal(signum, self._on_signal)
+        self._record_signals(trainer, self._codes)
         self._pending = None
         if trainer.received_sigterm:  # by Lightning's handler, before training: spread it our way
             self._received = max(self._received, self._codes[signal.SIGTERM])
@@ -140,6 +137,32 @@ class PreemptionCheckpoint(Callback):
             # NCCL all-reduces need CUDA tensors, and reading one back would synchronise the GPU every
             # step. A gloo group works on CPU tensors. Every rank creates it here, at the same point.
             self._group = dist.new_group(backend="gloo")
+        # A stop signal during the sanity check was only recorded: the ranks agree on it here, at the same
+        # point, and stop before the first step (nothing of a gradient accumulation to lose).
+        if self._collective(trainer):
+            code = self._result(self._start_agreement())
+        else:
+            code = self._agree_now(trainer, pl_module)
+        if code:
+            self._stop_if(trainer, code)
+            raise SIGTERMException
+
+    def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning's SIGTERM handler broadcasts from inside itself, so a rank signalled alone would wait
+        # there for ranks that wait for it in the check's collectives; outside SLURM nothing handles
+        # SIGUSR1, whose default action kills the process. Both are only recorded, as in training. Ctrl-C
+        # still aborts here: nothing has trained, and a user who sees a wrong setting presses it to get out.
+        self._record_signals(
+            trainer, [s for s in (signal.SIGTERM, self.requeue_signal) if s != signal.SIGINT]
+        )
+
+    def _record_signals(self, trainer: Trainer, signals) -> None:
+        """``_on_signal`` for ``signals``, over Lightning's handlers (installed in Trainer._run, after
+        on_fit_start; its signal connector restores the original ones at teardown)."""
+        self._is_global_zero, self._rank = trainer.is_global_zero, trainer.global_rank
+        if threading.current_thread() is threading.main_thread():
+            for signum in signals:
+                signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame) -> None:
         # Only record: a collective or a checkpoint here could meet another collective on another rank.
