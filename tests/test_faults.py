@@ -497,6 +497,24 @@ def test_b_sigusr1_during_the_sanity_check_stops_with_last_ckpt_and_resumes_exac
     assert_same_run(tmp_path, one_device_reference)
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_b_sigterm_during_validate_or_test_is_not_a_success(tmp_path: Path, command: str) -> None:
+    """SIGTERM stopped validate or test after the batch it came in, before any metric, with exit 0 and no
+    word but Lightning's `Received SIGTERM`, leaving a run folder without results: a script or a scheduler
+    took it for done. It now exits 1 with one line, the empty folder removed."""
+    args = [command, *TINY_SHAPES, "--data.test_size=128", "--ckpt_path=untrained", *QUIET]
+    args += [*fault(tmp_path / "probe", "sigterm"), "--trainer.callbacks.at_eval_batch=1"]  # of 4 batches
+    stopped = run_cli(args, cwd=tmp_path, env=ENV, timeout=RUN_TIMEOUT)
+    assert (tmp_path / "probe" / "fired").is_file(), stopped.stderr[-3000:]
+    assert stopped.returncode == 1, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    run = Path("logs") / "lightning_logs" / "version_0"
+    line = f"lit_ddp: stopped by SIGTERM during {command}: nothing to keep, {run} removed"
+    assert stopped.stderr.rstrip().splitlines()[-1] == line, stopped.stderr[-3000:]
+    assert not list(tmp_path.glob("logs/**/version_*"))
+
+
 @pytest.mark.timeout(120)
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of

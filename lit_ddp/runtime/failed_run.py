@@ -1,4 +1,5 @@
-"""A run stopped by bad input or Ctrl-C before it has produced anything leaves no run directory behind.
+"""A run stopped by bad input or Ctrl-C before it has produced anything, or a ``validate`` or ``test`` stopped
+by SIGTERM before its metrics, leaves no run directory behind.
 
 Lightning creates ``version_N`` (the TensorBoard writer, config.yaml) before the data module's ``setup``,
 where unreadable data or an impossible ``val_size`` are found, and before the sanity check, where a user who
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
@@ -65,22 +68,30 @@ class RemoveFailedRunDir(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         interrupted = isinstance(exception, KeyboardInterrupt)
+        # Lightning's SIGTERM handler ends validate or test after the batch it came in, before any metric,
+        # with an exception that exits 0: a script or a scheduler would take the part that ran for a result.
+        evaluating = trainer.state.fn in (TrainerFn.VALIDATING, TrainerFn.TESTING)
+        terminated = isinstance(exception, SIGTERMException) and evaluating
         refused = refusal(trainer, exception) is not None
-        if not (refused or interrupted) or not trainer.is_global_zero:
+        if not (refused or interrupted or terminated) or not trainer.is_global_zero:
             return
         if trainer.world_size > 1 and not (dist.is_available() and dist.is_initialized()):
             return  # ddp_spawn's main process, which does not train: rank 0 knows whether the run did
+        if terminated:
+            exception.code = 1
+        removed = None
         if trainer.global_step > 0:  # it trained (a full disk at its first checkpoint): its logs stay
-            return
-        if trainer.logger is None:
+            pass
+        elif trainer.logger is None:
             removed = self._undo_configs()
-        elif trainer.logger.log_dir is None:  # a logger with no local run folder (MLflow on a database)
-            return
-        else:
+        elif trainer.logger.log_dir is not None:  # else a logger with no local run folder (MLflow on a db)
             removed = self._remove_run_dir(Path(trainer.logger.log_dir))
-        if interrupted and removed is not None:  # Lightning says only that it shuts down: what became of it
-            line = "lit_ddp: stopped by Ctrl-C before the first training step: nothing to keep"
-            print(f"{line}, {removed} removed", file=sys.stderr, flush=True)
+        # Lightning says only that it shuts down, or that it received SIGTERM: what became of the run.
+        if (interrupted and removed is not None) or terminated:
+            by = "Ctrl-C" if interrupted else "SIGTERM"
+            when = "before the first training step" if trainer.state.fn == TrainerFn.FITTING else None
+            line = f"lit_ddp: stopped by {by} {when or f'during {trainer.state.fn.value}'}: nothing to keep"
+            print(line + (f", {removed} removed" if removed is not None else ""), file=sys.stderr, flush=True)
 
     def _remove_run_dir(self, run_dir: Path) -> Path | None:
         files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []

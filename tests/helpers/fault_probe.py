@@ -6,7 +6,8 @@ what was lost:
 
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
-* ``in_sanity_check=True``: at the first batch of the sanity check, before any training step.
+* ``in_sanity_check=True``: at the first batch of the sanity check, before any training step;
+* ``at_eval_batch=k``: at the start of batch k of a ``validate`` or ``test`` command.
 
 A signal that reaches the firing rank through another process (``sigterm_parent``: handed back by ddp_spawn's
 main process; ``sigint_group``: the whole group's) holds that rank until it has arrived there, so the rank
@@ -52,11 +53,12 @@ class Fault(Callback):
         out_dir: str = "",
         in_sanity_check: bool = False,
         step_s: float = 0.0,
+        at_eval_batch: int = -1,
     ) -> None:
         assert action in ACTIONS, action
         self.step_s = step_s  # extra seconds of work in every training batch, on every rank
         self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
-        self.in_sanity_check = in_sanity_check
+        self.in_sanity_check, self.at_eval_batch = in_sanity_check, at_eval_batch
         self.out_dir = Path(out_dir) if out_dir else None
         self._batches = 0
 
@@ -113,6 +115,14 @@ class Fault(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if self.in_sanity_check and trainer.sanity_checking and batch_idx == 0:
+            self._fire(trainer, pl_module)
+        elif trainer.state.fn != "fit" and batch_idx == self.at_eval_batch:
+            self._fire(trainer, pl_module)
+
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if batch_idx == self.at_eval_batch:
             self._fire(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
