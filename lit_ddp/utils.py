@@ -76,11 +76,23 @@ def imported(name: str) -> object | None:
     return None
 
 
-def saved_subclass(checkpoint_path, cls: type, key: str) -> type | None:
-    """The subclass of ``cls`` that a LightningCLI checkpoint names (``_class_path`` under ``key``), where it
-    is imported; None where the file names ``cls`` itself or none, or is not a local file this can read
-    (Lightning's own load then says what is wrong with it). Lightning builds the class named there only for
-    a class that takes ``**kwargs``; lit_ddp's typed base classes take the subclass's load instead."""
+class LoadsSavedSubclass:
+    """``load_from_checkpoint`` as the class a LightningCLI run saved (``_class_path`` in the checkpoint's
+    hyperparameters), where that subclass is imported: ``ImageClassifier.load_from_checkpoint`` of a
+    ``--model=LeNetCIFAR`` run's file gives a LeNetCIFAR. Lightning builds the class named there only for a
+    class that takes ``**kwargs``, which lit_ddp's typed base classes do not."""
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs):
+        named = _saved_subclass(checkpoint_path, cls, cls.CHECKPOINT_HYPER_PARAMS_KEY)
+        if named is not None:
+            return named.load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
+
+def _saved_subclass(checkpoint_path, cls: type, key: str) -> type | None:
+    """The imported subclass of ``cls`` other than itself that the checkpoint's ``key`` names, else None (also
+    for what is not a local file this can read: Lightning's own load then says what is wrong with it)."""
     if not isinstance(checkpoint_path, str | os.PathLike) or not os.path.isfile(checkpoint_path):
         return None
     try:

@@ -52,7 +52,7 @@ from lit_ddp.data.samplers import (
 from lit_ddp.data.split_checks import check_split_evaluated, check_training_batch_fits
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import global_batch_size, local_path, plain_data, saved_subclass
+from lit_ddp.utils import LoadsSavedSubclass, global_batch_size, local_path, plain_data
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -70,7 +70,7 @@ SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test
 EPOCH_DRAWS_MAX = 1 << 18
 
 
-class ImageDataModule(LightningDataModule):
+class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
     """Base of the lit_ddp DataModules. ``batch_size`` is per device; the global batch is printed once.
     The base saves every constructor's arguments, a subclass's too (no ``save_hyperparameters`` needed),
     except data given to one (a tensor, an array, a Dataset): pass that again to ``load_from_checkpoint``.
@@ -717,15 +717,6 @@ class ImageDataModule(LightningDataModule):
         samples after the ones skipped."""
         train = getattr(self, "train_set", None)
         return {"samples": len(train)} if isinstance(train, Sized) else None
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs) -> "ImageDataModule":
-        """Lightning's, as the class a CLI run saved (``ImageDataModule.load_from_checkpoint`` of a
-        ``--data=ShapesDataModule`` run's file gives a ShapesDataModule), where that class is imported."""
-        named = saved_subclass(checkpoint_path, cls, "datamodule_hyper_parameters")
-        if named is not None:
-            return named.load_from_checkpoint(checkpoint_path, *args, **kwargs)
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def state_dict(self) -> dict:
         # Saved with every checkpoint, resumed by load_state_dict: where in its epoch training stands, in

@@ -47,7 +47,7 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import global_batch_size, imported, plain_data, saved_subclass
+from lit_ddp.utils import LoadsSavedSubclass, global_batch_size, imported, plain_data
 
 STAGES = ("train", "val", "test")
 
@@ -154,7 +154,7 @@ def _check_num_classes_first(net: object) -> None:
         )
 
 
-class ImageClassifier(LightningModule):
+class ImageClassifier(LoadsSavedSubclass, LightningModule):
     """Cross-entropy classifier over ``net``; batches are ``(images, labels)`` already normalised.
 
     ``net`` is called with ``num_classes`` to build the network (``--model.net=Net``,
@@ -236,15 +236,6 @@ class ImageClassifier(LightningModule):
             # Attributes, not a ModuleDict keyed by stage: "train" would clash with nn.Module.train.
             setattr(self, f"{stage}_metrics", build_metrics(num_classes, top_k).clone(prefix=f"{stage}/"))
             setattr(self, f"{stage}_loss", LossMean())
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, *args, **kwargs) -> "ImageClassifier":
-        """Lightning's, as the class a CLI run saved (``ImageClassifier.load_from_checkpoint`` of a
-        ``--model=LeNetCIFAR`` run's file gives a LeNetCIFAR), where that class is imported."""
-        named = saved_subclass(checkpoint_path, cls, "hyper_parameters")
-        if named is not None:
-            return named.load_from_checkpoint(checkpoint_path, *args, **kwargs)
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     @staticmethod
     def _imported_net(name: str, classes_only: bool = False) -> NetFactory:
