@@ -467,6 +467,26 @@ def test_under_srun_a_mistake_every_task_finds_is_one_line_not_one_per_task(tmp_
     assert len(lines) == 1 and "--data.batch_size=100000 is more than" in lines[0], result.stderr[-3000:]
 
 
+@pytest.mark.timeout(90)
+def test_python_without_srun_in_a_batch_script_is_one_line_not_a_wait_for_tasks_that_never_come(
+    tmp_path: Path,
+) -> None:
+    """A batch script's own shell sees the allocation's SLURM_NTASKS (and no job step): Lightning took it for
+    srun's task 0 of 2 and waited for task 1 until --dist_timeout. It names the missing srun instead."""
+    _, env = slurm_job(tmp_path, "sbatch_single_node.sh", nodes=1, per_node=2)
+    env |= {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    cmd = [sys.executable, "-m", "lit_ddp", "fit", *RUN, "--trainer.devices=2", "--trainer.strategy=ddp"]
+    result = run(cmd, cwd=tmp_path, env=env, timeout=60)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines == [
+        "lit_ddp: error: this process runs in the SLURM job's batch shell (SLURM_NTASKS=2, no srun step), so"
+        " Lightning would take it for task 0 and wait for the others, which never start: put srun in front"
+        " of python (srun python -m lit_ddp fit ...), as scripts/sbatch_single_node.sh does"
+    ], result.stderr[-3000:]
+    assert "Initializing distributed" not in result.stderr and not (tmp_path / "logs").exists()
+
+
 def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
     tmp_path: Path, monkeypatch
 ) -> None:
