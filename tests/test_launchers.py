@@ -487,6 +487,26 @@ def test_python_without_srun_in_a_batch_script_is_one_line_not_a_wait_for_tasks_
     assert "Initializing distributed" not in result.stderr and not (tmp_path / "logs").exists()
 
 
+@pytest.mark.timeout(90)
+def test_srun_tasks_of_an_allocation_without_ntasks_per_node_are_one_line_not_a_traceback_per_task(
+    tmp_path: Path,
+) -> None:
+    """``#SBATCH --ntasks=2`` (no --ntasks-per-node): every task printed Lightning's RuntimeError from the
+    Trainer's construction as a traceback. One line names the #SBATCH settings to use instead."""
+    _, env = slurm_job(tmp_path, "sbatch_single_node.sh", nodes=1, per_node=2)
+    del env["SLURM_NTASKS_PER_NODE"]
+    env |= {"SLURM_NTASKS": "2", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    env["SLURM_NODEID"] = "0"
+    cmd = [sys.executable, "-m", "lit_ddp", "fit", *RUN, "--trainer.devices=2", "--trainer.strategy=ddp"]
+    result = run(cmd, cwd=tmp_path, env=env, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "lit_ddp: error: srun started 2 tasks with no --ntasks-per-node (SLURM_NTASKS_PER_NODE is unset),"
+        " which Lightning needs: ask for --nodes and --ntasks-per-node in place of --ntasks=2 (#SBATCH"
+        " --nodes=1 --ntasks-per-node=2 for 2 tasks on one node)"
+    ], result.stderr[-3000:]
+
+
 def test_the_ranks_of_a_job_say_a_line_once_and_other_jobs_and_lines_are_said(
     tmp_path: Path, monkeypatch
 ) -> None:

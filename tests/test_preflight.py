@@ -346,6 +346,12 @@ MACHINE = [
         "torchrun started 2 processes but --trainer.devices=1 × --trainer.num_nodes=1 = 1: make them equal"
         " (--trainer.devices=2, or torchrun's --nnodes and --nproc_per_node)",
     ),
+    # Lightning's RuntimeError from the Trainer's construction, a traceback in every task.
+    (
+        RunPlan(devices=2, launcher=Launcher("srun", 2, None, "--nodes and --ntasks-per-node")),
+        "srun started 2 tasks with no --ntasks-per-node (SLURM_NTASKS_PER_NODE is unset), which Lightning"
+        " needs: ask for --nodes and --ntasks-per-node in place of --ntasks=2",
+    ),
     (
         RunPlan(devices=2, num_nodes=2, launcher=Launcher("the launcher", 2, None, "")),
         "the launcher started 2 processes (WORLD_SIZE) but --trainer.devices=2 × --trainer.num_nodes=2 = 4:"

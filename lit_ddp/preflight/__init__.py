@@ -537,6 +537,15 @@ def _nodes_without_launcher(plan: RunPlan) -> str | None:
 
 
 def _launcher_world(plan: RunPlan) -> str | None:
+    launcher = plan.launcher
+    if launcher and launcher.name == "srun" and launcher.per_node is None and not launcher.starts_devices:
+        # Lightning's SLURMEnvironment raises a RuntimeError in every task, as the Trainer is built.
+        tasks = launcher.world
+        return (
+            f"srun started {tasks} tasks with no --ntasks-per-node (SLURM_NTASKS_PER_NODE is unset), which"
+            f" Lightning needs: ask for --nodes and --ntasks-per-node in place of --ntasks={tasks} (#SBATCH"
+            f" --nodes=1 --ntasks-per-node={tasks} for {tasks} tasks on one node)"
+        )
     # Where the plan names the device count; auto and -1 are Lightning's to count: runtime/launch.py checks
     # those against the built Trainer, with this same line.
     if plan.device_count is None:
