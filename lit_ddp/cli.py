@@ -39,7 +39,7 @@ from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
-from lit_ddp.preflight.checkpoint import checkpoint_model_overrides, packages_of
+from lit_ddp.preflight.checkpoint import RUN_OPTIONS, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
@@ -275,8 +275,12 @@ class LitDDPCLI(LightningCLI):
         # does not hold it (_before_run lets it go).
         self._checkpoint, self.plan = plan.checkpoint, replace(plan, checkpoint=None)
         ckpt_path = plan.ckpt_path
+        self._run_options = {}
         if self._checkpoint is not None:
             chosen = self.config[subcommand]["model"]
+            # LightningCLI reads the checkpoint's settings over these next: put back in instantiate_classes.
+            given = chosen.get("init_args") or {}
+            self._run_options = {key: given[key] for key in RUN_OPTIONS if key in given}
             # ...and they replace the model settings given here: say so, naming each one.
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
             picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
@@ -300,6 +304,9 @@ class LitDDPCLI(LightningCLI):
         model = (self.config[self.subcommand] if self.subcommand else self.config).get("model")
         if model is not None:  # a 0.2 checkpoint's hyperparameters name the model by its 0.2 name
             model["class_path"] = current_name(model.get("class_path"))
+            for key, value in getattr(self, "_run_options", {}).items():
+                if key in (model.get("init_args") or {}):  # the checkpoint's class may not take it
+                    model["init_args"][key] = value
         try:
             with checkpoint_replaces_weights(self.plan.checkpoint_replaces_weights):
                 super().instantiate_classes()

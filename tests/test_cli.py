@@ -785,6 +785,26 @@ def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
     ) in caplog.messages
 
 
+def test_compile_and_cuda_graph_are_the_commands_not_the_checkpoints(tmp_path: Path, caplog) -> None:
+    """How a command runs the step is its own: validate of a compiled run's checkpoint compiled the network
+    again (no C compiler: no validate), and a fit resumed from a --model.cuda_graph=true run with
+    --model.cuda_graph=auto and clipping was refused, telling the user to pass --model.cuda_graph=auto."""
+    build_cli(["fit", *QUICK, f"--trainer.default_root_dir={tmp_path}", "--model.cuda_graph=true"])
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint["hyper_parameters"]["compile"] = True  # a compiled run's: the same parameter names
+    torch.save(checkpoint, ckpt)
+    root = f"--trainer.default_root_dir={tmp_path / 'again'}"
+    with caplog.at_level("INFO"):
+        cli = build_cli(["validate", *QUICK, root, f"--ckpt_path={ckpt}", "--model.compile=false"])
+    assert cli.model.compile_net is False and not cli.model._net_compiled
+    assert "val/acc" in cli.trainer.callback_metrics
+    resumed = ["fit", *QUICK, root, f"--ckpt_path={ckpt}", "--trainer.max_epochs=2"]
+    cli = build_cli([*resumed, "--model.cuda_graph=auto", "--trainer.gradient_clip_val=1.0"])
+    assert cli.model.cuda_graph == "auto" and cli.trainer.current_epoch == 2
+    assert not [m for m in caplog.messages if "keeps the model settings" in m]  # neither is replaced
+
+
 def test_a_projects_shard_command_names_the_project_in_its_usage(capsys) -> None:
     """A generated project's `python -m my_project shard --help` printed `usage: python -m lit_ddp shard`."""
     from lit_ddp.cli import main

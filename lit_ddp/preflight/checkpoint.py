@@ -203,6 +203,12 @@ def missing_run_state(
     return f"checkpoint {ckpt_path} holds weights only, not {what} (no {', no '.join(missing)}): {fix}"
 
 
+# Model settings that say how this command runs the step (torch.compile, CUDA graphs), not what the weights
+# learned: the command's value holds over the checkpoint's, so a compiled run's checkpoint validates without a
+# compiler and a run resumed where graphs cannot replay takes --model.cuda_graph=auto.
+RUN_OPTIONS = ("compile", "cuda_graph")
+
+
 def checkpoint_model_overrides(
     chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
 ) -> str | None:
@@ -229,7 +235,10 @@ def checkpoint_model_overrides(
     replaced = [
         f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
         for key in given
-        if key in saved and given[key] != default.get(key) and given[key] != saved[key]
+        if key in saved
+        and key not in RUN_OPTIONS
+        and given[key] != default.get(key)
+        and given[key] != saved[key]
     ]
     if not replaced:
         return None
