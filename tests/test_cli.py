@@ -805,6 +805,18 @@ def test_compile_and_cuda_graph_are_the_commands_not_the_checkpoints(tmp_path: P
     assert not [m for m in caplog.messages if "keeps the model settings" in m]  # neither is replaced
 
 
+def test_a_resumed_cuda_graph_run_names_no_lr_change(tmp_path: Path, caplog) -> None:
+    """A --model.cuda_graph=true run's checkpoint holds its lr as float32 made a float (the graph reads a
+    tensor): resumed at the same --model.optim.lr it said "trained at a base lr of 0.003, this run's is
+    0.003"."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *QUICK, root, "--model.cuda_graph=true", "--model.optim.schedule=constant"])
+    with caplog.at_level("INFO"):
+        cli = build_cli(["fit", *QUICK, root, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert cli.trainer.current_epoch == 2
+    assert not [m for m in caplog.messages if "base lr" in m], caplog.messages
+
+
 def test_a_projects_shard_command_names_the_project_in_its_usage(capsys) -> None:
     """A generated project's `python -m my_project shard --help` printed `usage: python -m lit_ddp shard`."""
     from lit_ddp.cli import main

@@ -221,7 +221,8 @@ class RunSchedule(torch.optim.lr_scheduler.LambdaLR):
                 f" the length): the lr continues from step {self.last_epoch} on this run's schedule, so the"
                 " run ends with other weights than one trained with this budget from the start"
             )
-        if not all(math.isclose(a, b) for a, b in zip(ours, self.base_lrs, strict=True)):
+        # rel_tol: a replayed run's (cuda_graph) lr went through a float32 tensor, rounded there
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(ours, self.base_lrs, strict=True)):
             notes.append(
                 f"the checkpoint's run trained at a base lr of {self.base_lrs[0]:.4g}, this run's is"
                 f" {ours[0]:.4g} (--model.optim.lr, × global batch / base_batch_size with"
