@@ -497,22 +497,57 @@ def test_b_sigusr1_during_the_sanity_check_stops_with_last_ckpt_and_resumes_exac
     assert_same_run(tmp_path, one_device_reference)
 
 
+def assert_evaluation_stopped(result: subprocess.CompletedProcess, cwd: Path, command: str, by: str) -> None:
+    """Exit 1, no traceback, the last line saying what became of the run, and nothing left of it."""
+    assert (cwd / "probe" / "fired").is_file(), result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    run = Path("logs") / "lightning_logs" / "version_0"
+    line = f"lit_ddp: stopped by {by} during {command}: nothing to keep, {run} removed"
+    assert result.stderr.rstrip().splitlines()[-1] == line, result.stderr[-3000:]
+    assert not list(cwd.glob("logs/**/version_*")) and not list(cwd.glob("logs/**/.*.lock"))
+    assert not list(cwd.rglob("predictions.csv"))
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("command", ["validate", "test"])
-def test_b_sigterm_during_validate_or_test_is_not_a_success(tmp_path: Path, command: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "action"),
+    [("validate", "sigterm"), ("test", "sigterm"), ("predict", "sigterm"), ("test", "sigusr1")],
+)
+def test_b_a_stop_signal_during_validate_test_or_predict_is_not_a_success(
+    tmp_path: Path, command: str, action: str
+) -> None:
     """SIGTERM stopped validate or test after the batch it came in, before any metric, with exit 0 and no
     word but Lightning's `Received SIGTERM`, leaving a run folder without results: a script or a scheduler
-    took it for done. It now exits 1 with one line, the empty folder removed."""
+    took it for done. predict ignored it (exit 0, every row written: a scheduler's grace period then ran out),
+    and SIGUSR1 killed the process (exit 138), leaving the run folder and its lock. Each now exits 1 with one
+    line, the empty folder removed."""
     args = [command, *TINY_SHAPES, "--data.test_size=128", "--ckpt_path=untrained", *QUIET]
-    args += [*fault(tmp_path / "probe", "sigterm"), "--trainer.callbacks.at_eval_batch=1"]  # of 4 batches
+    args += [*fault(tmp_path / "probe", action), "--trainer.callbacks.at_eval_batch=1"]  # of 4 batches
     stopped = run_cli(args, cwd=tmp_path, env=ENV, timeout=RUN_TIMEOUT)
-    assert (tmp_path / "probe" / "fired").is_file(), stopped.stderr[-3000:]
-    assert stopped.returncode == 1, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr
-    run = Path("logs") / "lightning_logs" / "version_0"
-    line = f"lit_ddp: stopped by SIGTERM during {command}: nothing to keep, {run} removed"
-    assert stopped.stderr.rstrip().splitlines()[-1] == line, stopped.stderr[-3000:]
-    assert not list(tmp_path.glob("logs/**/version_*"))
+    assert_evaluation_stopped(stopped, tmp_path, command, action.upper())
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("command", "action"), [("validate", "sigterm"), ("test", "sigusr1"), ("predict", "sigterm")]
+)
+def test_b_a_stop_signal_to_one_rank_during_validate_test_or_predict_ends_every_rank(
+    tmp_path: Path, command: str, action: str
+) -> None:
+    """SIGTERM to rank 1 alone hung the job until --dist_timeout (Lightning's handler broadcast from inside
+    itself, and rank 0 never met it; in predict, rank 0's gather did: gloo aborted rank 1), and SIGUSR1 killed
+    rank 1 ('lost rank 1'), leaving the run folder. Every rank now stops at the same batch, as one process
+    does."""
+    args = [command, *TINY_SHAPES, "--data.test_size=128", "--ckpt_path=untrained", *QUIET]
+    args += ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    args += [*fault(tmp_path / "probe", action, rank=1), "--trainer.callbacks.at_eval_batch=0"]  # of 2
+    stopped = job([*args, "--dist_timeout=60"], tmp_path)  # a hang ends in 60 s, not 600
+    received = f"lit_ddp: rank 1 received {action.upper()}: every rank stops at the next check\n"
+    assert received in stopped.stderr, stopped.stderr[-3000:]
+    assert_evaluation_stopped(stopped, tmp_path, command, action.upper())
 
 
 @pytest.mark.timeout(120)

@@ -70,7 +70,7 @@ class RemoveFailedRunDir(Callback):
         interrupted = isinstance(exception, KeyboardInterrupt)
         # Lightning's SIGTERM handler ends validate or test after the batch it came in, before any metric,
         # with an exception that exits 0: a script or a scheduler would take the part that ran for a result.
-        evaluating = trainer.state.fn in (TrainerFn.VALIDATING, TrainerFn.TESTING)
+        evaluating = trainer.state.fn in (TrainerFn.VALIDATING, TrainerFn.TESTING, TrainerFn.PREDICTING)
         terminated = isinstance(exception, SIGTERMException) and evaluating
         refused = refusal(trainer, exception) is not None
         if not (refused or interrupted or terminated) or not trainer.is_global_zero:
@@ -88,7 +88,7 @@ class RemoveFailedRunDir(Callback):
             removed = self._remove_run_dir(Path(trainer.logger.log_dir))
         # Lightning says only that it shuts down, or that it received SIGTERM: what became of the run.
         if (interrupted and removed is not None) or terminated:
-            by = "Ctrl-C" if interrupted else "SIGTERM"
+            by = "Ctrl-C" if interrupted else getattr(exception, "signal_name", "SIGTERM")
             when = "before the first training step" if trainer.state.fn == TrainerFn.FITTING else None
             line = f"lit_ddp: stopped by {by} {when or f'during {trainer.state.fn.value}'}: nothing to keep"
             print(line + (f", {removed} removed" if removed is not None else ""), file=sys.stderr, flush=True)

@@ -36,6 +36,7 @@ and counts it as processed, and the checkpoints written there are saved as insid
 
 import contextlib
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -117,6 +118,8 @@ class PreemptionCheckpoint(Callback):
         self._held = 0  # an agreed stop inside a gradient accumulation, for its optimizer step
         self._held_should_stop = False  # a should_stop (max_time, a callback) inside one, likewise
         self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
+        self._evaluating = False  # validate, test or predict (not fit's validation)
+        self._seen = self._common = 0  # evaluation batches run here / that every rank runs
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         sampler = getattr(trainer.train_dataloader, "sampler", None)
@@ -179,7 +182,7 @@ class PreemptionCheckpoint(Callback):
             # main process handed it to)
             line = (
                 f"lit_ddp: rank {self._rank} received {signal.Signals(signum).name}: every rank stops at the"
-                " next check, with last.ckpt\n"
+                f" next check{'' if self._evaluating else ', with last.ckpt'}\n"
             )
             sys.stderr.flush()
             os.write(sys.stderr.fileno(), line.encode())  # one write: ranks sharing stderr do not interleave
@@ -254,10 +257,67 @@ class PreemptionCheckpoint(Callback):
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.stopped_by is not None and not trainer.sanity_checking:
             request_stop(trainer, stop=False)
+        self.on_test_start(trainer, pl_module)
+
+    # validate, test and predict: a stop signal ends the command on every rank, with nothing to keep
+    # (failed_run.py says so, exit 1). Lightning's SIGTERM handler would broadcast from inside itself, which a
+    # rank signalled alone waits in forever, and outside SLURM SIGUSR1 kills: both are only recorded, and the
+    # ranks agree as in training, but only over the batches every rank runs (evaluation shards are uneven,
+    # data/samplers.py). A signal after the last of those lets the command finish, its results whole.
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:
+            return
+        self._evaluating, self._seen, self._pending = True, 0, None
+        self.on_sanity_check_start(trainer, pl_module)  # the same signals recorded
+        if trainer.received_sigterm:  # by Lightning's handler, during set-up: agreed on our way
+            self._received = max(self._received, self._codes[signal.SIGTERM])
+            request_stop(trainer, stop=False)
+        if not self._collective(trainer):
+            return
+        if "gloo" not in dist.get_backend():
+            self._group = dist.new_group(backend="gloo")
+        counts = {
+            TrainerFn.VALIDATING: trainer.num_val_batches,
+            TrainerFn.TESTING: trainer.num_test_batches,
+            TrainerFn.PREDICTING: trainer.num_predict_batches,
+        }.get(trainer.state.fn, [])
+        fewest = torch.tensor([float(sum(counts))], dtype=torch.float64)
+        dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=self._group)
+        self._common = int(fewest.item()) if math.isfinite(fewest.item()) else 0
+
+    on_predict_start = on_test_start
+
+    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args, **kwargs) -> None:
+        if not self._evaluating:
+            return
+        self._seen += 1
+        if not self._collective(trainer):
+            code = self._received if trainer.world_size == 1 else 0
+        elif self._seen <= self._common:  # every rank is at this batch: the all-reduces pair up
+            code = self._result(self._pending)
+            if self._seen == self._common and not code:  # the last batch every rank runs: agree now
+                code = self._result(self._start_agreement())
+            again = not code and self._seen < self._common and self._seen % self.check_every_n_batches == 0
+            self._pending = self._start_agreement() if again else None
+        else:
+            return
+        if code:
+            self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
+            stop = SIGTERMException()
+            stop.signal_name = self.stopped_by  # for failed_run.py's line
+            raise stop
+
+    on_validation_batch_end = on_predict_batch_end = on_test_batch_end
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluating, self._pending = False, None
+
+    on_predict_end = on_test_end
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.stopped_by is not None and not trainer.sanity_checking:
+        if self.stopped_by is not None and not trainer.sanity_checking and not self._evaluating:
             request_stop(trainer)
+        self.on_test_end(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._unquiet()
@@ -275,6 +335,7 @@ class PreemptionCheckpoint(Callback):
 
     def _restore(self, trainer: Trainer) -> None:
         self._unquiet()
+        self._evaluating = False
         self._pending = None  # every rank started it, so it completes without being waited for
         restore_stop_flag_broadcast(trainer)
         # Lightning restores the SIGTERM/SIGUSR1 handlers it installed; SIGINT is ours to give back.

@@ -7,7 +7,7 @@ what was lost:
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
 * ``in_sanity_check=True``: at the first batch of the sanity check, before any training step;
-* ``at_eval_batch=k``: at the start of batch k of a ``validate`` or ``test`` command.
+* ``at_eval_batch=k``: at the start of batch k of a ``validate``, ``test`` or ``predict`` command.
 
 A signal that reaches the firing rank through another process (``sigterm_parent``: handed back by ddp_spawn's
 main process; ``sigint_group``: the whole group's) holds that rank until it has arrived there, so the rank
@@ -124,6 +124,8 @@ class Fault(Callback):
     ) -> None:
         if batch_idx == self.at_eval_batch:
             self._fire(trainer, pl_module)
+
+    on_predict_batch_start = on_test_batch_start
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
