@@ -550,6 +550,23 @@ def test_b_a_stop_signal_to_one_rank_during_validate_test_or_predict_ends_every_
     assert_evaluation_stopped(stopped, tmp_path, command, action.upper())
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("action", "rank"), [("sigterm", 1), ("sigterm_parent", 0)])
+def test_b_under_ddp_spawn_a_stopped_test_fails_the_main_process_too(
+    tmp_path: Path, action: str, rank: int
+) -> None:
+    """Under ddp_spawn, SIGTERM to one rank or to the main process (which hands it to every rank) during
+    `test`: rank 0 said `nothing to keep, ... removed`, but the main process, whose status a script sees,
+    exited 0 (where it had not hung or printed a traceback). It now exits 1."""
+    args = ["test", *TINY_SHAPES, "--data.test_size=128", "--ckpt_path=untrained", *QUIET]
+    args += ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    args += [*fault(tmp_path / "probe", action, rank=rank), "--trainer.callbacks.at_eval_batch=0"]  # of 2
+    stopped = job([*args, "--dist_timeout=60"], tmp_path)
+    assert_evaluation_stopped(stopped, tmp_path, "test", "SIGTERM")
+
+
 @pytest.mark.timeout(120)
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of

@@ -373,7 +373,8 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
     """What a ddp_spawn rank runs: ``trainer.fit``'s work, where a stop agreed by the ranks (Lightning's
     SIGTERMException) reaches the callbacks' on_exception, as in the main process of any other strategy
     (PreemptionCheckpoint saves last.ckpt there), and then ends the rank normally: its results go back to
-    the main process, which exits 0.
+    the main process, which exits 0 (1 after a stopped validate, test or predict: rank 0 writes
+    ``<user_error_file>.stopped``).
 
     A refusal (bad input the rank found: a fractional limit of no batch, an evaluation set smaller than the
     world, a NaN loss; failed_run.refusal) reaches the callbacks and then the loggers as Lightning's handling
@@ -393,6 +394,10 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
             sys.exit(1)
         for logger in trainer.loggers:
             logger.finalize("interrupted")
+        if trainer.state.fn != TrainerFn.FITTING and trainer.is_global_zero:
+            # validate, test or predict: nothing kept, which the main process's exit status must say
+            with contextlib.suppress(WriteError):
+                write_file(f"{user_error_file}.stopped", "", "the rank's stop for the main process", None)
         return None
     except Exception as err:
         trainer = getattr(function, "__self__", None)  # the Trainer's, where Lightning launches the rank
@@ -425,6 +430,10 @@ def _ranks_running(user_error_file: str, procs: Callable[[], list]):
             error.unlink()
             raise UserError(message) from None
         raise
+    stopped = Path(f"{user_error_file}.stopped")
+    if stopped.is_file():  # a signal stopped validate, test or predict: rank 0 printed the line, exit 1
+        stopped.unlink()
+        raise SystemExit(1)
 
 
 @contextlib.contextmanager
