@@ -39,6 +39,14 @@ ROWS = [
         "unknown option --trainer.max_epoch: did you mean --trainer.max_epochs?",
     ),
     (["fit", "--model.optim.lrr=3"], {}, "unknown option --model.optim.lrr: did you mean --model.optim.lr?"),
+    (["fit", "--model.optm.lr=3"], {}, "unknown option --model.optm.lr: did you mean --model.optim.lr?"),
+    # An option of another model class: the prefix the model's options share made any look close ("did
+    # you mean --model.arch?").
+    (
+        ["fit", "--model=ArchClassifier", "--model.cuda_graph=true"],
+        {},
+        "unknown option --model.cuda_graph: see python -m lit_ddp fit --help for the options",
+    ),
     (
         ["fit", "--config", "{tmp}/o.yaml"],
         {"o.yaml": "model:\n  class_path: lit_ddp.models.LeNetCIFAR\n  init_args:\n    optim: {lrr: 3}\n"},

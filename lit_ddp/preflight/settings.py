@@ -202,7 +202,17 @@ def _closest(name: str, candidates: Iterable[str]) -> str:
     candidates = sorted(set(candidates))
     # An abbreviation is not expanded (a typo must not change what runs), but it is the likeliest meaning.
     longer = [c for c in candidates if c.startswith(name)]
-    match = longer if len(longer) == 1 else difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    if len(longer) == 1:
+        return longer[0]
+    # Keys under the same parent are compared by their last part: the prefix they share made
+    # model.init_args.cuda_graph "close" to model.init_args.arch. Other keys, whole (a typo in a group).
+    parent, _, leaf = name.rpartition(".")
+    siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
+    match = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    if match:
+        return siblings[match[0]]
+    others = [c for c in candidates if c.rpartition(".")[0] != parent]
+    match = difflib.get_close_matches(name, others, n=1, cutoff=0.6)
     return match[0] if match else ""
 
 
