@@ -346,6 +346,13 @@ MACHINE = [
         "torchrun started 2 processes but --trainer.devices=1 × --trainer.num_nodes=1 = 1: make them equal"
         " (--trainer.devices=2, or torchrun's --nnodes and --nproc_per_node)",
     ),
+    # python without srun in a batch script: Lightning took the shell for task 0 of 2 and waited for task 1.
+    (
+        RunPlan(devices=2, batch_shell_tasks=2),
+        "this process runs in the SLURM job's batch shell (SLURM_NTASKS=2, no srun step), so Lightning would"
+        " take it for task 0 and wait for the others, which never start: put srun in front of python (srun"
+        " python -m lit_ddp fit ...), as scripts/sbatch_single_node.sh does",
+    ),
     # Lightning's RuntimeError from the Trainer's construction, a traceback in every task.
     (
         RunPlan(devices=2, launcher=Launcher("srun", 2, None, "--nodes and --ntasks-per-node")),

@@ -84,6 +84,16 @@ def launcher_world(environ=None) -> Launcher | None:
     return None
 
 
+def batch_shell_tasks(environ) -> int:
+    """The allocation's task count that a batch script's own shell sees (SLURM_NTASKS with no job step), which
+    Lightning's SLURM rule (SLURMEnvironment.detect: a job name other than bash or interactive) takes for
+    srun's; 0 elsewhere."""
+    if "SLURM_STEP_ID" in environ or environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return 0
+    tasks = environ.get("SLURM_NTASKS", "0")
+    return int(tasks) if tasks.isdigit() else 0
+
+
 def launcher_mismatch(launcher: Launcher | None, devices: int, num_nodes: int) -> str | None:
     """The line for a launcher that started another number of processes than ``devices × num_nodes``, which
     Lightning would join into one training (it compares them only when its strategy takes the launcher's
@@ -168,6 +178,7 @@ class RunPlan:
     other_accelerator: str | None = None
     launcher: Launcher | None = None  # what started this process, from the environment
     manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
+    batch_shell_tasks: int = 0  # SLURM_NTASKS as a batch script's shell sees it (batch_shell_tasks)
     subcommand: str = "fit"
     ckpt_path: str | None = None
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
@@ -241,6 +252,7 @@ class RunPlan:
             other_accelerator=other_accelerator,
             launcher=launcher_world(environ),
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
+            batch_shell_tasks=batch_shell_tasks(environ),
             subcommand=subcommand,
             ckpt_path=_get(config, "ckpt_path"),
             checkpoint=checkpoint,
@@ -538,6 +550,14 @@ def _nodes_without_launcher(plan: RunPlan) -> str | None:
 
 def _launcher_world(plan: RunPlan) -> str | None:
     launcher = plan.launcher
+    if launcher is None and plan.batch_shell_tasks > 1:
+        # Lightning took this process for task 0 and waited for the others until --dist_timeout.
+        tasks = plan.batch_shell_tasks
+        return (
+            f"this process runs in the SLURM job's batch shell (SLURM_NTASKS={tasks}, no srun step), so"
+            " Lightning would take it for task 0 and wait for the others, which never start: put srun in"
+            " front of python (srun python -m lit_ddp fit ...), as scripts/sbatch_single_node.sh does"
+        )
     if launcher and launcher.name == "srun" and launcher.per_node is None and not launcher.starts_devices:
         # Lightning's SLURMEnvironment raises a RuntimeError in every task, as the Trainer is built.
         tasks = launcher.world

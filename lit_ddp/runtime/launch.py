@@ -46,19 +46,12 @@ def check_launcher_world(trainer: Trainer, environ=None) -> None:
     whether Lightning joins the launcher's processes at all (not without mpi4py under mpirun: N separate
     trainings writing into the same folder) and whether the launcher's settings agree with it."""
     launcher = launcher_world(environ)
-    env = getattr(trainer.strategy, "cluster_environment", None)
-    if launcher is None and isinstance(env, SLURMEnvironment) and env.world_size() > 1:
-        # A batch script's shell sees the allocation's SLURM_NTASKS, which Lightning reads as srun's.
-        raise UserError(
-            f"this process runs in the SLURM job's batch shell (SLURM_NTASKS={env.world_size()}, no srun"
-            " step), so Lightning would take it for task 0 and wait for the others, which never start: put"
-            " srun in front of python (srun python -m lit_ddp fit ...), as scripts/sbatch_single_node.sh does"
-        )
     if launcher is None or launcher.starts_devices:
         return
     mismatch = launcher_mismatch(launcher, trainer.num_devices, trainer.num_nodes)
     if mismatch is not None:
         raise UserError(mismatch)
+    env = getattr(trainer.strategy, "cluster_environment", None)
     name, world = launcher.name, launcher.world
     if world > 1 and not (env is not None and env.creates_processes_externally):
         hint = " (Lightning reads mpirun's world with mpi4py: pip install mpi4py)" if name == "mpirun" else ""
