@@ -382,6 +382,10 @@ class LitDDPCLI(LightningCLI):
         config["ckpt_path"], resumed = prepare_ckpt_path(
             ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
         )
+        # The loggers a resume replaced (an MLflow or W&B run's) must not live on in the config, which
+        # ddp_spawn pickles for the ranks: pickling a WandbLogger starts its run.
+        if config.get("trainer") and config["trainer"].get("logger") not in (None, True, False):
+            config["trainer"]["logger"] = self.trainer.loggers
         resilience = find_callback(self.trainer.callbacks, Resilience)
         if resilience is not None:  # each node resolves it alone: the ranks compare at setup
             resilience.starts_from(ckpt_path, config["ckpt_path"])

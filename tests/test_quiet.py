@@ -40,7 +40,6 @@ def test_the_filters_silence_their_messages_and_nothing_else() -> None:
         quiet.quiet_evaluation()
         resuming = quiet.quiet_exact_resume()
         cut_short = quiet.quiet_cut_short()
-        quiet.quiet_replaced_wandb_logger()
         quiet.quiet_resumed_run("logs/lenet_cifar/version_0/checkpoints/last.ckpt")
         with quiet.quiet_args_given():
             for entry in quiet.EVERY_FILTER:

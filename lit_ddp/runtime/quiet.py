@@ -143,18 +143,6 @@ CUT_SHORT = Quiet(
     " metric to rank it by, the console's line says where the fit stopped, and last.ckpt resumes it",
 )
 
-# A fit that goes on in a W&B run, from the process that spawns its ranks (quiet_replaced_wandb_logger).
-REPLACED_WANDB_LOGGER = Quiet(
-    r"There is a wandb run already in progress and newly created instances of `WandbLogger` will reuse",
-    "warning",
-    "lightning.pytorch.loggers.wandb",
-    "There is a wandb run already in progress and newly created instances of `WandbLogger` will reuse",
-    "There is a wandb run already in progress and newly created instances of `WandbLogger` will reuse this"
-    " run. If this is not desired, call `wandb.finish()` before instantiating `WandbLogger`.",
-    "ddp_spawn pickles the logger that the resume replaced (it lives on in the CLI's config), and pickling a"
-    " WandbLogger starts its run: it joins the resumed run, which is the one this fit logs into",
-)
-
 # A fit that goes on in the run folder of the checkpoint it resumes (quiet_resumed_run): that folder only.
 RESUMED_RUN = Quiet(
     r"Checkpoint directory .* exists and is not empty\.",
@@ -184,7 +172,6 @@ EVERY_FILTER = (
     *EVALUATION,
     EXACT_RESUME,
     CUT_SHORT,
-    REPLACED_WANDB_LOGGER,
     RESUMED_RUN,
     ARGS_GIVEN,
 )
@@ -290,11 +277,6 @@ def quiet_cut_short() -> warnings.catch_warnings:
     context.__enter__()
     _ignore(CUT_SHORT)
     return context
-
-
-def quiet_replaced_wandb_logger() -> None:
-    """Silence REPLACED_WANDB_LOGGER in this process, which resumes a W&B run (wandb_resume.py)."""
-    _ignore(REPLACED_WANDB_LOGGER)
 
 
 def quiet_resumed_run(checkpoint: str) -> None:

@@ -14,7 +14,6 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.preflight.folders import plain_wandb_init_args
-from lit_ddp.runtime.quiet import quiet_replaced_wandb_logger
 
 
 def is_wandb_run(folder: Path) -> bool:
@@ -44,5 +43,4 @@ def continue_wandb_run(trainer: Trainer, checkpoint: str | Path, logger_config) 
     # resume="allow": WandbLogger's own default, which a config's `resume: null` (wandb.init's) replaces
     init_args.update(id=folder.name, resume=init_args.get("resume") or "allow")
     trainer.loggers = [WandbLogger(**init_args), *trainer.loggers[1:]]
-    quiet_replaced_wandb_logger()
     rank_zero_info(f"continuing W&B run {folder.name} (project {first.name})")
