@@ -136,16 +136,10 @@ class PreemptionCheckpoint(Callback):
         # With Lightning's handlers replaced, only this callback sets the stop flag, on all ranks at the
         # same batch, so Lightning's per-batch broadcast of it carries nothing: off until training ends.
         skip_stop_flag_broadcast(trainer)
-        if self._collective(trainer) and "gloo" not in dist.get_backend():
-            # NCCL all-reduces need CUDA tensors, and reading one back would synchronise the GPU every
-            # step. A gloo group works on CPU tensors. Every rank creates it here, at the same point.
-            self._group = dist.new_group(backend="gloo")
+        self._join_gloo_group(trainer)
         # A stop signal during the sanity check was only recorded: the ranks agree on it here, at the same
         # point, and stop before the first step (nothing of a gradient accumulation to lose).
-        if self._collective(trainer):
-            code = self._result(self._start_agreement())
-        else:
-            code = self._agree_now(trainer, pl_module)
+        code = self._agree_blocking(trainer, pl_module)
         if code:
             self._stop_if(trainer, code)
             raise SIGTERMException
@@ -192,6 +186,15 @@ class PreemptionCheckpoint(Callback):
     def _collective(trainer: Trainer) -> bool:
         return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
 
+    def _join_gloo_group(self, trainer: Trainer) -> None:
+        # NCCL all-reduces need CUDA tensors, and reading one back would synchronise the GPU every step. A
+        # gloo group works on CPU tensors. Every rank creates it at the same point (a hook every rank runs).
+        if self._collective(trainer) and "gloo" not in dist.get_backend():
+            self._group = dist.new_group(backend="gloo")
+
+    def _signal_name(self, code: int) -> str:
+        return {v: k for k, v in self._codes.items()}[code].name
+
     def _start_agreement(self) -> tuple[dist.Work, torch.Tensor]:
         flag = torch.tensor([self._received], dtype=torch.int32)
         return dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag
@@ -206,8 +209,17 @@ class PreemptionCheckpoint(Callback):
 
     def _stop_if(self, trainer: Trainer, code: int) -> None:
         if code and self.stopped_by is None:
-            self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
+            self.stopped_by = self._signal_name(code)
             request_stop(trainer)  # Lightning's loops stop at their next check
+
+    def _agree_blocking(self, trainer: Trainer, pl_module: LightningModule) -> int:
+        """The ranks' agreed record now, at a point every rank reaches (any pending check is covered: records
+        only grow)."""
+        if not self._collective(trainer):
+            return self._agree_now(trainer, pl_module)
+        self._result(self._pending)
+        self._pending = None
+        return self._result(self._start_agreement())
 
     def _agree_now(self, trainer: Trainer, pl_module: LightningModule) -> int:
         """The ranks' agreed record, blocking (one process, or a strategy without torch.distributed)."""
@@ -240,12 +252,7 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The epoch's last word is blocking, so a signal seen during the epoch never waits past its end.
-        if self._collective(trainer):
-            self._result(self._pending)  # records only grow: the agreement below covers this one
-            self._pending = None
-            code = self._result(self._start_agreement())
-        else:
-            code = self._agree_now(trainer, pl_module)
+        code = self._agree_blocking(trainer, pl_module)
         self._stop_if(trainer, max(code, self._held))
         self._held = 0
 
@@ -274,8 +281,7 @@ class PreemptionCheckpoint(Callback):
             request_stop(trainer, stop=False)
         if not self._collective(trainer):
             return
-        if "gloo" not in dist.get_backend():
-            self._group = dist.new_group(backend="gloo")
+        self._join_gloo_group(trainer)
         counts = {
             TrainerFn.VALIDATING: trainer.num_val_batches,
             TrainerFn.TESTING: trainer.num_test_batches,
@@ -302,7 +308,7 @@ class PreemptionCheckpoint(Callback):
         else:
             return
         if code:
-            self.stopped_by = {v: k for k, v in self._codes.items()}[code].name
+            self.stopped_by = self._signal_name(code)
             stop = SIGTERMException()
             stop.signal_name = self.stopped_by  # for failed_run.py's line
             raise stop
