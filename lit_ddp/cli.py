@@ -42,6 +42,7 @@ from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import RUN_OPTIONS, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
+from lit_ddp.preflight.runs import goes_on_in_its_run, resolve_named, runs_of
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.failed_run import refusal
@@ -271,6 +272,21 @@ class LitDDPCLI(LightningCLI):
         found = problems(plan)
         if found:
             raise UserError("\n".join(found))
+        # `last` and `best` become the file they name, before the model is built from its settings as from a
+        # path given by hand; each node resolves them alone (Resilience compares the ranks' at setup).
+        self._ckpt_asked, self._goes_on = config.get("ckpt_path"), False
+        if subcommand and self._ckpt_asked is not None:
+            runs = runs_of(config, experiment)
+            config["ckpt_path"], line = resolve_named(runs, self._ckpt_asked, subcommand)
+            if line is not None:
+                rank_zero_info(line)
+            if config["ckpt_path"] != self._ckpt_asked:  # a file found: what it names and holds
+                plan = RunPlan.of(config, subcommand=subcommand, packages=packages, experiment=experiment)
+                found = problems(plan)
+                if found:
+                    raise UserError("\n".join(found))
+            if subcommand == "fit" and plan.checkpoint is not None:  # a run's last.ckpt: go on in its run
+                self._goes_on = goes_on_in_its_run(runs, Path(config["ckpt_path"]), plan.checkpoint)
         # The --ckpt_path file, read once, for prepare_ckpt_path's shape check; the plan kept for the run
         # does not hold it (_before_run lets it go).
         self._checkpoint, self.plan = plan.checkpoint, replace(plan, checkpoint=None)
@@ -285,7 +301,7 @@ class LitDDPCLI(LightningCLI):
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
             picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
             defaults = parser.parse_object({subcommand: picks})[subcommand]["model"]
-            overridden = checkpoint_model_overrides(
+            overridden, holds = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),
                 None if "model" in picked else self.default_model["class_path"],  # --model chosen: checked
@@ -294,6 +310,7 @@ class LitDDPCLI(LightningCLI):
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
+            self._run_options |= holds
             if subcommand != "fit" and data:
                 _take_saved_classes(data, self._checkpoint)
             hparams = self._checkpoint.get("hyper_parameters") or {}
@@ -306,7 +323,7 @@ class LitDDPCLI(LightningCLI):
             model["class_path"] = current_name(model.get("class_path"))
             for key, value in getattr(self, "_run_options", {}).items():
                 if key in (model.get("init_args") or {}):  # the checkpoint's class may not take it
-                    model["init_args"][key] = value
+                    model[f"init_args.{key}"] = value
         try:
             with checkpoint_replaces_weights(self.plan.checkpoint_replaces_weights):
                 super().instantiate_classes()
@@ -369,18 +386,17 @@ class LitDDPCLI(LightningCLI):
 
     def _before_run(self) -> None:
         # Before any process is spawned (lit_ddp/runtime/launch.py, resume.py): the launcher's world
-        # matches --trainer.devices, `last` is found across runs, a bad checkpoint is one error, the data
-        # has what the subcommand reads.
+        # matches --trainer.devices, the checkpoint fits the model and its run goes on, the data has what
+        # the subcommand reads.
         if isinstance(self.datamodule, ImageDataModule):
             self.datamodule.check_stage(self.subcommand)
         check_launcher_world(self.trainer)
         stop_spawned_ranks_cleanly(self.trainer)  # ddp_spawn: stop signals as under ddp (preemption.py)
         config = self.config_init[self.subcommand]
-        ckpt_path = config.get("ckpt_path")
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
         logger_config = self.config[self.subcommand]["trainer"].get("logger")  # as given: MLflow's run_id
-        config["ckpt_path"], resumed = prepare_ckpt_path(
-            ckpt_path, self.trainer, self.model, self.subcommand, checkpoint, self.datamodule, logger_config
+        resumed = prepare_ckpt_path(
+            config.get("ckpt_path"), self.trainer, self.model, checkpoint, logger_config, self._goes_on
         )
         # The loggers a resume replaced (an MLflow or W&B run's) must not live on in the config, which
         # ddp_spawn pickles for the ranks: pickling a WandbLogger starts its run.
@@ -388,7 +404,7 @@ class LitDDPCLI(LightningCLI):
             config["trainer"]["logger"] = self.trainer.loggers
         resilience = find_callback(self.trainer.callbacks, Resilience)
         if resilience is not None:  # each node resolves it alone: the ranks compare at setup
-            resilience.starts_from(ckpt_path, config["ckpt_path"])
+            resilience.starts_from(self._ckpt_asked, config["ckpt_path"])
         quieting = find_callback(self.trainer.callbacks, QuietConsole)
         if quieting is not None and resumed is not None:  # going on in that run: its checkpoints are its own
             quieting.resumed = os.fspath(config["ckpt_path"])

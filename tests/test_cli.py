@@ -785,6 +785,28 @@ def test_a_checkpoint_that_disagrees_with_the_command_line_says_which_wins(
     ) in caplog.messages
 
 
+def test_last_and_best_build_the_model_from_the_checkpoint_found_as_a_path_does(
+    tmp_path: Path, caplog
+) -> None:
+    """`--ckpt_path=last` (or `best`) was resolved after the model was built from this command's settings, a
+    path before it from the checkpoint's: `validate --ckpt_path=last --model.batch_norm=true` of a run
+    without BatchNorm was refused ("does not fit"), where the same file by its path validated with a note."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *QUICK, root])
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    for asked in ("last", "best"):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            cli = build_cli(["validate", *QUICK, root, f"--ckpt_path={asked}", "--model.batch_norm=true"])
+        assert cli.model.hparams.batch_norm is False  # the checkpoint's, which its weights need
+        found = ckpt if asked == "last" else next(tmp_path.rglob("epoch*.ckpt"))
+        assert any(m.startswith(f"lit_ddp: note: {found} keeps the model settings") for m in caplog.messages)
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        resumed = build_cli(["fit", *QUICK, root, "--ckpt_path=last", "--model.batch_norm=true"])
+    assert resumed.model.hparams.batch_norm is False and f"resuming from {ckpt}" in caplog.messages
+
+
 def test_compile_and_cuda_graph_are_the_commands_not_the_checkpoints(tmp_path: Path, caplog) -> None:
     """How a command runs the step is its own: validate of a compiled run's checkpoint compiled the network
     again (no C compiler: no validate), and a fit resumed from a --model.cuda_graph=true run with

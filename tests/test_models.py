@@ -549,16 +549,20 @@ def test_a_built_network_of_another_width_than_num_classes_names_num_classes_too
 
 @pytest.mark.timeout(300)
 def test_a_resume_whose_optimizer_cannot_take_the_checkpoints_state_is_one_line(tmp_path) -> None:
-    """The model's --model.optim.* are this run's, not the checkpoint's: a resume that left out the first
-    run's --model.optim.name=sgd built AdamW and stopped on torch's KeyError 'step' traceback as it loaded
-    SGD's state; a weight decay turned on split the parameters into two groups, torch's ValueError."""
+    """The --model.optim.* a resume gives are this run's, not the checkpoint's: another optimizer stopped on
+    torch's KeyError 'step' traceback as it loaded SGD's state; a weight decay turned on split the
+    parameters into two groups, torch's ValueError. Settings left at their defaults are the checkpoint's:
+    a resume need not repeat the first run's --model.optim.name=sgd."""
     run = ["fit", *TINY_RUN, "--model.optim.schedule=constant"]
     first = run_cli([*run, "--model.optim.name=sgd", "--model.optim.weight_decay=0"], cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     ckpt = "logs/lightning_logs/version_0/checkpoints/last.ckpt"
-    # --ckpt_path=last, as the docs resume: an explicit path is read with the checkpoint's --model settings.
+    again = run_cli(
+        [*run, "--model.optim.weight_decay=0", "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=tmp_path
+    )
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-2000:]
     for changed, said in (
-        (["--model.optim.weight_decay=0"], "--model.optim.name=adamw (the checkpoint's: sgd)"),
+        (["--model.optim.name=adam"], "--model.optim.name=adam (the checkpoint's: sgd)"),
         (["--model.optim.name=sgd", "--model.optim.weight_decay=0.01"], "--model.optim.weight_decay=0.01 ("),
     ):
         resumed = run_cli([*run, *changed, "--trainer.max_epochs=2", "--ckpt_path=last"], cwd=tmp_path)

@@ -38,7 +38,7 @@ from lit_ddp.utils import flatten
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 LIBRARY = "lit_ddp"
 UNTRAINED = "untrained"  # --ckpt_path=untrained: the model as built, on purpose
-# --ckpt_path values Lightning or lit_ddp resolve to a file themselves (runtime/resume.py)
+# --ckpt_path values Lightning or lit_ddp resolve to a file themselves (preflight/runs.py)
 SPECIAL = ("last", "best", "hpc", "registry")
 # The keys whose string jsonargparse imports as it is (a dotted key such as `net.class_path` is nested).
 CLASS_KEYS = ("class_path", "_class_path")
@@ -207,18 +207,24 @@ def missing_run_state(
 # learned: the command's value holds over the checkpoint's, so a compiled run's checkpoint validates without a
 # compiler and a run resumed where graphs cannot replay takes --model.cuda_graph=auto.
 RUN_OPTIONS = ("compile", "cuda_graph")
+# Settings for how training goes on from the checkpoint: where the command gives one (other than its default),
+# it holds over the checkpoint's, and the optimizer names each it changes (models/optim.keep_implementation).
+# Not the lr: the schedule's state in the checkpoint carries it on.
+GIVEN_HOLDS = ("optim",)
+SCHEDULE_KEEPS = ("optim.lr",)
 
 
 def checkpoint_model_overrides(
     chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
-) -> str | None:
-    """A line naming the model settings the user chose that the checkpoint replaces, or None.
+) -> tuple[str | None, dict]:
+    """A line naming the model settings the user chose that the checkpoint replaces (or None), and the
+    settings given that hold over the checkpoint's (``GIVEN_HOLDS``), by dotted key.
 
     LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
-    command line and config files: the checkpoint's values win (they shaped its weights and optimizer
-    state), silently. ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and
-    ``default_class`` the model class when no --model is given; ``checkpoint`` is the file, loaded.
-    A model class other than the checkpoint's, chosen explicitly, is an error: it cannot load those weights.
+    command line and config files: the checkpoint's values win (they shaped its weights), silently.
+    ``chosen`` is the parsed ``model`` config, ``defaults`` its class's defaults, and ``default_class`` the
+    model class when no --model is given; ``checkpoint`` is the file, loaded. A model class other than the
+    checkpoint's, chosen explicitly, is an error: it cannot load those weights.
     """
     hparams = checkpoint.get("hyper_parameters") or {}
     saved_class, chosen_class = hparams.get("_class_path"), chosen.get("class_path")
@@ -232,14 +238,22 @@ def checkpoint_model_overrides(
     given = flatten(chosen.get("init_args") or {}, sep=".")
     default = flatten(defaults.get("init_args") or {}, sep=".")
     saved = flatten(hparams, sep=".")
-    replaced = [
-        f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})"
+    changed = [
+        key
         for key in given
         if key in saved
         and key not in RUN_OPTIONS
         and given[key] != default.get(key)
         and given[key] != saved[key]
     ]
+    holds = {
+        key: given[key]
+        for key in changed
+        if key.split(".", 1)[0] in GIVEN_HOLDS and key not in SCHEDULE_KEEPS
+    }
+    replaced = [
+        f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})" for key in changed if key not in holds
+    ]
     if not replaced:
-        return None
-    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}"
+        return None, holds
+    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}", holds

@@ -1,7 +1,7 @@
 """A checkpoint file read as data: weights-only (loading it runs no code), memory-mapped for a look, and one
 line for each way it is not a checkpoint a run wrote (a folder, a missing or foreign file, one cut short, one
 that pickles code). The ``--ckpt_path`` file is read here before anything is built; the run's own loads
-(``runtime/checkpoint_io.py``) and ``last``/``best`` (``runtime/resume.py``) read through the same function.
+(``runtime/checkpoint_io.py``) and ``last``/``best`` (``preflight/runs.py``) read through the same function.
 """
 
 import os

@@ -20,6 +20,8 @@ from lightning import Trainer
 from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from lit_ddp.preflight.runs import is_mlflow_run_id
+
 CHANGED_TAG = "lit_ddp.changed_params"
 PARAM_CHARS = 250  # MLFlowLogger.log_hyperparams keeps a value's first 250 characters
 TAG_CHARS = 5000  # the longest tag value every MLflow store takes
@@ -72,11 +74,6 @@ class ResumedMLFlowLogger(MLFlowLogger):
             text = "; ".join(f"{key}: {old} -> {new}" for key, (old, new) in changed.items())
             self.experiment.set_tag(self.run_id, CHANGED_TAG, text[:TAG_CHARS])
         super().log_hyperparams({key: value for key, value in flat.items() if key not in changed})
-
-
-def is_mlflow_run_id(name: str) -> bool:
-    """Whether a folder's name is an MLflow run id (32 hex digits), as ModelCheckpoint names its folder."""
-    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
 
 
 def _init_args(config) -> dict | None:

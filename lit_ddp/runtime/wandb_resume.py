@@ -6,7 +6,6 @@ it is requeued, online and offline. Where a W&B run's folder is (``logs/<recipe>
 ``preflight.folders``.
 """
 
-import glob
 from pathlib import Path
 
 from lightning import Trainer
@@ -14,13 +13,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from lit_ddp.preflight.folders import plain_wandb_init_args
-
-
-def is_wandb_run(folder: Path) -> bool:
-    """Whether ``folder`` (``<save_dir>/<project>/<run id>``) is a W&B run's: W&B keeps each run's files in
-    ``<save_dir>/wandb/run-<time>-<run id>`` (``offline-run-...`` offline)."""
-    wandb_dir = folder.parent.parent / "wandb"
-    return wandb_dir.is_dir() and any(wandb_dir.glob(f"*run-*-{glob.escape(folder.name)}"))
+from lit_ddp.preflight.runs import is_wandb_run
 
 
 def continue_wandb_run(trainer: Trainer, checkpoint: str | Path, logger_config) -> None:
