@@ -158,6 +158,12 @@ def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: P
             ["--model.optim.nesterov=true"],
             "--model.optim.nesterov=true would not be used: adamw has no Nesterov momentum; pass",
         ),
+        # adam and adamw dropped a momentum without a word (they have none); the default 0.9 that every
+        # recipe's sgd sets stays accepted when a run picks adam instead.
+        (
+            ["--model.optim.name=adam", "--model.optim.momentum=0.8"],
+            "--model.optim.momentum=0.8 would not be used: adam has no momentum setting (its first beta",
+        ),
     ],
 )
 def test_model_and_optimizer_settings_it_cannot_use_are_one_line(

@@ -89,6 +89,13 @@ class OptimConfig:
                 f"--model.optim.nesterov=true would not be used: {self.name} has no Nesterov momentum; pass"
                 " --model.optim.name=sgd, or leave nesterov out"
             )
+        # adam and adamw take no momentum (their first beta, 0.9, plays its part): another value does nothing.
+        if self.momentum != OptimConfig.momentum and self.name != "sgd":
+            raise UserError(
+                f"--model.optim.momentum={self.momentum} would not be used: {self.name} has no momentum"
+                " setting (its first beta, 0.9, plays that part); pass --model.optim.name=sgd, or leave"
+                " momentum out"
+            )
         if self.nesterov and self.momentum == 0:  # torch's ValueError, from inside the first optimizer build
             raise UserError(
                 "--model.optim.nesterov=true needs a momentum above 0: pass --model.optim.momentum=0.9, or"
