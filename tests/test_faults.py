@@ -904,6 +904,11 @@ def test_e_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path: Path, cont
             "lit_ddp: error: --trainer.strategy=fsdp shards the model across CUDA GPUs, and this machine has",
         ),
         (["--trainer.strategy=dpp"], "lit_ddp: error: You selected an invalid strategy name: `strategy='dp"),
+        # Lightning's MisconfigurationException line did not name the option.
+        (
+            ["--trainer.gradient_clip_algorithm=nrom", "--trainer.gradient_clip_val=1"],
+            "lit_ddp: error: --trainer.gradient_clip_algorithm=nrom is not a clipping algorithm: pass one of",
+        ),
         (["--trainer.no_such_key=1"], "no_such_key"),
         (
             ["--resilience.check_every_n_batches=0"],

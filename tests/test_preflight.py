@@ -144,10 +144,17 @@ LINES = [
     ),
     # Lightning clipped nothing, with no word: the algorithm alone does not turn clipping on.
     (
-        "clip_algorithm_alone",
+        "clip_algorithm",
         ["--trainer.gradient_clip_algorithm=value"],
         "--trainer.gradient_clip_algorithm=value clips nothing without --trainer.gradient_clip_val: pass the"
         " largest value kept (--trainer.gradient_clip_val=0.5), or leave the algorithm out",
+    ),
+    # Lightning's MisconfigurationException line, which named neither the option nor the fix.
+    (
+        "clip_algorithm",
+        ["--trainer.gradient_clip_algorithm=nrom", "--trainer.gradient_clip_val=1"],
+        "--trainer.gradient_clip_algorithm=nrom is not a clipping algorithm: pass one of value, norm, or"
+        " leave it out to clip by norm",
     ),
     (
         "negative_settings",

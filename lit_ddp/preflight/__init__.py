@@ -22,6 +22,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import MPSAccelerator, XLAAccelerator
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.loggers import MLFlowLogger
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
@@ -448,10 +449,19 @@ def _negative_settings(plan: RunPlan) -> str | None:
     return None
 
 
-def _clip_algorithm_alone(plan: RunPlan) -> str | None:
-    # Lightning clips only where a value is given, and took the algorithm alone without a word.
+def _clip_algorithm(plan: RunPlan) -> str | None:
     algorithm = plan.gradient_clip_algorithm
-    if algorithm is None or plan.gradient_clip_val is not None:
+    if algorithm is None:
+        return None
+    # Lightning's own line (it takes any case) did not name the option.
+    allowed = [kind.value for kind in GradClipAlgorithmType]
+    if str(algorithm).lower() not in allowed:
+        return (
+            f"--trainer.gradient_clip_algorithm={algorithm} is not a clipping algorithm: pass one of"
+            f" {', '.join(allowed)}, or leave it out to clip by norm"
+        )
+    # Lightning clips only where a value is given, and took the algorithm alone without a word.
+    if plan.gradient_clip_val is not None:
         return None
     return (
         f"--trainer.gradient_clip_algorithm={algorithm} clips nothing without --trainer.gradient_clip_val:"
@@ -623,7 +633,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "validation_cadence": _validation_cadence,
     "minimum_above_maximum": _minimum_above_maximum,
     "negative_settings": _negative_settings,
-    "clip_algorithm_alone": _clip_algorithm_alone,
+    "clip_algorithm": _clip_algorithm,
     "dist_timeout": _dist_timeout,
     "seed": _seed_range,
     "precision": _weights_precision,
