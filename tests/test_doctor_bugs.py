@@ -441,6 +441,11 @@ def test_a_model_put_back_in_training_mode_for_validation_fails_the_metrics(repo
     row = failing(report, "metrics")
     assert "in training mode during validation: net.drop (Dropout) (dropout at p=0" in row.measured, row
     assert row.fix.startswith("validation runs net.drop in training mode"), row
+    # The dropout warning row tells the same story: it said "nothing to fix" beside the failing metrics.
+    dropout = report["dropout"]
+    assert "in training mode during validation: net.drop (Dropout)" in dropout.measured, dropout
+    assert dropout.fix.startswith("validation runs net.drop in training mode"), dropout
+    assert "evaluate in eval mode" in dropout.fix and not dropout.fix.startswith("nothing to fix"), dropout
 
 
 def test_a_home_made_batch_statistic_is_named(reports) -> None:

@@ -480,6 +480,13 @@ def _relative_difference(got: float, reference: float) -> float:
     return math.inf if math.isnan(diff) else diff
 
 
+def dropout_in_validation(train_mode: list[str], dropout: list[str]) -> list[str]:
+    """The dropout layers (``without_dropout``'s, run at p=0 here) that a validation ran in training mode
+    (``train_mode``: record's ``eval_train_mode``): in the user's runs they draw masks there."""
+    zeroed = {d.split(":")[0] for d in dropout}
+    return [m for m in train_mode if m.split(" (")[0] in zeroed]
+
+
 def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: list[str] = ()) -> Row:
     """``dropout``: the layers the checks ran at p=0 (``without_dropout``), which a validation in training
     mode would otherwise draw masks in."""
@@ -509,8 +516,7 @@ def _metrics(two: list[dict], one: dict, shards_explain: bool = False, dropout: 
                     f"{key}: {got[key]:.6g} on rank {rank['rank']} of 2, {reference[key]:.6g} on 1",
                 )
     train_mode = one.get("eval_train_mode", [])  # the same model in every run
-    zeroed = {d.split(":")[0] for d in dropout}
-    masked = [m for m in train_mode if m.split(" (")[0] in zeroed]  # p=0 here, masks in the user's runs
+    masked = dropout_in_validation(train_mode, dropout)
     draws = sum(r.get("eval_rng", 0) for r in [*two, one])
     holds = worst <= METRIC_RTOL and not masked
     measured = f"{len(reference)} val metrics, largest relative difference {worst:.1e}"
@@ -784,9 +790,12 @@ def _warnings(
     world_sizes,
     configured_batch: int | None = None,
     dropout: list[str] = (),
+    eval_train_mode: list[str] = (),
 ) -> list[Row]:
     """The warning rows. ``batch_size``: the per-device batch the check runs used, which the BatchNorm row
-    judges (its gradient figure is theirs); ``configured_batch``: the run's own, named beside it."""
+    judges (its gradient figure is theirs); ``configured_batch``: the run's own, named beside it;
+    ``eval_train_mode``: the layers a validation ran in training mode (the metric row fails for dropout
+    among them, and the dropout row then says the same)."""
     rows = []
     bn = ref.get("bn_classes", [])  # as trained: lit_ddp's or torch's SyncBatchNorm when synced
     small = bn and not sync and batch_size < SMALL_BN_BATCH
@@ -804,18 +813,26 @@ def _warnings(
             warning=True,
         )
     )
-    rows.append(
-        Row(
-            "dropout",
-            "dropout (random masks per device batch)",
-            not dropout,
-            f"{', '.join(dropout)}: the checks ran with p=0" if dropout else "no dropout layer",
-            "nothing to fix: with dropout on, 2 × b and 1 × 2b (and a resumed run) draw other masks from"
-            " torch's global RNG, so they agree in distribution, not bit for bit; the rest of the model holds"
-            if dropout
-            else "",
-            warning=True,
+    in_training = (
+        "with dropout on, 2 × b and 1 × 2b (and a resumed run) draw other masks from torch's global RNG, so"
+        " they agree in distribution, not bit for bit"
+    )
+    masked = dropout_in_validation(list(eval_train_mode), dropout)
+    if masked:
+        # Masks in validation change the metrics with the device count: the metric row fails on it.
+        layers = ", ".join(m.split(" (")[0] for m in masked)
+        fix = (
+            f"validation runs {layers} in training mode, so it draws masks there too and the validation"
+            " metrics change with the device count: evaluate in eval mode, which Lightning sets; in"
+            f" training, nothing to fix: {in_training}"
         )
+    else:
+        fix = f"nothing to fix: {in_training}; the rest of the model holds" if dropout else ""
+    measured = f"{', '.join(dropout)}: the checks ran with p=0" if dropout else "no dropout layer"
+    if masked:
+        measured += f"; in training mode during validation: {', '.join(masked)}"
+    rows.append(
+        Row("dropout", "dropout (random masks per device batch)", not dropout, measured, fix, warning=True)
     )
     n = ref["full_sizes"]["train_set"]
     pads = {w: -n % w for w in world_sizes if -n % w}
@@ -1093,6 +1110,7 @@ def _evaluate(case: Case, key: str, root: Path, facts: dict, float64: bool = Fal
         world_sizes,
         configured_batch=facts["configured_batch"],
         dropout=facts["dropout"],
+        eval_train_mode=runs["val1"][0].get("eval_train_mode", []) if "val1" in runs else [],
     )
     checked = [rows[c]() for c in CHECKS if c in case.checks]
     shown = {row.key for row in checked}
