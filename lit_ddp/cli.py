@@ -39,7 +39,7 @@ from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
-from lit_ddp.preflight.checkpoint import RUN_OPTIONS, checkpoint_model_overrides, packages_of
+from lit_ddp.preflight.checkpoint import RUN_OPTIONS, UNTRAINED, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.runs import goes_on_in_its_run, resolve_named, runs_of
@@ -398,6 +398,8 @@ class LitDDPCLI(LightningCLI):
         resumed = prepare_ckpt_path(
             config.get("ckpt_path"), self.trainer, self.model, checkpoint, logger_config, self._goes_on
         )
+        if config.get("ckpt_path") == UNTRAINED:  # the model as built, on purpose: nothing to load
+            config["ckpt_path"] = None
         # The loggers a resume replaced (an MLflow or W&B run's) must not live on in the config, which
         # ddp_spawn pickles for the ranks: pickling a WandbLogger starts its run.
         if config.get("trainer") and config["trainer"].get("logger") not in (None, True, False):
