@@ -567,6 +567,38 @@ def test_b_under_ddp_spawn_a_stopped_test_fails_the_main_process_too(
     assert_evaluation_stopped(stopped, tmp_path, "test", "SIGTERM")
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("command", "action", "ranks"),
+    [
+        ("validate", "sigterm", 1),
+        ("test", "sigusr1", 1),
+        ("predict", "sigterm", 1),
+        pytest.param("test", "sigterm", 2, marks=[pytest.mark.slow, pytest.mark.ddp]),
+    ],
+)
+def test_b_a_stop_signal_after_the_last_checked_batch_of_an_evaluation_lets_it_complete_and_says_so(
+    tmp_path: Path, command: str, action: str, ranks: int
+) -> None:
+    """A signal after the last batch every rank runs (to rank 1 alone on 2 ranks) printed `every rank stops at
+    the next check`, then the command ran to the end and exited 0, as it should: no check was left, and its
+    results are whole. The line now says that it completes, and nothing says it stopped."""
+    args = [command, *TINY_SHAPES, "--data.test_size=128", "--ckpt_path=untrained", *QUIET]
+    if ranks > 1:
+        args += ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    args += [*fault(tmp_path / "probe", action, rank=ranks - 1), "--trainer.callbacks.at_eval_end=true"]
+    result = job([*args, "--dist_timeout=60"], tmp_path)
+    assert (tmp_path / "probe" / "fired").is_file(), result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = f"lit_ddp: rank {ranks - 1} received {action.upper()} after the last batch every rank runs:"
+    assert f"{line} the {command} completes, not stopped\n" in result.stderr, result.stderr[-3000:]
+    assert "stops" not in result.stderr and "stopped" not in result.stderr.replace("not stopped", "")
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.glob("logs/lightning_logs/version_0"))  # the run folder stays
+    if command == "predict":
+        assert list(tmp_path.rglob("predictions.csv"))
+
+
 @pytest.mark.timeout(120)
 def test_b_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path: Path) -> None:
     """A Ctrl-C in the seconds torch and Lightning take to import printed a KeyboardInterrupt traceback of

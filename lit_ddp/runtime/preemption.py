@@ -120,6 +120,9 @@ class PreemptionCheckpoint(Callback):
         self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
         self._evaluating = False  # validate, test or predict (not fit's validation)
         self._seen = self._common = 0  # evaluation batches run here / that every rank runs
+        # The evaluation ("validate", ...) once its last check starts, set before that check reads the
+        # records: a signal from then on cannot stop it, the handler records nothing, says it completes.
+        self._past_last_check = ""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         sampler = getattr(trainer.train_dataloader, "sampler", None)
@@ -172,6 +175,14 @@ class PreemptionCheckpoint(Callback):
                     file=sys.stderr,
                     flush=True,
                 )
+        elif self._past_last_check:
+            line = (
+                f"lit_ddp: rank {self._rank} received {signal.Signals(signum).name} after the last batch"
+                f" every rank runs: the {self._past_last_check} completes, not stopped\n"
+            )
+            sys.stderr.flush()
+            os.write(sys.stderr.fileno(), line.encode())
+            return
         elif self._received == 0:  # the rank that got it, once (one rank alone, or each that ddp_spawn's
             # main process handed it to)
             line = (
@@ -274,21 +285,22 @@ class PreemptionCheckpoint(Callback):
     def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING:
             return
-        self._evaluating, self._seen, self._pending = True, 0, None
+        self._evaluating, self._seen, self._pending, self._past_last_check = True, 0, None, ""
         self.on_sanity_check_start(trainer, pl_module)  # the same signals recorded
         if trainer.received_sigterm:  # by Lightning's handler, during set-up: agreed on our way
             self._received = max(self._received, self._codes[signal.SIGTERM])
             request_stop(trainer, stop=False)
-        if not self._collective(trainer):
-            return
-        self._join_gloo_group(trainer)
         counts = {
             TrainerFn.VALIDATING: trainer.num_val_batches,
             TrainerFn.TESTING: trainer.num_test_batches,
             TrainerFn.PREDICTING: trainer.num_predict_batches,
         }.get(trainer.state.fn, [])
         fewest = torch.tensor([float(sum(counts))], dtype=torch.float64)
-        dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=self._group)
+        if self._collective(trainer):
+            self._join_gloo_group(trainer)
+            dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=self._group)
+            if not math.isfinite(fewest.item()) or fewest.item() == 0:  # no batch is checked
+                self._past_last_check = trainer.state.fn.value
         self._common = int(fewest.item()) if math.isfinite(fewest.item()) else 0
 
     on_predict_start = on_test_start
@@ -298,10 +310,13 @@ class PreemptionCheckpoint(Callback):
             return
         self._seen += 1
         if not self._collective(trainer):
+            if self._seen == self._common:  # the last batch: its check below is the last (_on_signal)
+                self._past_last_check = trainer.state.fn.value
             code = self._received if trainer.world_size == 1 else 0
         elif self._seen <= self._common:  # every rank is at this batch: the all-reduces pair up
             code = self._result(self._pending)
             if self._seen == self._common and not code:  # the last batch every rank runs: agree now
+                self._past_last_check = trainer.state.fn.value  # before the read: _on_signal
                 code = self._result(self._start_agreement())
             again = not code and self._seen < self._common and self._seen % self.check_every_n_batches == 0
             self._pending = self._start_agreement() if again else None
@@ -316,6 +331,8 @@ class PreemptionCheckpoint(Callback):
     on_validation_batch_end = on_predict_batch_end = on_test_batch_end
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._evaluating:
+            self._past_last_check = trainer.state.fn.value
         self._evaluating, self._pending = False, None
 
     on_predict_end = on_test_end

@@ -7,7 +7,8 @@ what was lost:
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
 * ``in_sanity_check=True``: at the first batch of the sanity check, before any training step;
-* ``at_eval_batch=k``: at the start of batch k of a ``validate``, ``test`` or ``predict`` command.
+* ``at_eval_batch=k``: at the start of batch k of a ``validate``, ``test`` or ``predict`` command;
+* ``at_eval_end=True``: at the end of such a command's epoch, after its last batch.
 
 A signal that reaches the firing rank through another process (``sigterm_parent``: handed back by ddp_spawn's
 main process; ``sigint_group``: the whole group's) holds that rank until it has arrived there, so the rank
@@ -54,11 +55,13 @@ class Fault(Callback):
         in_sanity_check: bool = False,
         step_s: float = 0.0,
         at_eval_batch: int = -1,
+        at_eval_end: bool = False,
     ) -> None:
         assert action in ACTIONS, action
         self.step_s = step_s  # extra seconds of work in every training batch, on every rank
         self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
         self.in_sanity_check, self.at_eval_batch = in_sanity_check, at_eval_batch
+        self.at_eval_end = at_eval_end
         self.out_dir = Path(out_dir) if out_dir else None
         self._batches = 0
 
@@ -126,6 +129,12 @@ class Fault(Callback):
             self._fire(trainer, pl_module)
 
     on_predict_batch_start = on_test_batch_start
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.at_eval_end and trainer.state.fn != "fit":
+            self._fire(trainer, pl_module)
+
+    on_validation_epoch_end = on_predict_epoch_end = on_test_epoch_end
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
