@@ -482,14 +482,15 @@ def test_b_sigterm_to_one_rank_during_the_sanity_check_stops_every_rank_before_t
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_b_sigusr1_during_the_sanity_check_stops_with_last_ckpt_and_resumes_exactly(
-    tmp_path: Path, one_device_reference: Path
+@pytest.mark.parametrize("when", ["in_setup", "in_sanity_check"])
+def test_b_sigusr1_during_set_up_or_the_sanity_check_stops_with_last_ckpt_and_resumes_exactly(
+    tmp_path: Path, one_device_reference: Path, when: str
 ) -> None:
     """Outside SLURM nothing handled SIGUSR1 before training: it killed the process (exit 138), leaving a run
-    folder without a checkpoint. It now stops as SIGTERM does, and the resume ends as the uninterrupted
-    run."""
+    folder without a checkpoint (in set-up, before the sanity check, too). It now stops as SIGTERM does,
+    and the resume ends as the uninterrupted run."""
     stopped = one_device_fit(
-        tmp_path, *fault(tmp_path / "probe", "sigusr1"), "--trainer.callbacks.in_sanity_check=true"
+        tmp_path, *fault(tmp_path / "probe", "sigusr1"), f"--trainer.callbacks.{when}=true"
     )
     assert "lit_ddp: stopped by SIGUSR1 at the start of epoch 1, step 0: saved" in stopped.stderr
     one_device_fit(tmp_path, "--ckpt_path=last", *fault(tmp_path / "probe2"))
@@ -962,7 +963,8 @@ def test_f_impossible_arguments_fail_once_before_any_process_is_spawned(
 
 def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_after(tmp_path: Path) -> None:
     """PreemptionCheckpoint replaces Lightning's per-batch broadcast of rank 0's stop flag (a blocking
-    collective that carries nothing once the callback owns the signals) only while training runs."""
+    collective that carries nothing once the callback owns the signals) only while training runs, and gives
+    back the SIGUSR1 handler it records with from set-up on."""
     import lightning as L
 
     from lit_ddp.data import ShapesDataModule
@@ -985,8 +987,10 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
         default_root_dir=tmp_path,
         callbacks=[PreemptionCheckpoint(), Probe()],
     )
+    before = signal.getsignal(signal.SIGUSR1)
     trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=16, batch_size=32))
     assert seen == [True, True]
+    assert signal.getsignal(signal.SIGUSR1) == before
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
 
 

@@ -218,6 +218,37 @@ def test_sbatch_sigusr1_before_the_time_limit_checkpoints_requeues_and_the_next_
 
 @pytest.mark.slow
 @pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_sbatch_sigusr1_during_set_up_stops_before_the_first_step_requeues_and_the_next_start_trains_it_all(
+    tmp_path: Path,
+) -> None:
+    """SLURM's SIGUSR1 to one task while the job still set up (before the sanity check; Lightning's handler
+    not yet in place) killed it by the default action: no checkpoint, no requeue. It is recorded from set-up
+    on, as in the sanity check: every rank stops before the first step with last.ckpt, rank 0 requeues, exit
+    0, and the requeued start trains the whole run."""
+    script, env = slurm_job(tmp_path, "sbatch_single_node.sh", 1, 2)
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests' / 'helpers'}"
+    two_epochs = [*RUN, "--trainer.max_epochs=2"]  # 4 steps per epoch
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigusr1"]
+    probe += ["--trainer.callbacks.rank=1", "--trainer.callbacks.in_setup=true"]
+    first = run(["bash", str(script), *two_epochs, *probe], tmp_path, env)
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out[-3000:]
+    assert "lit_ddp: rank 1 received SIGUSR1: every rank stops at the next check, with last.ckpt" in out
+    assert "lit_ddp: stopped by SIGUSR1 at the start of epoch 1, step 0: saved" in out, out[-3000:]
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]  # once, by rank 0
+    (last,) = tmp_path.glob("logs/lenet_shapes/version_*/checkpoints/last.ckpt")
+    assert torch.load(last, weights_only=True)["global_step"] == 0
+
+    requeued = run(["bash", str(script), *two_epochs], tmp_path, env)
+    out = requeued.stdout + requeued.stderr
+    assert requeued.returncode == 0, out[-3000:]
+    assert f"resuming from {last.relative_to(tmp_path)}" in out
+    assert torch.load(last, weights_only=True)["global_step"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
 @pytest.mark.timeout(600)
 def test_sbatch_sigusr1_after_the_last_epoch_says_the_fit_is_complete_and_does_not_requeue(
     tmp_path: Path,

@@ -21,9 +21,9 @@ any model whose batch takes a fraction of a second; set 1 for models with very s
 Lightning's own handlers are replaced once training starts: its SIGTERM handler broadcasts from *inside*
 the handler, and its SLURM SIGUSR1 handler saves ``hpc_ckpt_N.ckpt`` (a barrier) from inside the handler,
 wherever each rank happens to be; a rank blocked in another collective never matches them, and the job
-hangs. SIGTERM and SIGUSR1 are recorded from the sanity check on, and agreed on as training starts, where a
-signal seen during the check stops every rank before the first step; one during set-up still takes
-Lightning's path.
+hangs. SIGTERM is recorded from the sanity check on, SIGUSR1 from fit's set-up on, and both are agreed on as
+training starts, where a signal seen before stops every rank before the first step; a SIGTERM during set-up
+still takes Lightning's path.
 
 A stop in the middle of an epoch loses nothing: the checkpoint carries where the epoch stands (the data
 module's batch count, lit_ddp/data/base.py) and the epoch's training metric states summed over the ranks
@@ -111,6 +111,7 @@ class PreemptionCheckpoint(Callback):
         # checkpoint). The larger code wins when ranks disagree.
         self._codes = {signal.SIGINT: 1, signal.SIGTERM: 2, requeue_signal: 3}
         self._previous_sigint = None
+        self._previous_requeue = None  # the requeue signal's handler before fit's set-up
         self._received = 0  # set by the handler, on this rank
         self.stopped_by: str | None = None  # agreed by all ranks
         self._group: dist.ProcessGroup | None = None  # CPU (gloo) group for the agreement
@@ -146,6 +147,22 @@ class PreemptionCheckpoint(Callback):
         if code:
             self._stop_if(trainer, code)
             raise SIGTERMException
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Fit's set-up (a checkpoint restored, the model wrapped, loaders built) can take minutes, where
+        # SIGUSR1's default action would kill the process: no checkpoint, no SLURM requeue. Recorded from here
+        # on, and acted on as training starts. Lightning installs no SIGUSR1 handler over one it finds, and
+        # gives this one back at its teardown: ``teardown`` restores the one found here.
+        if stage == TrainerFn.FITTING and self.requeue_signal not in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(self.requeue_signal)
+            if previous != self._on_signal and threading.current_thread() is threading.main_thread():
+                self._previous_requeue = previous
+            self._record_signals(trainer, [self.requeue_signal])
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._previous_requeue is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(self.requeue_signal, self._previous_requeue)
+            self._previous_requeue = None
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # Lightning's SIGTERM handler broadcasts from inside itself, so a rank signalled alone would wait

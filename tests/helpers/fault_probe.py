@@ -6,6 +6,7 @@ what was lost:
 
 * ``at_step=k``: at the start of training batch k of the run (global batch index, mid-epoch);
 * ``at_epoch_end=e``: at the end of training epoch e, after its validation and checkpoint;
+* ``in_setup=True``: at ``on_fit_start``, after every set-up hook and before Lightning's signal handlers;
 * ``in_sanity_check=True``: at the first batch of the sanity check, before any training step;
 * ``at_eval_batch=k``: at the start of batch k of a ``validate``, ``test`` or ``predict`` command;
 * ``at_eval_end=True``: at the end of such a command's epoch, after its last batch.
@@ -56,12 +57,13 @@ class Fault(Callback):
         step_s: float = 0.0,
         at_eval_batch: int = -1,
         at_eval_end: bool = False,
+        in_setup: bool = False,
     ) -> None:
         assert action in ACTIONS, action
         self.step_s = step_s  # extra seconds of work in every training batch, on every rank
         self.action, self.rank, self.at_step, self.at_epoch_end = action, rank, at_step, at_epoch_end
         self.in_sanity_check, self.at_eval_batch = in_sanity_check, at_eval_batch
-        self.at_eval_end = at_eval_end
+        self.at_eval_end, self.in_setup = at_eval_end, in_setup
         self.out_dir = Path(out_dir) if out_dir else None
         self._batches = 0
 
@@ -70,6 +72,10 @@ class Fault(Callback):
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(self.out_dir / "pids", "a") as f:
                 f.write(f"{trainer.global_rank} {os.getpid()}\n")
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.in_setup:
+            self._fire(trainer, pl_module)
 
     def _fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.global_rank != self.rank:
