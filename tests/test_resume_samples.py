@@ -183,6 +183,25 @@ def test_a_resume_with_another_data_seed_is_refused_in_one_line() -> None:
     assert ShapesDataModule(seed=7).state_dict()["split_options"] == {"seed": 7}
 
 
+def test_a_fit_resumed_with_other_augmentation_or_mixing_says_so(caplog) -> None:
+    """The augmentation and MixUp/CutMix are not part of the order: a fit resumed without them (a 0.2 run
+    trained with augment=false, resumed with the recipe's CropFlip) trained on with other batches, without
+    a word."""
+    state = {"epoch": 1, "samples": 0, "samples_per_step": 32, "epoch_complete": True}
+    state["training_options"] = {**ShapesDataModule(augmentation=None).training_options(), "mixup_alpha": 0.2}
+    with caplog.at_level("INFO"):
+        resumed_module(state, world_size=1, batch_size=32)
+        resumed_module(state, world_size=1, batch_size=32, fn="validate")  # evaluation trains nothing
+        del state["training_options"]  # a checkpoint from before they were saved: not compared
+        resumed_module(state, world_size=1, batch_size=32)
+    notes = [m for m in caplog.messages if "--data settings" in m]
+    assert notes == [
+        "lit_ddp: note: this run trains on with other --data settings:"
+        " --data.augmentation=CropFlip(padding=4) (the checkpoint's: none),"
+        " --data.mixup_alpha=0.0 (the checkpoint's: 0.2)"
+    ]
+
+
 def test_a_checkpoints_classes_are_checked_against_the_datas(tmp_path: Path) -> None:
     state = ShapesDataModule().state_dict()
     state["class_names"] = ["cat", "dog", *ShapesDataModule.class_names[2:]]

@@ -734,6 +734,16 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             **({"order": order} if order is not None else {}),
             "batches": self._batches,
             "class_names": list(self.class_names),
+            "training_options": self.training_options(),
+        }
+
+    def training_options(self) -> dict:
+        """What the training batches are made of besides their order: the augmentation (described) and
+        MixUp/CutMix. A fit resumed with others trains on with them, and says so (``load_state_dict``)."""
+        return {
+            "augmentation": self.hparams.get("augmentation"),
+            "mixup_alpha": self.mixup_alpha,
+            "cutmix_alpha": self.cutmix_alpha,
         }
 
     def _check_same_order(self, state_dict: dict, mid_epoch: bool) -> None:
@@ -812,6 +822,16 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         resumes = fitting or self.trainer is None  # validate, test and predict read any checkpoint
         if resumes:
             self._check_same_order(state_dict, mid_epoch)
+        now, then = self.training_options(), state_dict.get("training_options") or {}
+        changed = [
+            f"--data.{k}={_shown(now[k])} (the checkpoint's: {_shown(then[k])})"
+            for k in then
+            if k in now and now[k] != then[k]
+        ]
+        if fitting and changed:  # an older checkpoint, which records none, is not compared
+            rank_zero_info(
+                f"lit_ddp: note: this run trains on with other --data settings: {', '.join(changed)}"
+            )
         self._epoch, self._samples = epoch, samples
         self._batches = samples // step
         # A finished epoch resumes at the start of the next. Lightning builds a resumed run's first training
@@ -819,3 +839,11 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         # sampler right then: a sampler left at the finished epoch's end gave that next epoch no batch.
         point = (epoch, samples) if mid_epoch else (epoch + 1 if samples > 0 else epoch, 0)
         self._resume = point if resumes else None
+
+
+def _shown(value) -> str:
+    """A setting as a note names it: a described class as ``CropFlip(padding=4)``, None as ``none``."""
+    if isinstance(value, dict) and "class_path" in value:
+        arguments = ", ".join(f"{k}={v}" for k, v in (value.get("init_args") or {}).items())
+        return f"{str(value['class_path']).rsplit('.', 1)[-1]}({arguments})"
+    return "none" if value is None else str(value)
