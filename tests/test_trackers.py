@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, run_cli
+from conftest import TINY_RUN, TINY_SHAPES, WITH_PROBES, run_cli
 
 FIT = ["fit", *TINY_RUN, "--trainer.accelerator=cpu"]
 
@@ -334,3 +334,43 @@ def test_mlflow_on_a_file_store_keeps_each_runs_config_in_its_own_folder_beside_
     build_cli(["predict", *TINY_RUN, *logger, f"--trainer.default_root_dir={tmp_path}", "--ckpt_path=last"])
     (rows,) = store.glob("*/*/predictions.csv")
     assert (rows.parent / "config.yaml").is_file() and not (store / "predictions.csv").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_sigterm_under_ddp_spawn_with_mlflow_stops_cleanly_and_the_resume_goes_on_in_the_same_run(
+    tmp_path: Path,
+) -> None:
+    """ddp_spawn's rank ended MLflow's run with the status "interrupted", which MLflow has not: the stop that
+    had saved last.ckpt ended in a traceback and exit 1, not exit 0 (a requeue script reads it as a crash)."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    args = ["fit", *TINY_SHAPES, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.max_epochs=2"]
+    args += [
+        "--trainer.strategy=ddp_spawn",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.log_every_n_steps=1",
+    ]
+    args += ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    args += [
+        f"--trainer.logger.init_args.artifact_location={tmp_path / 'artifacts'}",
+        "--trainer.default_root_dir=logs",
+    ]
+    fault = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    fault += ["--trainer.callbacks.rank=0", "--trainer.callbacks.at_step=5"]  # epoch 2's second batch
+    fault += ["--resilience.check_every_n_batches=1"]  # the stop lands within the epoch
+    stopped = run_cli([*args, *fault], cwd=tmp_path, env=WITH_PROBES, timeout=420, new_session=True)
+    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert "stopped by SIGTERM at epoch 2, step 7 (mid-epoch" in stopped.stdout + stopped.stderr
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lightning_logs").experiment_id])
+    assert run.info.status == "FAILED"  # as Lightning ends a stopped run under every other strategy
+    resumed = run_cli([*args, "--ckpt_path=last"], cwd=tmp_path, timeout=420)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (run,) = client.search_runs([run.info.experiment_id])  # the same run, finished, each step once
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss_step")]
+    assert sorted(steps) == list(range(8))

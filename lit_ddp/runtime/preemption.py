@@ -432,8 +432,8 @@ def _run_rank(user_error_file: str, function: Callable, *args, **kwargs):
             # The rank exits 1: torch's spawn wrapper would end it with status 0 and no result, which the main
             # process would wait for forever.
             sys.exit(1)
-        for logger in trainer.loggers:
-            logger.finalize("interrupted")
+        for logger in trainer.loggers:  # Lightning's status for a stopped run (MLflow takes no other word)
+            logger.finalize("failed")
         if trainer.state.fn != TrainerFn.FITTING and trainer.is_global_zero:
             # validate, test or predict: nothing kept, which the main process's exit status must say
             with contextlib.suppress(WriteError):
