@@ -374,3 +374,27 @@ def test_sigterm_under_ddp_spawn_with_mlflow_stops_cleanly_and_the_resume_goes_o
     assert run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss_step")]
     assert sorted(steps) == list(range(8))
+
+
+@pytest.mark.timeout(120)
+def test_an_mlflow_experiment_deleted_in_the_store_is_one_line_before_the_run(tmp_path: Path) -> None:
+    """MLFlowLogger, finding the experiment deleted, created it again under the same name, which the store
+    refuses: a 116-line traceback of SQL. Now one line naming the experiment and both ways out."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    client = MlflowClient(uri)
+    gone = client.create_experiment("shapes", artifact_location=str(tmp_path / "artifacts"))
+    client.delete_experiment(gone)
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    logger += ["--trainer.logger.init_args.experiment_name=shapes"]
+    result = run_cli([*FIT, *logger, "--trainer.default_root_dir=logs"], cwd=tmp_path / "work", timeout=100)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"lit_ddp: error: the MLflow experiment 'shapes' in {uri} was deleted: restore it"
+        f" (MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {gone}), or pass"
+        " --trainer.logger.init_args.experiment_name=<another name>"
+    )
+    assert not (tmp_path / "work" / "logs").exists()
+    assert client.get_experiment(gone).lifecycle_stage == "deleted"  # left as it was

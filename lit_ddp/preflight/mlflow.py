@@ -83,9 +83,16 @@ def store_problem(uri: str, experiment: str) -> str | None:
         return None  # the logger's creation names the missing package (errors.constructor_failure)
     try:
         with _environment(PROBE_ENV):
-            MlflowClient(uri).get_experiment_by_name(experiment)
+            found = MlflowClient(uri).get_experiment_by_name(experiment)
     except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
         # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
         # as one line naming the logger (errors.constructor_failure).
         return _problem(err, uri)
+    if found is not None and found.lifecycle_stage == "deleted":
+        # MLFlowLogger would create it again, which the store refuses while the deleted one keeps its name.
+        return (
+            f"the MLflow experiment '{experiment}' in {uri} was deleted: restore it"
+            f" (MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {found.experiment_id}),"
+            " or pass --trainer.logger.init_args.experiment_name=<another name>"
+        )
     return None
