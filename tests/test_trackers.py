@@ -94,8 +94,11 @@ def test_mlflow_on_a_database_saves_the_config_beside_the_checkpoints_and_last_a
     (only,) = client.search_runs([run.parent.name])
     assert [m.step for m in client.get_metric_history(only.info.run_id, "val/acc")] == [1, 3]
     assert only.data.params["num_workers"] == "0"
-    assert only.data.tags[CHANGED_TAG] == "num_workers: 0 -> 1"
+    assert only.data.tags[CHANGED_TAG] == "num_workers: 0 -> 1; trainer/max_epochs: 1 -> 2"
     assert any("this fit changed num_workers (0 -> 1)" in m for m in caplog.messages)
+    # The run's own settings too (they kept their first value in silence, the config.yaml saying another)
+    assert only.data.params["trainer/max_epochs"] == "1"
+    assert any("this fit changed trainer/max_epochs (1 -> 2)" in m for m in caplog.messages)
     scored = build_cli(["validate", *TINY_RUN, *logger, root, "--ckpt_path=best"])
     assert Path(scored.trainer.ckpt_path).parent.parent.parent == run.parent  # a run of that experiment
     # predict's rows go into its own run's folder, beside its config.yaml (they went to the working directory)

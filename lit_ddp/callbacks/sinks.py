@@ -107,9 +107,12 @@ class MLflowSink:
         # beside "model/lr", so a key that is also a folder becomes "<key>/class".
         folders = {k.rsplit("/", 1)[0] for k in params if "/" in k}
         params = {f"{k}/class" if k in folders else k: v for k, v in params.items()}
-        # An MLflow parameter cannot change once logged: keep what Lightning logged under the same key.
+        # An MLflow parameter cannot change once logged: keep what Lightning logged under the same key. A
+        # resumed run's logger keeps each first value itself, and says which of the run's settings changed.
         logged = self.client.get_run(self.run_id).data.params
-        self.logger.log_hyperparams({k: v for k, v in params.items() if k not in logged})
+        resumed = getattr(self.logger, "keeps_first_values", False)
+        mine = {k: v for k, v in params.items() if k not in logged or (resumed and k.startswith("trainer/"))}
+        self.logger.log_hyperparams(mine)
         self.client.log_text(self.run_id, config, "config.yaml")
         self.client.log_text(self.run_id, environment, "environment.md")
 

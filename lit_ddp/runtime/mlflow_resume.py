@@ -57,6 +57,12 @@ class ResumedMLFlowLogger(MLFlowLogger):
     another value, which MLflow refuses; goes when it keeps a resumed run's logged values.
     """
 
+    keeps_first_values = True  # the dashboard's run_info hands it the run's settings that changed, too
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._changed: dict = {}  # every call's (Lightning's hyperparameters, the dashboard's), for the tag
+
     @rank_zero_only
     def log_hyperparams(self, params) -> None:
         flat = flat_params(params)
@@ -71,7 +77,8 @@ class ResumedMLFlowLogger(MLFlowLogger):
                 f"lit_ddp: note: MLflow run {self.run_id} keeps the first value of each parameter; this fit"
                 f" changed {', '.join(f'{key} ({old} -> {new})' for key, (old, new) in changed.items())}"
             )
-            text = "; ".join(f"{key}: {old} -> {new}" for key, (old, new) in changed.items())
+            self._changed.update(changed)
+            text = "; ".join(f"{key}: {old} -> {new}" for key, (old, new) in self._changed.items())
             self.experiment.set_tag(self.run_id, CHANGED_TAG, text[:TAG_CHARS])
         super().log_hyperparams({key: value for key, value in flat.items() if key not in changed})
 
