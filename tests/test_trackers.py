@@ -401,3 +401,37 @@ def test_an_mlflow_experiment_deleted_in_the_store_is_one_line_before_the_run(tm
     )
     assert not (tmp_path / "work" / "logs").exists()
     assert client.get_experiment(gone).lifecycle_stage == "deleted"  # left as it was
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_with_two_mlflow_loggers_continues_the_first_ones_run_alone(tmp_path: Path) -> None:
+    """Every plain MLFlowLogger of the list was given the run of the checkpoint's folder: the second logged
+    each scalar into the first one's run again (val/acc twice at a step) and its own experiment got none."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from lit_ddp.cli import build_cli
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    config = tmp_path / "loggers.yaml"
+    config.write_text(
+        "trainer:\n  logger:\n"
+        + "".join(
+            f"    - class_path: MLFlowLogger\n      init_args: {{tracking_uri: '{uri}',"
+            f" experiment_name: {name}, artifact_location: '{tmp_path / name}'}}\n"
+            for name in ("a", "b")
+        )
+    )
+    args = [*FIT, f"--config={config}", f"--trainer.default_root_dir={tmp_path / 'logs'}"]
+    build_cli(args)
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    client = MlflowClient(uri)
+
+    def val_acc_steps(name: str) -> list[list[int]]:
+        runs = client.search_runs(
+            [client.get_experiment_by_name(name).experiment_id], order_by=["start_time"]
+        )
+        return [sorted(m.step for m in client.get_metric_history(r.info.run_id, "val/acc")) for r in runs]
+
+    assert val_acc_steps("a") == [[1, 3]]  # the run the checkpoint's folder is named after, continued
+    assert sorted(val_acc_steps("b")) == [[1], [3]]  # the second logger's: a new run, as Lightning starts one

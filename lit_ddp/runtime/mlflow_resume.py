@@ -106,24 +106,23 @@ def _run_is_there(init_args: dict, run_id: str) -> bool:
 
 
 def continue_mlflow_run(trainer: Trainer, checkpoint: str | Path, logger_config) -> None:
-    """Make each plain MLFlowLogger of ``trainer`` (built from ``logger_config``, the CLI's
-    ``trainer.logger``) log into the MLflow run whose folder holds ``checkpoint``, unless the user named a
-    run (``run_id``), the checkpoint is not in a run's folder, or the store no longer has that run."""
+    """Make the first logger of ``trainer`` (built from ``logger_config``, the CLI's ``trainer.logger``), a
+    plain MLFlowLogger, log into the MLflow run whose folder holds ``checkpoint``, unless the user named a
+    run (``run_id``), the checkpoint is not in a run's folder, or the store no longer has that run. The
+    checkpoints' folder is the first logger's run: another MLflow logger of the list starts a new run."""
     run_id = Path(checkpoint).parent.parent.name
-    if not is_mlflow_run_id(run_id):
+    if not is_mlflow_run_id(run_id) or not trainer.loggers:
         return
+    logger = trainer.loggers[0]
     configs = logger_config if isinstance(logger_config, list) else [logger_config]
-    loggers = list(trainer.loggers)
-    for i, (logger, config) in enumerate(zip(loggers, configs, strict=False)):
-        init_args = _init_args(config)
-        if type(logger) is not MLFlowLogger or init_args is None or init_args.get("run_id"):
-            continue  # a subclass of the user's own, or a run the user named: as given
-        init_args["run_id"] = run_id
-        if rank_zero_only.rank == 0 and not _run_is_there(init_args, run_id):
-            rank_zero_info(
-                f"lit_ddp: note: MLflow run {run_id}, whose folder holds {checkpoint}, is not in the"
-                " tracking store (or was deleted): this fit logs into a new MLflow run"
-            )
-            continue
-        loggers[i] = ResumedMLFlowLogger(**init_args)
-    trainer.loggers = loggers
+    init_args = _init_args(configs[0] if configs else None)
+    if type(logger) is not MLFlowLogger or init_args is None or init_args.get("run_id"):
+        return  # a subclass of the user's own, or a run the user named: as given
+    init_args["run_id"] = run_id
+    if rank_zero_only.rank == 0 and not _run_is_there(init_args, run_id):
+        rank_zero_info(
+            f"lit_ddp: note: MLflow run {run_id}, whose folder holds {checkpoint}, is not in the"
+            " tracking store (or was deleted): this fit logs into a new MLflow run"
+        )
+        return
+    trainer.loggers = [ResumedMLFlowLogger(**init_args), *trainer.loggers[1:]]
