@@ -28,6 +28,7 @@ ADVICE = {
     errno.EROFS: "remount it writable",
     errno.EACCES: "make it writable",
     errno.EPERM: "make it writable",
+    errno.ENOTDIR: "move away the file that stands in place of a folder on that path",
 }
 # Which other place helps: none for a file size limit, which is the process's wherever it writes.
 _ELSEWHERE = {
@@ -37,6 +38,7 @@ _ELSEWHERE = {
     errno.EROFS: "on a writable disk",
     errno.EACCES: "you can write to",
     errno.EPERM: "you can write to",
+    errno.ENOTDIR: "in another folder",
 }
 # Where a run's files go: what a writer of the run folder offers as the other place.
 RUN_FOLDER = "--trainer.default_root_dir"

@@ -274,6 +274,33 @@ def test_predictions_stay_in_the_run_directory_and_never_replace_a_file(
     assert len(list(root.rglob("sub/p.csv"))) == 1
 
 
+def test_a_predictions_file_that_cannot_be_written_is_refused_before_any_image_is_scored(
+    ckpt: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """`--predictions.filename=/elsewhere/p.csv` in a folder that could not be written scored every image,
+    then failed at the last step, naming --trainer.default_root_dir, which does not move an absolute path:
+    it is refused at the start, naming the option that does."""
+    scored = []
+    batch_end = PredictionWriter.on_predict_batch_end
+    monkeypatch.setattr(
+        PredictionWriter, "on_predict_batch_end", lambda *a, **k: scored.append(1) or batch_end(*a, **k)
+    )
+    (tmp_path / "a_file").write_text("mine\n")
+    target = tmp_path / "a_file" / "p.csv"  # its folder's place taken by a file: no privileges needed
+    args = ["predict", *DATA, *QUIET, f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, f"--predictions.filename={target}"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lit_ddp: error: could not write predictions {target} (Not a directory): "), err
+    assert err.endswith(
+        "move away the file that stands in place of a folder on that path, or pass --predictions.filename in"
+        " another folder, then run it again"
+    )
+    assert not scored and (tmp_path / "a_file").read_text() == "mine\n"
+    assert not list((tmp_path / "run").rglob("version_*"))  # the failed run's folder is removed
+
+
 def test_predictions_from_image_folder_shards_name_each_rows_file(tmp_path: Path, capsys) -> None:
     """Shards of an image folder keep each file's path: predictions.csv had rows of indices only, with no way
     to tell which image a row was."""
