@@ -406,6 +406,29 @@ def test_fit_validate_test_in_process(tree, tmp_path: Path) -> None:
     assert {"val/acc", "train/loss_epoch", "train/skipped_images"} <= set(scalars)
 
 
+def test_an_evaluation_at_other_crop_sizes_than_the_checkpoint_s_is_noted(
+    tree, tmp_path: Path, caplog
+) -> None:
+    """predict with the recipe's crop sizes of a model fine-tuned on smaller crops labelled every image with
+    one confident class and said nothing of it: validate, test and predict name the sizes the checkpoint was
+    trained on, and run at those they were given (deliberately, as in FixRes)."""
+    root, _ = tree
+    args = [*small_run(root, tmp_path), "--data.num_workers=0"]
+    one = ["--trainer.limit_train_batches=1", "--trainer.limit_val_batches=1"]
+    one += ["--trainer.limit_test_batches=1"]
+    build_cli(["fit", *args, *one, "--trainer.max_epochs=1"])
+    evaluate = ["test", *args, *one, f"--ckpt_path={next(tmp_path.rglob('last.ckpt'))}"]
+    with caplog.at_level("INFO"):
+        build_cli(evaluate)  # the sizes it was trained on: nothing to say
+        cli = build_cli([*evaluate, "--data.image_size=96", "--data.val_resize=110"])
+    assert [m for m in caplog.messages if "crop" in m] == [
+        "lit_ddp: note: the checkpoint's model was trained with --data.image_size=64 --data.val_resize=72,"
+        " this test crops with --data.image_size=96 --data.val_resize=110: pass the checkpoint's sizes to"
+        " test on crops like those it learnt from"
+    ]
+    assert cli.datamodule.image_size == 96
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(600)
 def test_two_process_ddp_with_sync_batchnorm_reports_metrics_and_bad_files_once(tree, tmp_path: Path) -> None:

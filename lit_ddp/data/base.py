@@ -734,6 +734,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             **({"order": order} if order is not None else {}),
             "batches": self._batches,
             "class_names": list(self.class_names),
+            "crops": [self.image_size, self.val_resize],
             "training_options": self.training_options(),
         }
 
@@ -807,6 +808,16 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             samples = state_dict["batches"] * step
         mid_epoch = samples > 0 and not state_dict.get("epoch_complete", False)
         fitting = self.trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        crops = state_dict.get("crops")
+        if not fitting and self.trainer is not None and crops and crops != [self.image_size, self.val_resize]:
+            # A note, not a refusal: evaluating at other sizes than the training's can be deliberate (FixRes).
+            stage = self.trainer.state.fn.value
+            rank_zero_info(
+                f"lit_ddp: note: the checkpoint's model was trained with --data.image_size={crops[0]}"
+                f" --data.val_resize={crops[1]}, this {stage} crops with --data.image_size={self.image_size}"
+                f" --data.val_resize={self.val_resize}: pass the checkpoint's sizes to {stage} on crops like"
+                " those it learnt from"
+            )
         saved_step = state_dict.get("samples_per_step", step)
         if fitting and mid_epoch and saved_step != step:
             world = self.trainer.world_size
