@@ -435,3 +435,35 @@ def test_a_resume_with_two_mlflow_loggers_continues_the_first_ones_run_alone(tmp
 
     assert val_acc_steps("a") == [[1, 3]]  # the run the checkpoint's folder is named after, continued
     assert sorted(val_acc_steps("b")) == [[1], [3]]  # the second logger's: a new run, as Lightning starts one
+
+
+@pytest.mark.timeout(240)
+def test_last_resumes_a_run_of_the_mlflow_experiment_named_never_another_experiments(
+    tmp_path: Path, caplog
+) -> None:
+    """MLflow keeps each experiment's run folders under its id, beside the others': `--ckpt_path=last`
+    searched them all, and a fit of experiment b resumed experiment a's newest run (trained it, logged into
+    it, and rewrote its config.yaml with b's name)."""
+    pytest.importorskip("mlflow")
+    from lit_ddp.cli import build_cli
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    args = [*FIT, "--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    args += [f"--trainer.logger.init_args.artifact_location={tmp_path / 'artifacts'}"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'logs'}"]
+    first = build_cli([*args, "--trainer.logger.init_args.experiment_name=a"])
+    last = Path(first.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    written = last.stat().st_mtime_ns
+    with caplog.at_level("INFO"):
+        other = build_cli([*args, "--trainer.logger.init_args.experiment_name=b", "--ckpt_path=last"])
+    assert other.trainer.logger.run_id != first.trainer.logger.run_id and other.trainer.current_epoch == 1
+    assert any(m.startswith("lit_ddp: note: --ckpt_path=last: no run under") for m in caplog.messages)
+    assert last.stat().st_mtime_ns == written  # a's run as it was
+    again = [
+        *args,
+        "--trainer.logger.init_args.experiment_name=a",
+        "--ckpt_path=last",
+        "--trainer.max_epochs=2",
+    ]
+    resumed = build_cli(again)
+    assert resumed.trainer.logger.run_id == first.trainer.logger.run_id and resumed.trainer.current_epoch == 2

@@ -96,3 +96,16 @@ def store_problem(uri: str, experiment: str) -> str | None:
             " or pass --trainer.logger.init_args.experiment_name=<another name>"
         )
     return None
+
+
+def experiment_id(uri: str, experiment: str) -> str | None:
+    """The id of the experiment named ``experiment`` in the store at ``uri`` (read, nothing created), or None
+    where there is none yet, or the store cannot be asked (``store_problem`` says why)."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        with _environment(PROBE_ENV):
+            found = MlflowClient(uri).get_experiment_by_name(experiment)
+    except Exception:  # noqa: BLE001 (the preflight's store row reports a store that cannot be asked)
+        return None
+    return None if found is None else str(found.experiment_id)

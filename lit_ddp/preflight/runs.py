@@ -32,6 +32,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import current_name
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.preflight.folders import logger_configs
+from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores
 from lit_ddp.utils import imported
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
@@ -74,7 +75,7 @@ class Runs:
 
     def lasts(self) -> list[Path]:
         """Every run's ``last*.ckpt`` in the searched folder, of any model and data, newest first."""
-        if self.folder is None:
+        if self.folder is None or not self.pattern:
             return []
         found = [p for p in self.folder.glob(self.pattern) if p.is_file() and self.is_run(p.parent.parent)]
         return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
@@ -120,11 +121,10 @@ def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | No
     or None where Lightning's own lookup is right (a version the user pinned, a logger of another kind). A
     versioned logger keeps its runs under ``save_dir/name``; with no logger, ModelCheckpoint writes to
     ``default_root_dir/checkpoints``. MLflow names each run's folder after its run id, under the
-    experiment's id (ModelCheckpoint's rule: ``default_root_dir/<experiment id>/<run id>/checkpoints``), and
-    only rank 0 knows that id: every experiment's run folders are searched, so that every rank finds the
-    same file. W&B names each run's folder after its run id, under the project
-    (``save_dir/<project>/<run id>/checkpoints``), unless the user named the run (``id``): that one folder
-    is then Lightning's to look in."""
+    experiment's id (ModelCheckpoint's rule: ``default_root_dir/<experiment id>/<run id>/checkpoints``):
+    every rank asks the store for the id of the experiment named (no glob where there is none yet). W&B
+    names each run's folder after its run id, under the project (``save_dir/<project>/<run id>/checkpoints``),
+    unless the user named the run (``id``): that one folder is then Lightning's to look in."""
     trainer = config.get("trainer") or {}
     job = SLURMEnvironment.job_id()  # under SLURM Lightning names the default run after the job id
     given = trainer.get("logger")
@@ -148,10 +148,11 @@ def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | No
         project = init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
         return Path(str(init_args.get("save_dir") or root)) / project, "*/checkpoints/last*.ckpt", cls
     if issubclass(cls, MLFlowLogger):
-        uri = init_args.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
-        uri = uri or f"{FILE_STORE}{init_args.get('save_dir') or './mlruns'}"
+        ((uri, name),) = mlflow_stores([(cls, init_args)])
         store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
-        return Path(store or root), "*/*/checkpoints/last*.ckpt", cls
+        # The named experiment's runs alone: another experiment's, beside them, is never resumed.
+        found = experiment_id(uri, name)
+        return Path(store or root), f"{glob.escape(found)}/*/checkpoints/last*.ckpt" if found else "", cls
     return None
 
 
