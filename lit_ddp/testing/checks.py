@@ -945,11 +945,6 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     dm.mixup_alpha = dm.cutmix_alpha = 0.0  # they pair samples within a device's batch: left out (README)
     payload = root / f"{key}_payload.pkl"
     payload.write_bytes(_payload(model, dm))
-    # Once, here, before any rank starts, as Lightning runs it once per node before setup: the ranks skip it
-    # (worker.run), where every fit and validation of both launches, side by side, would download at once.
-    # After the payload: what it sets stays out of the ranks, as it stays out of Lightning's other ranks.
-    model.prepare_data()
-    dm.prepare_data()
     # An optimizer step takes accumulate_grad_batches batches: `steps` steps, and one-step epochs, need that
     # many times the samples (else the "mid-epoch" stop after step 1 fell at the epoch's end).
     batches_per_step = max(1, case.accumulate_grad_batches)

@@ -13,12 +13,10 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MethodType
 
 import numpy as np
 import torch
 from lightning import Callback, LightningModule, Trainer, seed_everything
-from lightning.pytorch.core.hooks import DataHooks
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import Dataset
 
@@ -158,10 +156,6 @@ class PerturbGlobalRNG(Callback):
 
 def run(job: Job) -> None:
     model, dm = pickle.loads(Path(job.payload).read_bytes())
-    # checks._jobs ran prepare_data once before the launches: Lightning skips a hook left as DataHooks
-    # defines it, and its barrier around it.
-    for hooks in (model, dm):
-        hooks.prepare_data = MethodType(DataHooks.prepare_data, hooks)
     dm.batch_size = job.batch_size
     seed_everything(job.seed, verbose=False)
     recorder = Recorder(str(Path(job.out_dir) / job.name), stop_at_step=job.stop_at_step)
