@@ -467,3 +467,24 @@ def test_last_resumes_a_run_of_the_mlflow_experiment_named_never_another_experim
     ]
     resumed = build_cli(again)
     assert resumed.trainer.logger.run_id == first.trainer.logger.run_id and resumed.trainer.current_epoch == 2
+
+
+@pytest.mark.timeout(240)
+def test_each_mlflow_run_gets_a_name_of_its_own_and_the_seeded_run_trains_alike(tmp_path: Path) -> None:
+    """MLflow names a new run from Python's `random`, which the run's seed has just fixed: every run of a
+    store was "overjoyed-slug-911". The name is drawn from a fresh state, and the seeded one kept."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    from lit_ddp.cli import build_cli
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    args = [*FIT, "--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={uri}"]
+    args += [f"--trainer.logger.init_args.artifact_location={tmp_path / 'artifacts'}"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'logs'}"]
+    runs = [build_cli(args) for _ in range(2)]
+    client = MlflowClient(uri)
+    names = {client.get_run(cli.trainer.logger.run_id).info.run_name for cli in runs}
+    assert len(names) == 2, names
+    first, second = (cli.trainer.callback_metrics["val/acc"].item() for cli in runs)
+    assert first == second  # the seed's draws are the run's, as before

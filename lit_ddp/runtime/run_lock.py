@@ -11,6 +11,7 @@ and the line names the file to delete.
 import atexit
 import json
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -145,7 +146,14 @@ def hold_run_dir(trainer: Trainer) -> RunLock | None:
     elif isinstance(logger, SHARED_SAVE_DIR):
         if isinstance(logger, WandbLogger) and logger.version is None:
             start_wandb_run(logger)  # a new W&B run has its id once started; a resumed one is named by it
-        folder = run_dir(trainer)  # MLflow's run id: the run this logger logs into, started (or found) here
+        # MLflow names a new run from `random`, which the run's seed has just fixed: every run had one name.
+        # It draws from a fresh state here, and the seeded one is put back for the run.
+        seeded = random.getstate()
+        random.seed()
+        try:
+            folder = run_dir(trainer)  # MLflow's run id: the run it logs into, started (or found) here
+        finally:
+            random.setstate(seeded)
         if not is_local_path(folder):
             return None
         tracker = "W&B" if isinstance(logger, WandbLogger) else "MLflow"
