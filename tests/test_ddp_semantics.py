@@ -253,6 +253,12 @@ def test_c_eval_loader_without_trainer_or_ddp_is_sequential_and_tiny_sets_fail_e
     assert isinstance(loader.sampler, SequentialSampler) and sum(len(y) for _, y in loader) == 33
     with pytest.raises(UserError, match="cannot be split over 4 processes"):
         UnpaddedDistributedSampler(range(3), num_replicas=4, rank=0)
+    with pytest.raises(UserError) as err:
+        UnpaddedDistributedSampler(range(1), num_replicas=2, rank=0)
+    assert str(err.value) == (
+        "an evaluation set of 1 sample cannot be split over 2 processes: use at least 2 samples or fewer"
+        " devices"
+    )
 
 
 # ---- d: training shards ----------------------------------------------------------------------------

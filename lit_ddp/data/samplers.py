@@ -41,8 +41,8 @@ class UnpaddedDistributedSampler(DistributedSampler):
         if 0 < len(dataset) < num_replicas:
             # A rank without batches would skip evaluation and leave the others waiting at the metric sync.
             raise UserError(
-                f"an evaluation set of {len(dataset)} samples cannot be split over {num_replicas} processes:"
-                f" use at least {num_replicas} samples or fewer devices"
+                f"an evaluation set of {len(dataset)} sample{'s' * (len(dataset) > 1)} cannot be split over"
+                f" {num_replicas} processes: use at least {num_replicas} samples or fewer devices"
             )
         self.total_size = len(dataset)
         self.num_samples = len(range(rank, self.total_size, num_replicas))
