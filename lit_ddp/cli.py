@@ -39,10 +39,9 @@ from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
-from lit_ddp.preflight.checkpoint import RUN_OPTIONS, UNTRAINED, checkpoint_model_overrides, packages_of
+from lit_ddp.preflight.checkpoint import UNTRAINED, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
-from lit_ddp.preflight.runs import goes_on_in_its_run, resolve_named, runs_of
 from lit_ddp.preflight.settings import explain
 from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.failed_run import refusal
@@ -272,21 +271,12 @@ class LitDDPCLI(LightningCLI):
         found = problems(plan)
         if found:
             raise UserError("\n".join(found))
-        # `last` and `best` become the file they name, before the model is built from its settings as from a
-        # path given by hand; each node resolves them alone (Resilience compares the ranks' at setup).
-        self._ckpt_asked, self._goes_on = config.get("ckpt_path"), False
-        if subcommand and self._ckpt_asked is not None:
-            runs = runs_of(config, experiment)
-            config["ckpt_path"], line = resolve_named(runs, self._ckpt_asked, subcommand)
-            if line is not None:
-                rank_zero_info(line)
-            if config["ckpt_path"] != self._ckpt_asked:  # a file found: what it names and holds
-                plan = RunPlan.of(config, subcommand=subcommand, packages=packages, experiment=experiment)
-                found = problems(plan)
-                if found:
-                    raise UserError("\n".join(found))
-            if subcommand == "fit" and plan.checkpoint is not None:  # a run's last.ckpt: go on in its run
-                self._goes_on = goes_on_in_its_run(runs, Path(config["ckpt_path"]), plan.checkpoint)
+        if subcommand:
+            # `last` and `best` as the file they name, before the model is built from its settings as from a
+            # path given by hand; each node resolves them alone (Resilience compares the ranks' at setup).
+            config["ckpt_path"] = plan.ckpt_path
+        if plan.ckpt_note is not None:
+            rank_zero_info(plan.ckpt_note)
         # The --ckpt_path file, read once, for prepare_ckpt_path's shape check; the plan kept for the run
         # does not hold it (_before_run lets it go).
         self._checkpoint, self.plan = plan.checkpoint, replace(plan, checkpoint=None)
@@ -294,14 +284,12 @@ class LitDDPCLI(LightningCLI):
         self._run_options = {}
         if self._checkpoint is not None:
             chosen = self.config[subcommand]["model"]
-            # LightningCLI reads the checkpoint's settings over these next: put back in instantiate_classes.
-            given = chosen.get("init_args") or {}
-            self._run_options = {key: given[key] for key in RUN_OPTIONS if key in given}
-            # ...and they replace the model settings given here: say so, naming each one.
+            # LightningCLI reads the checkpoint's settings over the model settings given here next: say so,
+            # naming each one, and keep the command's where they hold (put back in instantiate_classes).
             data = self.config[subcommand]["data"]  # required: without a default, it must be named here too
             picks = {"model": _as_picked(chosen), **({"data": _as_picked(data)} if data else {})}
             defaults = parser.parse_object({subcommand: picks})[subcommand]["model"]
-            overridden, holds = checkpoint_model_overrides(
+            overridden, self._run_options = checkpoint_model_overrides(
                 chosen.as_dict(),
                 defaults.as_dict(),
                 None if "model" in picked else self.default_model["class_path"],  # --model chosen: checked
@@ -310,7 +298,6 @@ class LitDDPCLI(LightningCLI):
             )
             if overridden:
                 rank_zero_info(f"lit_ddp: note: {overridden}")
-            self._run_options |= holds
             if subcommand != "fit" and data:
                 _take_saved_classes(data, self._checkpoint)
             hparams = self._checkpoint.get("hyper_parameters") or {}
@@ -395,8 +382,9 @@ class LitDDPCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         checkpoint, self._checkpoint = getattr(self, "_checkpoint", None), None  # not held all run long
         logger_config = self.config[self.subcommand]["trainer"].get("logger")  # as given: MLflow's run_id
+        goes_on = self.plan.resumes_run
         resumed = prepare_ckpt_path(
-            config.get("ckpt_path"), self.trainer, self.model, checkpoint, logger_config, self._goes_on
+            config.get("ckpt_path"), self.trainer, self.model, checkpoint, logger_config, goes_on
         )
         if config.get("ckpt_path") == UNTRAINED:  # the model as built, on purpose: nothing to load
             config["ckpt_path"] = None
@@ -406,7 +394,7 @@ class LitDDPCLI(LightningCLI):
             config["trainer"]["logger"] = self.trainer.loggers
         resilience = find_callback(self.trainer.callbacks, Resilience)
         if resilience is not None:  # each node resolves it alone: the ranks compare at setup
-            resilience.starts_from(self._ckpt_asked, config["ckpt_path"])
+            resilience.starts_from(self.plan.ckpt_asked, config["ckpt_path"])
         quieting = find_callback(self.trainer.callbacks, QuietConsole)
         if quieting is not None and resumed is not None:  # going on in that run: its checkpoints are its own
             quieting.resumed = os.fspath(config["ckpt_path"])

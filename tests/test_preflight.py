@@ -166,6 +166,12 @@ LINES = [
         ["--trainer.default_root_dir=a_file/logs"],
         "--trainer.default_root_dir=a_file/logs cannot be",
     ),
+    # predict scored every image, then failed at the last step naming --trainer.default_root_dir.
+    (
+        "predictions_file",
+        ["predict", "--ckpt_path=untrained", "--predictions.filename=/dev/null/p.csv"],
+        "could not write predictions /dev/null/p.csv (Not a directory): move away the file",
+    ),
     # A logger's own folder as the run's: it was an OSError traceback from the logger's first write.
     (
         "logger_dir",

@@ -12,10 +12,7 @@ of its batch. Here each batch keeps its top-k only, and the indices come with th
 """
 
 import csv
-import errno
 import itertools
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,7 +24,7 @@ from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.data.image_folder import ImageFileDataset
 from lit_ddp.errors import UserError
 from lit_ddp.utils import local_path
-from lit_ddp.writes import RUN_FOLDER, WriteError, atomic_file
+from lit_ddp.writes import RUN_FOLDER, atomic_file
 
 KEYS = ("index", "probs", "classes", "target")
 
@@ -92,33 +89,11 @@ class PredictionWriter(Callback):
         absolute = Path(local_path(self.filename, "--predictions.filename")).is_absolute()
         return "--predictions.filename" if absolute else RUN_FOLDER
 
-    def _writable(self, path: Path) -> None:
-        """WriteError where the file's folder (its nearest existing one) cannot be written, before any image
-        is scored rather than at the last step; creates nothing."""
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        try:
-            if not folder.is_dir():
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as err:
-            raise WriteError("predictions", path, err, self._elsewhere()) from None
-
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if stage != "predict":
-            return
-        # Refused before any image is scored, on every rank alike, as rank 0 (the writer) sees its disk.
-        log_dir, problem = self._run_dir(trainer), None
-        if trainer.is_global_zero:
-            try:
-                self._writable(self.target(log_dir))
-            except UserError as err:
-                problem = str(err)
-        problem = trainer.strategy.broadcast(problem)
-        if problem:
-            raise UserError(problem)
+        # Refused before any image is scored, on every rank alike (an absolute file's folder that cannot be
+        # written: the preflight's predictions_file row).
+        if stage == "predict":
+            self.target(self._run_dir(trainer))
 
     def on_predict_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._batches = []

@@ -9,6 +9,7 @@ command line. tests/test_preflight.py holds the table of command lines and plans
 fields) they give.
 """
 
+import errno
 import math
 import os
 import re
@@ -29,7 +30,11 @@ from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, 
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
-from lit_ddp.utils import MAX_SEED
+from lit_ddp.preflight.runs import goes_on_in_its_run, resolve_named, runs_of
+from lit_ddp.utils import MAX_SEED, local_path
+from lit_ddp.writes import WriteError
+
+OPTION_PREDICTIONS = "--predictions.filename"
 
 # Precisions that keep the weights in another dtype than float32 (Lightning casts the batch as the loader
 # gives it, uint8 here, before the data module normalises it on the device into float32).
@@ -181,7 +186,11 @@ class RunPlan:
     manual_start: bool = False  # MASTER_ADDR or NODE_RANK set by hand: Lightning's "general cluster" start
     batch_shell_tasks: int = 0  # SLURM_NTASKS as a batch script's shell sees it (batch_shell_tasks)
     subcommand: str = "fit"
-    ckpt_path: str | None = None
+    ckpt_asked: str | None = None  # --ckpt_path as given
+    ckpt_path: str | None = None  # what the subcommand gets: `last` and `best` resolved (preflight/runs.py)
+    ckpt_note: str | None = None  # the line that says what they resolved to, or None
+    resumes_run: bool = False  # a fit from a run's last.ckpt: it goes on in that run
+    predictions_file: str | None = None  # predict's predictions.csv, where the predictions callback is on
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
     checkpoint: dict | None = field(default=None, compare=False, repr=False)
     checkpoint_problem: str | None = None  # why the --ckpt_path file cannot be read, where it cannot
@@ -208,12 +217,20 @@ class RunPlan:
         memory-mapped) unless given; ``packages``: the project's (``preflight.checkpoint.packages_of``);
         ``experiment``: the recipe's name, where the caller has read it (``folders.place_runs``)."""
         environ = os.environ if environ is None else environ
-        checkpoint_problem = None
-        if checkpoint is None:
-            try:
-                checkpoint = load_ckpt_file(_get(config, "ckpt_path"))
-            except UserError as err:  # a folder, a missing, foreign, truncated or untrusted file
-                checkpoint_problem = str(err)
+        experiment = experiment or experiment_name(_get(config, "config"))
+        asked = ckpt_path = _get(config, "ckpt_path")
+        checkpoint_problem = ckpt_note = None
+        runs = runs_of(config, experiment) if asked is not None else None
+        try:
+            # `last` and `best` become the file they name (preflight/runs.py), read as a path given by hand
+            ckpt_path, ckpt_note = resolve_named(runs, asked, subcommand) if runs else (asked, None)
+            if checkpoint is None:
+                checkpoint = load_ckpt_file(ckpt_path)
+        except UserError as err:  # no run to resume; a missing, foreign, truncated or untrusted file
+            checkpoint_problem = str(err)
+        # A fit from a run's last.ckpt goes on in that run.
+        resumes = subcommand == "fit" and bool(checkpoint) and runs is not None
+        resumes_run = resumes and goes_on_in_its_run(runs, Path(ckpt_path), checkpoint)
         trainer = _get(config, "trainer", {})
         loggers = logger_configs(trainer)
         data_args = _get(_get(config, "data", {}), "init_args", {})
@@ -246,7 +263,7 @@ class RunPlan:
             seed_everything=_get(config, "seed_everything"),
             per_device_batch=_get(data_args, "batch_size"),
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
-            experiment=experiment or experiment_name(_get(config, "config")),
+            experiment=experiment,
             logger_dirs=_logger_dirs(loggers),
             mlflow_stores=mlflow_stores(loggers),
             cuda_devices=cuda_devices,
@@ -255,7 +272,13 @@ class RunPlan:
             manual_start=bool({"MASTER_ADDR", "NODE_RANK"} & set(environ)),
             batch_shell_tasks=batch_shell_tasks(environ),
             subcommand=subcommand,
-            ckpt_path=_get(config, "ckpt_path"),
+            ckpt_asked=asked,
+            ckpt_path=ckpt_path,
+            ckpt_note=ckpt_note,
+            resumes_run=resumes_run,
+            predictions_file=_get(_get(_get(config, "predictions", {}), "init_args", {}), "filename")
+            if subcommand == "predict"
+            else None,
             checkpoint=checkpoint,
             checkpoint_problem=checkpoint_problem,
             takes_weights="weights"
@@ -508,24 +531,37 @@ def _weights_precision(plan: RunPlan) -> str | None:
     )
 
 
-def unwritable(folder: str, option: str) -> str | None:
-    """The line for a folder a run cannot write into, probed at the nearest existing folder on its way
-    (creating nothing: a run that fails next leaves no folder behind); None where it can, or for a remote
-    folder (s3://), whose store checks its own permissions."""
-    if "://" in folder:
-        return None
+def _write_probe(folder: str) -> OSError | None:
+    """Why a local folder cannot be written, probed at the nearest existing folder on its way (creating
+    nothing: a run that fails next leaves no folder behind); None where it can."""
     existing = Path(folder).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
         if not existing.is_dir():
-            raise NotADirectoryError(f"{existing} is a file")
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        why = err.strerror or err
-        return f"{option}={folder} cannot be written ({why}): pass a directory you can write to"
+        return err
     return None
+
+
+def unwritable(folder: str, option: str) -> str | None:
+    """The line for a folder a run cannot write into; None where it can, or for a remote folder (s3://),
+    whose store checks its own permissions."""
+    err = None if "://" in folder else _write_probe(folder)
+    if err is None:
+        return None
+    return f"{option}={folder} cannot be written ({err.strerror or err}): pass a directory you can write to"
+
+
+def _predictions_file(plan: RunPlan) -> str | None:
+    # predict scored every image, then failed at the last step. A relative file goes into the run folder,
+    # which the run_dir row probes.
+    path = Path(local_path(plan.predictions_file, OPTION_PREDICTIONS)) if plan.predictions_file else None
+    err = _write_probe(str(path.parent)) if path is not None and path.is_absolute() else None
+    return None if err is None else str(WriteError("predictions", path, err, OPTION_PREDICTIONS))
 
 
 def _run_dir(plan: RunPlan) -> str | None:
@@ -638,6 +674,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "seed": _seed_range,
     "precision": _weights_precision,
     "run_dir": _run_dir,
+    "predictions_file": _predictions_file,
     "logger_dir": _logger_dir,
     "mlflow_store": _mlflow_store,
     "checkpoint_file": _checkpoint_file,

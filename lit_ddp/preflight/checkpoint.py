@@ -218,7 +218,7 @@ def checkpoint_model_overrides(
     chosen: dict, defaults: dict, default_class: str, ckpt_path: str, checkpoint: dict
 ) -> tuple[str | None, dict]:
     """A line naming the model settings the user chose that the checkpoint replaces (or None), and the
-    settings given that hold over the checkpoint's (``GIVEN_HOLDS``), by dotted key.
+    command's settings that hold over the checkpoint's (``RUN_OPTIONS``, ``GIVEN_HOLDS``), by dotted key.
 
     LightningCLI re-reads the model's class and arguments from the checkpoint's hyperparameters, over the
     command line and config files: the checkpoint's values win (they shaped its weights), silently.
@@ -254,6 +254,7 @@ def checkpoint_model_overrides(
     replaced = [
         f"--model.{key}={given[key]} (the checkpoint's: {saved[key]})" for key in changed if key not in holds
     ]
+    kept = {key: given[key] for key in RUN_OPTIONS if key in given} | holds
     if not replaced:
-        return None, holds
-    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}", holds
+        return None, kept
+    return f"{ckpt_path} keeps the model settings it was trained with, over {', '.join(replaced)}", kept
