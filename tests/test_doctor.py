@@ -6,6 +6,7 @@ doctor run fewer in CI); docs/benchmarks.md times doctor on all three recipes.
     python -m pytest tests/test_doctor.py -q
 """
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -481,3 +482,36 @@ def test_an_in_worker_crop_is_read_by_its_seeded_key_and_a_plain_index_is_not_st
     seeded = content(dm.train_set, seed=0)
     assert seeded["unstable"] == [] and len(set(seeded["digests"])) == len(dm.train_set)
     assert not seeds_each_sample(object(), dm.train_set)  # a data module without train_sampler: plain keys
+
+
+class RecordsPrepareData(ShapesDataModule):
+    """Appends a line to ``calls`` in each prepare_data and each setup: a naive download would run as
+    often, and at the same moments."""
+
+    calls: str = ""
+
+    def prepare_data(self) -> None:
+        with open(self.calls, "a") as out:
+            out.write(f"prepare_data {os.getpid()}\n")
+
+    def setup(self, stage: str) -> None:
+        with open(self.calls, "a") as out:
+            out.write(f"setup {os.getpid()}\n")
+        super().setup(stage)
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(600)
+def test_prepare_data_runs_once_before_any_run_of_the_checks(tmp_path: Path) -> None:
+    """Every fit and validation of both launches called prepare_data on its local rank 0, the 2-process
+    and the 1-process launch side by side: a download there wrote the same files from two processes. The
+    first caller runs it in its rank, holding a lock; every other waits and skips it."""
+    from lit_ddp.testing import check_ddp_invariants
+
+    dm = RecordsPrepareData(train_size=64, val_size=40, test_size=8, batch_size=8)
+    dm.calls = str(tmp_path / "calls.txt")
+    check_ddp_invariants(LeNetCIFAR(), dm, checks=("grads", "metrics"))
+    calls = Path(dm.calls).read_text().splitlines()
+    assert [c.split()[0] for c in calls].count("prepare_data") == 1, calls
+    assert calls[0].startswith("prepare_data "), calls  # before every run's setup
+    assert sum(c.startswith("setup ") for c in calls) >= 6, calls  # 2 + 1 fits, 2 + 1 validations

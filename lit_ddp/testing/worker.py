@@ -7,6 +7,7 @@ takes the head of the data (``Subsample``) and records what it did (``Recorder``
 process pays the import of torch and Lightning once; the gloo group, once created, is reused.
 """
 
+import functools
 import os
 import pickle
 import random
@@ -16,9 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning import Callback, LightningModule, Trainer, seed_everything
+from lightning import Callback, LightningDataModule, LightningModule, Trainer, seed_everything
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import Dataset
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, and prepare_data runs as often as Lightning calls it
+    fcntl = None
 
 from lit_ddp.data.datasets import WorkerError, collate_samples
 from lit_ddp.data.samplers import SeededSampleSampler
@@ -154,8 +160,30 @@ class PerturbGlobalRNG(Callback):
         np.random.seed(98765)
 
 
+def prepare_once(hooks: LightningModule | LightningDataModule, done: Path) -> None:
+    """``hooks.prepare_data`` runs once for all the launches of the checks, which run side by side: Lightning
+    calls it on each launch's local rank 0 before every fit and validation, so a download there wrote the same
+    files from two processes at once. The first caller runs it, holding a lock the others wait on; they find
+    ``done`` and skip it. Its output and errors stay the rank's, as in a real run."""
+    prepare = hooks.prepare_data
+
+    @functools.wraps(prepare)  # Lightning skips a hook left as DataHooks defines it: wraps keeps it so
+    def once() -> None:
+        with open(done.with_name(done.name + ".lock"), "a") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if done.exists():
+                return
+            prepare()
+            done.touch()
+
+    hooks.prepare_data = once
+
+
 def run(job: Job) -> None:
     model, dm = pickle.loads(Path(job.payload).read_bytes())
+    prepare_once(model, Path(f"{job.payload}.model_prepared"))
+    prepare_once(dm, Path(f"{job.payload}.data_prepared"))
     dm.batch_size = job.batch_size
     seed_everything(job.seed, verbose=False)
     recorder = Recorder(str(Path(job.out_dir) / job.name), stop_at_step=job.stop_at_step)
