@@ -22,6 +22,7 @@ they pair images inside one device's batch (the one device-count-dependent augme
 """
 
 import functools
+import inspect
 import math
 import random
 from collections.abc import Sized
@@ -43,6 +44,12 @@ from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerErro
 from lit_ddp.data.decoders import ImageDecode, image_decode
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, list_image_files
 from lit_ddp.data.jpeg import load_eval_crop
+from lit_ddp.data.loader_checks import (
+    BUILT_FOR_TRAINING,
+    LOADER_HOOKS,
+    check_loader_options,
+    checked_loader_hook,
+)
 from lit_ddp.data.samplers import (
     ResumableShuffleSampler,
     SeededSampleSampler,
@@ -103,6 +110,16 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
     # Data modules of encoded images (files, shards) decode them with this strategy (decoders.py), chosen
     # once by their --data.decode; None: the splits are pixels already.
     decoder: ImageDecode | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A subclass's own loader hooks are checked as they return (loader_checks.py): a DataLoader built
+        # without self.loader fails at its first batch, inside torch's collate, or loses the samplers in
+        # silence.
+        super().__init_subclass__(**kwargs)
+        for name in LOADER_HOOKS:
+            hook = cls.__dict__.get(name)
+            if inspect.isfunction(hook):
+                setattr(cls, name, checked_loader_hook(hook, name))
 
     def __init__(
         self,
@@ -375,32 +392,51 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             remedies.append(f"more CPUs per device (now {workers} loader workers and training, {cpus} CPUs)")
         return remedies
 
-    def _loader(self, dataset: Dataset | None, train: bool) -> DataLoader:
+    def loader(self, dataset: Dataset | None, train: bool = False, **dataloader_kwargs) -> DataLoader:
+        """The DataLoader of ``dataset`` (a split, or a Dataset wrapping one), as every loader of the data
+        module is built: the training sampler (``train``: order by seed and epoch, shards, resume point) or
+        evaluation's without padding, the batch collate, and the sample indices where the batches need them.
+        ``dataloader_kwargs`` override DataLoader arguments (``num_workers``, ``pin_memory``,
+        ``prefetch_factor``, ``persistent_workers``, ...); those that would replace lit_ddp's parts
+        (``sampler``, ``batch_sampler``, ``shuffle``, ``collate_fn``, ``drop_last``, another ``batch_size``)
+        are refused (loader_checks.py). Call it from an override of ``train_dataloader`` and the like."""
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
+        check_loader_options(type(self).__name__, dataloader_kwargs, train, self.batch_size)
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
         if train:  # the layers the model trains with: the strategy swaps SyncBatchNorm in after setup
             self.check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
-        if train and self._augments_on_device():
-            dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation on the device
-        workers = self.workers_per_device()
-        return self._make_loader(
-            dataset,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            num_workers=workers,
-            collate_fn=collate_batch,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=workers > 0,
-            drop_last=train and self._drop_one_image_batch(len(sampler)),
-        )
-
-    def _make_loader(self, dataset: Dataset, **kwargs) -> DataLoader:
-        """The DataLoader of every split (``_loader`` chose its arguments): the decoder's, if there is one;
-        a subclass may return its own."""
+        if self._needs_index(train) and not isinstance(dataset, IndexedDataset):
+            dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation, or its prediction
+        workers = dataloader_kwargs.get("num_workers")
+        workers = self.workers_per_device() if workers is None else workers
+        options = {
+            "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": workers > 0,
+            **dataloader_kwargs,
+            "num_workers": workers,
+            "batch_size": self.batch_size,
+            "sampler": sampler,
+            "collate_fn": collate_batch,
+            "drop_last": train and self._drop_one_image_batch(len(sampler)),
+        }
+        options.pop("shuffle", None)  # as the sampler reads the split (check_loader_options)
+        if workers == 0:  # torch refuses both without workers, which --data.num_workers=0 would then hit
+            options.pop("prefetch_factor", None)
+            options.pop("persistent_workers")
         if self.decoder is not None:
-            return self.decoder.loader(dataset, self._training_device, **kwargs)
-        return DataLoader(dataset, **kwargs)
+            loader = self.decoder.loader(dataset, self._training_device, **options)
+        else:
+            loader = DataLoader(dataset, **options)
+        setattr(loader, BUILT_FOR_TRAINING, train)  # what a subclass's loader hook is checked for
+        return loader
+
+    def _needs_index(self, train: bool) -> bool:
+        """Whether the loader's batches carry their samples' indices (``IndexedDataset``): training batches
+        augmented on the device, and predict's (each prediction put back in its place)."""
+        if train:
+            return self._augments_on_device()
+        return self.trainer is not None and self.trainer.predicting
 
     def _training_device(self) -> torch.device | None:
         return self.trainer.strategy.root_device if self.trainer is not None else None
@@ -433,15 +469,15 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self._check_loaded(self.train_set, "train", "fit")
-        return self._loader(self.train_set, train=True)
+        return self.loader(self.train_set, train=True)
 
     def val_dataloader(self) -> DataLoader:
         self._check_loaded(self.val_set, "val", "fit")
-        return self._loader(self.val_set, train=False)
+        return self.loader(self.val_set)
 
     def test_dataloader(self) -> DataLoader:
         self._check_loaded(self.test_set, "test", "test")
-        return self._loader(self.test_set, train=False)
+        return self.loader(self.test_set)
 
     @staticmethod
     def _list_predict_dir(predict_dir: str) -> list[str]:
@@ -475,7 +511,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             self.predict_set = self.test_set
         if self.predict_set is None:
             raise RuntimeError(f"{type(self).__name__}.setup() did not create the test split")
-        return self._loader(IndexedDataset(self.predict_set), train=False)
+        return self.loader(IndexedDataset(self.predict_set))
 
     # ---- on-device batch work ------------------------------------------------------------------
 
@@ -641,9 +677,10 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             key = (trainer.global_rank, epoch, self._count_training_batch(epoch, trainer.world_size))
             if self._augments_on_device():
                 if batch.index is None:
-                    raise RuntimeError(
-                        f"{type(self).__name__}: training batches reach the device without their sample"
-                        " indices: build the training loader with ImageDataModule._loader"
+                    raise UserError(
+                        f"{type(self).__name__}'s training batches reach the device without their sample"
+                        " indices, which key each sample's augmentation: build the training loader with"
+                        " self.loader(dataset, train=True, **DataLoader arguments)"
                     )
                 # drawn before the copy (on_before_batch_transfer), else drawn here
                 rand = (
