@@ -157,6 +157,26 @@ ROWS = [
         {"c.yaml": "data:\n  class_path: lit_ddp.data.CIFAR10DataModule\n  init_args: {data_dir: data/}\n"},
         "unknown option --model.foo:",
     ),
+    # A setting of the data or the model before the file that chooses their class: jsonargparse reads it
+    # against the base class (a class chosen later is no default), which does not take it ("Parser key
+    # "data":", naming nothing).
+    (
+        ["fit", "--data.strict=true", "--config", "{tmp}/f.yaml"],
+        {"f.yaml": "data:\n  class_path: lit_ddp.data.ImageNetDataModule\n  init_args: {data_dir: d}\n"},
+        "--data.strict=true comes before --config {tmp}/f.yaml, which chooses the data class"
+        " (ImageNetDataModule), and is read as a setting of ImageDataModule, which does not take it: put"
+        " --data.strict=true after --config {tmp}/f.yaml",
+    ),
+    (
+        ["fit", "--config", "{tmp}/p.yaml", "--config", "{tmp}/f.yaml"],
+        {
+            "p.yaml": "data:\n  init_args:\n    strict: true\n",
+            "f.yaml": "data:\n  class_path: lit_ddp.data.ImageNetDataModule\n  init_args: {data_dir: d}\n",
+        },
+        "{tmp}/p.yaml, line 3: data.strict: true comes before --config {tmp}/f.yaml, which chooses the data"
+        " class (ImageNetDataModule), and is read as a setting of ImageDataModule, which does not take it:"
+        " give --config {tmp}/p.yaml after --config {tmp}/f.yaml",
+    ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (
         ["fit", "--resilience.requeue_signal=SIGUSR3"],

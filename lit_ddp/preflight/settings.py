@@ -126,7 +126,18 @@ def explain(message: str, argv: list[str], parsers: list, bases: dict[str, type]
     defaults = parsers[-1].get_defaults() if parsers else {}  # the model and data each subcommand defaults to
     settings = _settings(argv, words, command)
     ctx = Context(settings, keys, defaults, bases, command, prog)
-    for check in (_help_of, _not_an_option, _class_choice, _unknown_key, _group, _required, _value, _bare):
+    checks = (
+        _help_of,
+        _not_an_option,
+        _class_choice,
+        _unknown_key,
+        _before_its_class,
+        _group,
+        _required,
+        _value,
+        _bare,
+    )
+    for check in checks:
         for setting in settings:
             if not _applies(check, setting):
                 continue
@@ -332,27 +343,38 @@ def _given(ctx: Context, key: tuple[str, ...]) -> str | None:
     return next((value for value in given if isinstance(value, str)), None)
 
 
-def _class_replaced_after(ctx: Context, s: Setting) -> bool:
-    """Whether a later setting gives the class of ``s``'s top-level key another class than the one in effect
-    at ``s`` (a recipe's data, then ``--data=StreamingDataModule``): jsonargparse drops the arguments of
-    the earlier class that the later one does not take, so they are no mistake."""
+def _classes_around(ctx: Context, s: Setting) -> tuple[type | None, Setting | None]:
+    """The class of ``s``'s top-level key in effect at ``s``, and the later setting that gives that key
+    another class (a recipe's data, then ``--data=StreamingDataModule``), or None."""
     base = ctx.bases.get(s.key[0])
     if len(s.key) < 2 or not isinstance(base, type) or base in TYPE_NAMES or s.key[0] == "trainer":
-        return False
+        return None, None
     at = next((i for i, setting in enumerate(ctx.settings) if setting is s), None)
     if at is None:  # a setting derived from one given (_help_of's, without its .help)
-        return False
+        return None, None
 
-    def chosen(settings: list[Setting]) -> str | None:
-        given = (x.value for x in reversed(settings) if x.key == s.key[:1] and not x.help)
-        return next((value for value in given if isinstance(value, str)), None)
+    def chosen(settings: list[Setting]) -> Setting | None:
+        given = (x for x in reversed(settings) if x.key == s.key[:1] and not x.help)
+        return next((x for x in given if isinstance(x.value, str)), None)
 
-    later = chosen(ctx.settings[at + 1 :])
-    if later is None:
-        return False
-    earlier = chosen(ctx.settings[:at])
-    then = _named(earlier, [base]) if earlier else _default_class(ctx.defaults, s.key[:1]) or base
-    return _named(later, [base]) is not then
+    later, earlier = chosen(ctx.settings[at + 1 :]), chosen(ctx.settings[:at])
+    # A class chosen later is no default (classes_named): before it, the key takes the base class.
+    then = _named(earlier.value, [base]) if earlier else _default_class(ctx.defaults, s.key[:1]) or base
+    if later is None or _named(later.value, [base]) is then:
+        return then, None
+    return then, later
+
+
+def _taken_by(ctx: Context, cls: type | None, key: tuple[str, ...]) -> bool:
+    return _in_class(ctx, key[:1], cls, key[1:], nested=False).known
+
+
+def _class_replaced_after(ctx: Context, s: Setting) -> bool:
+    """Whether a later setting gives the class of ``s``'s top-level key another class than the one in effect
+    at ``s``, which takes ``s``: jsonargparse drops the arguments of the earlier class that the later one
+    does not take, so they are no mistake."""
+    then, later = _classes_around(ctx, s)
+    return later is not None and _taken_by(ctx, then, s.key)
 
 
 def _called(ctx: Context, key: tuple[str, ...]) -> bool:
@@ -616,6 +638,23 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
     if match:
         return f"{where}{what}: did you mean {match if where else '--' + _option(match)}?"
     return f"{where}{what}: see {ctx.prog} {ctx.command} --help for the options"
+
+
+def _before_its_class(ctx: Context, s: Setting) -> str | None:
+    """A setting of the model or the data given before the setting that chooses their class (``--data.strict
+    --config recipe.yaml``): jsonargparse reads it against the class in effect where it stands, which does
+    not take it, though the class chosen after it does."""
+    then, later = _classes_around(ctx, s)
+    if later is None or _taken_by(ctx, then, s.key) or not _place(ctx, s.key).known:
+        return None
+    given = s.shown(_place(ctx, s.key).shown)
+    chooser = f"--config {later.file}" if later.file else later.shown(later.key[0])
+    fix = f"give --config {s.file} after {chooser}" if s.file else f"put {given} after {chooser}"
+    chosen = getattr(_named(later.value, [ctx.bases[s.key[0]]]), "__name__", later.text)
+    return (
+        f"{s.where()}{given} comes before {chooser}, which chooses the {s.key[0]} class ({chosen}), and is"
+        f" read as a setting of {getattr(then, '__name__', 'the base class')}, which does not take it: {fix}"
+    )
 
 
 def _bare(ctx: Context, s: Setting) -> str | None:
