@@ -259,3 +259,28 @@ def test_no_check_finds_fault_with_any_config_print_config_writes(
     with pytest.raises(cli.UserError) as err:
         cli.build_cli([command, "--config", str(printed)], run=True)
     assert str(err.value).startswith("refused (see "), err.value
+
+
+# A class_path into a module of the user's that exists but fails to import: it said "check the import path
+# (package.module.Class)" for a package the module imports that is not installed, and for any other exception
+# the explanation itself ended in that exception's traceback.
+BROKEN_MODULES = [
+    ("import not_installed_pkg_x\n", "it imports not_installed_pkg_x, which is not installed", 1),
+    ("x = 1\nundefined_name_x\n", "NameError: name 'undefined_name_x' is not defined", 2),
+    ("class Net(\n", "SyntaxError: ", 1),
+]
+
+
+@pytest.mark.parametrize(("source", "line", "lineno"), BROKEN_MODULES, ids=["missing", "raises", "syntax"])
+def test_a_class_in_a_module_that_fails_to_import_names_why_and_where(
+    source: str, line: str, lineno: int, tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "brokenmod_x.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    explain = settings.explain
+    monkeypatch.setattr(cli, "explain", lambda message, *args: explain(NOTHING_TO_READ, *args))
+    with pytest.raises(cli.UserError) as err:
+        cli.build_cli(["fit", "--model=ImageClassifier", "--model.net=brokenmod_x.Net"], run=True)
+    where = f"({tmp_path / 'brokenmod_x.py'}, line {lineno})"
+    assert str(err.value).startswith(f"--model.net=brokenmod_x.Net: brokenmod_x cannot be imported: {line}")
+    assert where in str(err.value), err.value

@@ -18,6 +18,7 @@ import functools
 import importlib
 import inspect
 import os
+import traceback
 import types
 import typing
 from collections.abc import Iterable
@@ -315,7 +316,7 @@ def _named(name: object, bases: list[type]) -> type | None:
         module, _, attr = name.rpartition(".")
         try:
             found = getattr(importlib.import_module(module), attr, None)
-        except ImportError:
+        except Exception:  # noqa: BLE001 (a module that fails to import: _class_choice words it)
             return None
         return found if isinstance(found, type) else None
     return next((c for b in bases for c in (b, *_subclasses(b)) if c.__name__ == name), None)
@@ -504,6 +505,26 @@ def _class_named(ctx: Context, s: Setting) -> tuple[Place, list[type]] | None:
     return place, classes
 
 
+def _import_failure(module: str, err: Exception) -> str | None:
+    """What stopped ``module``, which exists, from importing: a package it imports that is not installed, or
+    an exception its code raised, at the file and line; None where ``module`` itself is not there."""
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    if missing and (module == missing or module.startswith(f"{missing}.")):
+        return None  # a mistyped path, not a failing module
+    if isinstance(err, SyntaxError) and err.filename:
+        at = f"{err.filename}, line {err.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith("<")]
+        at = f"{frames[-1].filename}, line {frames[-1].lineno}" if frames else module
+    if missing:
+        return (
+            f"{module} cannot be imported: it imports {missing}, which is not installed ({at}): install it,"
+            " or fix the import"
+        )
+    message = " ".join(str(err.msg if isinstance(err, SyntaxError) else err).split())
+    return f"{module} cannot be imported: {type(err).__name__}: {message} ({at}): fix the module"
+
+
 def _class_choice(ctx: Context, s: Setting) -> str | None:
     """A class name that does not import, or names a class the option does not take."""
     if isinstance(s.value, list):  # a YAML list of classes (trainer.callbacks): each one's class_path
@@ -522,7 +543,10 @@ def _class_choice(ctx: Context, s: Setting) -> str | None:
     if found is None and module_name:
         try:
             module = importlib.import_module(module_name)
-        except ImportError as err:
+        except Exception as err:  # noqa: BLE001 (the user's module raising as it is imported)
+            failed = _import_failure(module_name, err)
+            if failed:
+                return f"{at}: {failed}"
             problem = f"no module {err.name or module_name}"
         else:
             found = getattr(module, attr, None)
