@@ -15,6 +15,8 @@ class UserError(Exception):
 # theirs: the missing package, the tracking store that needs an opt-in. A class of the user's own keeps
 # its traceback, which shows where in their code it failed.
 LIBRARIES = ("lightning", "pytorch_lightning", "lit_ddp", "torch", "torchvision", "torchmetrics")
+# The modules that call the constructors of the classes a config names.
+INSTANTIATORS = ("jsonargparse", "lightning.pytorch.cli")
 
 
 def exception_chain(err: BaseException | None) -> list[BaseException]:
@@ -44,14 +46,15 @@ def constructor_failure(err: BaseException) -> str | None:
 
 
 def _constructed_class(err: BaseException) -> type | None:
-    """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the
-    outermost constructor in the traceback outside jsonargparse."""
-    tb = err.__traceback__
+    """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the innermost
+    constructor that jsonargparse or LightningCLI called, so that a network the config gives the model is
+    its own class, not the model; a class that one builds in turn (a logger's tracking store) is its part."""
+    found, caller, tb = None, "", err.__traceback__
     while tb is not None:
         frame = tb.tb_frame
         module = frame.f_globals.get("__name__", "")
         if frame.f_code.co_name == "__init__" and "self" in frame.f_locals:
-            if not module.startswith("jsonargparse"):
-                return type(frame.f_locals["self"])
-        tb = tb.tb_next
-    return None
+            if not module.startswith("jsonargparse") and (found is None or caller.startswith(INSTANTIATORS)):
+                found = type(frame.f_locals["self"])
+        caller, tb = module, tb.tb_next
+    return found

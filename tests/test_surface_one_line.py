@@ -8,9 +8,10 @@ import pytest
 from conftest import TINY_RUN, run_cli
 from lightning import Callback
 from test_mistakes import one_error_line
+from torch import nn
 
 from lit_ddp.cli import main
-from lit_ddp.errors import constructor_failure
+from lit_ddp.errors import constructor_failure, exception_chain
 
 sys.path.insert(0, str(Path(__file__).parent))
 from imagenet_tree import make_tree  # noqa: E402
@@ -285,8 +286,25 @@ def test_a_logger_that_cannot_be_created_is_one_line_with_its_own_reason(
     assert not list(tmp_path.iterdir())
 
 
-def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(capsys) -> None:
+class BrokenNet(nn.Module):
+    """A user's network whose constructor has a bug; ImageClassifier, lit_ddp's, builds it."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        raise TypeError("a bug in the user's own network")
+
+
+# The network's: it was "ImageClassifier could not be created: TypeError: ...", without where it failed.
+@pytest.mark.parametrize(
+    "args",
+    [
+        [f"--trainer.callbacks+={__name__}.BrokenCallback"],
+        ["--model=ImageClassifier", f"--model.net={__name__}.BrokenNet"],
+    ],
+    ids=["callback", "network"],
+)
+def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(capsys, args: list[str]) -> None:
     with pytest.raises(ValueError) as err:
-        main(["fit", *TINY_RUN, f"--trainer.callbacks+={__name__}.BrokenCallback"])
+        main(["fit", *TINY_RUN, *args])
     assert constructor_failure(err.value) is None
-    assert isinstance(err.value.__cause__ or err.value.__context__, TypeError | ValueError)
+    assert "a bug in the user's own" in str(exception_chain(err.value)[-1])
