@@ -597,3 +597,39 @@ def test_a_resume_trains_with_its_own_optimizer_settings_and_says_which_changed(
         " weight_decay 0.001 (the checkpoint's: 0.0005)"
     ], caplog.messages
     assert resumed.trainer.global_step == 4  # two epochs of two steps: it resumed
+
+
+def _weights_after_one_epoch(train_size: int, batch_size: int, accumulate: int) -> dict[str, torch.Tensor]:
+    from lightning import Trainer, seed_everything
+
+    from lit_ddp.data import ShapesDataModule
+
+    seed_everything(0)  # the same initial weights in each run
+    model = ImageClassifier(net=LeNet, optim=OptimConfig(name="sgd", lr=0.5, schedule="constant"))
+    data = ShapesDataModule(train_size=train_size, val_size=16, test_size=16, batch_size=batch_size)
+    trainer = Trainer(
+        max_epochs=1,
+        accumulate_grad_batches=accumulate,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        accelerator="cpu",
+    )
+    trainer.fit(model, datamodule=data)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("train_size", [48, 56])
+def test_accumulated_batches_train_as_one_batch_of_their_images_at_the_epochs_ragged_end(
+    train_size: int,
+) -> None:
+    """1 × 16 with 2 accumulated batches takes 1 × 32's global batches, the epoch's last one too. Lightning
+    divides every batch's loss by the accumulation: 48 images end with a step of one batch of 16 (half its
+    gradient), 56 with 16 + 8 images (the 8 weighing as much as the 16), where 1 × 32 takes their mean."""
+    whole = _weights_after_one_epoch(train_size, batch_size=32, accumulate=1)
+    accumulated = _weights_after_one_epoch(train_size, batch_size=16, accumulate=2)
+    largest = max((whole[k] - accumulated[k]).abs().max().item() for k in whole)
+    assert largest < 1e-6, f"weights differ by {largest:.2e}"

@@ -225,6 +225,8 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         self._replays_for, self._replays = None, False  # _replays_step's decision, and its trainer's id
         self._net_compiled = False
         self._train_epoch_open = False  # training batches were seen since the last training epoch end
+        self._accumulated: tuple[int, int] | None = None  # images of the accumulation's first, all batches
+        self._loss_weight = 1.0  # the batch's weight in its accumulation's backward (_count_accumulated)
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
         self._labels_fit: set[str] = set()  # stages whose first batch's labels were checked (_check_labels)
         self.num_classes = num_classes
@@ -337,6 +339,7 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         # process's (a later trainer.validate there would count those samples again) and each other's.
         self._reset_metrics(*STAGES)
         self._labels_fit.clear()  # another run may bring other data
+        self._accumulated, self._loss_weight = None, 1.0  # an earlier fit that stopped on an error
         if stage != "fit" or self.cuda_graph is False:
             return
         self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
@@ -446,7 +449,36 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
             self._check_labels(batch[1], "train")  # before the step is captured as a graph
             return self._replayed_training_step(batch)
         loss, _ = self._shared_step(batch, "train")
+        self._count_accumulated(batch[1].shape[0])
         return loss  # the StepLoss callback writes it as train/loss_step every log_every_n_steps
+
+    def _count_accumulated(self, images: int) -> None:
+        """Weigh each image of an accumulated step alike, as one batch of all their images does. Lightning
+        divides each batch's loss by ``accumulate_grad_batches``: the images of an epoch's short last batch
+        then weighed more than the others, and a step the epoch's end cut short (3 batches, 2 accumulated)
+        took a fraction of its gradient. Each batch's loss is weighed by its images against the step's first
+        batch's here, and the gradients by what the step's batches held in ``on_before_optimizer_step``."""
+        if self.trainer.accumulate_grad_batches == 1:
+            return
+        first, total = self._accumulated or (images, 0)
+        self._accumulated = (first, total + images)
+        self._loss_weight = images / first
+
+    def backward(self, loss: Tensor, *args, **kwargs) -> None:
+        super().backward(loss * self._loss_weight if self._loss_weight != 1.0 else loss, *args, **kwargs)
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Before Lightning clips the gradients: each image of the step then weighs 1 / (the step's images).
+        if self._accumulated is None:
+            return
+        (first, total), self._accumulated, self._loss_weight = self._accumulated, None, 1.0
+        factor = self.trainer.accumulate_grad_batches * first / total
+        if factor != 1.0:  # a step of whole equal batches, as nearly every one is, is left as it is
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
 
     def _replayed_training_step(self, batch: tuple[Tensor, Tensor]) -> Tensor:
         """The step as ``StepGraph`` replays it, the update through Lightning's optimizer (its hooks, the
