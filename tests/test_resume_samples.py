@@ -110,20 +110,24 @@ def test_a_mid_epoch_resume_with_other_samples_per_step_is_refused_in_one_line(t
 
 
 class _Trainer:
-    """What load_state_dict reads of a trainer: the device count, whether it is fitting, the batch limit."""
+    """What load_state_dict reads of a trainer: the device count, whether it is fitting, the batch limit and
+    the accumulation."""
 
-    def __init__(self, world_size: int, fn: str = "fit") -> None:
+    def __init__(self, world_size: int, fn: str = "fit", accumulate: int = 1) -> None:
         from lightning.pytorch.trainer.states import TrainerFn, TrainerState
 
         self.world_size = world_size
         self.state = TrainerState(fn=TrainerFn(fn))
         self.num_training_batches = STEPS
         self.limit_train_batches = 1.0  # Trainer's default: the whole epoch
+        self.accumulate_grad_batches = accumulate
 
 
-def resumed_module(state: dict, world_size: int, batch_size: int, fn: str = "fit") -> ShapesDataModule:
+def resumed_module(
+    state: dict, world_size: int, batch_size: int, fn: str = "fit", accumulate: int = 1
+) -> ShapesDataModule:
     dm = ShapesDataModule(train_size=256, batch_size=batch_size)
-    dm.trainer = _Trainer(world_size, fn)
+    dm.trainer = _Trainer(world_size, fn, accumulate)
     dm.load_state_dict(state)
     return dm
 
@@ -162,6 +166,36 @@ def test_what_cannot_resume_exactly_is_refused_and_what_can_is_not() -> None:
     finished = resumed_module({**state, "epoch_complete": True}, world_size=2, batch_size=32)
     assert finished.resume_point == (2, 0)
     assert resumed_module(state, world_size=2, batch_size=32, fn="validate").resume_point is None
+
+
+def test_a_mid_epoch_resume_with_another_accumulation_is_refused_naming_the_checkpoints() -> None:
+    """Stopped on 2 × 16 with 2 accumulated batches (a step of 64), resumed with 4 accumulated batches of 32
+    on one process, as the line for another per-device batch said (--data.batch_size=32): it went on with
+    steps of 128, the epoch's last one on half of them, without a word. The same accumulation resumes."""
+    dm = ShapesDataModule(train_size=256, batch_size=16)
+    dm.trainer = _Trainer(world_size=2, accumulate=2)
+    for _ in range(4):
+        dm._count_training_batch(epoch=0, world_size=2)
+    state = dm.state_dict()
+    assert state["accumulate_grad_batches"] == 2
+    with pytest.raises(UserError) as err:
+        resumed_module(state, world_size=1, batch_size=32, accumulate=4)
+    assert str(err.value) == (
+        "cannot resume mid-epoch exactly: the checkpoint took 32 training samples per step over all devices"
+        " × 2 accumulated (128 of epoch 1 done), this run takes 32 (32 per device × 1) × 4 accumulated:"
+        " resume with --trainer.accumulate_grad_batches=2, or resume from an epoch-end checkpoint"
+    )
+    with pytest.raises(
+        UserError, match="resume with --data.batch_size=32 --trainer.accumulate_grad_batches=2,"
+    ):
+        resumed_module(state, world_size=1, batch_size=16, accumulate=4)
+    assert resumed_module(state, world_size=1, batch_size=32, accumulate=2).resume_point == (0, 128)
+    # At an epoch's end another global batch goes on (the schedule says so); a checkpoint that did not
+    # record its accumulation resumes as before.
+    finished = resumed_module({**state, "epoch_complete": True}, world_size=1, batch_size=32, accumulate=4)
+    assert finished.resume_point == (1, 0)
+    older = {k: v for k, v in state.items() if k != "accumulate_grad_batches"}
+    assert resumed_module(older, world_size=1, batch_size=32, accumulate=4).resume_point == (0, 128)
 
 
 def test_a_resume_with_another_data_seed_is_refused_in_one_line() -> None:

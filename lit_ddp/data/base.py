@@ -766,6 +766,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             "epoch": self._epoch,
             "samples": self._samples,
             "samples_per_step": self._samples_per_step(),
+            "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
             "epoch_complete": bool(complete),
             "split_options": self.split_options(),
             **({"order": order} if order is not None else {}),
@@ -806,6 +807,35 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
                 f" training samples, this run's data gives {count or format(order['samples'], ',')}: resume"
                 " over the data and --data options it was trained with, or from an epoch-end checkpoint"
             )
+
+    def _check_same_batches(self, state_dict: dict, epoch: int, samples: int) -> None:
+        """UserError where a fit resumed mid-epoch takes other batches than the checkpoint's run: other
+        samples per step over all devices, or another ``--trainer.accumulate_grad_batches`` (another global
+        batch). Lightning counts the resumed epoch's batches, and so its accumulations, on from the
+        checkpoint's: with other ones the resumed steps start inside one, and the epoch's last step takes part
+        of one."""
+        step, world = self._samples_per_step(), self.trainer.world_size
+        accumulate = self.trainer.accumulate_grad_batches
+        saved_step = state_dict.get("samples_per_step", step)
+        saved_accumulate = state_dict.get("accumulate_grad_batches", accumulate)  # absent from older ones
+        if (saved_step, saved_accumulate) == (step, accumulate):
+            return
+        then = f"{saved_step} training samples per step over all devices"
+        now = f"{step} ({self.batch_size} per device × {world})"
+        options = []
+        if saved_step != step and saved_step % world == 0:
+            options.append(f"--data.batch_size={saved_step // world}")
+        if saved_accumulate != accumulate:
+            then, now = f"{then} × {saved_accumulate} accumulated", f"{now} × {accumulate} accumulated"
+            options.append(f"--trainer.accumulate_grad_batches={saved_accumulate}")
+        fix = f"resume with {' '.join(options)}" if options else ""
+        if saved_step % world:
+            fix = f"{fix} on" if fix else "resume on"
+            fix = f"{fix} a device count that divides it"
+        raise UserError(
+            f"cannot resume mid-epoch exactly: the checkpoint took {then} ({samples} of epoch {epoch + 1}"
+            f" done), this run takes {now}: {fix}, or resume from an epoch-end checkpoint"
+        )
 
     def _check_epoch_limit(self, epoch: int, done: int) -> None:
         """UserError where ``--trainer.limit_train_batches`` ends the epoch a fit resumes inside (``done``
@@ -855,17 +885,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
                 f" --data.val_resize={self.val_resize}: pass the checkpoint's sizes to {stage} on crops like"
                 " those it learnt from"
             )
-        saved_step = state_dict.get("samples_per_step", step)
-        if fitting and mid_epoch and saved_step != step:
-            world = self.trainer.world_size
-            per_device = f"--data.batch_size={saved_step // world}" if saved_step % world == 0 else None
-            fix = f"resume with {per_device}" if per_device else "resume on a device count that divides it"
-            raise UserError(
-                f"cannot resume mid-epoch exactly: the checkpoint took {saved_step} training samples per step"
-                f" over all devices ({samples} of epoch {epoch + 1} done), this run takes {step}"
-                f" ({self.batch_size} per device × {world}): {fix}, or resume from an epoch-end checkpoint"
-            )
         if fitting and mid_epoch:
+            self._check_same_batches(state_dict, epoch, samples)
             self._check_epoch_limit(epoch, samples // step)
         resumes = fitting or self.trainer is None  # validate, test and predict read any checkpoint
         if resumes:
