@@ -12,7 +12,7 @@ from conftest import REPO, TINY_RUN
 
 from lit_ddp.cli import main
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
-from lit_ddp.preflight.arguments import argument_problems
+from lit_ddp.preflight.arguments import SUBCOMMANDS, argument_problems
 from lit_ddp.preflight.checkpoint import packages_of
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
@@ -631,6 +631,7 @@ FILES = {
     "scalar.yaml": "max_epochs\n",
     "nested.yaml": "fit:\n  trainer:\n",
     "root.yaml": "fit:\n  trainer:\n    max_epochs: 1\n",
+    "predict_dir.yaml": "data:\n  init_args:\n    predict_dir: imgs\n",
     "bomb.yaml": "\n".join(
         ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
         + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
@@ -732,6 +733,24 @@ ARGUMENTS = [
             " under fit:"
         ],
     ),
+    # `test --data.predict_dir=DIR` scored the test split, not DIR, without a word: only predict reads it.
+    (
+        ["test", "--data.predict_dir=imgs"],
+        [
+            "--data.predict_dir=imgs would not be used: test scores the data's test split; only predict reads"
+            " it (every image file under it, labelled into predictions.csv): run predict with it, or leave it"
+            " out"
+        ],
+    ),
+    (
+        ["validate", "--data.init_args.predict_dir", "imgs"],
+        ["--data.init_args.predict_dir imgs would not be used: validate scores the data's val split; only"],
+    ),
+    (["test", "--predictions.filename=p.csv"], ["--predictions.filename=p.csv would not be used: test"]),
+    # predict's own; null asks for nothing; a recipe file serves every command.
+    (["predict", "--data.predict_dir=imgs", "--predictions.filename=p.csv"], []),
+    (["test", "--data.predict_dir=null", "--predictions=null"], []),
+    (["test", "--config", "predict_dir.yaml"], []),
     # In the order that does what was asked: no line. A preset after a recipe adjusts it.
     (["--config", RECIPE, "--config", DEBUG, "--config", "bs.yaml", "--trainer.max_epochs=1"], []),
     (["--config", EMA, ADDED, "--trainer.callbacks.monitor=val/loss"], []),
@@ -745,6 +764,6 @@ def test_the_argument_rows_read_the_command_line_and_its_files(
     monkeypatch.chdir(tmp_path)
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
-    lines = argument_problems(["fit", *argv])
+    lines = argument_problems(argv if argv[0] in SUBCOMMANDS else ["fit", *argv])
     assert len(lines) == len(starts) and all(map(str.startswith, lines, starts)), lines
     assert all(LATER_WINS in line for line in lines if "later one wins" in line)

@@ -23,6 +23,8 @@ the model and the data the command line picks a class for (the others get the co
   fails on the first class's arguments. Such a file is refused, with the order that reads it; and so is a
   file of settings under a command's name given after the command, whose parser has no key of that name
   (jsonargparse's ``Group 'fit' does not accept option 'trainer.max_epochs'``).
+- ``test --data.predict_dir=DIR`` scored the test split without a word: an option only ``predict`` uses, on
+  another command's line, is refused with the command that uses it.
 """
 
 from pathlib import Path
@@ -40,6 +42,17 @@ UNUSED = {
     # cli.py links the data's num_classes to the model's, at instantiation, over any value given
     "model.num_classes": "the data decides the number of classes (its dataset or class folders), and the"
     " model gets the data's: leave it out",
+}
+# Options only predict uses, on the command line of another command (the user meant predict), and what that
+# command reads instead. A recipe file that sets them serves every command: read as it is.
+PREDICT_ONLY = {
+    "data.predict_dir": "reads it (every image file under it, labelled into predictions.csv)",
+    "predictions": "writes predictions.csv",
+}
+READS = {
+    "fit": "fit trains on the data's train split and validates on its val split",
+    "validate": "validate scores the data's val split",
+    "test": "test scores the data's test split",
 }
 
 
@@ -200,11 +213,35 @@ def _flag_key(option: str | None) -> str | None:
     return option[2:].removesuffix("+").replace(".init_args.", ".")
 
 
+def _predict_only(argv: list[str], words: list, command: str) -> list[str]:
+    """A line for each option of ``PREDICT_ONLY`` that ``argv`` gives a value (not null) to, where its command
+    is another one of ``READS``."""
+    lines = []
+    for i, option, value in words if command in READS else ():
+        key = _flag_key(option) or ""
+        meant = next((k for k in PREDICT_ONLY if key == k or key.startswith(f"{k}.")), None)
+        if meant is None or value is None or _null(value):
+            continue  # a bare option is jsonargparse's to report
+        shown = argv[i] if "=" in argv[i] else f"{argv[i]} {value}"
+        lines.append(
+            f"{shown} would not be used: {READS[command]}; only predict {PREDICT_ONLY[meant]}: run predict"
+            " with it, or leave it out"
+        )
+    return lines
+
+
+def _null(value: str) -> bool:
+    try:
+        return yaml.safe_load(value) is None
+    except yaml.YAMLError:
+        return False
+
+
 def argument_problems(argv: list[str]) -> list[str]:
     """One line for each ``--config`` file that expands past ``MAX_NODES`` (nothing else is read then), else
     for each file that gives a key twice or has no settings where it needs some, for the first setting
     that a later file replaces (see the module's docstring), and for each setting that would be accepted
-    and not used."""
+    and not used (by any command, or by the command given: ``PREDICT_ONLY``)."""
     files = config_files(argv)
     too_large = [
         f"{path} expands to more than {MAX_NODES:,} YAML nodes (anchors and aliases repeated inside each"
@@ -227,6 +264,7 @@ def argument_problems(argv: list[str]) -> list[str]:
         contents[i] = (path, content)
     given, replaced = _order(argv, words, contents)
     lines += [replaced] if replaced else []
+    lines += _predict_only(argv, words, command) if at is not None else []  # doctor's: no command
     for key, why in UNUSED.items():
         if key in given:  # the option as given, or the file that sets it
             setting = given[key] if given[key].startswith("--") else f"{given[key]}: {key}"
