@@ -44,10 +44,11 @@ PRIVATE_NAMES = (
         "--resilience.preemption=false",
     ),
     PrivateName(
-        "lightning.pytorch.Trainer._signal_connector.received_sigterm",
+        "lightning.pytorch.Trainer._signal_connector.received_sigterm and ._original_handlers",
         "preemption.py",
         "Lightning's loops stop on this flag (public read-only as Trainer.received_sigterm); set it to stop"
-        " every rank at the batch the ranks agreed on",
+        " every rank at the batch the ranks agreed on. The handlers it puts back at its teardown, on a"
+        " failure after every callback's on_exception: the SIGUSR1 recorder of fit's set-up among them",
         "--resilience.preemption=false",
     ),
     PrivateName(
@@ -115,6 +116,15 @@ def request_stop(trainer: Trainer, stop: bool = True) -> None:
     """Make Lightning's loops stop at their next check, raising SIGTERMException (exit code 0); with
     ``stop=False``, take the request back (until it is made again)."""
     trainer._signal_connector.received_sigterm = stop
+
+
+def restore_handler_at_teardown(trainer: Trainer, signum: int, handler) -> None:
+    """Make Lightning's teardown give ``signum`` to ``handler``: it puts back the handlers it found as fit's
+    set-up ended (one a callback installed for the set-up among them), also after a failure, where no
+    callback's teardown runs after it."""
+    originals = trainer._signal_connector._original_handlers
+    if signum in originals:
+        originals[signum] = handler
 
 
 # ---- collectives and launchers ---------------------------------------------------------------------

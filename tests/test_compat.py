@@ -9,6 +9,7 @@ real fit in test_faults.py too.)
 import ast
 import inspect
 import re
+import signal
 from datetime import timedelta
 from pathlib import Path
 
@@ -113,6 +114,30 @@ def test_a_stop_request_taken_back_lets_fit_run_on(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, [StopThenTakeBack()], max_epochs=1, limit_train_batches=4)
     trainer.fit(LeNetCIFAR(), datamodule=_shapes())
     assert not trainer.received_sigterm and trainer.global_step == 4
+
+
+def test_lightnings_teardown_after_a_failure_gives_a_signal_the_handler_named(tmp_path: Path) -> None:
+    """Lightning records every signal's handler as fit's set-up ends and puts them back at its teardown, also
+    after a failure (when no callback's teardown runs): a handler installed in setup would come back."""
+    installed, given = (lambda signum, frame: None), (lambda signum, frame: None)
+
+    class InSetUp(L.Callback):
+        def setup(self, trainer, pl_module, stage) -> None:
+            signal.signal(signal.SIGUSR1, installed)
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            raise RuntimeError("failed")
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            compat.restore_handler_at_teardown(trainer, signal.SIGUSR1, given)
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        with pytest.raises(RuntimeError, match="failed"):
+            _trainer(tmp_path, [InSetUp()], max_epochs=1).fit(LeNetCIFAR(), datamodule=_shapes())
+        assert signal.getsignal(signal.SIGUSR1) is given
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 def test_collective_timeout_is_what_ddp_passes_to_init_process_group() -> None:

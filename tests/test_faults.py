@@ -994,6 +994,47 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
 
 
+@pytest.mark.parametrize("at", ["on_fit_start", "on_train_batch_end"])
+def test_a_failed_fit_gives_back_the_sigusr1_handler_of_before_its_set_up(tmp_path: Path, at: str) -> None:
+    """A fit that failed (a refusal, a bug in a callback) left PreemptionCheckpoint's SIGUSR1 recorder
+    installed in the process (a notebook, lit_ddp.testing): no callback teardown runs after a failure, and
+    Lightning's own, after it, put back the recorder it had found. Failed before Lightning installs its
+    handlers (on_fit_start) and after (in training), the handler of before the fit is back."""
+    import lightning as L
+
+    from lit_ddp.data import ShapesDataModule
+    from lit_ddp.models import LeNetCIFAR
+    from lit_ddp.runtime.preemption import PreemptionCheckpoint
+
+    class Fails(L.Callback):
+        def on_fit_start(self, *args) -> None:
+            if at == "on_fit_start":
+                raise UserError("refused")
+
+        def on_train_batch_end(self, *args) -> None:
+            if at == "on_train_batch_end":
+                raise UserError("refused")
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[PreemptionCheckpoint(), Fails()],
+    )
+    mine = lambda signum, frame: None  # noqa: E731
+    before = signal.signal(signal.SIGUSR1, mine)
+    try:
+        with pytest.raises(UserError, match="refused"):
+            trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=16, batch_size=32))
+        assert signal.getsignal(signal.SIGUSR1) is mine
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_the_process_group_is_destroyed_at_exit_once_per_process(atexit_handlers: list) -> None:
     from lit_ddp.runtime import faults
 

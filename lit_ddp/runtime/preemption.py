@@ -62,6 +62,7 @@ from lit_ddp.compat import (
     epoch_cut_short,
     epochs_started_completed,
     request_stop,
+    restore_handler_at_teardown,
     restore_stop_flag_broadcast,
     resume_inside_epoch,
     skip_stop_flag_broadcast,
@@ -162,6 +163,7 @@ class PreemptionCheckpoint(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self._previous_requeue is not None and threading.current_thread() is threading.main_thread():
             signal.signal(self.requeue_signal, self._previous_requeue)
+            restore_handler_at_teardown(trainer, self.requeue_signal, self._previous_requeue)
             self._previous_requeue = None
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -387,6 +389,12 @@ class PreemptionCheckpoint(Callback):
         self._restore(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        try:
+            self._save_if_stopped(trainer, exception)
+        finally:  # a failed fit calls no teardown: the handler of before its set-up goes back here
+            self.teardown(trainer, pl_module, trainer.state.fn)
+
+    def _save_if_stopped(self, trainer: Trainer, exception: BaseException) -> None:
         self._restore(trainer)
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != TrainerFn.FITTING:
             return
