@@ -1,6 +1,7 @@
 """`python -m lit_ddp predict`: predictions.csv, one row per image, the same rows on 1 and on 2 processes."""
 
 import csv
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -196,6 +197,37 @@ def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, caps
     assert "replace them with readable images" in err
     assert not list((tmp_path / "run").rglob("predictions.csv"))
     assert not list((tmp_path / "run").rglob("version_*"))
+
+
+@pytest.mark.parametrize("logger", ["TensorBoardLogger", "CSVLogger"])
+def test_a_refused_predict_into_a_pinned_version_leaves_that_run_as_it_was(
+    ckpt: Path, tmp_path: Path, capsys, logger: str
+) -> None:
+    """predict into an earlier run's folder (``--trainer.logger.init_args.version=0``), refused once its
+    files were read: it left a new event file there and the run's config.yaml replaced by its own (a CSV
+    logger's hparams.yaml too). The run's folder is as it was, file for file."""
+    run = tmp_path / "logs" / "lightning_logs" / "version_0"
+    shutil.copytree(ckpt.parent.parent, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.jpg").write_text("not an image")
+    pinned = [f"--trainer.logger={logger}", f"--trainer.logger.save_dir={tmp_path / 'logs'}"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "predict",
+                *DATA,
+                *QUIET,
+                f"--data.predict_dir={folder}",
+                f"--ckpt_path={run / 'checkpoints' / ckpt.name}",
+                *pinned,
+                "--trainer.logger.version=0",
+            ]
+        )
+    assert exit_info.value.code == 2, capsys.readouterr().err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]
 
 
 @pytest.mark.parametrize("make", ["missing", "empty", "junk only"])

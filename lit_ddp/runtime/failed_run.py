@@ -19,6 +19,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.errors import UserError
+from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
 from lit_ddp.writes import write_file
 
@@ -46,20 +47,32 @@ def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | No
 class RemoveFailedRunDir(Callback):
     """On a refusal (above) or a Ctrl-C (a KeyboardInterrupt: before training starts, or a second Ctrl-C),
     rank 0 deletes the run directory if this run created every file in it and no checkpoint is among them:
-    never a resumed run's directory, never a file from before this run. A run without a logger writes its
-    config into the root folder that such runs share: a config this run added goes, with the folders it made
-    for it, left empty, and an earlier run's config it wrote over is put back as it was."""
+    never a resumed run's directory, never a file from before this run. In a folder that holds an earlier
+    run's files (a resumed run's, or a version given by hand: ``--trainer.logger.init_args.version=0``) the
+    files this run made go, and the settings files it wrote over (config.yaml, a CSV logger's hparams.yaml)
+    are put back. A run without a logger writes its config into the root folder that such runs share: a
+    config this run added goes, with the folders it made for it, left empty, and an earlier run's config it
+    wrote over is put back as it was."""
 
     def __init__(self) -> None:
         self.started = time.time()  # before Lightning creates anything: the CLI builds callbacks first
         self.new_configs: list[Path] = []
         self.earlier_configs: dict[Path, bytes] = {}
         self.made: list[Path] = []  # deepest first
+        self.earlier: set[Path] = set()  # the run folder's files and folders from before this run
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # Before SaveConfigCallback's own setup (LightningCLI adds it after every other callback), after the
+        # logger opened its files (Lightning's first step of set-up).
         if trainer.logger is not None:
+            folder = trainer.logger.log_dir
+            if folder is not None and is_local_path(folder) and Path(folder).is_dir():
+                found = list(Path(folder).rglob("*"))
+                self.earlier = {path for path in found if path.stat().st_mtime < self.started}
+                self.earlier_configs = {
+                    path: path.read_bytes() for path in self.earlier if path.suffix == ".yaml"
+                }
             return
-        # Before SaveConfigCallback's own setup (LightningCLI adds it after every other callback).
         root = Path(trainer.default_root_dir).absolute()
         self.made = missing_folders(root)
         configs = [root / c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback)]
@@ -96,9 +109,23 @@ class RemoveFailedRunDir(Callback):
     def _remove_run_dir(self, run_dir: Path) -> Path | None:
         files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
         if any(p.suffix == ".ckpt" for p in files) or any(p.stat().st_mtime < self.started for p in files):
+            self._undo_in(run_dir)
             return None
         shutil.rmtree(run_dir, ignore_errors=True)
         return run_dir
+
+    def _undo_in(self, run_dir: Path) -> None:
+        """An earlier run's folder: what this run made in it goes (a file found at set-up is this run's if
+        written since it started: the logger's event file), and the settings files it wrote over come back."""
+        for path, text in self.earlier_configs.items():
+            if not (path.is_file() and path.read_bytes() == text):
+                write_file(path, text, "the earlier run's settings")
+        for path in sorted(run_dir.rglob("*"), key=lambda p: len(p.parts), reverse=True):  # files first
+            if path not in self.earlier and path.stat().st_mtime >= self.started:
+                if path.is_file():
+                    path.unlink()
+                elif not any(path.iterdir()):
+                    path.rmdir()
 
     def _undo_configs(self) -> Path | None:
         written = [path for path in self.new_configs if path.is_file()]
