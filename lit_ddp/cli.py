@@ -407,8 +407,8 @@ class LitDDPCLI(LightningCLI):
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
-        share_run_folder(self.trainer)  # TensorBoard + CSV under one name: one version_N folder (resume.py)
         self._run_lock = hold_run_dir(self.trainer)  # a second run on this directory refuses (run_lock.py)
+        share_run_folder(self.trainer)  # the loggers after the first join its run, started now (resume.py)
 
     def _after_run(self) -> None:
         if getattr(self, "_run_lock", None) is not None:

@@ -307,6 +307,33 @@ def test_an_mlflow_store_that_cannot_be_used_is_one_line_before_the_run(tmp_path
 
 
 @pytest.mark.timeout(300)
+def test_a_csv_logger_after_mlflow_goes_on_in_the_runs_folder_when_the_fit_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow first and CSV second: `fit --ckpt_path=last` went on in the MLflow run, and the CSV logger
+    took its next version_N, so the run's rows were split over two folders. The CSV folder is named after
+    the MLflow run, and the resume appends to its metrics.csv."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    from lit_ddp.cli import build_cli
+
+    loggers = tmp_path / "loggers.yaml"
+    loggers.write_text(
+        "trainer:\n  logger:\n"
+        "    - class_path: lightning.pytorch.loggers.MLFlowLogger\n"
+        f"      init_args: {{tracking_uri: {(tmp_path / 'mlruns').as_uri()}, experiment_name: shapes}}\n"
+        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {tmp_path / 'csv'}, name: shapes}}\n"
+    )
+    args = [*FIT, f"--config={loggers}", f"--trainer.default_root_dir={tmp_path}"]
+    run = Path(build_cli(args).trainer.checkpoint_callback.dirpath).parent
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert [p.name for p in (tmp_path / "csv" / "shapes").iterdir()] == [run.name]  # the MLflow run's id
+    with (tmp_path / "csv" / "shapes" / run.name / "metrics.csv").open(newline="") as f:
+        assert {row["epoch"] for row in csv.DictReader(f)} == {"0", "1"}
+
+
+@pytest.mark.timeout(300)
 def test_mlflow_on_a_file_store_keeps_each_runs_config_in_its_own_folder_beside_its_checkpoints(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

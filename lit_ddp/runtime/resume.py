@@ -16,6 +16,7 @@ from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR
 from lit_ddp.compat import logger_version_given, logger_version_unset, pin_logger_version
 from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
@@ -37,29 +38,36 @@ def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | N
 
 
 def _loggers_of_the_run(trainer: Trainer) -> list[TensorBoardLogger | CSVLogger]:
-    """The versioned loggers after the first that write under the first's ``save_dir/name`` and would pick
-    their version themselves."""
+    """The versioned loggers after the first that would pick their version themselves and belong to the
+    first's run: under its ``save_dir/name``, or anywhere after an MLflow or W&B logger, whose run id names
+    their folder."""
     first = trainer.logger
-    if not isinstance(first, TensorBoardLogger | CSVLogger):
+    if not isinstance(first, (TensorBoardLogger, CSVLogger, *SHARED_SAVE_DIR)):
         return []
     return [
         logger
         for logger in trainer.loggers[1:]
         if isinstance(logger, TensorBoardLogger | CSVLogger)
         and logger_version_unset(logger)
-        and Path(logger.root_dir) == Path(first.root_dir)
+        and (isinstance(first, SHARED_SAVE_DIR) or Path(logger.root_dir) == Path(first.root_dir))
     ]
 
 
 def share_run_folder(trainer: Trainer) -> None:
     """Versioned loggers under one ``save_dir/name`` (TensorBoard and CSV, say) write one run folder, the
     first logger's. Each picked its own next ``version_N``: TensorBoard made version_0 and CSV, finding it,
-    took version_1, so a run's files were split over two folders and a resume continued only the first."""
+    took version_1, so a run's files were split over two folders and a resume continued only the first.
+    After an MLflow or W&B logger, whose run is started by now (run_lock.hold_run_dir), they write into a
+    folder named after its run id (``<save_dir>/<name>/<run id>``), which a resume of that run goes on in:
+    each picked its next ``version_N`` there too, so a resumed run's rows went into a new folder."""
     others = _loggers_of_the_run(trainer)
-    if others:
-        version = trainer.logger.version
-        for logger in others:
-            pin_logger_version(logger, version)
+    version = trainer.logger.version if others else None
+    if version is None:  # a rank whose tracker logs nothing (MLflow's and W&B's ranks above 0)
+        return
+    for logger in others:
+        pin_logger_version(logger, version)
+        if isinstance(logger, CSVLogger):
+            _keep_csv_files(logger)  # a folder of the run's already: its rows go on
 
 
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
