@@ -173,6 +173,40 @@ def test_best_is_the_best_checkpoint_of_the_run_last_would_resume(tmp_path: Path
     )
 
 
+@pytest.mark.parametrize(
+    "fixed",
+    [
+        ["--checkpoint.dirpath=best"],
+        [
+            "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.dirpath=theirs",
+            "--trainer.callbacks.monitor=val/loss",
+        ],
+    ],
+    ids=["checkpoint-dirpath", "their-checkpoint-dirpath"],
+)
+def test_last_and_best_find_the_run_when_a_checkpoint_callback_has_a_folder_of_its_own(
+    tmp_path: Path, caplog, fixed: list[str]
+) -> None:
+    """`--checkpoint.dirpath=DIR` (or a ModelCheckpoint of the user's with a dirpath) left `last` to
+    Lightning's lookup, in the fixed folders alone: `fit --ckpt_path=last` found no last.ckpt there and
+    started a new run from scratch, and `test --ckpt_path=last` said there was no earlier run, while
+    last.ckpt was in the run's folder as ever."""
+    fixed = [arg.replace("dirpath=", f"dirpath={tmp_path}/") for arg in fixed]
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", *TINY, *fixed, root])
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    with caplog.at_level("INFO"):
+        resumed = build_cli(["fit", *TINY, *fixed, "--trainer.max_epochs=2", "--ckpt_path=last", root])
+    assert f"resuming from {last}" in caplog.messages
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.logger.version == 0
+    assert build_cli(["test", *TINY, *fixed, "--ckpt_path=last", root]).trainer.ckpt_path == str(last)
+    # The best of the first checkpoint callback that monitors a metric (Lightning's choice): in its folder.
+    best = resumed.trainer.checkpoint_callback.best_model_path
+    assert Path(best).parent.parent == tmp_path
+    assert build_cli(["test", *TINY, *fixed, "--ckpt_path=best", root]).trainer.ckpt_path == best
+
+
 def test_fit_from_best_starts_a_new_run_and_leaves_the_best_runs_files(tmp_path: Path) -> None:
     root = f"--trainer.default_root_dir={tmp_path}"
     build_cli(["fit", *TINY, "--trainer.max_epochs=2", root])

@@ -161,7 +161,9 @@ def runs_of(config, experiment: str) -> Runs:
     trainer = config.get("trainer") or {}
     root = Path(str(trainer.get("default_root_dir") or os.getcwd()))
     dirs = _checkpoint_dirs(config)
-    searched = _searched(config, experiment, root) if dirs and dirs[0] is None else None
+    # One callback writing into the run's folder (lit_ddp's last_checkpoint, unless given a folder) makes
+    # the runs the place to search, whatever folder another checkpoint callback has of its own.
+    searched = _searched(config, experiment, root) if None in dirs else None
     if searched is not None:
         where, pattern, logger = searched
     else:  # a versioned logger's folder, else the run's root, to name in a message
@@ -265,8 +267,8 @@ def resolve_named(runs: Runs, asked: str | None, subcommand: str) -> tuple[str |
     """The ``--ckpt_path`` the subcommand gets for ``last`` or ``best`` (any other value as given) and the
     line to print about it, or None. With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a
     first submission of a requeued job: None); ``validate``, ``test`` and ``predict`` refuse, since they
-    would score random weights. Where a checkpoint callback has a fixed dirpath, or the logger's folder is
-    not the runs' (a pinned version), ``last`` stays Lightning's to find."""
+    would score random weights. Where no run has a last.ckpt and a checkpoint callback has a fixed dirpath,
+    or the logger's folder is not the runs' (a pinned version), ``last`` stays Lightning's to find."""
     if asked not in ("last", "best"):
         return asked, None
     evaluates = subcommand != "fit"
