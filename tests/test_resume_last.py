@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, TINY_RUN, run_cli
+from conftest import REPO, TINY_RUN, WITH_PROBES, run_cli
 from lightning import Callback
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from test_resume_dashboard import tensorboard
@@ -205,6 +205,27 @@ def test_last_and_best_find_the_run_when_a_checkpoint_callback_has_a_folder_of_i
     best = resumed.trainer.checkpoint_callback.best_model_path
     assert Path(best).parent.parent == tmp_path
     assert build_cli(["test", *TINY, *fixed, "--ckpt_path=best", root]).trainer.ckpt_path == best
+
+
+def test_a_stop_signal_saves_the_runs_last_checkpoint_beside_a_checkpoint_folder_of_the_users(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM saved last.ckpt into the first checkpoint callback's folder, a ModelCheckpoint of the user's
+    with a dirpath: the run's own last.ckpt, which --ckpt_path=last resumes, held the epoch before, so the
+    resume trained the stopped epoch's batches again. Here the stop is after step 3 (mid-epoch), of 4."""
+    theirs = ["--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={tmp_path}/theirs"]
+    stop = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=sigterm"]
+    stop += ["--trainer.callbacks.at_step=2", "--resilience.check_every_n_batches=1"]
+    args = ["fit", *TINY, "--trainer.accelerator=cpu", "--trainer.max_epochs=2", *theirs]
+    stopped = run_cli([*args, *stop, f"--trainer.default_root_dir={tmp_path}"], tmp_path, env=WITH_PROBES)
+    run = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
+    assert f"step 3 (mid-epoch, after 1 of 2 batches): saved {run / 'last.ckpt'}" in stopped.stderr, (
+        stopped.stderr
+    )
+    assert torch.load(run / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert not (tmp_path / "theirs" / "last.ckpt").exists()
+    resumed = build_cli([*args, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
+    assert resumed.trainer.global_step == 4 and resumed.trainer.logger.version == 0
 
 
 def test_fit_from_best_starts_a_new_run_and_leaves_the_best_runs_files(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.callbacks.group import find_callback
+from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.compat import (
     epoch_cut_short,
     epochs_started_completed,
@@ -86,8 +87,11 @@ def steps_after(trainer: Trainer, batch_idx: int) -> bool:
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
-    """Where the run's ``last.ckpt`` lives (the ModelCheckpoint's folder), else ``default_root_dir``."""
-    for callback in trainer.checkpoint_callbacks:
+    """Where the run's ``last.ckpt`` lives: the folder of lit_ddp's last_checkpoint, which
+    ``--ckpt_path=last`` resumes, before any other ModelCheckpoint's (a user's may have a folder of its own);
+    else ``default_root_dir``."""
+    callbacks = sorted(trainer.checkpoint_callbacks, key=lambda c: not isinstance(c, LastCheckpoint))
+    for callback in callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
             return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
     return Path(trainer.default_root_dir) / "last.ckpt"
