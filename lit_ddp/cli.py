@@ -362,10 +362,11 @@ class LitDDPCLI(LightningCLI):
 
     def fit(self, **kwargs) -> None:
         """``trainer.fit`` (LightningCLI runs a subcommand's method of the CLI where it has one), with
-        Lightning's refusal of a validation interval longer than the epoch as one line (failed_run.py)."""
+        Lightning's refusals of a validation interval longer than the epoch and of an EarlyStopping monitor
+        the run does not log as one line (failed_run.py)."""
         try:
             self.trainer.fit(**kwargs)
-        except ValueError as err:
+        except (ValueError, RuntimeError) as err:
             refused = refusal(self.trainer, err)
             if refused is None:
                 raise

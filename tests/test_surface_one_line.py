@@ -308,3 +308,36 @@ def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(capsys
         main(["fit", *TINY_RUN, *args])
     assert constructor_failure(err.value) is None
     assert "a bug in the user's own" in str(exception_chain(err.value)[-1])
+
+
+EARLY_STOPPING = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.mode=max"]
+
+
+def test_an_early_stopping_monitor_the_run_does_not_log_is_one_line_naming_those_it_does(
+    tmp_path: Path, capsys
+) -> None:
+    """`--trainer.callbacks.monitor=val/accuracy` (a typo of val/acc) was Lightning's RuntimeError, a
+    traceback, at the first epoch's end; a ModelCheckpoint's was one line already."""
+    typo = [*EARLY_STOPPING, "--trainer.callbacks.monitor=val/accuracy"]
+    line = one_error_line(capsys, ["fit", *TINY_RUN, *typo, f"--trainer.default_root_dir={tmp_path}"])
+    assert line.startswith("EarlyStopping(monitor='val/accuracy'): the run logs no val/accuracy"), line
+    assert "val/acc, " in line and line.endswith("(--trainer.callbacks.monitor, or monitor: in YAML)"), line
+
+
+def test_another_error_of_a_run_with_early_stopping_is_not_taken_for_its_monitor(tmp_path: Path) -> None:
+    """Before the first validation no metric is logged, so no monitor is found: an error raised there is the
+    run's own, with its traceback."""
+    sys.path.insert(0, str(Path(__file__).parent / "helpers"))  # fault_probe, for --trainer.callbacks
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=raise"]
+    watch = [*EARLY_STOPPING, "--trainer.callbacks.monitor=val/acc"]
+    with pytest.raises(RuntimeError, match="fault_probe: injected error"):
+        main(
+            [
+                "fit",
+                *TINY_RUN,
+                *watch,
+                *probe,
+                "--trainer.callbacks.at_step=0",
+                f"--trainer.default_root_dir={tmp_path}",
+            ]
+        )

@@ -10,10 +10,12 @@ sees a wrong setting presses Ctrl-C. Left behind, that empty run takes a version
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch.distributed as dist
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -24,14 +26,34 @@ from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
 from lit_ddp.writes import write_file
 
 
+def _unlogged_monitor(trainer: Trainer, exception: BaseException) -> UserError | None:
+    """EarlyStopping's refusal of a monitor the run does not log (a RuntimeError, told by where it was raised:
+    in the callback, whose monitor is missing from the run's metrics), naming the metrics the run logs."""
+    frames = [frame for frame, _ in traceback.walk_tb(exception.__traceback__)]
+    stopper = frames[-1].f_locals.get("self") if frames else None
+    logged = trainer.callback_metrics
+    if not isinstance(exception, RuntimeError) or not isinstance(stopper, EarlyStopping) or not logged:
+        return None
+    if stopper.monitor in logged:
+        return None
+    return UserError(
+        f"EarlyStopping(monitor={stopper.monitor!r}): the run logs no {stopper.monitor}; it logs"
+        f" {', '.join(logged)}: pass one of them as its monitor (--trainer.callbacks.monitor, or monitor: in"
+        " YAML)"
+    )
+
+
 def refusal(trainer: Trainer | None, exception: BaseException) -> UserError | None:
-    """The bad input that stopped the run as one line, or None: a UserError, or Lightning's refusal of a
-    validation interval longer than the epoch (a ValueError with nothing else to tell it by, raised once the
-    epoch's batches are known, for any model)."""
+    """The bad input that stopped the run as one line, or None: a UserError, an EarlyStopping monitor the run
+    does not log, or Lightning's refusal of a validation interval longer than the epoch (a ValueError with
+    nothing else to tell it by, raised once the epoch's batches are known, for any model)."""
     if isinstance(exception, UserError):
         return exception
     if trainer is None:
         return None
+    unlogged = _unlogged_monitor(trainer, exception)
+    if unlogged is not None:
+        return unlogged
     interval, batches = trainer.val_check_interval, trainer.num_training_batches
     if not isinstance(exception, ValueError) or not isinstance(interval, int):
         return None
