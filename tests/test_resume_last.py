@@ -464,3 +464,11 @@ def test_fit_from_a_path_to_any_other_checkpoint_starts_a_new_run(tmp_path: Path
         # A new run's dashboard: its own train/batch image, though the checkpoint's run has one.
         assert "train/batch" in tensorboard(Path(cli.trainer.log_dir))[1], ckpt
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_the_fits_last_line_names_the_last_checkpoint_that_last_resumes(tmp_path: Path, capsys) -> None:
+    """With `--checkpoint.monitor=null` the fit's last line named that callback's newest epoch file as the one
+    `--ckpt_path=last` resumes; it resumes last.ckpt, and a path to the epoch's file starts a new run."""
+    build_cli(["fit", *TINY, "--checkpoint.monitor=null", f"--trainer.default_root_dir={tmp_path}"])
+    (saved,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run saved in ")]
+    assert saved.endswith(": last checkpoints/last.ckpt (--ckpt_path=last resumes it)"), saved

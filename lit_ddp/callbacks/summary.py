@@ -8,6 +8,7 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, Timer
 from lightning.pytorch.trainer.states import RunningStage
 
+from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.compat import batches_done, epoch_cut_short
 
@@ -45,9 +46,10 @@ def where_saved(trainer: Trainer) -> str:
     folder = str(run_dir(trainer))
     checkpoints = [c for c in trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)]
     # The first that monitors a metric is the one --ckpt_path=best reads (Lightning's choice too); one that
-    # monitors none keeps only its newest file (lit_ddp's last.ckpt: callbacks/last_checkpoint.py).
+    # monitors none keeps only its newest file: lit_ddp's last.ckpt, which --ckpt_path=last resumes, first.
     best = next((c for c in checkpoints if c.monitor and c.best_model_score is not None), None)
-    newest = [c.last_model_path or ("" if c.monitor else c.best_model_path) for c in checkpoints]
+    ordered = sorted(checkpoints, key=lambda c: not isinstance(c, LastCheckpoint))
+    newest = [c.last_model_path or ("" if c.monitor else c.best_model_path) for c in ordered]
     last = next(filter(None, newest), "")
     parts = []
     if best is not None and best.best_model_path:
