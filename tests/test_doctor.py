@@ -72,18 +72,33 @@ def test_doctor_holds_on_resnet_imagenet_with_syncbn(tmp_path: Path) -> None:
     assert_every_check_holds(code, out)
 
 
+# The checks' own batch and accumulation fit; fit refuses the config's (a batch, or the step it accumulates).
+FIT_REFUSES = [
+    (["--data.batch_size=64"], "--data.batch_size=64", 64, "--data.batch_size=50 or less"),
+    (
+        ["--data.batch_size=32", "--trainer.accumulate_grad_batches=2"],
+        "--data.batch_size=32 × --trainer.accumulate_grad_batches=2 = 64",
+        64,
+        "--data.batch_size=25 or less, or --trainer.accumulate_grad_batches=1 or less",
+    ),
+]
+
+
 @pytest.mark.ddp
 @pytest.mark.timeout(600)
-def test_a_batch_that_fit_refuses_on_the_configured_devices_is_fits_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("given", "asked", "step", "fix"), FIT_REFUSES, ids=["batch", "accumulated"])
+def test_a_batch_that_fit_refuses_on_the_configured_devices_is_fits_line(
+    tmp_path: Path, given: list[str], asked: str, step: int, fix: str
+) -> None:
     """The checks ran at their own batch (2 × 8, 1 × 16) and said every check holds for a config whose
-    batch of 64 is more than the 50 training images each of its 2 devices gets, which fit refuses."""
-    args = ["--data.train_size=100", "--data.val_size=40", "--data.batch_size=64", "--trainer.devices=2"]
+    batch of 64 (or 32 accumulated twice) is more than the 50 training images each of its 2 devices gets,
+    which fit refuses."""
+    args = ["--data.train_size=100", "--data.val_size=40", *given, "--trainer.devices=2"]
     proc = run_cli(["doctor", "--checks=grads", *args], tmp_path, timeout=560)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
-        "lit_ddp: error: --data.batch_size=64 is more than the 50 training images on each of 2 devices: every"
-        " step would take 50, not 64 (the global batch and a scaled lr would be wrong): pass"
-        " --data.batch_size=50 or less"
+        f"lit_ddp: error: {asked} is more than the 50 training images on each of 2 devices: every"
+        f" step would take 50, not {step} (the global batch and a scaled lr would be wrong): pass {fix}"
     ], proc.stderr[-3000:]
     assert "check " not in proc.stdout  # no table: nothing was checked
 

@@ -70,6 +70,36 @@ def test_a_batch_larger_than_the_training_set_is_refused_before_the_lr_is_scaled
         check_training_batch_fits(33, range(63), world_size=2)
 
 
+def test_a_step_accumulated_beyond_the_training_set_is_refused_as_a_batch_would_be(
+    tmp_path: Path, capsys
+) -> None:
+    """48 images in batches of 16 accumulated 4 at a time: "global batch = 64" was printed (and scaled the
+    lr) while every step took the 48, as 2 devices × 16 × 2 did; a batch of 64 alone was refused."""
+    data = ["--data.train_size=48", "--data.val_size=8", "--data.batch_size=16"]
+    argv = [
+        "fit",
+        *TINY,
+        *data,
+        "--trainer.accumulate_grad_batches=4",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    assert one_error_line(capsys, argv) == (
+        "--data.batch_size=16 × --trainer.accumulate_grad_batches=4 = 64 is more than the 48 training images:"
+        " every step would take 48, not 64 (the global batch and a scaled lr would be wrong): pass"
+        " --data.batch_size=12 or less, or --trainer.accumulate_grad_batches=3 or less"
+    )
+    assert not list(tmp_path.rglob("*.ckpt"))
+    from lit_ddp.data.split_checks import check_training_batch_fits
+    from lit_ddp.errors import UserError
+
+    check_training_batch_fits(16, range(48), world_size=2, accumulation=1)  # 24 images a device, one step
+    with pytest.raises(UserError, match=r"= 32 is more than the 24 training images on each of 2 devices"):
+        check_training_batch_fits(16, range(48), world_size=2, accumulation=2)
+    with pytest.raises(UserError) as err:  # neither setting alone fits: both at once
+        check_training_batch_fits(8, range(3), world_size=1, accumulation=4)
+    assert str(err.value).endswith("pass --data.batch_size=3 --trainer.accumulate_grad_batches=1")
+
+
 def test_an_empty_training_split_is_named_not_answered_with_a_batch_size_of_zero() -> None:
     """A data module of the user's own whose load_split("train") returned no sample was told to "pass
     --data.batch_size=0 or less", a batch size the data module itself refuses."""

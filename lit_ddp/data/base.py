@@ -236,8 +236,9 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
                     self._labels_checked[split] = data
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
+            t = self.trainer
             check_training_batch_fits(
-                self.batch_size, getattr(self, "train_set", None), self.trainer.world_size
+                self.batch_size, getattr(self, "train_set", None), t.world_size, t.accumulate_grad_batches
             )
         if stage in ("validate", "test"):
             check_split_evaluated(stage, getattr(self, f"{SPLITS_OF_STAGE[stage][0]}_set", None))

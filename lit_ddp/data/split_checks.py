@@ -1,10 +1,11 @@
 """What a data module's splits must hold for the stage the Trainer runs, checked in its ``setup`` (so in a
-Trainer of your own too): a training batch no larger than a device's training shard, and a sample in the
-split that ``validate`` or ``test`` scores.
+Trainer of your own too): a training step (a batch, times the batches accumulated into it) no larger than
+a device's training shard, and a sample in the split that ``validate`` or ``test`` scores.
 
-A batch larger than the shard: the loader would draw the whole shard as one smaller batch, while the global
-batch printed, logged and used by ``scale_lr`` would be the one asked for: a learning rate scaled for a
-batch no step ever takes. An empty split: ``validate`` and ``test`` would log no metric and exit 0.
+A step larger than the shard: the loader would draw the whole shard as one smaller batch (or fewer batches
+than a step accumulates), while the global batch printed, logged and used by ``scale_lr`` would be the one
+asked for: a learning rate scaled for a batch no step ever takes. An empty split: ``validate`` and ``test``
+would log no metric and exit 0.
 """
 
 import math
@@ -12,8 +13,19 @@ import math
 from lit_ddp.errors import UserError
 
 
-def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> None:
-    """UserError when ``batch_size`` is more than the training images one device gets (its padded shard)."""
+def _smaller_step(batch_size: int, shard: int, accumulation: int) -> str:
+    """The settings that make one device's step (``batch_size × accumulation``) fit ``shard``."""
+    if accumulation == 1:
+        return f"--data.batch_size={shard} or less"
+    fixes = [f"--data.batch_size={shard // accumulation} or less"] if shard >= accumulation else []
+    if shard >= batch_size:
+        fixes.append(f"--trainer.accumulate_grad_batches={shard // batch_size} or less")
+    return ", or ".join(fixes) or f"--data.batch_size={shard} --trainer.accumulate_grad_batches=1"
+
+
+def check_training_batch_fits(batch_size: int, train_set, world_size: int, accumulation: int = 1) -> None:
+    """UserError when one device's optimizer step (``batch_size`` × ``accumulation`` batches) is more than the
+    training images that device gets (its padded shard)."""
     if train_set is None:
         return
     if len(train_set) == 0:  # no batch size fits: name the split, not a batch size of 0
@@ -22,12 +34,17 @@ def check_training_batch_fits(batch_size: int, train_set, world_size: int) -> No
             " split; check the data it reads (its data_dir, its files, its size options)"
         )
     shard = math.ceil(len(train_set) / world_size)
-    if batch_size > shard:
+    # A step accumulates its batches from the shard: one that needs more images ends with each epoch.
+    step = batch_size * accumulation
+    if step > shard:
         on = f" on each of {world_size} devices" if world_size > 1 else ""
+        asked = f"--data.batch_size={batch_size}"
+        if accumulation > 1:
+            asked += f" × --trainer.accumulate_grad_batches={accumulation} = {step}"
         raise UserError(
-            f"--data.batch_size={batch_size} is more than the {shard} training images{on}: every step would"
-            f" take {shard}, not {batch_size} (the global batch and a scaled lr would be wrong): pass"
-            f" --data.batch_size={shard} or less"
+            f"{asked} is more than the {shard} training images{on}: every step would take {shard}, not"
+            f" {step} (the global batch and a scaled lr would be wrong): pass"
+            f" {_smaller_step(batch_size, shard, accumulation)}"
         )
 
 

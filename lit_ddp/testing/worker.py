@@ -126,7 +126,10 @@ class TakeHead(Callback):
         split the data module has loaded holds fewer samples than the checks read."""
         if self.job.stage == "fit" and self.job.run_batch_size is not None:
             check_training_batch_fits(
-                self.job.run_batch_size, getattr(dm, "train_set", None), self.job.run_devices
+                self.job.run_batch_size,
+                getattr(dm, "train_set", None),
+                self.job.run_devices,
+                self.job.trainer_kwargs.get("accumulate_grad_batches", 1),
             )
         for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
             dataset = getattr(dm, split, None)
