@@ -12,7 +12,7 @@ from conftest import REPO, TINY_SHAPES, run_cli
 from lightning import Callback, LightningModule, Trainer
 
 from lit_ddp.callbacks import EMA
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 from lit_ddp.models import LeNetCIFAR
 
 PRESET = str(REPO / "configs" / "presets" / "ema.yaml")
@@ -68,6 +68,33 @@ def test_fit_validates_and_saves_the_average_and_evaluation_uses_it(tmp_path: Pa
     torch.save(plain, tmp_path / "raw.ckpt")
     raw_metrics = val_metrics(tmp_path / "eval", f"--ckpt_path={tmp_path / 'raw.ckpt'}")
     assert abs(raw_metrics["val/loss"] - logged["val/loss"]) > 1e-4
+
+
+def test_a_resume_without_the_ema_is_refused_before_it_trains_on_from_the_average(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """fit --ckpt_path=last of an EMA run without the preset loaded the checkpoint's state_dict, the average,
+    into the module and trained on from it, the raw weights and the average dropped, with Lightning's warning
+    `Please add the following callbacks: ['EMA']` alone."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    build_cli(["fit", "--config", PRESET, *TINY_SHAPES, *QUIET, "--trainer.max_epochs=1", root])
+    last = only_ckpt(tmp_path)
+    saved = last.read_bytes()
+    resume = ["fit", *TINY_SHAPES, *QUIET, "--trainer.max_epochs=2", "--ckpt_path=last", root]
+    with pytest.raises(SystemExit) as stop:
+        main(resume)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("lit_ddp: error: ") and err[0].endswith(
+        "last.ckpt holds averaged weights (EMA) beside the raw ones, and this fit has no EMA callback to"
+        " resume them: it would train on from the average, not from where the run stopped; resume with the"
+        " EMA it was trained with (--config configs/presets/ema.yaml, or your recipe's)"
+    ), err[0]
+    assert last.read_bytes() == saved  # nothing trained, nothing written over
+    # The EMA named by hand resumes it as the preset does: the next checkpoint keeps both weight sets.
+    fit = build_cli([*resume, "--trainer.callbacks+=lit_ddp.callbacks.EMA"])
+    assert fit.trainer.global_step == 16
+    assert all(key in torch.load(last, weights_only=True) for key in EMA_KEYS)
 
 
 class SaveMidValidation(Callback):

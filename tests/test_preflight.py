@@ -8,12 +8,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, TINY_RUN
 
+from lit_ddp.callbacks import EMA
 from lit_ddp.cli import main
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
 from lit_ddp.preflight.arguments import SUBCOMMANDS, argument_problems
-from lit_ddp.preflight.checkpoint import packages_of
+from lit_ddp.preflight.checkpoint import packages_of, resumes_averages
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
 LINES = [
@@ -224,6 +226,14 @@ LINES = [
     ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
+    # Resumed without the EMA preset, fit trained on from the averaged weights, with Lightning's warning only.
+    (
+        "checkpoint_average",
+        ["--ckpt_path=ema.ckpt"],
+        "ema.ckpt holds averaged weights (EMA) beside the raw ones, and this fit has no EMA callback to"
+        " resume them: it would train on from the average, not from where the run stopped; resume with the"
+        " EMA it was trained with (--config configs/presets/ema.yaml, or your recipe's)",
+    ),
 ]
 
 
@@ -240,6 +250,7 @@ def test_each_row_is_one_line_before_anything_is_built(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("")
+    torch.save(AVERAGED, tmp_path / "ema.ckpt")  # a run's checkpoint, as EMA writes it
     seen = _spy(monkeypatch)
     command, args = (
         (args[0], args[1:]) if args[:1] in (["validate"], ["test"], ["predict"]) else ("fit", args)
@@ -471,6 +482,8 @@ FORMS = [
 ]
 WEIGHTS = {"state_dict": {}}  # torch.save({"state_dict": ...}), ModelCheckpoint(save_weights_only=True)
 RUN = {"state_dict": {}, "pytorch-lightning_version": "2.6", "loops": {}, "optimizer_states": []}
+# An EMA run's: the average as state_dict, the raw weights beside it (callbacks/ema.py)
+AVERAGED = {**RUN, "current_model_state": {}, "averaging_state": {}, "callbacks": {"EMA": {}}}
 THEIRS = {
     **RUN,
     "hyper_parameters": {"_class_path": "helpers.Net", "weights": "ResNet50_Weights.IMAGENET1K_V2"},
@@ -515,6 +528,17 @@ CHECKPOINTS = [
         r".*: to test with its weights, pass --model.weights=w.pt and no --ckpt",
     ),
     (RunPlan(ckpt_path="last.ckpt", checkpoint=RUN, takes_weights=True), None),
+    # an EMA run's resumed without its EMA: training went on from the average
+    (RunPlan(ckpt_path="last.ckpt", checkpoint=AVERAGED), r"last.ckpt holds averaged weights \(EMA\) beside"),
+    (
+        RunPlan(ckpt_path="last.ckpt", checkpoint=AVERAGED, takes_weights=True),
+        r".*, or train a new run from the average: --model.weights=last.ckpt in place of --ckpt_path$",
+    ),
+    (RunPlan(ckpt_path="last.ckpt", checkpoint=AVERAGED, averages=True), None),
+    *(
+        (RunPlan(subcommand=c, ckpt_path="x.ckpt", checkpoint=AVERAGED), None)
+        for c in ("validate", "predict")
+    ),
 ]
 
 
@@ -529,6 +553,32 @@ def test_the_checkpoint_rows_read_the_file_as_data(
         assert found == [], found
     else:
         assert len(found) == 1 and re.match(pattern, found[0]), found
+
+
+class OwnEMA(EMA):
+    """A user's EMA: it resumes the weight sets as lit_ddp's does."""
+
+
+@pytest.mark.parametrize(
+    ("callbacks", "averages"),
+    [
+        ([{"class_path": "lit_ddp.callbacks.EMA"}], True),
+        ({"class_path": "lit_ddp.callbacks.ema.EMA", "init_args": {"decay": 0.9}}, True),  # one, not a list
+        (
+            [
+                {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"},
+                {"class_path": "test_preflight.OwnEMA"},
+            ],
+            True,
+        ),
+        ([{"class_path": "lightning.pytorch.callbacks.EMAWeightAveraging"}], True),  # Lightning's layout too
+        ([{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint"}], False),
+        ([], False),
+        (None, False),
+    ],
+)
+def test_the_plan_knows_which_callbacks_resume_averaged_weights(callbacks, averages: bool) -> None:
+    assert resumes_averages(callbacks) is averages
 
 
 # Command line → plan fields, read from the parsed config before anything is built.

@@ -26,7 +26,15 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lit_ddp.errors import UserError
-from lit_ddp.preflight.checkpoint import LIBRARY, UNTRAINED, missing_run_state, named_by, untrusted_name
+from lit_ddp.preflight.checkpoint import (
+    LIBRARY,
+    UNTRAINED,
+    average_without_averaging,
+    missing_run_state,
+    named_by,
+    resumes_averages,
+    untrusted_name,
+)
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
@@ -196,6 +204,7 @@ class RunPlan:
     checkpoint_problem: str | None = None  # why the --ckpt_path file cannot be read, where it cannot
     takes_weights: bool = False  # the model has --model.weights, which starts a run from a file's weights
     loads_weights: bool = False  # and it is given
+    averages: bool = False  # trainer.callbacks average the weights (an EMA): a resume needs them
     named: frozenset[str] = frozenset()  # the class paths and dotted names the command line and configs give
     packages: frozenset[str] = frozenset({LIBRARY})  # lit_ddp's and the project's: their classes are trusted
 
@@ -284,6 +293,7 @@ class RunPlan:
             takes_weights="weights"
             in (model_args.as_dict() if hasattr(model_args, "as_dict") else model_args),
             loads_weights=bool(_get(model_args, "weights")),
+            averages=resumes_averages(_get(trainer, "callbacks", [])),
             named=frozenset(named_by(config)) if checkpoint else frozenset(),
             packages=frozenset(packages),
         )
@@ -632,6 +642,12 @@ def _checkpoint_state(plan: RunPlan) -> str | None:
     return missing_run_state(plan.checkpoint, plan.ckpt_path, plan.subcommand, plan.takes_weights)
 
 
+def _checkpoint_average(plan: RunPlan) -> str | None:
+    return average_without_averaging(
+        plan.checkpoint, plan.ckpt_path, plan.subcommand, plan.averages, plan.takes_weights
+    )
+
+
 def _random_weights(plan: RunPlan) -> str | None:
     # validate and test scored the model's random initial weights, and predict labelled images with them,
     # with no word.
@@ -680,6 +696,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "checkpoint_file": _checkpoint_file,
     "checkpoint_names": _checkpoint_names,
     "checkpoint_state": _checkpoint_state,
+    "checkpoint_average": _checkpoint_average,
     "random_weights": _random_weights,
     "hpc_checkpoint": _no_hpc_checkpoint,
 }

@@ -17,7 +17,8 @@ A dotted name found that way must be one of:
 Anything else that would import a module (the one ``evil.py`` or ``helpers.py`` in the working directory
 among them) is one line, before any import.
 
-What it must hold: besides its weights, what the subcommand reads (``missing_run_state``).
+What it must hold: besides its weights, what the subcommand reads (``missing_run_state``), and for a fit of a
+run that averaged its weights, a callback that resumes them (``average_without_averaging``).
 
 What it replaces: the model settings the command line gave that its own hyperparameters override, named in
 a note (``checkpoint_model_overrides``), and a model class other than its own, refused.
@@ -30,9 +31,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
+from lightning.pytorch.callbacks import WeightAveraging
 
 from lit_ddp.errors import UserError
-from lit_ddp.utils import flatten
+from lit_ddp.utils import flatten, imported
 
 # A dotted Python name (`helpers.LeNetCIFAR`), not a path or a number (`data/pngs`, `0.5`).
 DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
@@ -201,6 +203,47 @@ def missing_run_state(
         fix = "pass a checkpoint that a run wrote (its run's last.ckpt or best checkpoint)"
     what = "a run's state to resume" if subcommand == "fit" else "a Lightning checkpoint"
     return f"checkpoint {ckpt_path} holds weights only, not {what} (no {', no '.join(missing)}): {fix}"
+
+
+# A checkpoint of a run that averaged its weights holds the average as its state_dict and the raw weights
+# beside it (Lightning's WeightAveraging layout, which lit_ddp's EMA keeps): only such a callback puts the raw
+# ones back into the module when fit resumes.
+RAW_WEIGHTS = "current_model_state"
+# lit_ddp's EMA, by name: the preflight comes before the callbacks and does not import them.
+AVERAGING_CLASSES = ("lit_ddp.callbacks.ema.EMA",)
+EMA_PRESET = "configs/presets/ema.yaml"
+
+
+def resumes_averages(callbacks) -> bool:
+    """Whether a config's ``trainer.callbacks`` (one or a list) hold a callback that resumes a checkpoint's
+    average and raw weights: lit_ddp's EMA, Lightning's WeightAveraging (EMAWeightAveraging), a subclass."""
+    for callback in callbacks if isinstance(callbacks, list) else [callbacks]:
+        cls = imported(str(callback.get("class_path"))) if hasattr(callback, "get") else None
+        if not isinstance(cls, type):
+            continue
+        if issubclass(cls, WeightAveraging) or any(
+            f"{base.__module__}.{base.__qualname__}" in AVERAGING_CLASSES for base in cls.__mro__
+        ):
+            return True
+    return False
+
+
+def average_without_averaging(
+    checkpoint: dict | None, ckpt_path: str, subcommand: str, averages: bool, takes_weights: bool
+) -> str | None:
+    """The line for a fit that resumes a checkpoint of averaged weights with no callback that averages
+    (``averages``: see ``resumes_averages``), or None: Lightning loads the state_dict, the average, into the
+    module, so training went on from the average, not from where the run stopped, with Lightning's warning
+    alone. validate, test and predict score the average, as the checkpoint's state_dict, on purpose."""
+    if subcommand != "fit" or averages or not checkpoint or RAW_WEIGHTS not in checkpoint:
+        return None
+    fix = f"resume with the EMA it was trained with (--config {EMA_PRESET}, or your recipe's)"
+    if takes_weights:
+        fix += f", or train a new run from the average: --model.weights={ckpt_path} in place of --ckpt_path"
+    return (
+        f"{ckpt_path} holds averaged weights (EMA) beside the raw ones, and this fit has no EMA callback to"
+        f" resume them: it would train on from the average, not from where the run stopped; {fix}"
+    )
 
 
 # Model settings that say how this command runs the step (torch.compile, CUDA graphs), not what the weights
