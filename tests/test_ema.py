@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, run_cli
+from conftest import REPO, TINY_RUN, TINY_SHAPES, run_cli
 from lightning import Callback, LightningModule, Trainer
 
 from lit_ddp.callbacks import EMA
@@ -49,7 +49,7 @@ def test_fit_validates_and_saves_the_average_and_evaluation_uses_it(tmp_path: Pa
     assert average.keys() == raw.keys() == fit.model.state_dict().keys()
     assert any(not torch.equal(average[k], raw[k]) for k in average)
     assert int(ckpt["averaging_state"]["n_averaged"]) == ckpt["global_step"] == 16  # one update per step
-    assert ckpt["callbacks"]["EMA"] == {"last_update_step": 16}
+    assert ckpt["callbacks"]["EMA"] == {"last_update_step": 16, "decay": 0.999}
     # After fit the module holds the average, as loading the checkpoint would give.
     for key, value in fit.model.state_dict().items():
         assert torch.equal(value, average[key]), key
@@ -95,6 +95,63 @@ def test_a_resume_without_the_ema_is_refused_before_it_trains_on_from_the_averag
     fit = build_cli([*resume, "--trainer.callbacks+=lit_ddp.callbacks.EMA"])
     assert fit.trainer.global_step == 16
     assert all(key in torch.load(last, weights_only=True) for key in EMA_KEYS)
+
+
+def test_a_resume_averages_on_with_the_checkpoints_decay_unless_it_gives_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run averaged with decay 0.9999 and resumed with the preset (0.999) went on at 0.999 without a word:
+    the checkpoint kept no decay. It keeps it, and a resume takes it as --model.optim settings resume: the
+    default takes the checkpoint's, a decay given holds; a note names the change."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    fit = ["fit", "--config", PRESET, *TINY_RUN, *QUIET, root]
+    build_cli([*fit, "--trainer.callbacks.decay=0.9999"])
+    last = only_ckpt(tmp_path)
+    assert torch.load(last, weights_only=True)["callbacks"]["EMA"]["decay"] == 0.9999
+    with caplog.at_level("INFO"):
+        resumed = build_cli([*fit, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 4  # it resumed
+    assert resumed.trainer.callbacks[0].decay == 0.9999
+    assert torch.load(last, weights_only=True)["callbacks"]["EMA"]["decay"] == 0.9999
+    notes = [m for m in caplog.messages if "the EMA averages on" in m]
+    assert notes == [
+        "lit_ddp: note: the EMA averages on with the checkpoint's decay 0.9999 (this run's default: 0.999)"
+    ]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        given = build_cli(
+            [*fit, "--trainer.max_epochs=3", "--ckpt_path=last", "--trainer.callbacks.decay=0.99"]
+        )
+    assert given.trainer.callbacks[0].decay == 0.99
+    assert torch.load(last, weights_only=True)["callbacks"]["EMA"]["decay"] == 0.99
+    notes = [m for m in caplog.messages if "the EMA averages on" in m]
+    assert notes == [
+        "lit_ddp: note: the EMA averages on with this run's decay 0.99 (the checkpoint's: 0.9999)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("chosen", "saved", "averages_with"), [(0.999, 0.5, 0.5), (0.25, 0.5, 0.25), (0.25, None, 0.25)]
+)
+def test_the_average_goes_on_with_the_decay_the_resume_settles_on(
+    chosen: float, saved: float | None, averages_with: float
+) -> None:
+    """The decay restored is the one the average's updates use; a checkpoint saved before the EMA kept its
+    decay resumes with this run's, as before."""
+    module = LeNetCIFAR()
+    ema = EMA(decay=chosen)
+    ema.setup(None, module, "fit")
+    ema.load_state_dict({"last_update_step": 1} | ({} if saved is None else {"decay": saved}))
+    assert ema.decay == averages_with
+    ema.average.update_parameters(module)  # the first update copies the weights
+    before = {k: v.clone() for k, v in ema.average.module.state_dict().items()}
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(1.0)
+    ema.average.update_parameters(module)
+    for name, param in ema.average.module.named_parameters():
+        want = averages_with * before[name] + (1 - averages_with) * dict(module.named_parameters())[name]
+        torch.testing.assert_close(param, want)
 
 
 class SaveMidValidation(Callback):
@@ -208,7 +265,9 @@ def test_preempted_mid_epoch_and_resumed_ends_with_the_same_raw_and_averaged_wei
     assert final["global_step"] == expected["global_step"] == 8
     for key in ("state_dict", "current_model_state", "averaging_state"):
         assert_equal_states(final[key], expected[key])
-    assert final["callbacks"]["EMA"] == expected["callbacks"]["EMA"] == {"last_update_step": 8}
+    assert (
+        final["callbacks"]["EMA"] == expected["callbacks"]["EMA"] == {"last_update_step": 8, "decay": 0.999}
+    )
 
 
 def test_the_average_is_made_on_the_device_the_module_will_train_on() -> None:

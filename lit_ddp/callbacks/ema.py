@@ -7,7 +7,9 @@ the weights), parameters and buffers alike (BatchNorm's running statistics). Val
 average; checkpoints keep it as ``state_dict``, so ``validate``/``test``/``predict --ckpt_path=X`` (and
 the model class's ``load_from_checkpoint``: ``LeNetCIFAR.load_from_checkpoint``) use the averaged weights
 with or without this callback; the raw weights go to ``current_model_state``, the average's update count to
-``averaging_state`` (the layout of Lightning's ``WeightAveraging``). ``fit --ckpt_path`` restores both.
+``averaging_state`` (the layout of Lightning's ``WeightAveraging``). ``fit --ckpt_path`` restores both, and
+the decay the run averaged with, as ``--model.optim`` settings resume: a decay given other than the default
+holds over the checkpoint's, the default takes the checkpoint's, and a note names the one that changed.
 
 Why not Lightning's ``EMAWeightAveraging`` (2.6) itself:
 
@@ -24,10 +26,13 @@ import itertools
 
 import torch
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from lit_ddp.errors import UserError
+
+DEFAULT_DECAY = 0.999
 
 
 def _tensors(module: nn.Module) -> dict[str, Tensor]:
@@ -42,7 +47,7 @@ class EMA(Callback):
     through a public API.
     """
 
-    def __init__(self, decay: float = 0.999) -> None:
+    def __init__(self, decay: float = DEFAULT_DECAY) -> None:
         if not 0.0 <= decay <= 1.0:
             raise UserError(f"EMA decay={decay} must be in [0, 1] (0.999 averages over ~1000 steps)")
         self.decay = decay
@@ -114,10 +119,21 @@ class EMA(Callback):
             self.average = None
 
     def state_dict(self) -> dict:
-        return {"last_update_step": self.last_update_step}
+        return {"last_update_step": self.last_update_step, "decay": self.decay}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.last_update_step = state_dict["last_update_step"]
+        saved = state_dict.get("decay", self.decay)  # a checkpoint that did not keep it: this run's
+        if saved == self.decay:
+            return
+        if self.decay == DEFAULT_DECAY:  # not chosen (the preset gives the default): the saved run goes on
+            said = f"the checkpoint's decay {saved} (this run's default: {self.decay})"
+            self.decay = saved
+        else:
+            said = f"this run's decay {self.decay} (the checkpoint's: {saved})"
+        if self.average is not None:
+            self.average.multi_avg_fn = get_ema_multi_avg_fn(self.decay)
+        rank_zero_info(f"lit_ddp: note: the EMA averages on with {said}")
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
         if self.average is None:
