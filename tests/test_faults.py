@@ -994,6 +994,56 @@ def test_lightnings_per_batch_stop_broadcast_is_off_while_training_and_restored_
     assert "_broadcast_sigterm_tensor" not in vars(trainer.fit_loop.epoch_loop)
 
 
+@pytest.mark.parametrize("stop", ["EarlyStopping", "max_epochs"])
+def test_a_stop_signal_as_the_fit_ends_says_it_completes_and_does_not_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """SIGUSR1 in the epoch whose end EarlyStopping stops the fit at: it said "stopped by SIGUSR1 ...; resume
+    with --ckpt_path=last" and requeued a SLURM job, whose resume trained an epoch the uninterrupted run did
+    not. The fit was ending anyway (should_stop set): it completes, as after the run's last epoch."""
+    import lightning as L
+    from lightning.pytorch.callbacks import EarlyStopping
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    from lit_ddp.data import ShapesDataModule
+    from lit_ddp.models import LeNetCIFAR
+    from lit_ddp.runtime import preemption
+
+    lines, requeued = [], []
+    monkeypatch.setattr(preemption, "rank_zero_info", lines.append)
+    monkeypatch.setattr(preemption, "_requeue_slurm_job", lambda: requeued.append(True))
+
+    class SignalInLastBatch(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+            if trainer.current_epoch == 0 and batch_idx == trainer.num_training_batches - 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    ends = {  # each ends the fit at epoch 0's end
+        "EarlyStopping": [
+            EarlyStopping("train/loss_epoch", stopping_threshold=1e9, check_on_train_epoch_end=True)
+        ],
+        "max_epochs": [],
+    }[stop]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=3 if stop == "EarlyStopping" else 1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[preemption.PreemptionCheckpoint(signal.SIGUSR1), SignalInLastBatch(), *ends],
+    )
+    with pytest.raises(SIGTERMException):
+        trainer.fit(LeNetCIFAR(), datamodule=ShapesDataModule(train_size=64, val_size=16, batch_size=32))
+    assert trainer.global_step == 2  # the whole first epoch
+    assert lines == [
+        f"lit_ddp: SIGUSR1 came after the run's last training step, step 2: the fit is complete, saved"
+        f" {tmp_path / 'last.ckpt'}"
+    ]
+    assert not requeued
+
+
 @pytest.mark.parametrize("at", ["on_fit_start", "on_train_batch_end"])
 def test_a_failed_fit_gives_back_the_sigusr1_handler_of_before_its_set_up(tmp_path: Path, at: str) -> None:
     """A fit that failed (a refusal, a bug in a callback) left PreemptionCheckpoint's SIGUSR1 recorder

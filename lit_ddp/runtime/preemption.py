@@ -406,8 +406,8 @@ class PreemptionCheckpoint(Callback):
         trainer.save_checkpoint(path, weights_only=False)
         stopped_by = self.stopped_by or "SIGTERM"
         if fit_complete(trainer):
-            # The signal came as the last epoch ended: the checkpoint is the finished run, which a resume
-            # (or a requeued SLURM job) would only find nothing to train in.
+            # The signal came as the fit ended (its last epoch, or a callback's stop): the checkpoint is the
+            # finished run, which a resume (or a requeued SLURM job) would only train past.
             rank_zero_info(
                 f"lit_ddp: {stopped_by} came after the run's last training step, step {trainer.global_step}:"
                 f" the fit is complete, saved {path}"
@@ -540,11 +540,20 @@ def stop_spawned_ranks_cleanly(trainer: Trainer) -> bool:
 
 
 def fit_complete(trainer: Trainer) -> bool:
-    """Whether the fit has reached its ``max_epochs`` (its last epoch ended) or its ``max_steps``."""
+    """Whether the fit ends here anyway: it has reached its ``max_epochs`` (its last epoch ended) or its
+    ``max_steps``, or a callback's ``should_stop`` (EarlyStopping, max_time) ends it, which Lightning's fit
+    loop honours once ``min_epochs`` and ``min_steps`` are met (this callback stops through another flag)."""
     completed = epochs_started_completed(trainer)[1]
     max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
-    return (max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps) or (
-        max_epochs is not None and max_epochs >= 0 and completed >= max_epochs
+    stopping = (
+        trainer.should_stop
+        and completed >= (trainer.min_epochs or 0)
+        and trainer.global_step >= (trainer.min_steps or 0)
+    )
+    return (
+        stopping
+        or (max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps)
+        or (max_epochs is not None and max_epochs >= 0 and completed >= max_epochs)
     )
 
 
