@@ -13,12 +13,13 @@ from collections.abc import Mapping
 
 from lightning import Callback
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import LearningRateMonitor as AnyLearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.callbacks import ModelSummary as AnyModelSummary
 from lightning.pytorch.callbacks import ProgressBar as AnyProgressBar
 
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, PredictionWriter
-from lit_ddp.callbacks.group import skip_unused_batch_hooks
+from lit_ddp.callbacks.group import CallbackGroup, skip_unused_batch_hooks
 from lit_ddp.runtime.checkpoint_io import with_atomic_checkpoint_io
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.gc_freeze import FreezeGC
@@ -72,6 +73,9 @@ BAREBONES_OFF = {
 }
 # The Trainer flag for each part Lightning keeps one of, found among its callbacks by type.
 LIGHTNING_PARTS = {"enable_progress_bar": AnyProgressBar, "enable_model_summary": AnyModelSummary}
+# Parts of lit_ddp's groups that a callback of the user's of the same kind replaces: both would write the same
+# points (the dashboard's learning rate, a LearningRateMonitor's).
+USERS_PARTS = (AnyLearningRateMonitor,)
 
 
 def class_path(cls: type) -> str:
@@ -110,14 +114,23 @@ def _console_parts(ours: list[Callback], theirs: list[Callback], trainer: Mappin
     ]
 
 
+def _drop_users_parts(ours: list[Callback], theirs: list[Callback]) -> None:
+    """Leaves out of lit_ddp's groups each part (``USERS_PARTS``) the user's callbacks bring their own of."""
+    for kind in USERS_PARTS:
+        if any(isinstance(c, kind) for c in theirs):
+            for group in ours:
+                if isinstance(group, CallbackGroup):
+                    group.drop(kind)
+
+
 def trainer_arguments(
     trainer: Mapping, chosen: Mapping[str, Callback | None], subcommand: str, experiment: str
 ) -> dict:
     """The Trainer arguments a run gets over its config's ``trainer`` section (``trainer``: the section, its
     classes built, with any arguments the caller adds): ``callbacks`` (the user's, then those of ``chosen``
-    still wanted, then the console's bar and summary), ``plugins``, the flags that say what is off, and the
-    default ``logger`` (under ``experiment``, the recipe's folder). ``chosen``: lit_ddp's callbacks by config
-    key, None where the config turned one off."""
+    still wanted, less the parts the user's replace, then the console's bar and summary), ``plugins``, the
+    flags that say what is off, and the default ``logger`` (under ``experiment``, the recipe's folder).
+    ``chosen``: lit_ddp's callbacks by config key, None where the config turned one off."""
     barebones = bool(trainer.get("barebones"))
     arguments: dict = dict(BAREBONES_OFF) if barebones else {}
     plugins = trainer.get("plugins")
@@ -130,6 +143,7 @@ def trainer_arguments(
     theirs = theirs if isinstance(theirs, list) else [theirs]
     ours = [c for key, c in chosen.items() if c is not None and _wanted(key, c, trainer, subcommand)]
     ours += _console_parts(ours, theirs, trainer)
+    _drop_users_parts(ours, theirs)
     for callback in ours:
         skip_unused_batch_hooks(callback)  # Lightning would call each empty one at every batch
     callbacks = arguments["callbacks"] = [*theirs, *ours]

@@ -6,12 +6,17 @@ from pathlib import Path
 
 import pytest
 from lightning import Callback
-from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.layer_sync import LayerSync
 
 from lit_ddp.assembly import BAREBONES_OFF, CALLBACKS, OPT_IN_CALLBACKS, trainer_arguments
 from lit_ddp.callbacks import Dashboard, LastCheckpoint, ModelSummary, PredictionWriter, ProgressBar
+from lit_ddp.callbacks.confusion import ConfusionMatrix
+from lit_ddp.callbacks.images import TrainBatchImages
+from lit_ddp.callbacks.run_info import RunInfo
+from lit_ddp.callbacks.step_loss import StepLoss
+from lit_ddp.callbacks.throughput import Throughput
 from lit_ddp.runtime.checkpoint_io import AtomicCheckpointIO
 from lit_ddp.runtime.console import Console
 from lit_ddp.runtime.gc_freeze import FreezeGC
@@ -97,6 +102,25 @@ def test_each_rule_gives_its_callbacks_and_flags(
     assert [type(c) for c in arguments["callbacks"]] == types
     built = ("callbacks", "plugins", "logger")
     assert {key: value for key, value in arguments.items() if key not in built} == flags
+
+
+def test_a_learning_rate_monitor_of_the_users_takes_the_dashboards_place() -> None:
+    """Both wrote every learning-rate point (a second TensorBoard point at each step)."""
+    arguments = trainer_arguments({"callbacks": [LearningRateMonitor()]}, _defaults(), "fit", "recipe")
+    (dashboard,) = [c for c in arguments["callbacks"] if isinstance(c, Dashboard)]
+    assert [type(m) for m in dashboard.members] == [
+        StepLoss,
+        Throughput,
+        TrainBatchImages,
+        ConfusionMatrix,
+        RunInfo,
+    ]
+    (alone,) = [
+        c
+        for c in trainer_arguments({}, _defaults(), "fit", "recipe")["callbacks"]
+        if isinstance(c, Dashboard)
+    ]
+    assert any(isinstance(m, LearningRateMonitor) for m in alone.members)
 
 
 def test_the_default_logger_is_tensorboard_in_the_recipes_folder_unless_one_is_given(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_SHAPES, run_cli, run_dirs
+from conftest import TINY_RUN, TINY_SHAPES, run_cli, run_dirs
 from lightning import LightningModule, Trainer
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -287,6 +287,23 @@ def test_under_gradient_accumulation_each_logged_step_has_one_learning_rate_poin
     with (run_dir / "metrics.csv").open() as f:
         lr_rows = [int(row["step"]) for row in csv.DictReader(f) if row["lr-AdamW/pg1"]]
     assert lr_rows == logged
+
+
+@pytest.mark.timeout(240)
+def test_a_learning_rate_monitor_of_the_users_writes_each_point_once(tmp_path: Path) -> None:
+    """--trainer.callbacks+=LearningRateMonitor: it and the dashboard's both wrote lr-* at every logged step,
+    two points per step in TensorBoard. The user's takes the dashboard's place, as a user's bar takes the
+    console's."""
+    from lit_ddp.cli import build_cli
+
+    args = ["fit", *TINY_RUN, "--trainer.log_every_n_steps=1", f"--trainer.default_root_dir={tmp_path}"]
+    users = ["--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor"]
+    build_cli([*args, *users, "--trainer.callbacks.log_momentum=true"])
+    (run_dir,) = run_dirs(tmp_path)
+    acc = read_run(run_dir)
+    for tag in ("lr-AdamW/pg1", "lr-AdamW/pg2"):
+        assert [e.step for e in acc.Scalars(tag)] == [0, 1], tag
+    assert "lr-AdamW/pg1-momentum" in acc.Tags()["scalars"]  # the user's monitor, with its own settings
 
 
 @pytest.mark.timeout(120)

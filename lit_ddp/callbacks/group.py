@@ -48,6 +48,11 @@ class CallbackGroup(Callback):
         """The first member of type ``kind``, else None."""
         return next((m for m in self.members if isinstance(m, kind)), None)
 
+    def drop(self, kind: type) -> None:
+        """Leaves out the members of type ``kind`` (a callback of the user's does their part)."""
+        self.members = [m for m in self.members if not isinstance(m, kind)]
+        self.index_hooks()
+
     def state_dict(self) -> dict:
         states = {m.state_key: m.state_dict() for m in self.members}
         return {key: state for key, state in states.items() if state}
