@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.layer_sync import LayerSync
 
 from lit_ddp.assembly import BAREBONES_OFF, CALLBACKS, OPT_IN_CALLBACKS, trainer_arguments
-from lit_ddp.callbacks import Dashboard, LastCheckpoint, ModelSummary, PredictionWriter, ProgressBar
+from lit_ddp.callbacks import ConsoleModelSummary, Dashboard, LastCheckpoint, PredictionWriter, ProgressBar
 from lit_ddp.callbacks.confusion import ConfusionMatrix
 from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.run_info import RunInfo
@@ -23,8 +23,8 @@ from lit_ddp.runtime.gc_freeze import FreezeGC
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.write_errors import WriteSafeTensorBoardLogger
 
-FIT = [Console, Resilience, Dashboard, ModelCheckpoint, LastCheckpoint, ProgressBar, ModelSummary]
-NO_CHECKPOINTS = [Console, Resilience, Dashboard, ProgressBar, ModelSummary]
+FIT = [Console, Resilience, Dashboard, ModelCheckpoint, LastCheckpoint, ProgressBar, ConsoleModelSummary]
+NO_CHECKPOINTS = [Console, Resilience, Dashboard, ProgressBar, ConsoleModelSummary]
 USERS_BAR = TQDMProgressBar  # a bar of the user's own, in trainer.callbacks
 
 # (case, trainer section, config keys set to null or replaced, subcommand) → (callback types, flags set)
@@ -65,15 +65,29 @@ ROWS = [
         {},
         {"console": Console(progress_bar=False)},
         "fit",
-        [*FIT[:5], ModelSummary],
+        [*FIT[:5], ConsoleModelSummary],
         {"enable_progress_bar": False},
     ),
     # The flag is the user's and Lightning honours it: the bar is left out, the flag left alone.
-    ("enable_progress_bar=false", {"enable_progress_bar": False}, {}, "fit", [*FIT[:5], ModelSummary], {}),
+    (
+        "enable_progress_bar=false",
+        {"enable_progress_bar": False},
+        {},
+        "fit",
+        [*FIT[:5], ConsoleModelSummary],
+        {},
+    ),
     # An opt-in named in the config runs after the defaults, before the console's bar and summary.
     ("gc_freeze named", {}, {"gc_freeze": FreezeGC()}, "fit", [*FIT[:5], FreezeGC, *FIT[5:]], {}),
     # Lightning takes one bar: the user's.
-    ("a bar of the user's", {"callbacks": [USERS_BAR()]}, {}, "fit", [USERS_BAR, *FIT[:5], ModelSummary], {}),
+    (
+        "a bar of the user's",
+        {"callbacks": [USERS_BAR()]},
+        {},
+        "fit",
+        [USERS_BAR, *FIT[:5], ConsoleModelSummary],
+        {},
+    ),
     # Lightning's raw-speed mode refuses what it turns off.
     (
         "barebones",

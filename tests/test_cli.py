@@ -552,6 +552,24 @@ def test_a_bar_or_summary_turned_off_gets_no_lightning_default_in_its_place(
     assert any(isinstance(c, base) for c in added.trainer.callbacks)
 
 
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+@pytest.mark.parametrize("name", ["LearningRateMonitor", "ModelSummary"])
+def test_a_lightning_callback_named_by_its_short_name_is_found(tmp_path: Path, name: str) -> None:
+    """`--trainer.callbacks+=LearningRateMonitor` was `Parser key "trainer.callbacks":`, naming nothing:
+    lit_ddp's forks of it had its name, and jsonargparse finds a class by its name, so two were none."""
+    from lightning.pytorch import Callback, callbacks
+
+    lightnings = {n for n in callbacks.__all__ if isinstance(getattr(callbacks, n), type)}
+    ours = [c.__name__ for c in _subclasses(Callback) if c.__module__.startswith("lit_ddp.")]
+    assert not lightnings & set(ours), "a lit_ddp callback takes the name of Lightning's"
+    args = [*TINY_SHAPES, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={name}"]
+    found = build_cli(args, run=False).trainer.callbacks
+    assert any(type(c) is getattr(callbacks, name) for c in found)
+
+
 @pytest.mark.parametrize(
     "switch", ["--trainer.enable_checkpointing=false", "--checkpoint=null --last_checkpoint=null"]
 )

@@ -207,7 +207,7 @@ def test_dashboard_callbacks_turn_off_one_by_one(tmp_path: Path) -> None:
     args += [f"--trainer.default_root_dir={tmp_path}"]
     cli = build_cli(args)
     names = {type(part).__name__ for cb in cli.trainer.callbacks for part in getattr(cb, "members", [cb])}
-    assert {"Throughput", "RunInfo", "EpochSummary", "LearningRateMonitor"} <= names
+    assert {"Throughput", "RunInfo", "EpochSummary", "DashboardLearningRate"} <= names
     assert not {"ConfusionMatrix", "TrainBatchImages"} & names
     (run_dir,) = run_dirs(tmp_path)
     tags = read_run(run_dir).Tags()

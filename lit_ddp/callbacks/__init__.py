@@ -6,13 +6,13 @@ lit_ddp/assembly.py (``CALLBACKS``).
 """
 
 from lit_ddp.callbacks.confusion import ConfusionMatrix
-from lit_ddp.callbacks.console import ModelSummary, ProgressBar
+from lit_ddp.callbacks.console import ConsoleModelSummary, ProgressBar
 from lit_ddp.callbacks.dashboard import Dashboard
 from lit_ddp.callbacks.ema import EMA
 from lit_ddp.callbacks.group import CallbackGroup
 from lit_ddp.callbacks.images import TrainBatchImages
 from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
-from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
+from lit_ddp.callbacks.lr_monitor import DashboardLearningRate
 from lit_ddp.callbacks.predictions import PredictionWriter
 from lit_ddp.callbacks.run_info import RunInfo
 from lit_ddp.callbacks.skipped_images import SkippedImagesReport
@@ -23,12 +23,12 @@ from lit_ddp.callbacks.throughput import Throughput
 __all__ = [
     "CallbackGroup",
     "ConfusionMatrix",
+    "ConsoleModelSummary",
     "Dashboard",
+    "DashboardLearningRate",
     "EMA",
     "EpochSummary",
     "LastCheckpoint",
-    "LearningRateMonitor",
-    "ModelSummary",
     "PredictionWriter",
     "ProgressBar",
     "RunInfo",

@@ -126,12 +126,12 @@ class TQDMBar(_Throttled, TQDMProgressBar):
 ProgressBar = RichBar if importlib.util.find_spec("rich") is not None else TQDMBar
 
 
-class ModelSummary(LightningModelSummary):
+class ConsoleModelSummary(LightningModelSummary):
     """The modules that hold parameters, their type and size, and the totals; printed once, by rank 0.
 
     Fork of ``lightning.pytorch.callbacks.ModelSummary``: its table has a FLOPs column of zeros without an
     example input and counts modules in train and eval mode, torchmetrics' metrics among them; goes when it
-    leaves both out.
+    leaves both out. Named apart from it, as ``--trainer.callbacks+=ModelSummary`` finds a class by its name.
     """
 
     @staticmethod

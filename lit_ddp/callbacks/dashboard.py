@@ -7,7 +7,7 @@ and ``train/*`` metrics stay: the LightningModule logs those).
 from lit_ddp.callbacks.confusion import ConfusionMatrix
 from lit_ddp.callbacks.group import CallbackGroup
 from lit_ddp.callbacks.images import TrainBatchImages
-from lit_ddp.callbacks.lr_monitor import LearningRateMonitor
+from lit_ddp.callbacks.lr_monitor import DashboardLearningRate
 from lit_ddp.callbacks.run_info import RunInfo
 from lit_ddp.callbacks.step_loss import StepLoss
 from lit_ddp.callbacks.throughput import Throughput
@@ -44,7 +44,7 @@ class Dashboard(CallbackGroup):
     ) -> None:
         parts = [
             (step_loss, StepLoss),
-            (lr_monitor, LearningRateMonitor),
+            (lr_monitor, DashboardLearningRate),
             (throughput, Throughput),
             (batch_images, lambda: TrainBatchImages(max_images=max_images, tile=tile)),
             (confusion_matrix, lambda: ConfusionMatrix(max_classes=max_classes)),

@@ -6,12 +6,13 @@ from lightning import LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor as _LightningLearningRateMonitor
 
 
-class LearningRateMonitor(_LightningLearningRateMonitor):
+class DashboardLearningRate(_LightningLearningRateMonitor):
     """Logs ``lr-<Optimizer>/pg<N>``, the learning rate of each param group (Lightning's callback).
 
     Fork of ``lightning.pytorch.callbacks.LearningRateMonitor``: it raises in a run without a logger, and
     writes each logged step's rates once for every accumulated batch; goes when it skips a run without a
-    logger and writes a step once.
+    logger and writes a step once. Named apart from it: ``--trainer.callbacks+=LearningRateMonitor`` finds
+    a class by its name, and two of one name are none.
     """
 
     _written_at: int | None = None  # the optimizer step whose rates this fit has written

@@ -7,7 +7,7 @@ Lightning's ``--trainer.enable_progress_bar=false`` / ``enable_model_summary=fal
 
 from lightning import Callback
 
-from lit_ddp.callbacks.console import ModelSummary, ProgressBar
+from lit_ddp.callbacks.console import ConsoleModelSummary, ProgressBar
 from lit_ddp.callbacks.group import CallbackGroup
 from lit_ddp.callbacks.skipped_images import SkippedImagesReport
 from lit_ddp.callbacks.summary import EpochSummary
@@ -48,5 +48,5 @@ class Console(CallbackGroup):
 
     def lightning_parts(self) -> list[Callback]:
         """The progress bar and the model summary this console shows, for ``trainer.callbacks``."""
-        parts = [(self.progress_bar, ProgressBar), (self.model_summary, ModelSummary)]
+        parts = [(self.progress_bar, ProgressBar), (self.model_summary, ConsoleModelSummary)]
         return [make() for on, make in parts if on]

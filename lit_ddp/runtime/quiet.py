@@ -89,8 +89,8 @@ CONSOLE = (
         "info",
         "lightning.pytorch.trainer.connectors.callback_connector",
         "Trainer already configured with model summary callbacks",
-        "Trainer already configured with model summary callbacks: [<class 'ModelSummary'>]. Skipping setting"
-        " a default `ModelSummary` callback.",
+        "Trainer already configured with model summary callbacks: [<class 'ConsoleModelSummary'>]. Skipping"
+        " setting a default `ModelSummary` callback.",
         "lit_ddp's model summary (callbacks/console.py) replaces Lightning's on purpose",
     ),
 )
