@@ -45,7 +45,8 @@ ROWS = [
     (
         ["fit", "--model=ArchClassifier", "--model.cuda_graph=true"],
         {},
-        "unknown option --model.cuda_graph: see python -m lit_ddp fit --help for the options",
+        "unknown option --model.cuda_graph: ArchClassifier, the model class --model=ArchClassifier chooses,"
+        " takes no cuda_graph (see python -m lit_ddp fit --model.help ArchClassifier)",
     ),
     (
         ["fit", "--config", "{tmp}/o.yaml"],
@@ -176,6 +177,38 @@ ROWS = [
         "{tmp}/p.yaml, line 3: data.strict: true comes before --config {tmp}/f.yaml, which chooses the data"
         " class (ImageNetDataModule), and is read as a setting of ImageDataModule, which does not take it:"
         " give --config {tmp}/p.yaml after --config {tmp}/f.yaml",
+    ),
+    # A misspelt class_path or init_args: it named no fix, or another argument ("did you mean
+    # model.batch_norm?" for init_arg.batch_norm).
+    (
+        ["fit", "--config", "{tmp}/t.yaml"],
+        {"t.yaml": "model:\n  class_pat: lit_ddp.models.LeNetCIFAR\n"},
+        "{tmp}/t.yaml, line 2: unknown key model.class_pat: did you mean model.class_path?",
+    ),
+    (
+        ["fit", "--config", "{tmp}/t.yaml"],
+        {"t.yaml": "model:\n  class_path: lit_ddp.models.LeNetCIFAR\n  init_arg:\n    batch_norm: true\n"},
+        "{tmp}/t.yaml, line 4: unknown key model.init_arg.batch_norm: did you mean"
+        " model.init_args.batch_norm?",
+    ),
+    # An argument the class a file chose does not take: it said "did you mean --data.val_resize?" (a word
+    # ending in _size), and without the model's network's argument of that name.
+    (
+        ["fit", "--config", "{tmp}/f.yaml", "--data.train_size=32"],
+        {"f.yaml": "data:\n  class_path: lit_ddp.data.ImageNetDataModule\n  init_args: {data_dir: d}\n"},
+        "unknown option --data.train_size: ImageNetDataModule, the data class {tmp}/f.yaml chooses, takes no"
+        " train_size (see python -m lit_ddp fit --data.help ImageNetDataModule)",
+    ),
+    (
+        ["fit", "--config", "{tmp}/f.yaml", "--data.val_resiz=256"],
+        {"f.yaml": "data:\n  class_path: lit_ddp.data.ImageNetDataModule\n  init_args: {data_dir: d}\n"},
+        "unknown option --data.val_resiz: did you mean --data.val_resize?",
+    ),
+    (
+        ["fit", "--model.batch_norm=true", "--config", "{tmp}/n.yaml"],
+        {"n.yaml": "model:\n  class_path: lit_ddp.models.ImageClassifier\n  init_args: {net: LeNet}\n"},
+        "unknown option --model.batch_norm: ImageClassifier, the model class {tmp}/n.yaml chooses, takes no"
+        " batch_norm: did you mean --model.net.batch_norm?",
     ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (

@@ -825,7 +825,10 @@ def test_the_projects_help_lists_doctor_not_new_and_doctor_names_the_projects_co
 
 @pytest.mark.parametrize(
     ("stale", "hint"),
-    [("batch_nrm", ": did you mean model.init_args.net.init_args.batch_norm?"), ("zzz_gone", ": see ")],
+    [
+        ("batch_nrm", ": did you mean model.init_args.net.init_args.batch_norm?"),
+        ("zzz_gone", ": LeNet, the model.net class "),
+    ],
 )
 def test_a_stale_network_argument_names_its_full_key(tmp_path: Path, stale: str, hint: str) -> None:
     """After the user replaces the network, an argument of the old one left in a config names the network's

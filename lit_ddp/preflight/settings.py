@@ -54,6 +54,11 @@ GROUPS = ("console", "resilience", "dashboard")
 # Arguments the CLI fills in itself: the data's number of classes is linked to the model's (cli.py).
 PASSED = {("model", "num_classes")}
 TYPE_NAMES = {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "text"}
+# What a key that takes a class holds besides that class's arguments: jsonargparse's subclass spec.
+SPEC_KEYS = ("class_path", "init_args")
+# How alike two names must be for one to be offered for the other: a letter or two apart, not a word that
+# shares a suffix (train_size is 0.6 of val_resize, image_size, batch_size).
+CLOSE = 0.75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +110,9 @@ class Context:
 @dataclasses.dataclass(frozen=True)
 class Place:
     """Where a key lands: a known argument (its type where known, None if not), a group of settings, or
-    no argument (the keys it could have meant). ``shown``: the key as a line names it."""
+    no argument (the keys it could have meant). ``shown``: the key as a line names it; ``owner``: the class
+    whose argument it is or would be, the class at the key ``at``; ``moved``: the candidates are the same
+    argument of a class given to ``owner`` (the model's network), not names spelt alike."""
 
     shown: str
     known: bool = True
@@ -113,6 +120,8 @@ class Place:
     group: bool = False
     candidates: tuple[str, ...] = ()
     owner: type | None = None
+    at: tuple[str, ...] = ()
+    moved: bool = False
 
 
 def explain(message: str, argv: list[str], parsers: list, bases: dict[str, type], prog: str) -> str:
@@ -220,11 +229,11 @@ def _closest(name: str, candidates: Iterable[str]) -> str:
     # model.init_args.cuda_graph "close" to model.init_args.arch. Other keys, whole (a typo in a group).
     parent, _, leaf = name.rpartition(".")
     siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
-    match = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=0.6)
+    match = difflib.get_close_matches(leaf, list(siblings), n=1, cutoff=CLOSE)
     if match:
         return siblings[match[0]]
     others = [c for c in candidates if c.rpartition(".")[0] != parent]
-    match = difflib.get_close_matches(name, others, n=1, cutoff=0.6)
+    match = difflib.get_close_matches(name, others, n=1, cutoff=CLOSE)
     return match[0] if match else ""
 
 
@@ -428,26 +437,63 @@ def _in_class(
     if nested and _called(ctx, prefix):  # a callable's first argument comes from the class it is given to
         keys -= set(list(inspect.signature(cls).parameters)[:1])
     hints = _hints(cls)
-    inner_type = hints.get(rest[0])
-    if len(rest) > 1 and not any(dataclasses.is_dataclass(t) for t in _flat(inner_type)):
-        given = _given(ctx, (*prefix, rest[0]))
-        inner = (
-            _named(given, _classes(inner_type))
-            if given
-            else _default_class(ctx.defaults, (*prefix, rest[0]))
-            or _default_class(_class_parser(cls).get_defaults(), rest[:1])
-        )
-        if inner is not None:
-            deeper = nested or prefix[0] != "trainer" or len(prefix) > 1
-            return _in_class(ctx, (*prefix, rest[0]), inner, rest[1:], nested=deeper)
-    name = ".".join(rest)
+    inner = _inner_class(ctx, prefix, cls, rest[0]) if len(rest) > 1 else None
+    if inner is not None:
+        deeper = nested or prefix[0] != "trainer" or len(prefix) > 1
+        return _in_class(ctx, (*prefix, rest[0]), inner, rest[1:], nested=deeper)
+    name, place = ".".join(rest), functools.partial(Place, shown(rest), owner=cls, at=prefix)
     if name in keys:
-        return Place(shown(rest), annotation=_type_at(hints, rest), owner=cls)
+        return place(annotation=_type_at(hints, rest))
     if any(k.startswith(f"{name}.") for k in keys):
-        return Place(shown(rest), group=True, owner=cls)
+        return place(group=True)
+    # A misspelt class_path or init_args: of this class (init_arg.batch_norm), or of an argument that takes a
+    # class not known yet (net.class_pat).
+    if rest[0] not in {k.split(".")[0] for k in keys} and prefix != ("trainer",):
+        spec = _spec_typo(".init_args.".join(prefix) if nested else ".".join(prefix), rest)
+    else:
+        spec = (
+            _spec_typo(".init_args.".join((*prefix, rest[0])), rest[1:])
+            if _classes(hints.get(rest[0]))
+            else ""
+        )
+    if spec:
+        return place(known=False, candidates=(spec,))
+    moved = () if nested or prefix == ("trainer",) else _moved(ctx, prefix, cls, name)
+    if moved:
+        return place(known=False, candidates=moved, moved=True)
     # A nested class's arguments are compared by name: the long common prefix would make any look close.
-    close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6) if nested else keys
-    return Place(shown(rest), known=False, candidates=tuple(shown(k.split(".")) for k in close), owner=cls)
+    close = difflib.get_close_matches(name, keys, n=1, cutoff=CLOSE) if nested else keys
+    return place(known=False, candidates=tuple(shown(k.split(".")) for k in close))
+
+
+def _spec_typo(at: str, rest: tuple[str, ...]) -> str:
+    """The key ``rest`` at the class at ``at`` meant, where its first part is a misspelt class_path or
+    init_args (``init_arg.batch_norm``: ``init_args.batch_norm``), else ""."""
+    spec = difflib.get_close_matches(rest[0], SPEC_KEYS, n=1, cutoff=CLOSE) if rest else []
+    return ".".join((at, spec[0], *rest[1:])) if spec and rest[0] not in SPEC_KEYS else ""
+
+
+def _inner_class(ctx: Context, prefix: tuple[str, ...], cls: type, name: str) -> type | None:
+    """The class given to ``cls``'s argument ``name`` (the model's network), by the user or by default."""
+    tp = _hints(cls).get(name)
+    if any(dataclasses.is_dataclass(t) for t in _flat(tp)):
+        return None
+    given = _given(ctx, (*prefix, name))
+    if given:
+        return _named(given, _classes(tp))
+    defaults = _class_parser(cls).get_defaults() if _class_parser(cls) else {}
+    return _default_class(ctx.defaults, (*prefix, name)) or _default_class(defaults, (name,))
+
+
+def _moved(ctx: Context, prefix: tuple[str, ...], cls: type, name: str) -> tuple[str, ...]:
+    """The keys of ``name`` among the arguments of the classes given to ``cls``'s (``model.batch_norm``: the
+    network's, ``model.init_args.net.init_args.batch_norm``)."""
+    found = []
+    for arg in _hints(cls):
+        inner = _inner_class(ctx, prefix, cls, arg)
+        if inner is not None and inner is not cls and name in _class_keys(inner):
+            found.append(".init_args.".join((*prefix, arg)) + f".init_args.{name}")
+    return tuple(found)
 
 
 # --- the checks: each takes one setting and returns its line, or None --------------------------------------
@@ -658,10 +704,30 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
             f"{where}{what}: {first} is the first argument of {name}, which the model passes itself (the"
             " number of classes, from the data): leave it out"
         )
-    match = _closest(key, place.candidates)
-    if match:
-        return f"{where}{what}: did you mean {match if where else '--' + _option(match)}?"
-    return f"{where}{what}: see {ctx.prog} {ctx.command} --help for the options"
+    match = place.candidates[0] if place.moved else _closest(key, place.candidates)
+    hint = f": did you mean {match if where else '--' + _option(match)}?" if match else ""
+    chooser = _chooser(ctx, place)
+    if chooser is None or match and not place.moved:  # a misspelt name, or the default class's
+        return f"{where}{what}{hint or f': see {ctx.prog} {ctx.command} --help for the options'}"
+    # The class a file or an option chose takes no such argument (another class does): name that class.
+    owner, by = place.owner.__name__, chooser.file or chooser.shown(".".join(place.at))
+    options = f" (see {ctx.prog} {ctx.command} --{place.at[0]}.help {owner})" if len(place.at) == 1 else ""
+    taken = (
+        f"{owner}, the {'.'.join(place.at)} class {by} chooses, takes no {'.'.join(s.key[len(place.at) :])}"
+    )
+    return f"{where}{what}: {taken}{hint or options}"
+
+
+def _chooser(ctx: Context, place: Place) -> Setting | None:
+    """The setting that chose ``place``'s owner class (a file's class_path, ``--data=NAME``), or None for a
+    default class."""
+    given = (
+        s for s in reversed(ctx.settings) if s.key == place.at and not s.help and isinstance(s.value, str)
+    )
+    chooser = next(given, None)
+    if chooser is None or place.owner is None or _named(chooser.value, [place.owner]) is not place.owner:
+        return None
+    return chooser
 
 
 def _before_its_class(ctx: Context, s: Setting) -> str | None:
