@@ -34,7 +34,7 @@ from lit_ddp.callbacks.group import find_callback
 from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.compat import load_train_dataloader, set_collective_timeout
 from lit_ddp.data import ImageDataModule
-from lit_ddp.errors import UserError, constructor_failure, exception_chain
+from lit_ddp.errors import UserError, constructor_error, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, problems
@@ -313,12 +313,14 @@ class LitDDPCLI(LightningCLI):
                     model[f"init_args.{key}"] = value
         try:
             with checkpoint_replaces_weights(self.plan.checkpoint_replaces_weights):
-                super().instantiate_classes()
+                return super().instantiate_classes()
         except ValueError as err:  # jsonargparse's, around what a named class's constructor raised
-            failed = None if _user_error(err) else constructor_failure(err)
+            failed = None if _user_error(err) else constructor_failure(err) or constructor_error(err)
             if failed is None:
                 raise
-            raise UserError(failed) from None
+        # Outside the handler, not chained to jsonargparse's union and its Namespace: a library class's one
+        # line, or the exception of a class of the user's own, with its traceback, last.
+        raise UserError(failed) if isinstance(failed, str) else failed
 
     def _read_as_the_chosen_model(self, parser, subcommand: str, hparams: dict, ckpt_path: str) -> None:
         """A checkpoint saved from Python (``Trainer.fit``, not this CLI) names no class with its settings:

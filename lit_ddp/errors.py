@@ -45,6 +45,21 @@ def constructor_failure(err: BaseException) -> str | None:
     return f"{cls.__name__} could not be created: {type(root).__name__}: {message}"
 
 
+def constructor_error(err: BaseException) -> BaseException | None:
+    """The exception that a constructor the config's instantiation called raised, beneath the instantiator's
+    own wrapping of it (jsonargparse's "Does not validate against any of the Union subtypes"): the first of
+    the chain that the instantiators did not raise themselves. None where they raised every one."""
+    return next((e for e in exception_chain(err) if not _raised_by(e, INSTANTIATORS)), None)
+
+
+def _raised_by(err: BaseException, modules: tuple[str, ...]) -> bool:
+    """Whether the innermost frame of ``err``'s traceback, where it was raised, is in one of ``modules``."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(modules)
+
+
 def _constructed_class(err: BaseException) -> type | None:
     """The class whose ``__init__`` the config's instantiation called when ``err`` was raised: the innermost
     constructor that jsonargparse or LightningCLI called, so that a network the config gives the model is

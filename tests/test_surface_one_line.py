@@ -2,6 +2,7 @@
 
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from test_mistakes import one_error_line
 from torch import nn
 
 from lit_ddp.cli import main
+from lit_ddp.data import ShapesDataModule
 from lit_ddp.errors import constructor_failure, exception_chain
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -294,20 +296,43 @@ class BrokenNet(nn.Module):
         raise TypeError("a bug in the user's own network")
 
 
-# The network's: it was "ImageClassifier could not be created: TypeError: ...", without where it failed.
+class BrokenData(ShapesDataModule):
+    """A user's data module whose constructor raises, beneath a function of its own."""
+
+    def __init__(
+        self, train_size: int = 64, val_size: int = 16, test_size: int = 16, batch_size: int = 32
+    ) -> None:
+        super().__init__(train_size=train_size, val_size=val_size, test_size=test_size, batch_size=batch_size)
+        _check_shapes()
+
+
+def _check_shapes() -> None:
+    raise RuntimeError("a bug in the user's own data module")
+
+
+# The network's: it was "ImageClassifier could not be created: TypeError: ...", without where it failed. Each
+# traceback ended in jsonargparse's "Does not validate against any of the Union subtypes ... Given value:
+# Namespace(...)", the user's own error in the middle.
 @pytest.mark.parametrize(
-    "args",
+    ("args", "raised"),
     [
-        [f"--trainer.callbacks+={__name__}.BrokenCallback"],
-        ["--model=ImageClassifier", f"--model.net={__name__}.BrokenNet"],
+        ([f"--trainer.callbacks+={__name__}.BrokenCallback"], TypeError),
+        (["--model=ImageClassifier", f"--model.net={__name__}.BrokenNet"], TypeError),
+        ([f"--config={{data: {{class_path: {__name__}.BrokenData}}}}"], RuntimeError),
     ],
-    ids=["callback", "network"],
+    ids=["callback", "network", "data"],
 )
-def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(capsys, args: list[str]) -> None:
-    with pytest.raises(ValueError) as err:
-        main(["fit", *TINY_RUN, *args])
+def test_a_class_of_the_users_own_that_fails_to_build_keeps_its_traceback(
+    capsys, args: list[str], raised: type
+) -> None:
+    with pytest.raises(raised) as err:
+        main(["fit", *args, *TINY_RUN])  # the data class before its settings
     assert constructor_failure(err.value) is None
     assert "a bug in the user's own" in str(exception_chain(err.value)[-1])
+    # The traceback as Python prints it ends with the user's exception, raised in the user's code.
+    printed = "".join(traceback.format_exception(err.value))
+    assert printed.splitlines()[-1].startswith(f"{raised.__name__}: a bug in the user's own"), printed
+    assert err.traceback[-1].path == Path(__file__) and "Union subtypes" not in printed, printed
 
 
 EARLY_STOPPING = ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.mode=max"]
