@@ -110,3 +110,31 @@ def test_a_variable_the_environment_lacks_is_one_line_naming_the_option(
         " export SCRATCH=<folder>, or write the path out"
     )
     assert not list(tmp_path.glob("$*")) and not list(tmp_path.glob("lightning_logs"))
+
+
+def _weights(name: str) -> None:
+    from lit_ddp.models import ArchClassifier
+
+    ArchClassifier(arch="mobilenet_v3_small", num_classes=10, weights=name)
+
+
+# (what reads the path, the line's start): each is read from the current folder.
+MISSING = [
+    (lambda name: CIFAR10DataModule(data_dir=name).prepare_data(), "CIFAR-10 not found in {name}/cifar-10"),
+    (lambda name: ShapesDataModule(predict_dir=name), "predict_dir={name} "),
+    (_weights, "weights file {name} "),
+]
+
+
+@pytest.mark.parametrize(("reads", "line"), MISSING, ids=["cifar", "predict_dir", "weights"])
+def test_a_relative_path_that_is_not_there_names_the_folder_it_was_read_from(
+    home: Path, reads, line: str
+) -> None:
+    """A relative path read in a job started in another folder said only `not found in data/...`."""
+    with pytest.raises(UserError) as err:
+        reads("gone")
+    read_as = f"(read from the current folder, as {home.parent / 'gone'}"
+    assert str(err.value).startswith(line.format(name="gone")) and read_as in str(err.value), err.value
+    with pytest.raises(UserError) as err:
+        reads(str(home.parent / "gone"))  # an absolute path says where it is itself
+    assert "read from the current folder" not in str(err.value), err.value

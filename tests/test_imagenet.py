@@ -134,6 +134,21 @@ def test_missing_or_empty_data_dir_is_one_clear_error(tmp_path: Path, capsys) ->
     assert "lit_ddp: error: no image folders in" in err and "Traceback" not in err
 
 
+def test_a_relative_data_dir_that_is_not_there_names_the_folder_it_was_read_from(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`data_dir: imgs` in a job started in another folder said `no image folders in imgs`, and no more."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as err:
+        ImageNetDataModule(data_dir="imgs")
+    assert str(err.value).startswith(
+        f"no image folders in imgs (read from the current folder, as {tmp_path}/imgs):"
+    )
+    (tmp_path / "imgs" / "train").mkdir(parents=True)  # there, but empty: the path as given is enough
+    with pytest.raises(UserError, match=r"^no image folders in imgs: expected"):
+        ImageNetDataModule(data_dir="imgs")
+
+
 def test_an_image_size_below_one_is_refused_before_anything_is_read(tree) -> None:
     """--data.image_size=0 reached the network as 0-pixel crops and failed there, after training started."""
     with pytest.raises(UserError, match=r"^--data.image_size=0 must be 1 or more \(the side of the square"):

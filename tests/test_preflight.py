@@ -219,10 +219,17 @@ LINES = [
         ["validate", "--ckpt_path=a_file"],
         "checkpoint a_file is corrupt or truncated",
     ),
+    # A relative path that does not exist names the folder it was read from (each row runs in tmp_path).
     (
         "checkpoint_file",
         ["validate", "--ckpt_path=no_such.ckpt"],
-        "checkpoint no_such.ckpt does not exist: pass --ckpt_path=PATH to an existing .ckpt file",
+        "checkpoint no_such.ckpt (read from the current folder, as /",
+    ),
+    (
+        "checkpoint_file",
+        ["validate", "--ckpt_path=last"],
+        "validate --ckpt_path=last: no last.ckpt from an earlier run under logs/lightning_logs (read from the"
+        " current folder, as /",
     ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),

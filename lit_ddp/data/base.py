@@ -59,7 +59,7 @@ from lit_ddp.data.samplers import (
 from lit_ddp.data.split_checks import check_split_evaluated, check_training_batch_fits
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import LoadsSavedSubclass, global_batch_size, local_path, plain_data
+from lit_ddp.utils import LoadsSavedSubclass, from_here, global_batch_size, local_path, plain_data
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -483,7 +483,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
     @staticmethod
     def _list_predict_dir(predict_dir: str) -> list[str]:
         if not Path(predict_dir).is_dir():
-            raise UserError(f"predict_dir={predict_dir} is not a folder: pass a folder of image files")
+            where = from_here(predict_dir)
+            raise UserError(f"predict_dir={where} is not a folder: pass a folder of image files")
         files = list_image_files(Path(predict_dir))
         if not files:
             raise UserError(

@@ -22,7 +22,7 @@ except ImportError:  # Windows: one machine, one download
 from lit_ddp.data.base import ImageDataModule
 from lit_ddp.data.datasets import TensorImageDataset, split_indices
 from lit_ddp.errors import UserError
-from lit_ddp.utils import local_path
+from lit_ddp.utils import from_here, local_path
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -151,7 +151,7 @@ def not_found(data_dir: Path) -> UserError:
                 " there, or pass --data.download=true into an empty --data.data_dir"
             )
     return UserError(
-        f"CIFAR-10 not found in {data_dir / FOLDER}: pass --data.download=true to fetch it,"
+        f"CIFAR-10 not found in {from_here(data_dir / FOLDER)}: pass --data.download=true to fetch it,"
         f" or --data.data_dir=<folder holding {FOLDER}>"
     )
 

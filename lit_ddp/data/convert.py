@@ -63,6 +63,7 @@ from lit_ddp.data.shards import (
 )
 from lit_ddp.data.workers import available_cpus
 from lit_ddp.errors import UserError
+from lit_ddp.utils import from_here
 from lit_ddp.writes import WriteError, advice, write_file
 
 FORMAT_VERSION = 1
@@ -337,7 +338,8 @@ def convert(src: str, dest: str, shard_mb: float = 64, workers: int | None = Non
     _check_options(shard_mb, workers)
     root = Path(src)
     if not root.is_dir():
-        raise UserError(f"SRC {src} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
+        where = from_here(src)
+        raise UserError(f"SRC {where} is not a folder: pass a CIFAR-10 folder or an ImageFolder tree")
     check_url_form(dest, f"DEST {dest}")
     _check_apart(root, dest)
     cifar = find_folder(root)

@@ -40,7 +40,7 @@ from lit_ddp.data.folder_index import (
 )
 from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles
 from lit_ddp.errors import UserError
-from lit_ddp.utils import local_path
+from lit_ddp.utils import from_here, local_path
 
 LAYOUT = "{d}/train/<class>/*.JPEG and {d}/val/<class>/*.JPEG"
 
@@ -163,7 +163,7 @@ class ImageNetDataModule(ImageDataModule):
             )
         if not names:
             raise UserError(
-                f"no image folders in {self.data_dir}: expected {LAYOUT.format(d=self.data_dir)}"
+                f"no image folders in {from_here(self.data_dir)}: expected {LAYOUT.format(d=self.data_dir)}"
                 " (pass --data.data_dir=<folder holding train/ and val/>)"
             )
         if len(names) == 1:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from lit_ddp.errors import UserError
 from lit_ddp.models.optim import OptimConfig
-from lit_ddp.utils import local_path
+from lit_ddp.utils import from_here, local_path
 
 # Besides tensors and containers, lit_ddp's own checkpoints hold their saved hyperparameters' types: an
 # OptimConfig or a Path passed from Python in older ones (lit_ddp now writes them as plain data,
@@ -56,7 +56,7 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     """The tensors in ``path``: a state_dict file, or a checkpoint's ``state_dict`` entry."""
     if not path.is_file():
         raise UserError(
-            f"weights file {path} does not exist: pass --model.weights=PATH to a saved state_dict"
+            f"weights file {from_here(path)} does not exist: pass --model.weights=PATH to a saved state_dict"
             " (README: Models and weights), or --model.weights=null (random, or a --ckpt_path's weights)"
         )
     try:

@@ -16,6 +16,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import current_name
 from lit_ddp.models.weights import CHECKPOINT_GLOBALS, unsafe_globals
 from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
+from lit_ddp.utils import from_here
 
 
 def allow_checkpoint_globals() -> None:
@@ -69,7 +70,8 @@ def load_checkpoint_file(
             + (f"{found[-1]} (its newest .ckpt)" if found else "PATH to a .ckpt file")
         )
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
+        where = from_here(path)
+        raise UserError(f"checkpoint {where} does not exist: pass --ckpt_path=PATH to an existing .ckpt file")
     try:
         torch_file = _is_torch_file(path)
     except (OSError, zipfile.BadZipFile):  # unreadable: torch.load's error below says so

@@ -33,7 +33,7 @@ from lit_ddp.models import current_name
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.preflight.folders import logger_configs
 from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores
-from lit_ddp.utils import imported
+from lit_ddp.utils import from_here, imported
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
 FILE_STORE = "file:"  # MLflow's local tracking URI, whose folder ModelCheckpoint writes under
@@ -278,8 +278,8 @@ def resolve_named(runs: Runs, asked: str | None, subcommand: str) -> tuple[str |
             return str(found), f"{subcommand}: {found}" if evaluates else None
         if evaluates and not runs.fixed_lasts():
             raise UserError(
-                f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under {runs.where}: pass"
-                " --ckpt_path=PATH to a checkpoint, or train first with fit"
+                f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under"
+                f" {from_here(runs.where)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
             )
         if evaluates or runs.fixed_lasts() or runs.folder is None:
             return asked, None  # Lightning's own lookup (a fixed dirpath, a pinned version)
@@ -290,8 +290,8 @@ def resolve_named(runs: Runs, asked: str | None, subcommand: str) -> tuple[str |
     last = find_last(runs, asked) or max(fixed, key=lambda p: p.stat().st_mtime, default=None)
     if last is None:
         raise UserError(
-            f"{subcommand} --ckpt_path=best: no checkpoint from an earlier run under {runs.where}: pass"
-            " --ckpt_path=PATH to a checkpoint, or train first with fit"
+            f"{subcommand} --ckpt_path=best: no checkpoint from an earlier run under"
+            f" {from_here(runs.where)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
         )
     best, monitor = best_of_run(last)
     # fit starts a new run from those weights: the best run's own folder keeps its last.ckpt as it is.
