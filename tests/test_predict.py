@@ -199,15 +199,24 @@ def test_a_predict_dir_of_unreadable_files_only_is_one_line(tmp_path: Path, caps
     assert not list((tmp_path / "run").rglob("version_*"))
 
 
+def earlier_run(ckpt: Path, tmp_path: Path) -> Path:
+    """A copy of ``ckpt``'s run as ``logs/lightning_logs/version_0``, with the metrics.csv a CSV logger
+    writes there."""
+    run = tmp_path / "logs" / "lightning_logs" / "version_0"
+    shutil.copytree(ckpt.parent.parent, run)
+    (run / "metrics.csv").write_text("epoch,step,val/acc\n0,3,0.25\n")
+    return run
+
+
 @pytest.mark.parametrize("logger", ["TensorBoardLogger", "CSVLogger"])
 def test_a_refused_predict_into_a_pinned_version_leaves_that_run_as_it_was(
     ckpt: Path, tmp_path: Path, capsys, logger: str
 ) -> None:
     """predict into an earlier run's folder (``--trainer.logger.init_args.version=0``), refused once its
     files were read: it left a new event file there and the run's config.yaml replaced by its own (a CSV
-    logger's hparams.yaml too). The run's folder is as it was, file for file."""
-    run = tmp_path / "logs" / "lightning_logs" / "version_0"
-    shutil.copytree(ckpt.parent.parent, run)
+    logger's hparams.yaml too), and a CSV logger's writer deleted the run's metrics.csv as it opened the
+    folder. The run's folder is as it was, file for file."""
+    run = earlier_run(ckpt, tmp_path)
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     folder = tmp_path / "images"
     folder.mkdir()

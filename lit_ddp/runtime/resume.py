@@ -59,21 +59,21 @@ def share_run_folder(trainer: Trainer) -> None:
     took version_1, so a run's files were split over two folders and a resume continued only the first.
     After an MLflow or W&B logger, whose run is started by now (run_lock.hold_run_dir), they write into a
     folder named after its run id (``<save_dir>/<name>/<run id>``), which a resume of that run goes on in:
-    each picked its next ``version_N`` there too, so a resumed run's rows went into a new folder."""
+    each picked its next ``version_N`` there too, so a resumed run's rows went into a new folder. A CSV
+    logger's folder that holds an earlier run's files keeps them (``_keep_csv_files``)."""
     others = _loggers_of_the_run(trainer)
-    version = trainer.logger.version if others else None
-    if version is None:  # a rank whose tracker logs nothing (MLflow's and W&B's ranks above 0)
-        return
-    for logger in others:
+    version = trainer.logger.version if others else None  # None: a rank whose tracker logs nothing
+    for logger in others if version is not None else ():
         pin_logger_version(logger, version)
+    for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
-            _keep_csv_files(logger)  # a folder of the run's already: its rows go on
+            _keep_csv_files(logger)
 
 
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
     """A fit resumed from ``found`` goes on in that checkpoint's run: a versioned logger's ``version_N``
-    (with the CSV rows it holds; every logger that shares the folder), an MLflow logger's run
-    (mlflow_resume.py), a W&B logger's run (wandb_resume.py)."""
+    (every logger that shares the run), an MLflow logger's run (mlflow_resume.py), a W&B logger's run
+    (wandb_resume.py)."""
     run_dir = found.parent.parent
     logger = _logger_with_versions(trainer)
     if logger is not None:
@@ -81,23 +81,22 @@ def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
         version = int(name.removeprefix("version_")) if name.startswith("version_") else name
         for each in (logger, *_loggers_of_the_run(trainer)):
             pin_logger_version(each, version)
-            if isinstance(each, CSVLogger):
-                _keep_csv_files(each)
     continue_mlflow_run(trainer, found, logger_config)
     continue_wandb_run(trainer, found, logger_config)
 
 
 def _keep_csv_files(logger: CSVLogger) -> None:
     """Lightning's CSV writer deletes ``metrics.csv`` when it opens a run folder that exists ("Previous log
-    files in this directory will be deleted"): the resumed run kept only its own epochs' rows. The file is
-    moved aside while the writer opens the folder, and back, unwritten; the writer starts from its columns,
-    so the new rows are appended (a new column rewrites the file with the old rows in it, as Lightning does
-    within one process). The writer also wrote ``hparams.yaml`` afresh with the first settings it was given
-    (the model's and data's): it now starts from the file's, and writes the file only when they change, so
-    that a resume with nothing to train leaves both files as they were."""
-    folder = Path(logger.log_dir)
-    if rank_zero_only.rank != 0 or not folder.is_dir():
+    files in this directory will be deleted"), before any callback's hook: a resumed run kept only its own
+    epochs' rows, and a predict or test given that run's version lost them all. The file is moved aside while
+    the writer opens the folder, and back, unwritten; the writer starts from its columns, so the new rows are
+    appended (a new column rewrites the file with the old rows in it, as Lightning does within one process).
+    The writer also wrote ``hparams.yaml`` afresh with the first settings it was given (the model's and
+    data's): it now starts from the file's, and writes the file only when they change, so that a resume
+    with nothing to train leaves both files as they were."""
+    if rank_zero_only.rank != 0 or not Path(logger.log_dir).is_dir():
         return
+    folder = Path(logger.log_dir)
     path, aside = folder / "metrics.csv", folder / ".metrics.csv.resumed"
     kept = path.is_file()
     if kept:
