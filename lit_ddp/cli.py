@@ -128,6 +128,8 @@ class SaveRunConfig(SaveConfigCallback):
         if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
             return super().setup(trainer, pl_module, stage)
         path = Path(folder) / self.config_filename
+        if stage != "fit" and path.is_file():  # an earlier run's folder (its version given): its config stays
+            path = path.with_name(f"{trainer.state.fn.value}_{path.name}")
         if trainer.is_global_zero:  # written as lit_ddp writes files: whole or not at all (writes.py)
             text = self.parser.dump(self.config, skip_none=False)
             # A resume with the same settings leaves the file untouched: a folder synced by time stays synced.

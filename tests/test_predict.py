@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import run_cli
 from PIL import Image
 
@@ -236,6 +237,30 @@ def test_a_refused_predict_into_a_pinned_version_leaves_that_run_as_it_was(
         )
     assert exit_info.value.code == 2, capsys.readouterr().err
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    assert [p.name for p in run.parent.iterdir()] == ["version_0"]
+
+
+@pytest.mark.parametrize("logger", ["TensorBoardLogger", "CSVLogger"])
+def test_a_predict_into_a_pinned_version_keeps_that_runs_files_and_config(
+    ckpt: Path, tmp_path: Path, logger: str
+) -> None:
+    """predict into an earlier run's folder (``--trainer.logger.version=0``): a CSV logger's writer deleted
+    the run's metrics.csv as it opened the folder, and the run's config.yaml was replaced by the predict's.
+    The run's files stay as they were; the predict's settings go beside its predictions, in
+    predict_config.yaml."""
+    run = earlier_run(ckpt, tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    images = tmp_path / "images"
+    write_images(images)
+    pinned = [f"--trainer.logger={logger}", f"--trainer.logger.save_dir={tmp_path / 'logs'}"]
+    build_cli(
+        ["predict", *DATA, *QUIET, f"--data.predict_dir={images}", f"--ckpt_path={ckpt}", *pinned]
+        + ["--trainer.logger.version=0"]
+    )
+    assert {p: p.read_bytes() for p in before if p.is_file()} == before
+    assert (run / "predictions.csv").is_file()
+    saved = yaml.safe_load((run / "predict_config.yaml").read_text())
+    assert saved["data"]["init_args"]["predict_dir"] == str(images)
     assert [p.name for p in run.parent.iterdir()] == ["version_0"]
 
 

@@ -14,6 +14,7 @@ from lightning import LightningModule, Trainer
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
 from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR
@@ -67,7 +68,7 @@ def share_run_folder(trainer: Trainer) -> None:
         pin_logger_version(logger, version)
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
-            _keep_csv_files(logger)
+            _keep_csv_files(logger, trainer)
 
 
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
@@ -85,15 +86,15 @@ def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
     continue_wandb_run(trainer, found, logger_config)
 
 
-def _keep_csv_files(logger: CSVLogger) -> None:
+def _keep_csv_files(logger: CSVLogger, trainer: Trainer) -> None:
     """Lightning's CSV writer deletes ``metrics.csv`` when it opens a run folder that exists ("Previous log
     files in this directory will be deleted"), before any callback's hook: a resumed run kept only its own
     epochs' rows, and a predict or test given that run's version lost them all. The file is moved aside while
     the writer opens the folder, and back, unwritten; the writer starts from its columns, so the new rows are
     appended (a new column rewrites the file with the old rows in it, as Lightning does within one process).
     The writer also wrote ``hparams.yaml`` afresh with the first settings it was given (the model's and
-    data's): it now starts from the file's, and writes the file only when they change, so that a resume
-    with nothing to train leaves both files as they were."""
+    data's): it now starts from the file's, and writes the file only when a fit changes them, so that a
+    resume with nothing to train, or an evaluation, leaves both files as they were."""
     if rank_zero_only.rank != 0 or not Path(logger.log_dir).is_dir():
         return
     folder = Path(logger.log_dir)
@@ -119,6 +120,8 @@ def _keep_csv_files(logger: CSVLogger) -> None:
     writer.hparams = saved
 
     def log_changed_hparams(params: dict) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # an evaluation's settings are not the run's
+            return
         writer.hparams.update(params)
         with tempfile.TemporaryDirectory() as tmp:  # Lightning's writer, for its format
             save_hparams_to_yaml(Path(tmp) / hparams.name, writer.hparams)
