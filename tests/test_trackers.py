@@ -276,6 +276,38 @@ def test_tensorboard_and_csv_loggers_under_one_name_write_one_run_folder_and_a_r
     assert [r["epoch"] for r in rows if r["val/acc"]] == ["0", "1"]
 
 
+@pytest.mark.timeout(240)
+def test_tensorboard_and_csv_loggers_in_two_save_dirs_name_the_run_alike_and_a_resume_continues_both(
+    tmp_path: Path,
+) -> None:
+    """TensorBoard in logs/ and CSV in csv/: each picked its own next version_N, and a resume, which goes on
+    in the run TensorBoard's folder names, took the CSV logger's next one (csv/.../version_0 and version_1).
+    Every versioned logger of a new run takes the first version free under each of them (version_0 in csv/
+    is an earlier CSV run's here), and a resume goes on in both folders."""
+    from lit_ddp.cli import build_cli
+
+    earlier = tmp_path / "csv" / "lightning_logs" / "version_0" / "metrics.csv"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("epoch,step,val/acc\n0,3,0.25\n")
+    config = tmp_path / "loggers.yaml"
+    config.write_text(
+        "trainer:\n  logger:\n"
+        + "".join(
+            f"    - class_path: lightning.pytorch.loggers.{kind}\n"
+            f"      init_args: {{save_dir: {tmp_path / save_dir}}}\n"
+            for kind, save_dir in (("TensorBoardLogger", "logs"), ("CSVLogger", "csv"))
+        )
+    )
+    args = [*FIT, f"--config={config}", f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(args)
+    build_cli([*args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert [p.name for p in (tmp_path / "logs" / "lightning_logs").iterdir()] == ["version_1"]
+    assert sorted(p.name for p in earlier.parent.parent.iterdir()) == ["version_0", "version_1"]
+    assert earlier.read_text() == "epoch,step,val/acc\n0,3,0.25\n"
+    with (earlier.parent.parent / "version_1" / "metrics.csv").open(newline="") as f:
+        assert [r["epoch"] for r in csv.DictReader(f) if r["val/acc"]] == ["0", "1"]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("store", ["unknown scheme", "nothing listening"])
 def test_an_mlflow_store_that_cannot_be_used_is_one_line_before_the_run(tmp_path: Path, store: str) -> None:

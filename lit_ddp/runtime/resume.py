@@ -39,28 +39,38 @@ def _logger_with_versions(trainer: Trainer) -> TensorBoardLogger | CSVLogger | N
 
 
 def _loggers_of_the_run(trainer: Trainer) -> list[TensorBoardLogger | CSVLogger]:
-    """The versioned loggers after the first that would pick their version themselves and belong to the
-    first's run: under its ``save_dir/name``, or anywhere after an MLflow or W&B logger, whose run id names
-    their folder."""
-    first = trainer.logger
-    if not isinstance(first, (TensorBoardLogger, CSVLogger, *SHARED_SAVE_DIR)):
+    """The versioned loggers after the first that would pick their version themselves: they belong to the
+    first's run, wherever their ``save_dir`` (an MLflow or W&B run's id names their folder)."""
+    if not isinstance(trainer.logger, (TensorBoardLogger, CSVLogger, *SHARED_SAVE_DIR)):
         return []
     return [
         logger
         for logger in trainer.loggers[1:]
-        if isinstance(logger, TensorBoardLogger | CSVLogger)
-        and logger_version_unset(logger)
-        and (isinstance(first, SHARED_SAVE_DIR) or Path(logger.root_dir) == Path(first.root_dir))
+        if isinstance(logger, TensorBoardLogger | CSVLogger) and logger_version_unset(logger)
     ]
 
 
+def share_versions(trainer: Trainer) -> None:
+    """Versioned loggers (TensorBoard and CSV, say) write one run, its folder named alike under each one's
+    ``save_dir/name``. Each picked its own next ``version_N``: under one ``save_dir`` TensorBoard made
+    version_0 and CSV, finding it, took version_1; under two, their numbers could differ, and a resume, which
+    names every logger's folder after the first's, split the others' (csv/.../version_0 and version_1). A new
+    run takes the first version free under each of them. Before the run lock, on the first one's folder."""
+    first, others = trainer.logger, _loggers_of_the_run(trainer)
+    if not others or not isinstance(first, TensorBoardLogger | CSVLogger):
+        return
+    new = logger_version_unset(first)  # else pinned: by the user, or to the run a resume goes on in
+    version = first.version
+    if new:
+        version = max(version, *(logger.version for logger in others))  # each one's next version_N
+    for logger in (first, *others):
+        pin_logger_version(logger, version)
+
+
 def share_run_folder(trainer: Trainer) -> None:
-    """Versioned loggers under one ``save_dir/name`` (TensorBoard and CSV, say) write one run folder, the
-    first logger's. Each picked its own next ``version_N``: TensorBoard made version_0 and CSV, finding it,
-    took version_1, so a run's files were split over two folders and a resume continued only the first.
-    After an MLflow or W&B logger, whose run is started by now (run_lock.hold_run_dir), they write into a
-    folder named after its run id (``<save_dir>/<name>/<run id>``), which a resume of that run goes on in:
-    each picked its next ``version_N`` there too, so a resumed run's rows went into a new folder. A CSV
+    """The versioned loggers after an MLflow or W&B logger, whose run is started by now (``hold_run_dir``),
+    write into a folder named after its run id (``<save_dir>/<name>/<run id>``), which a resume of that run
+    goes on in: each picked its next ``version_N``, so a resumed run's rows went into a new folder. A CSV
     logger's folder that holds an earlier run's files keeps them (``_keep_csv_files``)."""
     others = _loggers_of_the_run(trainer)
     version = trainer.logger.version if others else None  # None: a rank whose tracker logs nothing
