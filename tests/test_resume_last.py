@@ -278,6 +278,34 @@ def test_best_with_nothing_to_find_is_one_line(tmp_path: Path, capsys, first_run
     assert err.startswith(expected), err
 
 
+def test_last_with_a_version_given_to_the_logger_reads_that_run_and_names_the_others(
+    tmp_path: Path, capsys
+) -> None:
+    """`predict --ckpt_path=last` with `--trainer.logger.version=mine` said "no last.ckpt from an earlier run
+    under lightning_logs" beside version_0's: a version given names the one run `last` reads, and the line
+    says so and names the runs that have one. Given a run's version, `last` is that run's file (a fit goes on
+    in it)."""
+    build_cli(["fit", *TINY, f"--trainer.default_root_dir={tmp_path}"])
+    logger = ["--trainer.logger=TensorBoardLogger", f"--trainer.logger.save_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", *TINY, "--ckpt_path=last", *logger, "--trainer.logger.version=mine"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"lit_ddp: error: predict --ckpt_path=last: the logger's version names the run"
+        f" {tmp_path / 'lightning_logs' / 'mine'}, which has no last.ckpt (runs under"
+        f" {tmp_path / 'lightning_logs'} with one: version_0): "
+    ), err
+    assert sorted(p.name for p in (tmp_path / "lightning_logs").iterdir()) == ["version_0"]
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    cli = build_cli(["validate", *TINY, "--ckpt_path=last", *logger, "--trainer.logger.version=0"])
+    assert cli.trainer.ckpt_path == str(last)
+    cli = build_cli(
+        ["fit", *TINY, "--ckpt_path=last", *logger, "--trainer.logger.version=0", "--trainer.max_epochs=2"]
+    )
+    assert cli.trainer.global_step == 4 and cli.trainer.logger.log_dir == str(last.parent.parent)
+
+
 def test_hpc_with_no_hpc_checkpoint_is_one_line_naming_last(tmp_path: Path, capsys) -> None:
     """`--ckpt_path=hpc` is Lightning's SLURM checkpoint (hpc_ckpt_N.ckpt in default_root_dir), which
     lit_ddp's stop never writes (it saves last.ckpt): with none there, Lightning's ValueError was a

@@ -62,6 +62,7 @@ class Runs:
     fixed: tuple[Path, ...]  # the checkpoint callbacks' own dirpaths, where Lightning's lookup goes
     model: str | None  # this run's model and data classes (short names)
     data: str | None
+    pinned: str | None = None  # the version given to a versioned logger: its run is the one `last` reads
 
     def is_run(self, folder: Path) -> bool:
         """Whether ``folder`` is a run of the first logger: one named by an MLflow run id for MLflow, not a
@@ -116,17 +117,29 @@ def _checkpoint_dirs(config) -> list[str | None]:
     return dirs
 
 
+def _pinned_version(logger: tuple[type | None, dict]) -> str | None:
+    """The folder name of the run a versioned logger is given (``version=0``: ``version_0``), or None where
+    it picks its own: no version, or under SLURM the job id, which lit_ddp gives its default logger."""
+    cls, init_args = logger
+    version, job = init_args.get("version"), SLURMEnvironment.job_id()
+    if cls is None or not issubclass(cls, VERSIONED) or version is None:
+        return None
+    if job is not None and str(version) == str(job):
+        return None
+    return version if isinstance(version, str) else f"version_{version}"  # Lightning's name for it
+
+
 def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | None] | None:
     """The folder ``last`` searches, the glob of the runs' ``last*.ckpt`` there and the first logger's class,
-    or None where Lightning's own lookup is right (a version the user pinned, a logger of another kind). A
-    versioned logger keeps its runs under ``save_dir/name``; with no logger, ModelCheckpoint writes to
-    ``default_root_dir/checkpoints``. MLflow names each run's folder after its run id, under the
-    experiment's id (ModelCheckpoint's rule: ``default_root_dir/<experiment id>/<run id>/checkpoints``):
-    every rank asks the store for the id of the experiment named (no glob where there is none yet). W&B
+    or None where Lightning's own lookup is right (a logger of another kind). A versioned logger keeps its
+    runs under ``save_dir/name`` (a version given to it names the one run searched); with no logger,
+    ModelCheckpoint writes to ``default_root_dir/checkpoints``. MLflow names each run's folder after its run
+    id, under the experiment's id (ModelCheckpoint's rule:
+    ``default_root_dir/<experiment id>/<run id>/checkpoints``): every rank asks the store for the id of the
+    experiment named (no glob where there is none yet). W&B
     names each run's folder after its run id, under the project (``save_dir/<project>/<run id>/checkpoints``),
     unless the user named the run (``id``): that one folder is then Lightning's to look in."""
     trainer = config.get("trainer") or {}
-    job = SLURMEnvironment.job_id()  # under SLURM Lightning names the default run after the job id
     given = trainer.get("logger")
     if given is False or trainer.get("barebones"):
         return root, "checkpoints/last*.ckpt", None
@@ -137,10 +150,10 @@ def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | No
     if cls is None:
         return None
     if issubclass(cls, VERSIONED):
-        version = init_args.get("version")
-        if version is not None and str(version) != str(job):  # pinned: that run is Lightning's to find
-            return None
         runs = Path(str(init_args.get("save_dir"))) / (init_args.get("name") or "")
+        pinned = _pinned_version((cls, init_args))
+        if pinned is not None:
+            return runs / pinned, "checkpoints/last*.ckpt", cls
         return runs, "*/checkpoints/last*.ckpt", cls
     if issubclass(cls, WandbLogger):
         if init_args.get("id") or init_args.get("version"):
@@ -180,6 +193,7 @@ def runs_of(config, experiment: str) -> Runs:
         fixed=tuple(Path(d) for d in dirs if d is not None),
         model=_class_name((config.get("model") or {}).get("class_path")),
         data=_class_name((config.get("data") or {}).get("class_path")),
+        pinned=_pinned_version(next(iter(logger_configs(trainer)), (None, {}))) if searched else None,
     )
 
 
@@ -221,7 +235,7 @@ def _new_run_note(runs: Runs) -> str:
     my.yaml from a run without one) is named: the user may mean it."""
     line = f"--ckpt_path=last: no run under {runs.folder} to resume, so this fit starts a new one"
     # Other recipes' folders beside this one: a versioned logger's (MLflow's and W&B's are not by recipe).
-    versioned = runs.logger is not None and issubclass(runs.logger, VERSIONED)
+    versioned = runs.logger is not None and issubclass(runs.logger, VERSIONED) and runs.pinned is None
     siblings = runs.folder.parent.glob(f"*/{runs.pattern}") if versioned else ()
     elsewhere = [
         p
@@ -263,12 +277,32 @@ def best_of_run(last: Path) -> tuple[Path, str]:
     )
 
 
+def _no_checkpoint(runs: Runs, subcommand: str, asked: str) -> str:
+    """The line for ``last`` or ``best`` that found no run's checkpoint. A version given to the logger names
+    the one run searched: the line says so, and names the runs beside it that have one."""
+    train = "pass --ckpt_path=PATH to a checkpoint, or train first with fit"
+    if runs.pinned is None:
+        what = "last.ckpt" if asked == "last" else "checkpoint"
+        where = from_here(runs.where)
+        return f"{subcommand} --ckpt_path={asked}: no {what} from an earlier run under {where}: {train}"
+    parent = runs.where.parent
+    found = (p.parent.parent for p in parent.glob(f"*/{runs.pattern}") if p.is_file())
+    others = ", ".join(sorted({run.name for run in found if runs.is_run(run)}))
+    line = f"{subcommand} --ckpt_path={asked}: the logger's version names the run {runs.where}, which has no"
+    if not others:
+        return f"{line} last.ckpt, nor has any run under {parent}: {train}"
+    return (
+        f"{line} last.ckpt (runs under {parent} with one: {others}): give the logger the version of one of"
+        " them, or none (the newest run's), or pass --ckpt_path=PATH to a checkpoint"
+    )
+
+
 def resolve_named(runs: Runs, asked: str | None, subcommand: str) -> tuple[str | None, str | None]:
     """The ``--ckpt_path`` the subcommand gets for ``last`` or ``best`` (any other value as given) and the
     line to print about it, or None. With no earlier checkpoint, ``fit --ckpt_path=last`` starts fresh (a
     first submission of a requeued job: None); ``validate``, ``test`` and ``predict`` refuse, since they
     would score random weights. Where no run has a last.ckpt and a checkpoint callback has a fixed dirpath,
-    or the logger's folder is not the runs' (a pinned version), ``last`` stays Lightning's to find."""
+    ``last`` stays Lightning's to find."""
     if asked not in ("last", "best"):
         return asked, None
     evaluates = subcommand != "fit"
@@ -277,22 +311,16 @@ def resolve_named(runs: Runs, asked: str | None, subcommand: str) -> tuple[str |
         if found is not None:
             return str(found), f"{subcommand}: {found}" if evaluates else None
         if evaluates and not runs.fixed_lasts():
-            raise UserError(
-                f"{subcommand} --ckpt_path=last: no last.ckpt from an earlier run under"
-                f" {from_here(runs.where)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
-            )
+            raise UserError(_no_checkpoint(runs, subcommand, asked))
         if evaluates or runs.fixed_lasts() or runs.folder is None:
-            return asked, None  # Lightning's own lookup (a fixed dirpath, a pinned version)
+            return asked, None  # Lightning's own lookup (a fixed dirpath)
         # Lightning's own warning for it would tell to set ModelCheckpoint(save_last=True), which every
         # lit_ddp run does.
         return None, f"lit_ddp: note: {_new_run_note(runs)}"
     fixed = runs.fixed_lasts()
     last = find_last(runs, asked) or max(fixed, key=lambda p: p.stat().st_mtime, default=None)
     if last is None:
-        raise UserError(
-            f"{subcommand} --ckpt_path=best: no checkpoint from an earlier run under"
-            f" {from_here(runs.where)}: pass --ckpt_path=PATH to a checkpoint, or train first with fit"
-        )
+        raise UserError(_no_checkpoint(runs, subcommand, asked))
     best, monitor = best_of_run(last)
     # fit starts a new run from those weights: the best run's own folder keeps its last.ckpt as it is.
     return str(best), f"{subcommand + ':' if evaluates else 'starting from'} {best} (best {monitor})"
