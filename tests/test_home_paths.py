@@ -138,3 +138,12 @@ def test_a_relative_path_that_is_not_there_names_the_folder_it_was_read_from(
     with pytest.raises(UserError) as err:
         reads(str(home.parent / "gone"))  # an absolute path says where it is itself
     assert "read from the current folder" not in str(err.value), err.value
+
+
+def test_a_remote_root_is_not_named_as_read_from_the_current_folder(home: Path, capsys) -> None:
+    """The runs' folder under a URL root said `under s3:/bucket/runs/lightning_logs (read from the current
+    folder, as <cwd>/s3:/bucket/runs/lightning_logs)`: a folder of no disk of this machine."""
+    with pytest.raises(SystemExit):
+        main(["test", *TINY_RUN, "--trainer.default_root_dir=s3://bucket/runs", "--ckpt_path=last"])
+    err = capsys.readouterr().err
+    assert "test --ckpt_path=last: no last.ckpt" in err and "read from the current folder" not in err, err
