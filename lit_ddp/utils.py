@@ -112,6 +112,18 @@ def per_device_batch_size(trainer: L.Trainer) -> int:
     return int(getattr(loader, "batch_size", None) or 1)
 
 
+def scheduled_accumulation(trainer: L.Trainer, epoch: int | None = None) -> int | None:
+    """The batches a GradientAccumulationScheduler in the Trainer's callbacks accumulates in ``epoch`` (the
+    largest of its scheduling when None), or None without one. It sets ``trainer.accumulate_grad_batches``
+    at each epoch's start only: in a data module's setup, or a checkpoint's load, that still says 1."""
+    for callback in getattr(trainer, "callbacks", None) or ():
+        if isinstance(callback, L.pytorch.callbacks.GradientAccumulationScheduler):
+            if epoch is None:
+                return max(callback.scheduling.values(), default=1)
+            return callback.get_accumulate_grad_batches(epoch)
+    return None
+
+
 def global_batch_size(trainer: L.Trainer) -> int:
     """Samples per optimizer step over all ranks: per-device batch × world size × accumulation."""
     return per_device_batch_size(trainer) * trainer.world_size * trainer.accumulate_grad_batches

@@ -100,6 +100,34 @@ def test_a_step_accumulated_beyond_the_training_set_is_refused_as_a_batch_would_
     assert str(err.value).endswith("pass --data.batch_size=3 --trainer.accumulate_grad_batches=1")
 
 
+def test_a_step_a_gradient_accumulation_scheduler_accumulates_beyond_the_training_set_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    """The scheduler sets the Trainer's accumulation at each epoch's start: in the data module's setup it
+    was 1, so 48 images in batches of 16 accumulated 4 at a time were trained as steps of 48, unrefused."""
+    argv = [
+        "fit",
+        *TINY,
+        "--data.train_size=48",
+        "--data.batch_size=16",
+        "--trainer.callbacks+=GradientAccumulationScheduler",
+        "--trainer.callbacks.scheduling={0: 1, 1: 4}",  # the largest, though epoch 1's is 1
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    assert one_error_line(capsys, argv) == (
+        "--data.batch_size=16 × GradientAccumulationScheduler's 4 = 64 is more than the 48 training images:"
+        " every step would take 48, not 64 (the global batch and a scaled lr would be wrong): pass"
+        " --data.batch_size=12 or less, or a scheduling of 3 or less"
+    )
+    from lit_ddp.data.split_checks import check_training_batch_fits
+    from lit_ddp.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        check_training_batch_fits(8, range(3), world_size=1, accumulation=4, scheduled=True)
+    assert str(err.value).endswith("pass --data.batch_size=3 and no GradientAccumulationScheduler")
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_an_empty_training_split_is_named_not_answered_with_a_batch_size_of_zero() -> None:
     """A data module of the user's own whose load_split("train") returned no sample was told to "pass
     --data.batch_size=0 or less", a batch size the data module itself refuses."""

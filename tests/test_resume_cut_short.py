@@ -184,6 +184,25 @@ def test_a_should_stop_inside_a_gradient_accumulation_waits_for_its_step(
     _same_weights(tmp_path, accumulated)
 
 
+def test_a_stop_inside_a_scheduled_accumulation_resumes_with_the_scheduler(
+    tmp_path: Path, accumulated: dict, capsys
+) -> None:
+    """A GradientAccumulationScheduler sets the Trainer's accumulation at each epoch's start, after the
+    checkpoint is loaded: the resume compared the checkpoint's 2 with the Trainer's 1 and was refused."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    scheduled = [
+        *RUN,
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.callbacks+=GradientAccumulationScheduler",
+    ]
+    scheduled += ["--trainer.callbacks.scheduling={0: 2}", root]
+    stopped = build_cli(["fit", *scheduled, f"--trainer.callbacks+={__name__}.StopAfterFirstBatchOfEpoch2"])
+    assert stopped.trainer.global_step == 3
+    assert "epoch 2/2 stopped after 2 of 4 batches" in capsys.readouterr().out
+    build_cli(["fit", *scheduled, "--ckpt_path=last"])
+    _same_weights(tmp_path, accumulated)
+
+
 @pytest.mark.timeout(240)
 def test_a_preemption_inside_a_gradient_accumulation_waits_for_its_step(
     tmp_path: Path, accumulated: dict

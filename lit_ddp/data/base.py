@@ -59,7 +59,14 @@ from lit_ddp.data.samplers import (
 from lit_ddp.data.split_checks import check_split_evaluated, check_training_batch_fits
 from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
-from lit_ddp.utils import LoadsSavedSubclass, from_here, global_batch_size, local_path, plain_data
+from lit_ddp.utils import (
+    LoadsSavedSubclass,
+    from_here,
+    global_batch_size,
+    local_path,
+    plain_data,
+    scheduled_accumulation,
+)
 
 # Which split a batch belongs to, from the trainer's running stage (the sanity check runs val batches).
 SPLIT_OF_STAGE = {
@@ -236,9 +243,11 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
                     self._labels_checked[split] = data
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
-            t = self.trainer
+            t, scheduled = self.trainer, scheduled_accumulation(self.trainer)
+            accumulation = t.accumulate_grad_batches if scheduled is None else scheduled
+            train = getattr(self, "train_set", None)
             check_training_batch_fits(
-                self.batch_size, getattr(self, "train_set", None), t.world_size, t.accumulate_grad_batches
+                self.batch_size, train, t.world_size, accumulation, scheduled is not None
             )
         if stage in ("validate", "test"):
             check_split_evaluated(stage, getattr(self, f"{SPLITS_OF_STAGE[stage][0]}_set", None))
@@ -817,7 +826,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         checkpoint's: with other ones the resumed steps start inside one, and the epoch's last step takes part
         of one."""
         step, world = self._samples_per_step(), self.trainer.world_size
-        accumulate = self.trainer.accumulate_grad_batches
+        scheduled = scheduled_accumulation(self.trainer, epoch)
+        accumulate = self.trainer.accumulate_grad_batches if scheduled is None else scheduled
         saved_step = state_dict.get("samples_per_step", step)
         saved_accumulate = state_dict.get("accumulate_grad_batches", accumulate)  # absent from older ones
         if (saved_step, saved_accumulate) == (step, accumulate):
@@ -829,7 +839,10 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             options.append(f"--data.batch_size={saved_step // world}")
         if saved_accumulate != accumulate:
             then, now = f"{then} × {saved_accumulate} accumulated", f"{now} × {accumulate} accumulated"
-            options.append(f"--trainer.accumulate_grad_batches={saved_accumulate}")
+            option = f"--trainer.accumulate_grad_batches={saved_accumulate}"
+            if scheduled is not None:
+                option = f"a GradientAccumulationScheduler of {saved_accumulate} in epoch {epoch + 1}"
+            options.append(option)
         fix = f"resume with {' '.join(options)}" if options else ""
         if saved_step % world:
             fix = f"{fix} on" if fix else "resume on"

@@ -13,19 +13,29 @@ import math
 from lit_ddp.errors import UserError
 
 
-def _smaller_step(batch_size: int, shard: int, accumulation: int) -> str:
-    """The settings that make one device's step (``batch_size × accumulation``) fit ``shard``."""
+def _smaller_step(batch_size: int, shard: int, accumulation: int, scheduled: bool = False) -> str:
+    """The settings that make one device's step (``batch_size × accumulation``) fit ``shard``; ``scheduled``:
+    a GradientAccumulationScheduler's scheduling gives the accumulation (the Trainer's option is then 1)."""
     if accumulation == 1:
         return f"--data.batch_size={shard} or less"
     fixes = [f"--data.batch_size={shard // accumulation} or less"] if shard >= accumulation else []
     if shard >= batch_size:
-        fixes.append(f"--trainer.accumulate_grad_batches={shard // batch_size} or less")
-    return ", or ".join(fixes) or f"--data.batch_size={shard} --trainer.accumulate_grad_batches=1"
+        most = shard // batch_size
+        fixes.append(
+            f"a scheduling of {most} or less"
+            if scheduled
+            else f"--trainer.accumulate_grad_batches={most} or less"
+        )
+    alone = "and no GradientAccumulationScheduler" if scheduled else "--trainer.accumulate_grad_batches=1"
+    return ", or ".join(fixes) or f"--data.batch_size={shard} {alone}"
 
 
-def check_training_batch_fits(batch_size: int, train_set, world_size: int, accumulation: int = 1) -> None:
+def check_training_batch_fits(
+    batch_size: int, train_set, world_size: int, accumulation: int = 1, scheduled: bool = False
+) -> None:
     """UserError when one device's optimizer step (``batch_size`` × ``accumulation`` batches) is more than the
-    training images that device gets (its padded shard)."""
+    training images that device gets (its padded shard). ``scheduled``: the accumulation is the largest of a
+    GradientAccumulationScheduler's."""
     if train_set is None:
         return
     if len(train_set) == 0:  # no batch size fits: name the split, not a batch size of 0
@@ -40,11 +50,12 @@ def check_training_batch_fits(batch_size: int, train_set, world_size: int, accum
         on = f" on each of {world_size} devices" if world_size > 1 else ""
         asked = f"--data.batch_size={batch_size}"
         if accumulation > 1:
-            asked += f" × --trainer.accumulate_grad_batches={accumulation} = {step}"
+            given = "GradientAccumulationScheduler's " if scheduled else "--trainer.accumulate_grad_batches="
+            asked += f" × {given}{accumulation} = {step}"
         raise UserError(
             f"{asked} is more than the {shard} training images{on}: every step would take {shard}, not"
             f" {step} (the global batch and a scaled lr would be wrong): pass"
-            f" {_smaller_step(batch_size, shard, accumulation)}"
+            f" {_smaller_step(batch_size, shard, accumulation, scheduled)}"
         )
 
 

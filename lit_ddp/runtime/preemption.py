@@ -74,6 +74,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.runtime.failed_run import refusal
 from lit_ddp.runtime.position import run_position
 from lit_ddp.runtime.quiet import quiet_exact_resume
+from lit_ddp.utils import scheduled_accumulation
 from lit_ddp.writes import WriteError, write_file
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
@@ -124,6 +125,7 @@ class PreemptionCheckpoint(Callback):
         self._held = 0  # an agreed stop inside a gradient accumulation, for its optimizer step
         self._held_should_stop = False  # a should_stop (max_time, a callback) inside one, likewise
         self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
+        self._resumed_accumulation: int | None = None  # a GradientAccumulationScheduler's, resumed mid-epoch
         self._evaluating = False  # validate, test or predict (not fit's validation)
         self._seen = self._common = 0  # evaluation batches run here / that every rank runs
         # The evaluation ("validate", ...) once its last check starts, set before that check reads the
@@ -136,6 +138,10 @@ class PreemptionCheckpoint(Callback):
             # Resumed mid-epoch, exactly: Lightning's warning that it is not, emitted as the epoch starts,
             # would be false. Only that one, and only until the epoch has started.
             self._quiet = quiet_exact_resume()
+        if isinstance(sampler, ResumableShuffleSampler) and sampler.start > 0:
+            # Lightning calls no on_train_epoch_start for an epoch resumed in its middle, where a
+            # GradientAccumulationScheduler sets the epoch's accumulation: the rest would step every batch.
+            self._resumed_accumulation = scheduled_accumulation(trainer, trainer.current_epoch)
         if threading.current_thread() is threading.main_thread():
             self._previous_sigint = signal.getsignal(signal.SIGINT)
         self._record_signals(trainer, self._codes)
@@ -261,6 +267,14 @@ class PreemptionCheckpoint(Callback):
             return self._received
         flag = torch.tensor(self._received, device=pl_module.device, dtype=torch.int32)
         return int(trainer.strategy.reduce(flag, reduce_op="max").item())
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int
+    ) -> None:
+        # Set at the first batch, not as training starts: the scheduler's on_train_start refuses a Trainer
+        # whose accumulation is not 1.
+        if self._resumed_accumulation is not None:
+            trainer.accumulate_grad_batches, self._resumed_accumulation = self._resumed_accumulation, None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
