@@ -19,6 +19,7 @@ from lit_ddp.preflight import settings
 NOTHING_TO_READ = "an error"
 
 # (command line, config files {name: YAML}, the line); {tmp}: the folder of the config files.
+CLASSIFIER = "class_path: lit_ddp.models.ImageClassifier"
 ROWS = [
     (["fiit"], {}, "unknown command 'fiit': did you mean fit?"),
     (
@@ -190,6 +191,29 @@ ROWS = [
         {"t.yaml": "model:\n  class_path: lit_ddp.models.LeNetCIFAR\n  init_arg:\n    batch_norm: true\n"},
         "{tmp}/t.yaml, line 4: unknown key model.init_arg.batch_norm: did you mean"
         " model.init_args.batch_norm?",
+    ),
+    # A misspelt init_args before an argument the class does not take either: the key spelt right was offered
+    # ("did you mean --model.batch_norm?"), which ImageClassifier refuses; its network takes batch_norm.
+    (
+        ["fit", "--model=ImageClassifier", "--model.net=LeNet", "--model.init_arg.batch_norm=1"],
+        {},
+        "unknown option --model.init_arg.batch_norm: ImageClassifier, the model class --model=ImageClassifier"
+        " chooses, takes no batch_norm: did you mean --model.net.batch_norm?",
+    ),
+    (
+        ["fit", "--config", "{tmp}/t.yaml"],
+        {
+            "t.yaml": f"model:\n  {CLASSIFIER}\n  init_args: {{net: LeNet}}\n"
+            "  init_arg:\n    batch_norm: true\n"
+        },
+        "{tmp}/t.yaml, line 5: unknown key model.init_arg.batch_norm: ImageClassifier, the model class"
+        " {tmp}/t.yaml chooses, takes no batch_norm: did you mean model.init_args.net.init_args.batch_norm?",
+    ),
+    (
+        ["fit", "--model=ImageClassifier", "--model.init_arg.zzz=1"],
+        {},
+        "unknown option --model.init_arg.zzz: ImageClassifier, the model class --model=ImageClassifier"
+        " chooses, takes no zzz (see python -m lit_ddp fit --model.help ImageClassifier)",
     ),
     # An argument the class a file chose does not take: it said "did you mean --data.val_resize?" (a word
     # ending in _size), and without the model's network's argument of that name.

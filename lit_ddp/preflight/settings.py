@@ -111,8 +111,9 @@ class Context:
 class Place:
     """Where a key lands: a known argument (its type where known, None if not), a group of settings, or
     no argument (the keys it could have meant). ``shown``: the key as a line names it; ``owner``: the class
-    whose argument it is or would be, the class at the key ``at``; ``moved``: the candidates are the same
-    argument of a class given to ``owner`` (the model's network), not names spelt alike."""
+    whose argument it is or would be, the class at the key ``at``; ``moved``: the candidate is the one
+    meant, not a name spelt alike: the same argument of a class given to ``owner`` (the model's network), or
+    the key a misspelt ``init_args`` meant."""
 
     shown: str
     known: bool = True
@@ -450,6 +451,11 @@ def _in_class(
     # class not known yet (net.class_pat).
     if rest[0] not in {k.split(".")[0] for k in keys} and prefix != ("trainer",):
         spec = _spec_typo(".init_args.".join(prefix) if nested else ".".join(prefix), rest)
+        meant = _in_class(ctx, prefix, cls, rest[1:], nested) if spec and len(rest) > 1 else None
+        if meant is not None and not (meant.known or meant.group):
+            # This class takes no such argument either: what the key spelt right would have been told.
+            found = meant.candidates[0] if meant.moved else _closest(meant.shown, meant.candidates)
+            return place(known=False, candidates=(found,) if found else (), moved=bool(found))
     else:
         spec = (
             _spec_typo(".init_args.".join((*prefix, rest[0])), rest[1:])
@@ -712,9 +718,10 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
     # The class a file or an option chose takes no such argument (another class does): name that class.
     owner, by = place.owner.__name__, chooser.file or chooser.shown(".".join(place.at))
     options = f" (see {ctx.prog} {ctx.command} --{place.at[0]}.help {owner})" if len(place.at) == 1 else ""
-    taken = (
-        f"{owner}, the {'.'.join(place.at)} class {by} chooses, takes no {'.'.join(s.key[len(place.at) :])}"
-    )
+    argument = s.key[len(place.at) :]
+    if len(argument) > 1 and difflib.get_close_matches(argument[0], SPEC_KEYS, n=1, cutoff=CLOSE):
+        argument = argument[1:]  # a misspelt init_args before it
+    taken = f"{owner}, the {'.'.join(place.at)} class {by} chooses, takes no {'.'.join(argument)}"
     return f"{where}{what}: {taken}{hint or options}"
 
 
