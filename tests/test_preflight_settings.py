@@ -20,6 +20,8 @@ NOTHING_TO_READ = "an error"
 
 # (command line, config files {name: YAML}, the line); {tmp}: the folder of the config files.
 CLASSIFIER = "class_path: lit_ddp.models.ImageClassifier"
+# Braces doubled: the rows are formatted with the tmp folder.
+SHAPES = "--config={{data: {{class_path: lit_ddp.data.ShapesDataModule}}}}"
 ROWS = [
     (["fiit"], {}, "unknown command 'fiit': did you mean fit?"),
     (
@@ -178,6 +180,20 @@ ROWS = [
         "{tmp}/p.yaml, line 3: data.strict: true comes before --config {tmp}/f.yaml, which chooses the data"
         " class (ImageNetDataModule), and is read as a setting of ImageDataModule, which does not take it:"
         " give --config {tmp}/p.yaml after --config {tmp}/f.yaml",
+    ),
+    # A config given inline is read as a file is: it said "unknown option --data.train_size: see ... --help",
+    # and "Parser key \"model\":" for a value of its own.
+    (
+        ["fit", "--data.train_size=64", SHAPES],
+        {},
+        f"--data.train_size=64 comes before {SHAPES}, which chooses the data class (ShapesDataModule), and"
+        " is read as a setting of ImageDataModule, which does not take it: put --data.train_size=64 after"
+        f" {SHAPES}",
+    ),
+    (
+        ["fit", "--config={{model: {{init_args: {{batch_norm: 3}}}}}}"],
+        {},
+        "--config={{model: {{init_args: {{batch_norm: 3}}}}}}: model.batch_norm: 3: expected true or false",
     ),
     # A misspelt class_path or init_args: it named no fix, or another argument ("did you mean
     # model.batch_norm?" for init_arg.batch_norm).

@@ -62,6 +62,20 @@ CLOSE = 0.75
 
 
 @dataclasses.dataclass(frozen=True)
+class InlineConfig:
+    """A config given on the command line (``--config='{data: {class_path: ...}}'``): its settings are read
+    as a file's are, and a line names it as it was given."""
+
+    text: str
+
+    def read_text(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return f"--config={self.text}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
     """A setting the user gave: its key without ``init_args`` (a ``class_path`` is its owner's key), its
     value, its text as written, and where: the command line, or a file and the YAML keys leading to it.
@@ -71,7 +85,7 @@ class Setting:
     key: tuple[str, ...]
     value: object
     text: str
-    file: Path | None = None
+    file: Path | InlineConfig | None = None
     yaml_keys: tuple[str, ...] = ()
     help: bool = False
     bare: bool = False
@@ -79,6 +93,8 @@ class Setting:
     def where(self) -> str:
         if self.file is None:
             return ""
+        if isinstance(self.file, InlineConfig):  # one word of the command line: no line to name
+            return f"{self.file}: "
         line = yaml_key_line(self.file, self.yaml_keys)
         return f"{self.file}, line {line}: " if line else f"{self.file}: "
 
@@ -180,6 +196,8 @@ def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
     for i, option, value in words:
         if i in files:
             settings += _file_settings(files[i], command)
+        elif option in ("-c", "--config") and value:  # no file: a config given inline
+            settings += _file_settings(InlineConfig(value), command)
         elif option and option.startswith("--") and option not in NOT_SETTINGS:
             key = _normal(option[2:].removesuffix("+").split("."))
             if value is None:
@@ -196,7 +214,7 @@ def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
     return settings
 
 
-def _file_settings(path: Path, command: str) -> list[Setting]:
+def _file_settings(path: Path | InlineConfig, command: str) -> list[Setting]:
     try:
         content = yaml.safe_load(path.read_text())
     except yaml.YAMLError:
@@ -207,7 +225,7 @@ def _file_settings(path: Path, command: str) -> list[Setting]:
     return list(_walk(content, path, ()))
 
 
-def _walk(tree: object, path: Path, yaml_keys: tuple[str, ...], key: tuple[str, ...] = ()):
+def _walk(tree: object, path: Path | InlineConfig, yaml_keys: tuple[str, ...], key: tuple[str, ...] = ()):
     for name, value in tree.items() if isinstance(tree, dict) else ():
         name, here = str(name), (*yaml_keys, str(name))
         if name == "init_args":
@@ -737,6 +755,10 @@ def _chooser(ctx: Context, place: Place) -> Setting | None:
     return chooser
 
 
+def _config_named(file: Path | InlineConfig) -> str:
+    return str(file) if isinstance(file, InlineConfig) else f"--config {file}"
+
+
 def _before_its_class(ctx: Context, s: Setting) -> str | None:
     """A setting of the model or the data given before the setting that chooses their class (``--data.strict
     --config recipe.yaml``): jsonargparse reads it against the class in effect where it stands, which does
@@ -745,8 +767,8 @@ def _before_its_class(ctx: Context, s: Setting) -> str | None:
     if later is None or _taken_by(ctx, then, s.key) or not _place(ctx, s.key).known:
         return None
     given = s.shown(_place(ctx, s.key).shown)
-    chooser = f"--config {later.file}" if later.file else later.shown(later.key[0])
-    fix = f"give --config {s.file} after {chooser}" if s.file else f"put {given} after {chooser}"
+    chooser = _config_named(later.file) if later.file else later.shown(later.key[0])
+    fix = f"give {_config_named(s.file)} after {chooser}" if s.file else f"put {given} after {chooser}"
     chosen = getattr(_named(later.value, [ctx.bases[s.key[0]]]), "__name__", later.text)
     return (
         f"{s.where()}{given} comes before {chooser}, which chooses the {s.key[0]} class ({chosen}), and is"
