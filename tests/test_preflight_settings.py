@@ -250,6 +250,28 @@ ROWS = [
         "unknown option --model.batch_norm: ImageClassifier, the model class {tmp}/n.yaml chooses, takes no"
         " batch_norm: did you mean --model.net.batch_norm?",
     ),
+    # An argument of another class than the default one: it offered the default's close name ("did you mean
+    # --data.val_size?", the size of the validation split), and for a network's help the --help of it all.
+    (
+        ["fit", "--data.val_resize=3"],
+        {},
+        "unknown option --data.val_resize: ShapesDataModule, the default data class, takes no val_resize;"
+        " ImageNetDataModule, StreamingDataModule take it: choose one first (--data=ImageNetDataModule before"
+        " it)",
+    ),
+    (
+        ["fit", "--model.net.help", "LeNet"],
+        {},
+        "unknown option --model.net.help: LeNetCIFAR, the default model class, takes no net; ImageClassifier"
+        " takes it: choose it first (--model=ImageClassifier before it)",
+    ),
+    (
+        ["fit", "--config", "{tmp}/v.yaml"],
+        {"v.yaml": "data:\n  val_resize: 3\n"},
+        "{tmp}/v.yaml, line 2: unknown key data.val_resize: ShapesDataModule, the default data class, takes"
+        " no val_resize; ImageNetDataModule, StreamingDataModule take it: choose one first (class_path:"
+        " lit_ddp.data.imagenet.ImageNetDataModule in data:)",
+    ),
     # An enum's members by name: it was "expected a Signals (or a subclass) (the classes are Signals)".
     (
         ["fit", "--resilience.requeue_signal=SIGUSR3"],

@@ -728,9 +728,23 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
             f"{where}{what}: {first} is the first argument of {name}, which the model passes itself (the"
             " number of classes, from the data): leave it out"
         )
+    chooser = _chooser(ctx, place)
+    others = [] if chooser or place.moved else _taken_elsewhere(ctx, place, s.key[len(place.at)])
+    if others:  # the default class's near name (val_size for val_resize) would set something else
+        one = others[0]
+        example = (
+            f"class_path: {one.__module__}.{one.__name__} in {place.at[0]}:"
+            if where
+            else f"--{place.at[0]}={one.__name__} before it"
+        )
+        takes, pick = ("takes", "it") if len(others) == 1 else ("take", "one")
+        return (
+            f"{where}{what}: {place.owner.__name__}, the default {place.at[0]} class, takes no"
+            f" {s.key[len(place.at)]}; {', '.join(c.__name__ for c in others)} {takes} it: choose {pick}"
+            f" first ({example})"
+        )
     match = place.candidates[0] if place.moved else _closest(key, place.candidates)
     hint = f": did you mean {match if where else '--' + _option(match)}?" if match else ""
-    chooser = _chooser(ctx, place)
     if chooser is None or match and not place.moved:  # a misspelt name, or the default class's
         return f"{where}{what}{hint or f': see {ctx.prog} {ctx.command} --help for the options'}"
     # The class a file or an option chose takes no such argument (another class does): name that class.
@@ -741,6 +755,20 @@ def _unknown_key(ctx: Context, s: Setting) -> str | None:
         argument = argument[1:]  # a misspelt init_args before it
     taken = f"{owner}, the {'.'.join(place.at)} class {by} chooses, takes no {'.'.join(argument)}"
     return f"{where}{what}: {taken}{hint or options}"
+
+
+def _taken_elsewhere(ctx: Context, place: Place, name: str) -> list[type]:
+    """The model or data classes other than ``place``'s owner (the default one) that take the argument
+    ``name``, which the owner does not take; none for another key."""
+    if place.owner is None or len(place.at) != 1 or place.at not in CHOSEN:
+        return []
+    base = ctx.bases.get(place.at[0])
+    if not isinstance(base, type) or name in {k.split(".")[0] for k in _class_keys(place.owner)}:
+        return []
+    found = (c for c in (base, *_subclasses(base)) if c is not place.owner and not inspect.isabstract(c))
+    return sorted(
+        (c for c in found if name in {k.split(".")[0] for k in _class_keys(c)}), key=lambda c: c.__name__
+    )
 
 
 def _chooser(ctx: Context, place: Place) -> Setting | None:
