@@ -4,6 +4,7 @@ ends with the uninterrupted run's raw and averaged weights, and the average is t
 
 import os
 import subprocess
+import types
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from conftest import REPO, TINY_RUN, TINY_SHAPES, run_cli
 from lightning import Callback, LightningModule, Trainer
 
 from lit_ddp.callbacks import EMA
+from lit_ddp.callbacks.ema import DEFAULT_DECAY
 from lit_ddp.cli import build_cli, main
 from lit_ddp.models import LeNetCIFAR
 
@@ -151,6 +153,29 @@ def test_the_average_goes_on_with_the_decay_the_resume_settles_on(
     ema.average.update_parameters(module)
     for name, param in ema.average.module.named_parameters():
         want = averages_with * before[name] + (1 - averages_with) * dict(module.named_parameters())[name]
+        torch.testing.assert_close(param, want)
+
+
+def test_a_second_fit_with_the_same_callback_starts_from_its_own_decay_and_step() -> None:
+    """One EMA object given to two fits in one process (library use): the second averaged with the first's
+    checkpoint decay, and skipped its first updates (the first fit's step count held them back)."""
+    module, ema = LeNetCIFAR(), EMA()
+    ema.setup(None, module, "fit")
+    ema.load_state_dict({"last_update_step": 4, "decay": 0.5})  # the first fit resumed a checkpoint
+    assert ema.decay == 0.5
+    ema.on_train_end(None, module)
+    ema.setup(None, module, "fit")  # the second fit, started fresh
+    assert ema.decay == DEFAULT_DECAY
+    trainer = types.SimpleNamespace(global_step=1, world_size=1)
+    ema.on_train_batch_end(trainer, module, None, None, 0)
+    assert int(ema.average.n_averaged) == 1  # its first step updated the average
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(1.0)
+    before = {k: v.clone() for k, v in ema.average.module.named_parameters()}
+    ema.on_train_batch_end(types.SimpleNamespace(global_step=2, world_size=1), module, None, None, 1)
+    for name, param in ema.average.module.named_parameters():
+        want = DEFAULT_DECAY * before[name] + (1 - DEFAULT_DECAY) * dict(module.named_parameters())[name]
         torch.testing.assert_close(param, want)
 
 

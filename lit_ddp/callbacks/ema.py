@@ -51,12 +51,16 @@ class EMA(Callback):
         if not 0.0 <= decay <= 1.0:
             raise UserError(f"EMA decay={decay} must be in [0, 1] (0.999 averages over ~1000 steps)")
         self.decay = decay
+        self.given_decay = decay  # what each fit starts from: a resume may take its checkpoint's
         self.average: AveragedModel | None = None  # only while fitting
         self.last_update_step = 0  # trainer.global_step at the last update: one update per optimizer step
         self.swapped = False  # the module holds the average (during validation)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
+            # The same callback given to a second fit (library use): nothing of the last fit's carries over,
+            # neither its checkpoint's decay nor its step count (the new fit's first steps would not update).
+            self.decay, self.last_update_step, self.swapped = self.given_decay, 0, False
             # A copy of the LightningModule (same state_dict keys), on its device. Made before
             # configure_model compiles the network and before DDP wraps it: the copy is never run.
             # The parameters are still on the CPU here (the strategy moves them after the callbacks'
