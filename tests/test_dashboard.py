@@ -463,6 +463,25 @@ def test_an_image_data_module_names_the_remedies_that_apply_to_its_run(tmp_path:
     ]
 
 
+def test_a_training_loader_that_sets_its_own_workers_is_named_not_the_option(monkeypatch) -> None:
+    """An override's ``self.loader(..., num_workers=2)`` holds over --data.num_workers: the remedy said
+    ``--data.num_workers=7 (now 0, ...)``, which changes nothing, with another count than the loader's."""
+    from lit_ddp.data import ShapesDataModule, base
+
+    class OwnWorkers(ShapesDataModule):
+        def train_dataloader(self):
+            return self.loader(self.train_set, train=True, num_workers=2)
+
+    monkeypatch.setattr(base, "available_cpus", lambda: 8)
+    data = OwnWorkers(train_size=16, val_size=8, num_workers=0)
+    data.setup("fit")
+    monkeypatch.setattr(data, "_training_device", lambda: torch.device("cuda"))
+    assert data.train_dataloader().num_workers == 2
+    assert data.loader_remedies() == [
+        "more loader workers: num_workers=7 in OwnWorkers.train_dataloader's self.loader(...) (now 2, 8 CPUs)"
+    ]
+
+
 @pytest.mark.timeout(120)
 def test_images_in_memory_on_a_cpu_get_no_hint_to_add_workers(tmp_path: Path, capsys) -> None:
     """Training on the CPU from memory, the data wait is the batch's crop, flip and normalisation in the

@@ -154,6 +154,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers  # None: auto_num_workers, resolved once the trainer is attached
         self._auto_workers: int | None = None
+        # The workers an override's training loader sets itself (loader(..., num_workers=N)), or None.
+        self._own_train_workers: int | None = None
         self.seed = seed
         if isinstance(augmentation, dict):  # as a checkpoint holds it: load_from_checkpoint passes it back
             augmentation = rebuild(augmentation)
@@ -383,7 +385,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
     def loader_remedies(self) -> list[str]:
         """What would feed the devices faster with this data module, most likely first, each as the option to
         set: the console names them when training steps wait for data. Subclasses add their own."""
-        workers, cpus = self.workers_per_device(), available_cpus()
+        own = self._own_train_workers
+        workers, cpus = self.workers_per_device() if own is None else own, available_cpus()
         devices = self.trainer.num_devices if self.trainer is not None else 1
         spare = cpus // max(devices, 1) - 1
         device = self._training_device()
@@ -397,7 +400,13 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             # process does itself: a worker would only index memory and add a copy between processes.
             return remedies
         if workers < spare:
-            remedies.append(f"more loader workers: --data.num_workers={spare} (now {workers}, {cpus} CPUs)")
+            # --data.num_workers does not reach a training loader that sets its own: name where it is set.
+            option = (
+                f"--data.num_workers={spare}"
+                if own is None
+                else f"num_workers={spare} in {type(self).__name__}.train_dataloader's self.loader(...)"
+            )
+            remedies.append(f"more loader workers: {option} (now {workers}, {cpus} CPUs)")
         else:
             remedies.append(f"more CPUs per device (now {workers} loader workers and training, {cpus} CPUs)")
         return remedies
@@ -419,6 +428,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         if self._needs_index(train) and not isinstance(dataset, IndexedDataset):
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation, or its prediction
         workers = dataloader_kwargs.get("num_workers")
+        if train:
+            self._own_train_workers = workers
         workers = self.workers_per_device() if workers is None else workers
         options = {
             "pin_memory": torch.cuda.is_available(),
