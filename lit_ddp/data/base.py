@@ -156,6 +156,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         self._auto_workers: int | None = None
         # The workers an override's training loader sets itself (loader(..., num_workers=N)), or None.
         self._own_train_workers: int | None = None
+        self._batch_norm_noted = False  # the note that BatchNorm normalises per device, once per fit
         self.seed = seed
         if isinstance(augmentation, dict):  # as a checkpoint holds it: load_from_checkpoint passes it back
             augmentation = rebuild(augmentation)
@@ -212,6 +213,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             # (a notebook, a sweep) would otherwise start at that fit's resume point, and count on from its
             # samples. A resumed fit's load_state_dict runs after setup and sets them from its checkpoint.
             self._epoch, self._samples, self._batches, self._resume = 0, 0, 0, None
+            self._batch_norm_noted = False
         if stage == "fit" and self.trainer is not None:
             t = self.trainer
             rank_zero_info(
@@ -315,6 +317,20 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             raise UserError(
                 "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
                 " device; pass --data.batch_size=2 or more, or a model without BatchNorm"
+            )
+
+    def _note_batch_norm_per_device(self) -> None:
+        """On several devices, a BatchNorm that normalises each device's batch alone trains another model than
+        one process with the global batch (docs/ddp.md): one note per fit, naming the option that syncs it."""
+        trainer = self.trainer
+        if self._batch_norm_noted or trainer is None:
+            return
+        if getattr(trainer.lightning_module, "batch_norm_per_device", False) and trainer.world_size > 1:
+            self._batch_norm_noted = True
+            rank_zero_info(
+                f"lit_ddp: note: BatchNorm normalises each device's {self.batch_size} images alone, not the"
+                f" {trainer.world_size * self.batch_size} of all {trainer.world_size} devices together as one"
+                " process would: --trainer.sync_batchnorm=true normalises them together"
             )
 
     # ---- loaders -------------------------------------------------------------------------------
@@ -425,6 +441,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
         if train:  # the layers the model trains with: the strategy swaps SyncBatchNorm in after setup
             self.check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
+            self._note_batch_norm_per_device()
         if self._needs_index(train) and not isinstance(dataset, IndexedDataset):
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation, or its prediction
         workers = dataloader_kwargs.get("num_workers")
