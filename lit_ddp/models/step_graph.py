@@ -19,6 +19,8 @@ from lightning import Trainer
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch import Tensor, nn
 
+from lit_ddp.utils import scheduled_accumulation
+
 # true: replay the step, or refuse in one line where it cannot be; auto: replay where it can (one CUDA
 # device), else the usual eager step; false: never.
 CUDAGraphMode = bool | Literal["auto"]
@@ -88,6 +90,11 @@ def replay_blocker(trainer: Trainer, optim_name: str, compiled: bool) -> str | N
     if trainer.accumulate_grad_batches != 1:
         accumulate = trainer.accumulate_grad_batches
         return f"it updates at every batch, and --trainer.accumulate_grad_batches={accumulate}"
+    scheduled = scheduled_accumulation(trainer)  # the Trainer's says 1 until the scheduler sets an epoch's
+    if scheduled is not None and scheduled != 1:
+        return (
+            f"it updates at every batch, and the GradientAccumulationScheduler accumulates up to {scheduled}"
+        )
     if trainer.gradient_clip_val:
         return f"--trainer.gradient_clip_val={trainer.gradient_clip_val} clips outside the replayed update"
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
