@@ -112,21 +112,50 @@ def per_device_batch_size(trainer: L.Trainer) -> int:
     return int(getattr(loader, "batch_size", None) or 1)
 
 
+def accumulation_scheduler(trainer: L.Trainer) -> L.pytorch.callbacks.GradientAccumulationScheduler | None:
+    for callback in getattr(trainer, "callbacks", None) or ():
+        if isinstance(callback, L.pytorch.callbacks.GradientAccumulationScheduler):
+            return callback
+    return None
+
+
 def scheduled_accumulation(trainer: L.Trainer, epoch: int | None = None) -> int | None:
     """The batches a GradientAccumulationScheduler in the Trainer's callbacks accumulates in ``epoch`` (the
     largest of its scheduling when None), or None without one. It sets ``trainer.accumulate_grad_batches``
     at each epoch's start only: in a data module's setup, or a checkpoint's load, that still says 1."""
-    for callback in getattr(trainer, "callbacks", None) or ():
-        if isinstance(callback, L.pytorch.callbacks.GradientAccumulationScheduler):
-            if epoch is None:
-                return max(callback.scheduling.values(), default=1)
-            return callback.get_accumulate_grad_batches(epoch)
-    return None
+    scheduler = accumulation_scheduler(trainer)
+    if scheduler is None:
+        return None
+    if epoch is None:
+        return max(scheduler.scheduling.values(), default=1)
+    return scheduler.get_accumulate_grad_batches(epoch)
 
 
-def global_batch_size(trainer: L.Trainer) -> int:
-    """Samples per optimizer step over all ranks: per-device batch × world size × accumulation."""
-    return per_device_batch_size(trainer) * trainer.world_size * trainer.accumulate_grad_batches
+def accumulation(trainer: L.Trainer, epoch: int | None = None) -> int:
+    """The batches an optimizer step accumulates in ``epoch`` (the Trainer's current one when None): a
+    GradientAccumulationScheduler's for that epoch, whose Trainer still says 1 before the epoch starts (at
+    set-up, in on_train_start, in configure_optimizers), else the Trainer's."""
+    scheduled = scheduled_accumulation(trainer, trainer.current_epoch if epoch is None else epoch)
+    return trainer.accumulate_grad_batches if scheduled is None else scheduled
+
+
+def global_batch_size(trainer: L.Trainer, epoch: int | None = None) -> int:
+    """Samples per optimizer step over all ranks in ``epoch`` (the current one when None): per-device batch
+    × world size × accumulation."""
+    return per_device_batch_size(trainer) * trainer.world_size * accumulation(trainer, epoch)
+
+
+def later_global_batches(trainer: L.Trainer) -> str:
+    """``"; 512 (4 accumulated) from epoch 3"`` for each epoch whose GradientAccumulationScheduler changes
+    the global batch (epochs counted from 1, as the console does); "" without one."""
+    scheduler, later = accumulation_scheduler(trainer), []
+    for epoch in scheduler.epochs if scheduler is not None else ():
+        accumulated = scheduler.get_accumulate_grad_batches(epoch)
+        if epoch > 0 and accumulated != scheduler.get_accumulate_grad_batches(epoch - 1):
+            later.append(
+                f"; {global_batch_size(trainer, epoch)} ({accumulated} accumulated) from epoch {epoch + 1}"
+            )
+    return "".join(later)
 
 
 def local_path(value: str | os.PathLike, option: str) -> str:

@@ -15,7 +15,13 @@ from lightning import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
 from lit_ddp.callbacks.sinks import run_dir, sinks
-from lit_ddp.utils import flatten, global_batch_size
+from lit_ddp.utils import (
+    accumulation,
+    accumulation_scheduler,
+    flatten,
+    global_batch_size,
+    later_global_batches,
+)
 
 
 def tensorboard_hparams(prefix: str, tree) -> dict:
@@ -51,12 +57,15 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict:
             "trainer/world_size": trainer.world_size,
             "trainer/strategy": strategy_name(trainer),
             "trainer/precision": str(trainer.precision),
-            "trainer/accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "trainer/accumulate_grad_batches": accumulation(trainer),
             "trainer/max_epochs": trainer.max_epochs if trainer.max_epochs is not None else -1,
             "global_batch_size": global_batch_size(trainer),
             "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)),  # set by seed_everything
         }
     )
+    scheduler = accumulation_scheduler(trainer)
+    if scheduler is not None:  # the two above are the current epoch's: the rest of the run's, by epoch
+        params["trainer/accumulation_scheduling"] = str(dict(sorted(scheduler.scheduling.items())))
     return params
 
 
@@ -77,7 +86,7 @@ def environment_markdown(trainer: Trainer) -> str:
         "accelerator": type(trainer.accelerator).__name__,
         "strategy": f"{strategy_name(trainer)} ({type(trainer.strategy).__name__})",
         "precision": str(trainer.precision),
-        "global batch": global_batch_size(trainer),
+        "global batch": f"{global_batch_size(trainer)}{later_global_batches(trainer)}",
         "device": device,
         "host": f"{platform.node()} ({platform.system()})",
     }

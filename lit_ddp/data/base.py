@@ -61,8 +61,10 @@ from lit_ddp.data.workers import auto_num_workers, available_cpus
 from lit_ddp.errors import UserError
 from lit_ddp.utils import (
     LoadsSavedSubclass,
+    accumulation,
     from_here,
     global_batch_size,
+    later_global_batches,
     local_path,
     plain_data,
     scheduled_accumulation,
@@ -218,8 +220,8 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             t = self.trainer
             rank_zero_info(
                 f"global batch = {self.batch_size} per device × {t.world_size} devices"
-                f" × {t.accumulate_grad_batches} accumulation"
-                f" = {global_batch_size(t)} images per optimizer step"
+                f" × {accumulation(t)} accumulation"
+                f" = {global_batch_size(t)} images per optimizer step{later_global_batches(t)}"
             )
             if t.world_size == 1:  # no strategy syncs one process's BatchNorm: refused before any write
                 self.check_batch_norm(t.lightning_module)
@@ -248,11 +250,9 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             setattr(self, f"{split}_set", data)
         if self.trainer is not None and stage == "fit":
             t, scheduled = self.trainer, scheduled_accumulation(self.trainer)
-            accumulation = t.accumulate_grad_batches if scheduled is None else scheduled
+            most = t.accumulate_grad_batches if scheduled is None else scheduled
             train = getattr(self, "train_set", None)
-            check_training_batch_fits(
-                self.batch_size, train, t.world_size, accumulation, scheduled is not None
-            )
+            check_training_batch_fits(self.batch_size, train, t.world_size, most, scheduled is not None)
         if stage in ("validate", "test"):
             check_split_evaluated(stage, getattr(self, f"{SPLITS_OF_STAGE[stage][0]}_set", None))
 
