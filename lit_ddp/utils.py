@@ -3,6 +3,7 @@ plain; paths expanded as a shell would."""
 
 import dataclasses
 import functools
+import math
 import os
 import pickle
 import random
@@ -143,6 +144,12 @@ def global_batch_size(trainer: L.Trainer, epoch: int | None = None) -> int:
     """Samples per optimizer step over all ranks in ``epoch`` (the current one when None): per-device batch
     × world size × accumulation."""
     return per_device_batch_size(trainer) * trainer.world_size * accumulation(trainer, epoch)
+
+
+def optimizer_steps(trainer: L.Trainer, epochs: int) -> int:
+    """Optimizer steps of the first ``epochs`` epochs: each epoch's batches over its accumulation (a
+    GradientAccumulationScheduler's changes by epoch), an epoch's last step taking the batches left."""
+    return sum(math.ceil(trainer.num_training_batches / accumulation(trainer, e)) for e in range(epochs))
 
 
 def later_global_batches(trainer: L.Trainer) -> str:

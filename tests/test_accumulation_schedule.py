@@ -8,25 +8,59 @@ scaled for it, the schedule's length, a resume's place on it) reads the scheduli
 
 from pathlib import Path
 
+import pytest
 from conftest import TINY_RUN
+from lenet_fits import StopAfterFirstEpoch, assert_close, fit, lenet, trainer
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from test_dashboard import hparams, read_run, texts
 
 from lit_ddp.cli import build_cli
 
-SCHEDULE = ["--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0: 2, 1: 4}"]
+SCHEDULE = [
+    "--trainer.callbacks+=GradientAccumulationScheduler",
+    "--trainer.callbacks.scheduling={0: 2, 1: 4}",
+]
 
 
-def test_the_global_batch_printed_and_logged_is_the_scheduled_one(tmp_path: Path, caplog) -> None:
-    """128 images in batches of 32, 2 then 4 accumulated: the console and the dashboard said 1 accumulated
-    (a global batch of 32)."""
+def test_the_global_batch_and_the_scaled_lr_are_the_scheduled_ones(tmp_path: Path, caplog) -> None:
+    """128 images in batches of 32, 2 then 4 accumulated: the console, the dashboard and the lr said 1
+    accumulated (a global batch of 32), and the cosine spanned 8 steps where the run takes 3."""
     args = [*TINY_RUN, "--data.train_size=128", "--trainer.max_epochs=2", *SCHEDULE]
+    scaled = [
+        "--model.optim.scale_lr=true",
+        "--model.optim.base_batch_size=32",
+        "--model.optim.warmup_epochs=0",
+    ]
     with caplog.at_level("INFO"):
-        build_cli(["fit", *args, f"--trainer.default_root_dir={tmp_path}"])
+        cli = build_cli(["fit", *args, *scaled, f"--trainer.default_root_dir={tmp_path}"])
     line = "global batch = 32 per device × 1 devices × 2 accumulation = 64 images per optimizer step"
     assert f"{line}; 128 (4 accumulated) from epoch 2" in caplog.messages
+    # The lr is scaled for the first epoch's global batch, and kept as the scheduler grows it.
+    schedule = cli.model.lr_schedulers()
+    assert schedule.base_lrs[0] == pytest.approx(cli.model.optim.lr * 64 / 32)
+    assert cli.trainer.global_step == 3 and schedule.built_for["steps"] == 3  # 4 / 2 + 4 / 4
     (events,) = {path.parent for path in tmp_path.rglob("events.out.tfevents.*")}
     run = read_run(events)
     params, _ = hparams(run)
     assert (params["global_batch_size"], params["trainer/accumulate_grad_batches"]) == (64, 2)
     assert params["trainer/accumulation_scheduling"] == "{0: 2, 1: 4}"
     assert "| global batch | 64; 128 (4 accumulated) from epoch 2 |" in texts(run, "environment")[0]
+
+
+def test_a_resume_at_an_epochs_end_goes_on_as_the_uninterrupted_run(tmp_path: Path, caplog) -> None:
+    """3 epochs of 4 batches, 2 accumulated, then 3 (a step of 3 batches and one of 1): the warmup (1 epoch)
+    spanned 4 steps, and the resume after the first epoch stood at step 4 of the curve, where the run had
+    taken 2 (a note, another lr)."""
+
+    def scheduled(root: Path, *callbacks):
+        return trainer(root, epochs=3, callbacks=[GradientAccumulationScheduler({0: 2, 1: 3}), *callbacks])
+
+    model = lenet(False)
+    whole = fit(model, scheduled(tmp_path / "whole"))
+    schedule = model.lr_schedulers()
+    assert model.trainer.global_step == 6 and schedule.built_for == {"steps": 6, "warmup_steps": 2}
+    fit(lenet(False), scheduled(tmp_path / "part", StopAfterFirstEpoch()))
+    with caplog.at_level("INFO"):
+        resumed = fit(lenet(False), scheduled(tmp_path / "resumed"), tmp_path / "part" / "last.ckpt")
+    assert not [m for m in caplog.messages if "lit_ddp: note" in m]
+    assert_close(whole, resumed, atol=1e-6)

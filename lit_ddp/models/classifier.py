@@ -47,7 +47,16 @@ from lit_ddp.models.step_graph import (
     prepare_for_replay,
     replay_blocker,
 )
-from lit_ddp.utils import LoadsSavedSubclass, global_batch_size, imported, plain_data
+from lit_ddp.utils import (
+    LoadsSavedSubclass,
+    accumulation,
+    global_batch_size,
+    imported,
+    later_global_batches,
+    optimizer_steps,
+    plain_data,
+    scheduled_accumulation,
+)
 
 STAGES = ("train", "val", "test")
 
@@ -620,8 +629,14 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         if self.optim.warmup_epochs > 0 or math.isfinite(total_steps):
             if trainer.train_dataloader is None:  # not loaded when the run has no length (as Lightning)
                 load_train_dataloader(trainer)
-            steps_per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        global_batch = global_batch_size(trainer)
+            steps_per_epoch = math.ceil(trainer.num_training_batches / accumulation(trainer, 0))
+        if scheduled_accumulation(trainer) is not None and trainer.max_epochs != -1 and steps_per_epoch:
+            # Lightning's estimate takes the Trainer's accumulation, 1 until the scheduler sets an epoch's:
+            # each epoch's own, and max_steps, which caps Lightning's estimate.
+            total_steps = min(optimizer_steps(trainer, max(trainer.max_epochs, 1)), total_steps)
+        # The first epoch's: a GradientAccumulationScheduler that grows the batch later keeps the lr (a
+        # growing batch stands for a decaying lr, Smith et al., 2018); a resume scales it as the start did.
+        global_batch = global_batch_size(trainer, 0)
 
         def resumed_at() -> int | None:
             # Where a run of this global batch from the start would stand at the data module's resume point
@@ -630,7 +645,7 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
             if point is None or not steps_per_epoch:
                 return None
             epoch, samples = point
-            return epoch * steps_per_epoch + math.ceil(samples / global_batch)
+            return optimizer_steps(trainer, epoch) + math.ceil(samples / global_batch_size(trainer, epoch))
 
         # Lightning's mixed precision (16 and bf16) refuses to clip for a fused optimizer: then no fused step.
         amp = isinstance(trainer.precision_plugin, MixedPrecision)
@@ -647,9 +662,15 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
             resumed_at=resumed_at,
         )
         if self.optim.scale_lr:
+            later = later_global_batches(trainer)
             rank_zero_info(
                 f"lr scaled by global batch: {self.optim.lr} × {global_batch}/{self.optim.base_batch_size}"
                 f" = {optimizer.param_groups[0]['initial_lr']:.4g}"
+                + (
+                    " (the first epoch's; kept as the GradientAccumulationScheduler changes it)"
+                    if later
+                    else ""
+                )
             )
         schedule = {"scheduler": scheduler, "interval": "step"}
         if isinstance(optimizer, ReplayedStep):
