@@ -492,6 +492,11 @@ def test_kit_settings_are_the_trainer_settings_the_config_trains_with(monkeypatc
     defaults = {"sync_batchnorm": False, "accumulate_grad_batches": 1, "gradient_clip_val": None}
     assert unseeded == {"seed": 0, **defaults, "devices": 1}
     assert kit_settings({"trainer": {"devices": [0, 1]}})["devices"] == 2
+    # A GradientAccumulationScheduler's scheduling in the Trainer's place (it was checked with 1).
+    scheduler = {"class_path": "lightning.pytorch.callbacks.GradientAccumulationScheduler"}
+    scheduler["init_args"] = {"scheduling": {0: 1, 2: 4}}
+    scheduled = {"trainer": {"callbacks": [{"class_path": "lit_ddp.callbacks.StepLoss"}, scheduler]}}
+    assert kit_settings(scheduled)["accumulate_grad_batches"] == {0: 1, 2: 4}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "devices" not in kit_settings({"trainer": {"devices": -1, "accelerator": "gpu"}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

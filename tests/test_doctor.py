@@ -81,12 +81,24 @@ FIT_REFUSES = [
         64,
         "--data.batch_size=25 or less, or --trainer.accumulate_grad_batches=1 or less",
     ),
+    (  # the checks ran with 1 accumulated (the Trainer's), and said every check holds
+        [
+            "--data.batch_size=16",
+            "--trainer.callbacks+=GradientAccumulationScheduler",
+            "--trainer.callbacks.scheduling={0: 1, 1: 4}",
+        ],
+        "--data.batch_size=16 × GradientAccumulationScheduler's 4 = 64",
+        64,
+        "--data.batch_size=12 or less, or a scheduling of 3 or less",
+    ),
 ]
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("given", "asked", "step", "fix"), FIT_REFUSES, ids=["batch", "accumulated"])
+@pytest.mark.parametrize(
+    ("given", "asked", "step", "fix"), FIT_REFUSES, ids=["batch", "accumulated", "scheduled"]
+)
 def test_a_batch_that_fit_refuses_on_the_configured_devices_is_fits_line(
     tmp_path: Path, given: list[str], asked: str, step: int, fix: str
 ) -> None:

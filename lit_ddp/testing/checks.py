@@ -908,7 +908,7 @@ class Case:
     steps: int = 2
     seed: int = 0
     sync_batchnorm: bool = False
-    accumulate_grad_batches: int = 1
+    accumulate_grad_batches: int | dict[int, int] = 1
     gradient_clip_val: float | None = None
     devices: int | None = None
     checks: tuple[str, ...] = CHECKS
@@ -947,10 +947,15 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     payload.write_bytes(_payload(model, dm))
     # An optimizer step takes accumulate_grad_batches batches: `steps` steps, and one-step epochs, need that
     # many times the samples (else the "mid-epoch" stop after step 1 fell at the epoch's end).
-    batches_per_step = max(1, case.accumulate_grad_batches)
+    # A scheduling ({epoch: batches}) is checked at its largest: each epoch is a run of its own accumulation.
+    scheduled = isinstance(case.accumulate_grad_batches, dict)
+    most = (
+        max(case.accumulate_grad_batches.values(), default=1) if scheduled else case.accumulate_grad_batches
+    )
+    batches_per_step = max(1, most)
     train_samples, val_samples = 2 * b * case.steps * batches_per_step, 2 * b + 1  # odd: uneven val shards
     trainer_kwargs = {
-        "accumulate_grad_batches": case.accumulate_grad_batches,
+        "accumulate_grad_batches": most,
         "gradient_clip_val": case.gradient_clip_val,
     }
     if case.sync_batchnorm:
@@ -979,6 +984,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
             run_batch_size=configured_batch,
             # devices unknown (auto, -1): a batch that fit refuses on 1 device it refuses on any count
             run_devices=case.devices or 1,
+            run_scheduled=scheduled,
             **kw,
         )
 
@@ -1211,7 +1217,7 @@ def check_ddp_invariants(
     steps: int = 2,
     seed: int = 0,
     sync_batchnorm: bool = False,
-    accumulate_grad_batches: int = 1,
+    accumulate_grad_batches: int | dict[int, int] = 1,
     gradient_clip_val: float | None = None,
     devices: int | None = None,
     checks: tuple[str, ...] = CHECKS,
@@ -1224,7 +1230,8 @@ def check_ddp_invariants(
     lit_ddp ImageDataModule (or its class). ``batch_size``: the per-device batch b of the runs (default: the
     data module's, at most 16, so the runs stay small); ``steps``: optimizer steps of the 2-process fit, one
     epoch of 2·b·steps·accumulate_grad_batches training samples. ``sync_batchnorm``,
-    ``accumulate_grad_batches`` and ``gradient_clip_val`` as the real run will use them; ``devices``: the
+    ``accumulate_grad_batches`` (a GradientAccumulationScheduler's ``{epoch: batches}``: checked at its
+    largest) and ``gradient_clip_val`` as the real run will use them; ``devices``: the
     device count it will use (the padding warning considers it; None: not known, SyncBatchNorm is taken to
     span 2 or more). ``checks``: a subset of ``CHECKS`` to run
     (fewer runs). ``workdir``: keep the runs' records and logs there. Warnings come back as rows of the

@@ -19,10 +19,11 @@ import torch
 import yaml
 from jsonargparse import ArgumentParser
 from lightning import LightningDataModule, LightningModule
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
 
 from lit_ddp.errors import UserError
 from lit_ddp.runtime.quiet import quiet_args_given
-from lit_ddp.utils import draw_seed
+from lit_ddp.utils import draw_seed, imported
 
 
 def resolved_config(main: Callable[[list[str]], object], *args: str) -> dict:
@@ -94,10 +95,24 @@ def _device_count(devices, num_nodes, accelerator="auto") -> int | None:
     return num_nodes if devices == "auto" and accelerator in ("cpu", "auto") else None  # CPU: -1 is refused
 
 
+def _scheduling(callbacks) -> dict[int, int] | None:
+    """The ``scheduling`` ({epoch: batches}) of a GradientAccumulationScheduler (or a subclass) among a
+    config's ``trainer.callbacks`` (a section, or a list of them), else None."""
+    for section in callbacks if isinstance(callbacks, list | tuple) else [callbacks]:
+        if not hasattr(section, "get"):
+            continue
+        named = imported(str(section.get("class_path") or ""))
+        if isinstance(named, type) and issubclass(named, GradientAccumulationScheduler):
+            scheduling = (section.get("init_args") or {}).get("scheduling") or {}
+            return {int(epoch): int(batches) for epoch, batches in dict(scheduling).items()}
+    return None
+
+
 def kit_settings(config) -> dict:
     """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed
     (``true``: one drawn, as ``fit`` and ``doctor`` draw it, which the report names), and the settings the
-    real run trains with (SyncBatchNorm, gradient accumulation and clipping, and the device count it starts
+    real run trains with (SyncBatchNorm, gradient accumulation, a GradientAccumulationScheduler's scheduling
+    in its place, and clipping, and the device count it starts
     on this machine, left out where this machine cannot count them: devices=auto for a GPU run on a machine
     without one), so that a test of the config checks what ``doctor`` does.
 
@@ -109,7 +124,8 @@ def kit_settings(config) -> dict:
     settings = {
         "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
         "sync_batchnorm": bool(trainer.get("sync_batchnorm")),
-        "accumulate_grad_batches": int(trainer.get("accumulate_grad_batches") or 1),
+        "accumulate_grad_batches": _scheduling(trainer.get("callbacks"))
+        or int(trainer.get("accumulate_grad_batches") or 1),
         "gradient_clip_val": trainer.get("gradient_clip_val"),
     }
     nodes, accelerator = int(trainer.get("num_nodes") or 1), str(trainer.get("accelerator") or "auto")

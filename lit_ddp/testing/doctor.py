@@ -5,8 +5,8 @@
     python -m lit_ddp doctor --config configs/resnet_imagenet.yaml --data.data_dir=data/imagenet --steps 2
 
 Reads the config and overrides as ``fit`` would, then runs the checks on CPU with 2 gloo processes and 1,
-with the config's sync_batchnorm, accumulate_grad_batches, gradient_clip_val and seed (in float32,
-whatever the config's precision), and prints
+with the config's sync_batchnorm, accumulate_grad_batches (a GradientAccumulationScheduler's largest),
+gradient_clip_val and seed (in float32, whatever the config's precision), and prints
 check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
 not failures), 1 when one does not, or when a rank failed before any check (its last output is printed).
 ``--batch-size`` is the per-device batch of the check runs (default: the config's, at most 8, or 4 for
@@ -97,11 +97,21 @@ def _world(trainer, settings: dict, batch: int) -> str:
     here = " on this machine" if str(devices).strip() in ("auto", "-1") else ""
     nodes = int(trainer.get("num_nodes") or 1)
     here += f" × {nodes} nodes" if nodes > 1 else ""
-    accumulate = settings["accumulate_grad_batches"]
+    accumulate, scheduling = settings["accumulate_grad_batches"], ""
+    if isinstance(accumulate, dict):
+        accumulate, scheduling = max(accumulate.values(), default=1), " in its epochs that accumulate most"
     return (
         f"judged for the run's {world} device{'s' if world > 1 else ''} (devices={devices}{here}): a global"
-        f" batch of {batch} × {world} × {accumulate} = {batch * world * accumulate}"
+        f" batch of {batch} × {world} × {accumulate} = {batch * world * accumulate}{scheduling}"
     )
+
+
+def _setting(key: str, value) -> str:
+    if key == "accumulate_grad_batches" and isinstance(value, dict):  # checked at its largest (checks.py)
+        return (
+            f"GradientAccumulationScheduler {value} checked at {max(value.values(), default=1)} accumulated"
+        )
+    return f"{key}={value}"
 
 
 def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG) -> int:
@@ -127,7 +137,7 @@ def main(argv: list[str], parse: Callable[[list[str]], object], prog: str = PROG
     print(
         f"{prog}: {type(cli.model).__name__} on {type(dm).__name__}, 2 × {batch} vs 1 × {2 * batch} on CPU,"
         f" {options.steps} steps, seed {seed}; "
-        + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "devices")
+        + ", ".join(_setting(k, v) for k, v in settings.items() if k != "devices")
         + f"; {_world(config['trainer'], settings, dm.batch_size)}",
         flush=True,
     )

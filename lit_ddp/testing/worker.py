@@ -59,6 +59,7 @@ class Job:
     # the job's own batch and world size are the checks'.
     run_batch_size: int | None = None
     run_devices: int = 1
+    run_scheduled: bool = False  # its accumulation is a GradientAccumulationScheduler's largest
 
 
 class Subsample(Dataset):
@@ -130,6 +131,7 @@ class TakeHead(Callback):
                 getattr(dm, "train_set", None),
                 self.job.run_devices,
                 self.job.trainer_kwargs.get("accumulate_grad_batches", 1),
+                self.job.run_scheduled,
             )
         for split, wanted in (("train_set", self.job.train_samples), ("val_set", self.job.val_samples)):
             dataset = getattr(dm, split, None)
