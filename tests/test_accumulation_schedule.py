@@ -9,7 +9,8 @@ scaled for it, the schedule's length, a resume's place on it) reads the scheduli
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+import torch
+from conftest import CPU, DDP2, ONE, TINY_RUN, run_cli
 from lenet_fits import StopAfterFirstEpoch, assert_close, fit, lenet, trainer
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from test_dashboard import hparams, read_run, texts
@@ -64,3 +65,34 @@ def test_a_resume_at_an_epochs_end_goes_on_as_the_uninterrupted_run(tmp_path: Pa
         resumed = fit(lenet(False), scheduled(tmp_path / "resumed"), tmp_path / "part" / "last.ckpt")
     assert not [m for m in caplog.messages if "lit_ddp: note" in m]
     assert_close(whole, resumed, atol=1e-6)
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_two_processes_with_a_scheduling_train_the_same_model_as_one_with_twice_the_batch(
+    tmp_path: Path,
+) -> None:
+    """2 × 16 and 1 × 32 on 128 augmented images, 1 then 3 accumulated: 4 steps, then 2 (one of 3 batches,
+    one of 1: the short step of the epoch's end weighs each image as the others)."""
+    scheduled = [
+        "--trainer.callbacks+=GradientAccumulationScheduler",
+        "--trainer.callbacks.scheduling={1: 3}",
+    ]
+    common = [*CPU, "--data.train_size=128", "--data.val_size=32", "--trainer.max_epochs=2", *scheduled]
+    common += ["--model.optim.name=sgd", "--model.optim.lr=0.05", "--model.optim.warmup_epochs=0"]
+    runs = {"two": [*DDP2, "--data.batch_size=16"], "one": [*ONE, "--data.batch_size=32"]}
+    states, said = {}, {}
+    for name, args in runs.items():
+        result = run_cli(["fit", *common, *args], cwd=tmp_path / name, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        said[name] = result.stdout + result.stderr
+        (last,) = (tmp_path / name).rglob("last.ckpt")
+        states[name] = torch.load(last, map_location="cpu", weights_only=True)
+    assert "16 per device × 2 devices × 1 accumulation = 32 images per optimizer step; 96 (3" in said["two"]
+    assert "32 per device × 1 devices × 1 accumulation = 32 images per optimizer step; 96 (3" in said["one"]
+    assert states["two"]["global_step"] == states["one"]["global_step"] == 4 + 2
+    two, one = states["two"]["state_dict"], states["one"]["state_dict"]
+    assert two.keys() == one.keys()
+    deviation = max(float((two[k].double() - one[k].double()).abs().max()) for k in one)
+    assert deviation < 1e-5, deviation
