@@ -136,8 +136,10 @@ def accumulation(trainer: L.Trainer, epoch: int | None = None) -> int:
     """The batches an optimizer step accumulates in ``epoch`` (the Trainer's current one when None): a
     GradientAccumulationScheduler's for that epoch, whose Trainer still says 1 before the epoch starts (at
     set-up, in on_train_start, in configure_optimizers), else the Trainer's."""
-    scheduled = scheduled_accumulation(trainer, trainer.current_epoch if epoch is None else epoch)
-    return trainer.accumulate_grad_batches if scheduled is None else scheduled
+    scheduler = accumulation_scheduler(trainer)
+    if scheduler is None:
+        return trainer.accumulate_grad_batches
+    return scheduler.get_accumulate_grad_batches(trainer.current_epoch if epoch is None else epoch)
 
 
 def global_batch_size(trainer: L.Trainer, epoch: int | None = None) -> int:
