@@ -51,8 +51,7 @@ from lit_ddp.runtime.nvml import skip_futile_nvml_checks
 from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import SEED_LINE, QuietConsole, quiet_args_given, quiet_console
 from lit_ddp.runtime.resilience import Resilience
-from lit_ddp.runtime.resume import prepare_ckpt_path, recorded_seed, share_run_folder, share_versions
-from lit_ddp.runtime.run_lock import hold_run_dir
+from lit_ddp.runtime.resume import hold_shared_run, prepare_ckpt_path, recorded_seed
 from lit_ddp.utils import draw_seed, imported, local_path
 from lit_ddp.writes import write_file
 
@@ -412,9 +411,8 @@ class LitDDPCLI(LightningCLI):
         if self.rendezvous is None:
             timeout_s = config.get("dist_timeout", DEFAULT_DIST_TIMEOUT_S)
             self.rendezvous = bind_rendezvous_to_loopback(self.trainer, timeout_s)
-        share_versions(self.trainer)  # one version_N for every versioned logger, before its lock (resume.py)
-        self._run_lock = hold_run_dir(self.trainer)  # a second run on this directory refuses (run_lock.py)
-        share_run_folder(self.trainer)  # the loggers after MLflow or W&B join its run, started now
+        # Every logger writes one run, and a second run on its directory refuses (resume.py, run_lock.py).
+        self._run_lock = hold_shared_run(self.trainer)
 
     def _after_run(self) -> None:
         if getattr(self, "_run_lock", None) is not None:

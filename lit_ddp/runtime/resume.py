@@ -23,6 +23,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run
+from lit_ddp.runtime.run_lock import RunLock, hold_run_dir
 from lit_ddp.runtime.wandb_resume import continue_wandb_run
 from lit_ddp.writes import write_file
 
@@ -50,35 +51,33 @@ def _loggers_of_the_run(trainer: Trainer) -> list[TensorBoardLogger | CSVLogger]
     ]
 
 
-def share_versions(trainer: Trainer) -> None:
-    """Versioned loggers (TensorBoard and CSV, say) write one run, its folder named alike under each one's
-    ``save_dir/name``. Each picked its own next ``version_N``: under one ``save_dir`` TensorBoard made
-    version_0 and CSV, finding it, took version_1; under two, their numbers could differ, and a resume, which
-    names every logger's folder after the first's, split the others' (csv/.../version_0 and version_1). A new
-    run takes the first version free under each of them. Before the run lock, on the first one's folder."""
+def hold_shared_run(trainer: Trainer) -> RunLock | None:
+    """Every versioned logger after the first (TensorBoard and CSV, say) writes into the first's run, whose
+    folder is then locked (``hold_run_dir``). Each picked its own next ``version_N``: under one ``save_dir``
+    TensorBoard made version_0 and CSV, finding it, took version_1; under two, their numbers could differ,
+    and a resume, which names every logger's folder after the first's, split the others'. After a versioned
+    logger, a new run takes the first version free under each of them, before the lock on the first one's
+    folder. After an MLflow or W&B logger, whose run the lock starts, they take its run id: its folder
+    (``<save_dir>/<name>/<run id>``) is the one a resume of that run goes on in. A CSV logger's folder that
+    holds an earlier run's files keeps them (``_keep_csv_files``)."""
     first, others = trainer.logger, _loggers_of_the_run(trainer)
-    if not others or not isinstance(first, TensorBoardLogger | CSVLogger):
-        return
-    new = logger_version_unset(first)  # else pinned: by the user, or to the run a resume goes on in
-    version = first.version
-    if new:
-        version = max(version, *(logger.version for logger in others))  # each one's next version_N
-    for logger in (first, *others):
-        pin_logger_version(logger, version)
-
-
-def share_run_folder(trainer: Trainer) -> None:
-    """The versioned loggers after an MLflow or W&B logger, whose run is started by now (``hold_run_dir``),
-    write into a folder named after its run id (``<save_dir>/<name>/<run id>``), which a resume of that run
-    goes on in: each picked its next ``version_N``, so a resumed run's rows went into a new folder. A CSV
-    logger's folder that holds an earlier run's files keeps them (``_keep_csv_files``)."""
-    others = _loggers_of_the_run(trainer)
+    if others and isinstance(first, TensorBoardLogger | CSVLogger):
+        # Asked before reading .version, which sets it (pinned: by the user, or to a resumed run).
+        new = logger_version_unset(first)
+        version = first.version
+        if new:
+            version = max(version, *(logger.version for logger in others))  # each one's next version_N
+        for logger in (first, *others):
+            pin_logger_version(logger, version)
+    lock = hold_run_dir(trainer)
+    others = _loggers_of_the_run(trainer)  # still unpinned: those after a tracker, whose run is started now
     version = trainer.logger.version if others else None  # None: a rank whose tracker logs nothing
     for logger in others if version is not None else ():
         pin_logger_version(logger, version)
     for logger in trainer.loggers:
         if isinstance(logger, CSVLogger):
             _keep_csv_files(logger, trainer)
+    return lock
 
 
 def _continue_run(trainer: Trainer, found: Path, logger_config) -> None:
