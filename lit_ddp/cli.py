@@ -268,7 +268,10 @@ class LitDDPCLI(LightningCLI):
         if not subcommand and config.get("ckpt_path") is not None:  # doctor's: it trains from the start
             config = config.clone()
             config["ckpt_path"] = None
-        plan = RunPlan.of(config, subcommand=subcommand or "fit", packages=packages, experiment=experiment)
+        fit = subcommand or "fit"  # doctor's, with none, trains in check runs that log nowhere
+        plan = RunPlan.of(
+            config, subcommand=fit, packages=packages, experiment=experiment, logs=bool(subcommand)
+        )
         found = problems(plan)
         if found:
             raise UserError("\n".join(found))

@@ -231,6 +231,18 @@ LINES = [
         "validate --ckpt_path=last: no last.ckpt from an earlier run under logs/lightning_logs (read from the"
         " current folder, as /",
     ),
+    # A new fit into an earlier run's folder, its version given, wrote over its config.yaml and checkpoints.
+    (
+        "pinned_run",
+        [
+            "--trainer.logger=CSVLogger",
+            "--trainer.logger.init_args.save_dir=held",
+            "--trainer.logger.version=0",
+        ],
+        "--trainer.logger.init_args.version names held/lightning_logs/version_0, which holds an earlier run:"
+        " a new fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path=last,"
+        " or give the logger another version, or none (--trainer.logger.init_args.version=null: a new run)",
+    ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
     # Resumed without the EMA preset, fit trained on from the averaged weights, with Lightning's warning only.
@@ -258,6 +270,8 @@ def test_each_row_is_one_line_before_anything_is_built(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a_file").write_text("")
     torch.save(AVERAGED, tmp_path / "ema.ckpt")  # a run's checkpoint, as EMA writes it
+    (held := tmp_path / "held" / "lightning_logs" / "version_0").mkdir(parents=True)
+    (held / "config.yaml").write_text("seed_everything: 0\n")  # an earlier run's folder
     seen = _spy(monkeypatch)
     command, args = (
         (args[0], args[1:]) if args[:1] in (["validate"], ["test"], ["predict"]) else ("fit", args)

@@ -500,3 +500,75 @@ def test_the_fits_last_line_names_the_last_checkpoint_that_last_resumes(tmp_path
     build_cli(["fit", *TINY, "--checkpoint.monitor=null", f"--trainer.default_root_dir={tmp_path}"])
     (saved,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("run saved in ")]
     assert saved.endswith(": last checkpoints/last.ckpt (--ckpt_path=last resumes it)"), saved
+
+
+PINNED = {
+    "TensorBoardLogger": "--trainer.logger.init_args.version=version_0",
+    "CSVLogger": "--trainer.logger.init_args.version=0",
+}
+
+
+@pytest.mark.parametrize("logger", PINNED)
+def test_a_new_fit_into_a_pinned_version_that_holds_a_run_is_refused_and_last_resumes_it(
+    tmp_path: Path, capsys, logger: str
+) -> None:
+    """A second fit with no --ckpt_path, its logger given the version of an earlier run, wrote its own
+    config.yaml, last.ckpt and best over the run's (TensorBoard kept both event files). It is one line before
+    anything is built, naming the folder and the fixes; --ckpt_path=last into that version still resumes."""
+    given = [f"--trainer.logger={logger}", f"--trainer.logger.init_args.save_dir={tmp_path}", PINNED[logger]]
+    build_cli(["fit", *TINY, *given, f"--trainer.default_root_dir={tmp_path}"])
+    run = tmp_path / "lightning_logs" / "version_0"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, *given, "--seed_everything=1", f"--trainer.default_root_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"lit_ddp: error: --trainer.logger.init_args.version names {run}, which holds an earlier run: a new"
+        " fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path=last"
+    ), err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
+    assert build_cli([*TINY, *given], run=False).plan.pinned_run is None  # doctor's check runs log nowhere
+    resumed = build_cli(["fit", *TINY, *given, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert resumed.trainer.global_step == 4 and resumed.trainer.log_dir == str(run)
+
+
+def test_a_pinned_version_whose_folder_holds_no_run_is_a_new_run_there(tmp_path: Path) -> None:
+    """A folder made by hand, or holding another tool's event files alone (no config.yaml, no checkpoint),
+    is no run of lit_ddp's to lose: the fit runs in it."""
+    for version, files in (("empty", ()), ("events", ("events.out.tfevents.1.host.1.0",))):
+        folder = tmp_path / "lightning_logs" / version
+        folder.mkdir(parents=True)
+        for name in files:
+            (folder / name).write_bytes(b"")
+        logger = ["--trainer.logger=TensorBoardLogger", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+        cli = build_cli(["fit", *TINY, *logger, f"--trainer.logger.init_args.version={version}"])
+        assert cli.trainer.log_dir == str(folder) and (folder / "checkpoints" / "last.ckpt").is_file()
+        assert all((folder / name).is_file() for name in files)
+
+
+def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's run_id of an earlier fit: its checkpoints folder and config.yaml were written over, and a
+    second history logged into the run's metrics at the same steps. A path to its last.ckpt resumes it."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    store = tmp_path / "mlruns"
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store.as_uri()}"]
+    build_cli(["fit", *TINY, *logger])
+    (run,) = [p.parent.parent for p in store.glob("*/*/checkpoints/last.ckpt")]
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    pinned = [*logger, f"--trainer.logger.init_args.run_id={run.name}"]
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, *pinned])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    last = run / "checkpoints" / "last.ckpt"
+    assert err.startswith(
+        f"lit_ddp: error: --trainer.logger.init_args.run_id names {run}, which holds an earlier run: a new"
+        f" fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path={last}"
+    ), err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
+    resumed = build_cli(["fit", *TINY, *pinned, f"--ckpt_path={last}", "--trainer.max_epochs=2"])
+    assert resumed.trainer.global_step == 4 and resumed.trainer.logger.run_id == run.name

@@ -38,7 +38,7 @@ from lit_ddp.preflight.checkpoint import (
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
-from lit_ddp.preflight.runs import goes_on_in_its_run, resolve_named, runs_of
+from lit_ddp.preflight.runs import goes_on_in_its_run, pinned_run, resolve_named, runs_of
 from lit_ddp.utils import MAX_SEED, local_path
 from lit_ddp.writes import WriteError
 
@@ -198,6 +198,8 @@ class RunPlan:
     ckpt_path: str | None = None  # what the subcommand gets: `last` and `best` resolved (preflight/runs.py)
     ckpt_note: str | None = None  # the line that says what they resolved to, or None
     resumes_run: bool = False  # a fit from a run's last.ckpt: it goes on in that run
+    # A new fit's logger names this folder, which holds an earlier run, by this key (version, run_id).
+    pinned_run: tuple[str, str] | None = None
     predictions_file: str | None = None  # predict's predictions.csv, where the predictions callback is on
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
     checkpoint: dict | None = field(default=None, compare=False, repr=False)
@@ -219,12 +221,14 @@ class RunPlan:
         checkpoint: dict | None = None,
         packages: frozenset[str] = frozenset({LIBRARY}),
         experiment: str | None = None,
+        logs: bool = True,
     ) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
         ``cuda_devices``: this machine's count, ``other_accelerator`` its MPS or TPU and ``environ`` its
         environment, unless given; ``checkpoint``: the ``ckpt_path`` file, loaded here (weights-only,
         memory-mapped) unless given; ``packages``: the project's (``preflight.checkpoint.packages_of``);
-        ``experiment``: the recipe's name, where the caller has read it (``folders.place_runs``)."""
+        ``experiment``: the recipe's name, where the caller has read it (``folders.place_runs``); ``logs``:
+        whether the run writes into its logger's folder (doctor's check runs do not)."""
         environ = os.environ if environ is None else environ
         experiment = experiment or experiment_name(_get(config, "config"))
         asked = ckpt_path = _get(config, "ckpt_path")
@@ -240,6 +244,7 @@ class RunPlan:
         # A fit from a run's last.ckpt goes on in that run.
         resumes = subcommand == "fit" and bool(checkpoint) and runs is not None
         resumes_run = resumes and goes_on_in_its_run(runs, Path(ckpt_path), checkpoint)
+        pinned = pinned_run(config) if logs and subcommand == "fit" and asked is None else None  # a new run
         trainer = _get(config, "trainer", {})
         loggers = logger_configs(trainer)
         data_args = _get(_get(config, "data", {}), "init_args", {})
@@ -285,6 +290,7 @@ class RunPlan:
             ckpt_path=ckpt_path,
             ckpt_note=ckpt_note,
             resumes_run=resumes_run,
+            pinned_run=(str(pinned[0]), pinned[1]) if pinned else None,
             predictions_file=_get(_get(_get(config, "predictions", {}), "init_args", {}), "filename")
             if subcommand == "predict"
             else None,
@@ -633,6 +639,22 @@ def _checkpoint_file(plan: RunPlan) -> str | None:
     return plan.checkpoint_problem
 
 
+def _pinned_run(plan: RunPlan) -> str | None:
+    # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and MLflow's metrics a
+    # second history over the same steps).
+    if plan.pinned_run is None:
+        return None
+    folder, key = plan.pinned_run
+    resume = (
+        "--ckpt_path=last" if key == "version" else f"--ckpt_path={Path(folder, 'checkpoints', 'last.ckpt')}"
+    )
+    return (
+        f"--trainer.logger.init_args.{key} names {folder}, which holds an earlier run: a new fit would write"
+        f" over its config.yaml and checkpoints; resume that run with {resume}, or give the logger another"
+        f" {key}, or none (--trainer.logger.init_args.{key}=null: a new run)"
+    )
+
+
 def _checkpoint_names(plan: RunPlan) -> str | None:
     # jsonargparse would import what the checkpoint's hyperparameters name, when LightningCLI reads them.
     return untrusted_name(plan.checkpoint, plan.ckpt_path, set(plan.named), set(plan.packages))
@@ -694,6 +716,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "logger_dir": _logger_dir,
     "mlflow_store": _mlflow_store,
     "checkpoint_file": _checkpoint_file,
+    "pinned_run": _pinned_run,
     "checkpoint_names": _checkpoint_names,
     "checkpoint_state": _checkpoint_state,
     "checkpoint_average": _checkpoint_average,

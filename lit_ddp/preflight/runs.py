@@ -129,6 +129,34 @@ def _pinned_version(logger: tuple[type | None, dict]) -> str | None:
     return version if isinstance(version, str) else f"version_{version}"  # Lightning's name for it
 
 
+def _holds_run(folder: Path) -> bool:
+    """Whether a run folder holds a run of lit_ddp's: its config.yaml or a checkpoint (an empty folder, or
+    another tool's event files alone, is none)."""
+    return (folder / "config.yaml").is_file() or any((folder / "checkpoints").glob("*.ckpt"))
+
+
+def pinned_run(config) -> tuple[Path, str] | None:
+    """The folder the first logger's given run names, where it holds an earlier run that a new fit would write
+    over, and the logger's key that names it: a versioned logger's ``version`` (``save_dir/name/version_N``),
+    MLflow's ``run_id`` (``<store>/<experiment id>/<run id>``, ModelCheckpoint's folder for it); None where
+    no run is given, or its folder holds none."""
+    trainer = config.get("trainer") or {}
+    loggers = logger_configs(trainer)
+    cls, init_args = loggers[0] if loggers else (None, {})
+    if cls is not None and issubclass(cls, MLFlowLogger) and (run_id := init_args.get("run_id")):
+        ((uri, _),) = mlflow_stores([(cls, init_args)])
+        store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
+        root = Path(store or str(trainer.get("default_root_dir") or os.getcwd()))
+        folders, key = list(root.glob(f"*/{glob.escape(str(run_id))}")), "run_id"
+    elif (version := _pinned_version((cls, init_args))) is not None:
+        save_dir = str(init_args.get("save_dir"))
+        folders, key = [Path(save_dir) / (init_args.get("name") or "") / version], "version"
+        folders = [] if "://" in save_dir else folders  # a remote store: not probed here
+    else:
+        return None
+    return next(((folder, key) for folder in folders if _holds_run(folder)), None)
+
+
 def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | None] | None:
     """The folder ``last`` searches, the glob of the runs' ``last*.ckpt`` there and the first logger's class,
     or None where Lightning's own lookup is right (a logger of another kind). A versioned logger keeps its
