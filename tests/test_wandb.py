@@ -196,3 +196,28 @@ def test_an_online_wandb_run_without_an_api_key_is_one_line_naming_login_and_off
     assert "UsageError: No API key configured" in line
     assert "`wandb login`" in line and "--trainer.logger.init_args.offline=true" in line
     assert not (work / "logs").exists() or not any((work / "logs").rglob("*.ckpt"))
+
+
+def test_a_new_fit_into_a_wandb_run_id_that_holds_a_run_is_refused(
+    tmp_path: Path, offline_wandb, capsys
+) -> None:
+    """A second fit with no --ckpt_path given an earlier run's `id` wrote its config.yaml, last.ckpt and best
+    over that run's (and a second history into the W&B run): one line before anything is built, naming the
+    run's last.ckpt to resume it by."""
+    from lit_ddp.cli import build_cli, main
+
+    given = [*FIT, *OFFLINE, "--trainer.logger.init_args.id=myrun", f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(given)
+    run = tmp_path / "lightning_logs" / "myrun"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()  # the first fit's own lines
+    with pytest.raises(SystemExit) as stop:
+        main(given)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(
+        f"lit_ddp: error: --trainer.logger.init_args.id names {run}, which holds an earlier run: a new fit"
+        f" would write over its config.yaml and checkpoints; resume that run with"
+        f" --ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    ), err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before

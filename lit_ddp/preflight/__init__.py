@@ -198,7 +198,7 @@ class RunPlan:
     ckpt_path: str | None = None  # what the subcommand gets: `last` and `best` resolved (preflight/runs.py)
     ckpt_note: str | None = None  # the line that says what they resolved to, or None
     resumes_run: bool = False  # a fit from a run's last.ckpt: it goes on in that run
-    # A new fit's logger names this folder, which holds an earlier run, by this key (version, run_id).
+    # A new fit's logger names this folder, which holds an earlier run, by this key (version, run_id, id).
     pinned_run: tuple[str, str] | None = None
     predictions_file: str | None = None  # predict's predictions.csv, where the predictions callback is on
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
@@ -640,8 +640,9 @@ def _checkpoint_file(plan: RunPlan) -> str | None:
 
 
 def _pinned_run(plan: RunPlan) -> str | None:
-    # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and MLflow's metrics a
-    # second history over the same steps).
+    # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and into an MLflow or W&B
+    # run a second history over the same steps). `last` reads a versioned logger's given run; the others'
+    # are named by the file's path.
     if plan.pinned_run is None:
         return None
     folder, key = plan.pinned_run

@@ -135,25 +135,35 @@ def _holds_run(folder: Path) -> bool:
     return (folder / "config.yaml").is_file() or any((folder / "checkpoints").glob("*.ckpt"))
 
 
-def pinned_run(config) -> tuple[Path, str] | None:
-    """The folder the first logger's given run names, where it holds an earlier run that a new fit would write
-    over, and the logger's key that names it: a versioned logger's ``version`` (``save_dir/name/version_N``),
-    MLflow's ``run_id`` (``<store>/<experiment id>/<run id>``, ModelCheckpoint's folder for it); None where
-    no run is given, or its folder holds none."""
-    trainer = config.get("trainer") or {}
-    loggers = logger_configs(trainer)
-    cls, init_args = loggers[0] if loggers else (None, {})
+def _given_run(trainer, cls: type | None, init_args) -> tuple[list[Path], str] | None:
+    """The folders the run the first logger is given may be in, and the logger's key that names it: a
+    versioned logger's ``version`` (``save_dir/name/version_N``), MLflow's ``run_id``
+    (``<store>/<experiment id>/<run id>``, ModelCheckpoint's folder for it) and W&B's ``id``
+    (``save_dir/<project>/<id>``); None where it is given none."""
+    root = str(trainer.get("default_root_dir") or os.getcwd())
     if cls is not None and issubclass(cls, MLFlowLogger) and (run_id := init_args.get("run_id")):
         ((uri, _),) = mlflow_stores([(cls, init_args)])
-        store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
-        root = Path(store or str(trainer.get("default_root_dir") or os.getcwd()))
-        folders, key = list(root.glob(f"*/{glob.escape(str(run_id))}")), "run_id"
-    elif (version := _pinned_version((cls, init_args))) is not None:
-        save_dir = str(init_args.get("save_dir"))
-        folders, key = [Path(save_dir) / (init_args.get("name") or "") / version], "version"
-        folders = [] if "://" in save_dir else folders  # a remote store: not probed here
-    else:
+        store = Path(uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else root)
+        return list(store.glob(f"*/{glob.escape(str(run_id))}")), "run_id"
+    if cls is not None and issubclass(cls, WandbLogger) and (run_id := init_args.get("id")):
+        project = init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
+        return [Path(str(init_args.get("save_dir") or root)) / project / str(run_id)], "id"
+    if (version := _pinned_version((cls, init_args))) is None:
         return None
+    save_dir = str(init_args.get("save_dir"))
+    local = "://" not in save_dir  # a remote store: not probed here
+    return [Path(save_dir) / (init_args.get("name") or "") / version] if local else [], "version"
+
+
+def pinned_run(config) -> tuple[Path, str] | None:
+    """The folder of the run the first logger is given, and the key that names it (``_given_run``), where it
+    holds an earlier run (``_holds_run``) that a new fit would write over; None elsewhere."""
+    trainer = config.get("trainer") or {}
+    loggers = logger_configs(trainer)
+    given = _given_run(trainer, *loggers[0]) if loggers else None
+    if given is None:
+        return None
+    folders, key = given
     return next(((folder, key) for folder in folders if _holds_run(folder)), None)
 
 
