@@ -7,6 +7,7 @@ with the uninterrupted run's weights and TensorBoard metrics.
 """
 
 import os
+import signal
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import pytest
 import torch
 from conftest import REPO, read_scalars, run_cli
 from lightning import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from test_resume_dashboard import tensorboard
 
 from lit_ddp.callbacks import throughput
@@ -199,6 +201,34 @@ def test_a_stop_inside_a_scheduled_accumulation_resumes_with_the_scheduler(
     stopped = build_cli(["fit", *scheduled, f"--trainer.callbacks+={__name__}.StopAfterFirstBatchOfEpoch2"])
     assert stopped.trainer.global_step == 3
     assert "epoch 2/2 stopped after 2 of 4 batches" in capsys.readouterr().out
+    build_cli(["fit", *scheduled, "--ckpt_path=last"])
+    _same_weights(tmp_path, accumulated)
+
+
+class SignalAtFitStart(Callback):
+    """SIGUSR1 to this process after fit's set-up: PreemptionCheckpoint records it, and the ranks agree on it
+    as training starts, before the first step."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled on the main thread once it runs Python again
+
+
+def test_a_stop_as_a_scheduled_resume_starts_saves_the_epochs_accumulation(
+    tmp_path: Path, accumulated: dict
+) -> None:
+    """A resume inside an epoch stopped again as training starts (a signal during its set-up), before the
+    scheduler's accumulation was set: its last.ckpt said 1 accumulated, and the next resume was refused."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    scheduled = [*RUN, "--trainer.num_sanity_val_steps=0", root]
+    scheduled += [
+        "--trainer.callbacks+=GradientAccumulationScheduler",
+        "--trainer.callbacks.scheduling={0: 2}",
+    ]
+    build_cli(["fit", *scheduled, f"--trainer.callbacks+={__name__}.StopAfterFirstBatchOfEpoch2"])
+    with pytest.raises(SIGTERMException):
+        build_cli(
+            ["fit", *scheduled, "--ckpt_path=last", f"--trainer.callbacks+={__name__}.SignalAtFitStart"]
+        )
     build_cli(["fit", *scheduled, "--ckpt_path=last"])
     _same_weights(tmp_path, accumulated)
 

@@ -805,7 +805,9 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             "epoch": self._epoch,
             "samples": self._samples,
             "samples_per_step": self._samples_per_step(),
-            "accumulate_grad_batches": trainer.accumulate_grad_batches if trainer is not None else 1,
+            # A GradientAccumulationScheduler's for the epoch: the Trainer's says 1 until a batch of a
+            # resumed epoch starts, where a stop as training starts saves.
+            "accumulate_grad_batches": accumulation(trainer, self._epoch) if trainer is not None else 1,
             "epoch_complete": bool(complete),
             "split_options": self.split_options(),
             **({"order": order} if order is not None else {}),
