@@ -155,12 +155,13 @@ def optimizer_steps(trainer: L.Trainer, epochs: int) -> int:
 
 
 def later_global_batches(trainer: L.Trainer) -> str:
-    """``"; 512 (4 accumulated) from epoch 3"`` for each epoch whose GradientAccumulationScheduler changes
-    the global batch (epochs counted from 1, as the console does); "" without one."""
+    """``"; 512 (4 accumulated) from epoch 3"`` for each epoch after the current one whose
+    GradientAccumulationScheduler changes the global batch (epochs counted from 1, as the console does); ""
+    without one. A resumed run's current epoch is where it goes on: the changes before it are its past."""
     scheduler, later = accumulation_scheduler(trainer), []
     for epoch in scheduler.epochs if scheduler is not None else ():
         accumulated = scheduler.get_accumulate_grad_batches(epoch)
-        if epoch > 0 and accumulated != scheduler.get_accumulate_grad_batches(epoch - 1):
+        if epoch > trainer.current_epoch and accumulated != scheduler.get_accumulate_grad_batches(epoch - 1):
             later.append(
                 f"; {global_batch_size(trainer, epoch)} ({accumulated} accumulated) from epoch {epoch + 1}"
             )

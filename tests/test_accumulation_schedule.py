@@ -7,6 +7,7 @@ scaled for it, the schedule's length, a resume's place on it) reads the scheduli
 """
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from test_dashboard import hparams, read_run, texts
 
 from lit_ddp.cli import build_cli
+from lit_ddp.utils import later_global_batches
 
 SCHEDULE = [
     "--trainer.callbacks+=GradientAccumulationScheduler",
@@ -96,3 +98,26 @@ def test_two_processes_with_a_scheduling_train_the_same_model_as_one_with_twice_
     assert two.keys() == one.keys()
     deviation = max(float((two[k].double() - one[k].double()).abs().max()) for k in one)
     assert deviation < 1e-5, deviation
+
+
+@pytest.mark.parametrize(
+    ("current_epoch", "expected"),
+    [
+        (0, "; 64 (2 accumulated) from epoch 2; 128 (4 accumulated) from epoch 3"),
+        (1, "; 128 (4 accumulated) from epoch 3"),
+        (2, ""),
+    ],
+)
+def test_the_later_global_batches_are_those_after_the_epoch_a_run_starts_or_resumes_in(
+    current_epoch: int, expected: str
+) -> None:
+    """A run resumed in epoch 2 goes on with its batch: the change into epoch 2 is not a later one."""
+    scheduler = GradientAccumulationScheduler({0: 1, 1: 2, 2: 4})
+    run = SimpleNamespace(
+        callbacks=[scheduler],
+        current_epoch=current_epoch,
+        world_size=2,
+        datamodule=SimpleNamespace(batch_size=16),
+        accumulate_grad_batches=1,
+    )
+    assert later_global_batches(run) == expected
