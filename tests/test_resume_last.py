@@ -551,7 +551,7 @@ def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MLflow's run_id of an earlier fit: its checkpoints folder and config.yaml were written over, and a
-    second history logged into the run's metrics at the same steps. A path to its last.ckpt resumes it."""
+    second history logged into the run's metrics at the same steps. --ckpt_path=last resumes it."""
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
     store = tmp_path / "mlruns"
@@ -564,11 +564,48 @@ def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
         main(["fit", *TINY, *pinned])
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1, err
-    last = run / "checkpoints" / "last.ckpt"
     assert err.startswith(
         f"lit_ddp: error: --trainer.logger.init_args.run_id names {run}, which holds an earlier run: a new"
-        f" fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path={last}"
+        " fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path=last"
     ), err
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
-    resumed = build_cli(["fit", *TINY, *pinned, f"--ckpt_path={last}", "--trainer.max_epochs=2"])
+    resumed = build_cli(["fit", *TINY, *pinned, "--ckpt_path=last", "--trainer.max_epochs=2"])
     assert resumed.trainer.global_step == 4 and resumed.trainer.logger.run_id == run.name
+
+
+@pytest.mark.timeout(240)
+def test_last_and_best_with_a_pinned_mlflow_run_read_that_run_alone(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--ckpt_path=last` with the logger given run A's run_id resumed the experiment's newest run, B, and
+    trained it into A's folder over A's last.ckpt. The run given is the one `last` and `best` read; a run
+    with no last.ckpt, or one the store does not have (a traceback at the logger's creation), is one line."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    store = tmp_path / "mlruns"
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store.as_uri()}"]
+    a, b = (Path(build_cli(["fit", *TINY, *logger]).trainer.checkpoint_callback.dirpath).parent for _ in "ab")
+    b_files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in b.rglob("*") if p.is_file()}
+    pinned = [*logger, f"--trainer.logger.init_args.run_id={a.name}"]
+    resumed = build_cli(["fit", *TINY, *pinned, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert resumed.plan.ckpt_path == str(a / "checkpoints" / "last.ckpt")
+    assert resumed.trainer.global_step == 4 and resumed.trainer.logger.run_id == a.name
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in b.rglob("*") if p.is_file()} == b_files
+    best = build_cli(["validate", *TINY, *pinned, "--ckpt_path=best"]).plan.ckpt_path
+    assert Path(best).parent == a / "checkpoints", best
+    empty = MlflowClient(store.as_uri()).create_run(a.parent.name).info.run_id
+    unknown = "0" * 32
+    for command, run_id, line in (
+        ("validate", empty, f"the logger's run_id names the run {a.parent / empty}, which has no last.ckpt"),
+        (
+            "fit",
+            unknown,
+            f"--trainer.logger.init_args.run_id={unknown}: the MLflow store {store.as_uri()} has no",
+        ),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main([command, *TINY, *logger, f"--trainer.logger.init_args.run_id={run_id}", "--ckpt_path=last"])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1 and line in err, err

@@ -185,7 +185,8 @@ class RunPlan:
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
     logger_dirs: tuple[str, ...] = ()
-    mlflow_stores: tuple[tuple[str, str], ...] = ()  # (tracking URI, experiment) of each MLflow logger
+    # (tracking URI, experiment, run id given) of each MLflow logger
+    mlflow_stores: tuple[tuple[str, str, str | None], ...] = ()
     cuda_devices: int = 0  # this machine's
     # This machine's other accelerator, "mps" (Apple silicon) or "tpu", which Lightning's `auto` picks and
     # where devices=-1 means all of them, as on CUDA; None where it has neither.
@@ -592,8 +593,9 @@ def _logger_dir(plan: RunPlan) -> str | None:
 
 def _mlflow_store(plan: RunPlan) -> str | None:
     # MLFlowLogger reports a scheme MLflow has no store for as a traceback from its creation, and a server
-    # that does not answer after minutes of retries at the run's first log.
-    found = (store_problem(uri, experiment) for uri, experiment in plan.mlflow_stores)
+    # that does not answer after minutes of retries at the run's first log, and a run_id the store has not as
+    # a traceback too.
+    found = (store_problem(*store) for store in plan.mlflow_stores)
     return next((line for line in found if line), None)
 
 
@@ -641,14 +643,12 @@ def _checkpoint_file(plan: RunPlan) -> str | None:
 
 def _pinned_run(plan: RunPlan) -> str | None:
     # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and into an MLflow or W&B
-    # run a second history over the same steps). `last` reads a versioned logger's given run; the others'
-    # are named by the file's path.
+    # run a second history over the same steps). `last` reads a versioned logger's or MLflow's given run
+    # alone; W&B's is named by the file's path.
     if plan.pinned_run is None:
         return None
     folder, key = plan.pinned_run
-    resume = (
-        "--ckpt_path=last" if key == "version" else f"--ckpt_path={Path(folder, 'checkpoints', 'last.ckpt')}"
-    )
+    resume = "--ckpt_path=last" if key != "id" else f"--ckpt_path={Path(folder, 'checkpoints', 'last.ckpt')}"
     return (
         f"--trainer.logger.init_args.{key} names {folder}, which holds an earlier run: a new fit would write"
         f" over its config.yaml and checkpoints; resume that run with {resume}, or give the logger another"

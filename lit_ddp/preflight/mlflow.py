@@ -36,8 +36,8 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def mlflow_stores(loggers: list[tuple[type | None, object]]) -> tuple[tuple[str, str], ...]:
-    """(tracking URI, experiment) of each MLFlowLogger (or subclass) among ``loggers``
+def mlflow_stores(loggers: list[tuple[type | None, object]]) -> tuple[tuple[str, str, str | None], ...]:
+    """(tracking URI, experiment, run id given or None) of each MLFlowLogger (or subclass) among ``loggers``
     (``folders.logger_configs``), by MLFlowLogger's own rule: its ``tracking_uri``, or its ``save_dir`` as a
     local file store."""
     from lightning.pytorch.loggers import MLFlowLogger
@@ -46,6 +46,7 @@ def mlflow_stores(loggers: list[tuple[type | None, object]]) -> tuple[tuple[str,
         (
             init_args.get("tracking_uri") or f"file:{init_args.get('save_dir') or './mlruns'}",
             init_args.get("experiment_name") or "lightning_logs",
+            str(run_id) if (run_id := init_args.get("run_id")) else None,
         )
         for cls, init_args in loggers
         if cls is not None and issubclass(cls, MLFlowLogger)
@@ -75,19 +76,39 @@ def _problem(err: BaseException, uri: str) -> str | None:
     return None
 
 
-def store_problem(uri: str, experiment: str) -> str | None:
-    """The line for an MLflow store at ``uri`` that cannot be used, asked once; None where it answers."""
+def _run_stage(client, run_id: str | None) -> str | None:
+    """The lifecycle stage of the run ``run_id`` in ``client``'s store, "missing" where it has none; None
+    where no run is given."""
+    from mlflow.exceptions import MlflowException
+
+    if run_id is None:
+        return None
+    try:
+        return client.get_run(run_id).info.lifecycle_stage
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return "missing"
+
+
+def store_problem(uri: str, experiment: str, run_id: str | None = None) -> str | None:
+    """The line for an MLflow store at ``uri`` that cannot be used, or that has no run ``run_id`` (the one
+    the logger is given), asked once; None where it answers."""
     try:
         from mlflow.tracking import MlflowClient
     except ImportError:
         return None  # the logger's creation names the missing package (errors.constructor_failure)
     try:
         with _environment(PROBE_ENV):
-            found = MlflowClient(uri).get_experiment_by_name(experiment)
+            client = MlflowClient(uri)
+            found = client.get_experiment_by_name(experiment)
+            stage = _run_stage(client, run_id)
     except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
         # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
         # as one line naming the logger (errors.constructor_failure).
         return _problem(err, uri)
+    if stage is not None:  # a given run logs into its own experiment, whatever experiment_name says
+        return _run_problem(uri, str(run_id), stage)
     if found is not None and found.lifecycle_stage == "deleted":
         # MLFlowLogger would create it again, which the store refuses while the deleted one keeps its name.
         return (
@@ -96,6 +117,36 @@ def store_problem(uri: str, experiment: str) -> str | None:
             " or pass --trainer.logger.init_args.experiment_name=<another name>"
         )
     return None
+
+
+def _run_problem(uri: str, run_id: str, stage: str) -> str | None:
+    """The line for a run the logger is given that the store at ``uri`` has not (MLFlowLogger's creation
+    stopped with MLflow's traceback), or has deleted (its first log did); None for a run it can log into."""
+    option = "--trainer.logger.init_args.run_id"
+    if stage == "missing":
+        return (
+            f"{option}={run_id}: the MLflow store {uri} has no such run: pass the id of one of its runs, or"
+            f" none ({option}=null: a new run)"
+        )
+    if stage == "deleted":
+        return (
+            f"{option}={run_id}: the MLflow run was deleted from {uri}: restore it"
+            f" (MLFLOW_TRACKING_URI={uri} mlflow runs restore --run-id {run_id}), or pass {option}=null"
+            " (a new run)"
+        )
+    return None
+
+
+def run_experiment(uri: str, run_id: str) -> str | None:
+    """The id of the experiment that holds the run ``run_id`` in the store at ``uri``, or None where the store
+    has no such run or cannot be asked (``store_problem`` says why)."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        with _environment(PROBE_ENV):
+            return str(MlflowClient(uri).get_run(run_id).info.experiment_id)
+    except Exception:  # noqa: BLE001 (the preflight's store row reports a run or store that cannot be used)
+        return None
 
 
 def experiment_id(uri: str, experiment: str) -> str | None:

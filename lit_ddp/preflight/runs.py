@@ -32,7 +32,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import current_name
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.preflight.folders import logger_configs
-from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores
+from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores, run_experiment
 from lit_ddp.utils import from_here, imported
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
@@ -62,7 +62,8 @@ class Runs:
     fixed: tuple[Path, ...]  # the checkpoint callbacks' own dirpaths, where Lightning's lookup goes
     model: str | None  # this run's model and data classes (short names)
     data: str | None
-    pinned: str | None = None  # the version given to a versioned logger: its run is the one `last` reads
+    # The version given to a versioned logger, or the run_id to MLflow's: its run is the one `last` reads.
+    pinned: str | None = None
 
     def is_run(self, folder: Path) -> bool:
         """Whether ``folder`` is a run of the first logger: one named by an MLflow run id for MLflow, not a
@@ -129,6 +130,15 @@ def _pinned_version(logger: tuple[type | None, dict]) -> str | None:
     return version if isinstance(version, str) else f"version_{version}"  # Lightning's name for it
 
 
+def _pinned(logger: tuple[type | None, dict]) -> str | None:
+    """The run the first logger is given, which `last` and `best` read alone: a versioned logger's folder
+    name (``_pinned_version``) or MLflow's run id."""
+    cls, init_args = logger
+    if cls is not None and issubclass(cls, MLFlowLogger) and init_args.get("run_id"):
+        return str(init_args["run_id"])
+    return _pinned_version(logger)
+
+
 def _holds_run(folder: Path) -> bool:
     """Whether a run folder holds a run of lit_ddp's: its config.yaml or a checkpoint (an empty folder, or
     another tool's event files alone, is none)."""
@@ -142,7 +152,7 @@ def _given_run(trainer, cls: type | None, init_args) -> tuple[list[Path], str] |
     (``save_dir/<project>/<id>``); None where it is given none."""
     root = str(trainer.get("default_root_dir") or os.getcwd())
     if cls is not None and issubclass(cls, MLFlowLogger) and (run_id := init_args.get("run_id")):
-        ((uri, _),) = mlflow_stores([(cls, init_args)])
+        ((uri, _, _),) = mlflow_stores([(cls, init_args)])
         store = Path(uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else root)
         return list(store.glob(f"*/{glob.escape(str(run_id))}")), "run_id"
     if cls is not None and issubclass(cls, WandbLogger) and (run_id := init_args.get("id")):
@@ -199,8 +209,12 @@ def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | No
         project = init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
         return Path(str(init_args.get("save_dir") or root)) / project, "*/checkpoints/last*.ckpt", cls
     if issubclass(cls, MLFlowLogger):
-        ((uri, name),) = mlflow_stores([(cls, init_args)])
+        ((uri, name, run_id),) = mlflow_stores([(cls, init_args)])
         store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
+        if run_id is not None:  # that run alone, in its own experiment (none: the store row says why)
+            holder = run_experiment(uri, run_id)
+            run = Path(store or root) / (holder or "") / run_id
+            return run, "checkpoints/last*.ckpt" if holder else "", cls
         # The named experiment's runs alone: another experiment's, beside them, is never resumed.
         found = experiment_id(uri, name)
         return Path(store or root), f"{glob.escape(found)}/*/checkpoints/last*.ckpt" if found else "", cls
@@ -231,7 +245,7 @@ def runs_of(config, experiment: str) -> Runs:
         fixed=tuple(Path(d) for d in dirs if d is not None),
         model=_class_name((config.get("model") or {}).get("class_path")),
         data=_class_name((config.get("data") or {}).get("class_path")),
-        pinned=_pinned_version(next(iter(logger_configs(trainer)), (None, {}))) if searched else None,
+        pinned=_pinned(next(iter(logger_configs(trainer)), (None, {}))) if searched else None,
     )
 
 
@@ -316,8 +330,8 @@ def best_of_run(last: Path) -> tuple[Path, str]:
 
 
 def _no_checkpoint(runs: Runs, subcommand: str, asked: str) -> str:
-    """The line for ``last`` or ``best`` that found no run's checkpoint. A version given to the logger names
-    the one run searched: the line says so, and names the runs beside it that have one."""
+    """The line for ``last`` or ``best`` that found no run's checkpoint. A version (MLflow: a run_id) given to
+    the logger names the one run searched: the line says so, and names the runs beside it that have one."""
     train = "pass --ckpt_path=PATH to a checkpoint, or train first with fit"
     if runs.pinned is None:
         what = "last.ckpt" if asked == "last" else "checkpoint"
@@ -326,11 +340,12 @@ def _no_checkpoint(runs: Runs, subcommand: str, asked: str) -> str:
     parent = runs.where.parent
     found = (p.parent.parent for p in parent.glob(f"*/{runs.pattern}") if p.is_file())
     others = ", ".join(sorted({run.name for run in found if runs.is_run(run)}))
-    line = f"{subcommand} --ckpt_path={asked}: the logger's version names the run {runs.where}, which has no"
+    key = "run_id" if runs.logger is not None and issubclass(runs.logger, MLFlowLogger) else "version"
+    line = f"{subcommand} --ckpt_path={asked}: the logger's {key} names the run {runs.where}, which has no"
     if not others:
         return f"{line} last.ckpt, nor has any run under {parent}: {train}"
     return (
-        f"{line} last.ckpt (runs under {parent} with one: {others}): give the logger the version of one of"
+        f"{line} last.ckpt (runs under {parent} with one: {others}): give the logger the {key} of one of"
         " them, or none (the newest run's), or pass --ckpt_path=PATH to a checkpoint"
     )
 
