@@ -328,6 +328,26 @@ def test_a_fast_dev_run_writes_no_dashboard_file(tmp_path: Path) -> None:
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == []
 
 
+def test_a_fast_dev_run_names_no_run_folder_and_a_resume_past_it_names_fast_dev_run(
+    tmp_path: Path, capsys
+) -> None:
+    """A fast_dev_run ended with `run saved in <default_root_dir>`, a folder it never wrote; from a
+    checkpoint past its steps it said to resume with a larger --trainer.max_steps, which fast_dev_run
+    overrides."""
+    from lit_ddp.cli import build_cli
+
+    root = f"--trainer.default_root_dir={tmp_path}"
+    args = ["fit", *TINY_RUN, "--trainer.fast_dev_run=true", root]
+    build_cli(args)
+    assert "run saved in" not in capsys.readouterr().out
+    build_cli(["fit", *TINY_RUN, root])  # 2 steps
+    capsys.readouterr()
+    build_cli([*args, "--ckpt_path=last"])
+    out = capsys.readouterr().out
+    assert "nothing to train: --trainer.fast_dev_run=1 stops a fit at step 1, and " in out, out
+    assert "is at step 2: leave --trainer.fast_dev_run out to resume it" in out and "max_steps" not in out
+
+
 class SlowSteps(LightningModule):
     """A linear model whose training step takes ~20 ms and whose validation takes ``val_s`` in all."""
 

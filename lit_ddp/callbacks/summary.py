@@ -33,6 +33,17 @@ def _budget_to_raise(trainer: Trainer) -> str:
     return ""
 
 
+def _fast_dev_resume(trainer: Trainer) -> str:
+    """Why a fast_dev_run from a checkpoint trained nothing: Lightning stops it after fast_dev_run steps in
+    all, whatever --trainer.max_steps says, and the checkpoint is past them."""
+    steps = int(trainer.fast_dev_run)
+    return (
+        f"nothing to train: --trainer.fast_dev_run={steps} stops a fit at step {steps}, and"
+        f" {trainer.ckpt_path} is at step {trainer.global_step}: leave --trainer.fast_dev_run out to resume"
+        f" it, or --ckpt_path out to try {steps} batch(es) of a new run"
+    )
+
+
 def _shown(path: str, within: str | None = None) -> str:
     """A local path as short as it reads: relative to ``within`` (else the working folder) under it."""
     folder = os.path.abspath(within) if within is not None else os.getcwd()
@@ -96,6 +107,10 @@ class EpochSummary(Callback):
         self._trained = True
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.fast_dev_run:  # Lightning's fast_dev_run saves nothing: no run folder, no checkpoint
+            if not self._trained and trainer.ckpt_path:
+                pl_module.print(_fast_dev_resume(trainer))
+            return
         if self._trained:
             pl_module.print(where_saved(trainer))
             return
