@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CPU, DDP2, ONE, run_cli
+from conftest import CPU, DDP2, ONE, TINY_RUN, run_cli
 from ddp_semantics_probe import load
 from torch.utils.data import SequentialSampler
 
@@ -22,7 +22,7 @@ from lit_ddp.cli import build_cli
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.eval_limits import batches_of_fraction
+from lit_ddp.runtime.eval_limits import batches_of_fraction, images_scored
 from lit_ddp.testing.checks import augmented_by_sample, relative_error
 from lit_ddp.testing.launch import launch as launch_ranks
 
@@ -393,6 +393,39 @@ def test_a_fractional_eval_limit_is_taken_of_the_largest_shard(
 def test_a_fractional_eval_limit_of_no_batch_is_one_line_naming_the_least_fraction() -> None:
     with pytest.raises(UserError, match=r"limit_test_batches=0.4 of 2 batch\(es\) per device is no batch"):
         batches_of_fraction("limit_test_batches", 0.4, 64, 2, 16)
+
+
+@pytest.mark.parametrize(
+    "limit, samples, world_size, batch_size, scored",
+    [(0.5, 65, 1, 16, 32), (2, 65, 2, 16, 64), (1, 65, 2, 32, 64), (5, 65, 2, 16, 65), (1.0, 65, 2, 16, 65)],
+)
+def test_the_images_an_eval_limit_scores_are_counted_over_the_ranks(
+    limit: int | float, samples: int, world_size: int, batch_size: int, scored: int
+) -> None:
+    assert images_scored(limit, samples, world_size, batch_size) == scored
+
+
+def test_an_eval_limit_that_leaves_images_unscored_says_the_metrics_are_a_subsets(
+    tmp_path: Path, caplog
+) -> None:
+    """--trainer.limit_val_batches (limit_test_batches) of fewer batches than the split's reported its
+    metrics without a word, beside a README that promises every metric is the whole dataset's."""
+    args = [*TINY_RUN, "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
+    args += ["--data.val_size=40", "--data.test_size=64"]
+    with caplog.at_level("INFO"):
+        build_cli(["fit", *args, "--trainer.limit_val_batches=1"])
+        build_cli(["test", *args, "--trainer.limit_test_batches=0.5", "--ckpt_path=untrained"])
+    notes = [m for m in caplog.messages if m.startswith("lit_ddp: note: --trainer.limit_")]
+    assert notes == [
+        "lit_ddp: note: --trainer.limit_val_batches=1 scores 32 of the 40 val images: the val/* metrics are"
+        " those images', not the whole val split's",
+        "lit_ddp: note: --trainer.limit_test_batches=0.5 scores 32 of the 64 test images: the test/* metrics"
+        " are those images', not the whole test split's",
+    ]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        build_cli(["fit", *args, "--trainer.limit_val_batches=2"])  # every val image
+    assert not [m for m in caplog.messages if m.startswith("lit_ddp: note: --trainer.limit_")]
 
 
 @pytest.mark.ddp

@@ -7,6 +7,9 @@ rank 0 and 0.5 × 1 → 0 on rank 1, which raises there while rank 0 goes on and
 fraction is taken of the largest shard's batch count, computed alike on every rank from the dataset's size,
 and handed to Lightning as that count (a rank with fewer batches runs all of its own), before its loops
 read it. An evaluation epoch has no collective per batch, so ranks may run different counts.
+
+Any limit (a count, a fraction, overfit_batches's) that leaves images of the val or test split unscored is
+said in one line: every other metric is the whole split's, and these are a subset's.
 """
 
 import math
@@ -50,6 +53,34 @@ def batches_of_fraction(limit: str, fraction: float, samples: int, world_size: i
     return batches
 
 
+def images_scored(limit: int | float, samples: int, world_size: int, batch_size: int) -> int:
+    """The images an evaluation limited to ``limit`` batches per device (a count, or a fraction of each
+    rank's own, as Lightning takes it) scores over all ranks, each holding ``rank::world_size``."""
+    scored = 0
+    for rank in range(world_size):
+        shard = len(range(rank, samples, world_size))
+        batches = math.ceil(shard / batch_size)
+        batches = int(limit * batches) if isinstance(limit, float) else min(int(limit), batches)
+        scored += min(batches * batch_size, shard)
+    return scored
+
+
+def _subset_note(trainer: Trainer, limit: str, given: float, samples: int, batch_size: int) -> str | None:
+    """One line where the limit leaves images of the split unscored: its metrics are then a subset's, not
+    the whole split's that every other metric is. None under fast_dev_run, whose own line says it."""
+    # overfit_batches has Lightning replace every rank's sampler by one reading the split from its start.
+    world_size = 1 if trainer.overfit_batches else trainer.world_size
+    scored = images_scored(getattr(trainer, limit), samples, world_size, batch_size)
+    if scored >= samples or trainer.fast_dev_run:
+        return None
+    option = f"overfit_batches={trainer.overfit_batches}" if trainer.overfit_batches else f"{limit}={given}"
+    split = limit.split("_")[1]
+    return (
+        f"lit_ddp: note: --trainer.{option} scores {scored} of the {samples} {split} images: the {split}/*"
+        f" metrics are those images', not the whole {split} split's"
+    )
+
+
 class EvenEvalLimits(Callback):
     """Turns a fractional evaluation limit into one batch count for all ranks, for the run; restores it."""
 
@@ -60,16 +91,22 @@ class EvenEvalLimits(Callback):
         # Called after the data module's setup (its splits exist), before any loop builds a loader and
         # before configure_optimizers reads the global batch.
         dm = trainer.datamodule
-        if trainer.world_size <= 1 or not isinstance(dm, ImageDataModule):
-            return  # one process: Lightning's own rule is the same; another data module: its own sampler
+        if not isinstance(dm, ImageDataModule):
+            return  # another data module: its own sampler
         for limit, split in LIMITS.get(stage, ()):
-            fraction, samples = getattr(trainer, limit), split_samples(dm, split)
-            if not isinstance(fraction, float) or not 0.0 < fraction < 1.0 or samples is None:
+            given, samples = getattr(trainer, limit), split_samples(dm, split)
+            if samples is None:
                 continue
-            batches = batches_of_fraction(limit, fraction, samples, trainer.world_size, dm.batch_size)
-            self._given[limit] = fraction
-            setattr(trainer, limit, batches)
-            rank_zero_info(f"{limit}={fraction}: {batches} batch(es) per device, the same on every rank")
+            # One process: Lightning's own rule is the same.
+            if trainer.world_size > 1 and isinstance(given, float) and 0.0 < given < 1.0:
+                batches = batches_of_fraction(limit, given, samples, trainer.world_size, dm.batch_size)
+                self._given[limit] = given
+                setattr(trainer, limit, batches)
+                rank_zero_info(f"{limit}={given}: {batches} batch(es) per device, the same on every rank")
+            if limit != "limit_predict_batches":  # predict's rows say their count
+                note = _subset_note(trainer, limit, given, samples, dm.batch_size)
+                if note is not None:
+                    rank_zero_info(note)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for limit, fraction in self._given.items():
