@@ -71,7 +71,7 @@ def _subset_note(trainer: Trainer, limit: str, given: float, samples: int, batch
     # overfit_batches has Lightning replace every rank's sampler by one reading the split from its start.
     world_size = 1 if trainer.overfit_batches else trainer.world_size
     scored = images_scored(getattr(trainer, limit), samples, world_size, batch_size)
-    if scored >= samples or trainer.fast_dev_run:
+    if not 0 < scored < samples or trainer.fast_dev_run:  # 0: no evaluation, or Lightning's own error
         return None
     option = f"overfit_batches={trainer.overfit_batches}" if trainer.overfit_batches else f"{limit}={given}"
     split = limit.split("_")[1]
