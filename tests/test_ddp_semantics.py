@@ -18,7 +18,7 @@ from conftest import CPU, DDP2, ONE, TINY_RUN, run_cli
 from ddp_semantics_probe import load
 from torch.utils.data import SequentialSampler
 
-from lit_ddp.cli import build_cli
+from lit_ddp.cli import build_cli, main
 from lit_ddp.data import ShapesDataModule
 from lit_ddp.data.samplers import UnpaddedDistributedSampler
 from lit_ddp.errors import UserError
@@ -403,6 +403,23 @@ def test_the_images_an_eval_limit_scores_are_counted_over_the_ranks(
     limit: int | float, samples: int, world_size: int, batch_size: int, scored: int
 ) -> None:
     assert images_scored(limit, samples, world_size, batch_size) == scored
+
+
+def test_a_fractional_eval_limit_of_no_batch_on_one_process_is_the_same_line_and_leaves_no_run(
+    tmp_path: Path, capsys
+) -> None:
+    """On one process Lightning's own error came at the first test batch, naming no option
+    (`You requested to check 0.5 of the test_dataloader but 0.5 * 1 < 1`), and left a run folder."""
+    args = ["test", *TINY_RUN, "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as stop:
+        main([*args, "--trainer.limit_test_batches=0.5", "--ckpt_path=untrained"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == (
+        "lit_ddp: error: --trainer.limit_test_batches=0.5 of 1 batch(es) per device is no batch: pass at"
+        " least 1, or a number of batches (an integer)"
+    )
+    assert sorted(tmp_path.rglob("*.yaml")) == []
 
 
 def test_an_eval_limit_that_leaves_images_unscored_says_the_metrics_are_a_subsets(

@@ -71,7 +71,7 @@ def _subset_note(trainer: Trainer, limit: str, given: float, samples: int, batch
     # overfit_batches has Lightning replace every rank's sampler by one reading the split from its start.
     world_size = 1 if trainer.overfit_batches else trainer.world_size
     scored = images_scored(getattr(trainer, limit), samples, world_size, batch_size)
-    if not 0 < scored < samples or trainer.fast_dev_run:  # 0: no evaluation, or Lightning's own error
+    if not 0 < scored < samples or trainer.fast_dev_run:  # 0: no evaluation
         return None
     option = f"overfit_batches={trainer.overfit_batches}" if trainer.overfit_batches else f"{limit}={given}"
     split = limit.split("_")[1]
@@ -97,12 +97,13 @@ class EvenEvalLimits(Callback):
             given, samples = getattr(trainer, limit), split_samples(dm, split)
             if samples is None:
                 continue
-            # One process: Lightning's own rule is the same.
-            if trainer.world_size > 1 and isinstance(given, float) and 0.0 < given < 1.0:
+            if isinstance(given, float) and 0.0 < given < 1.0:
+                # No batch is the same line on one process (Lightning's names no option, and fails later)
                 batches = batches_of_fraction(limit, given, samples, trainer.world_size, dm.batch_size)
-                self._given[limit] = given
-                setattr(trainer, limit, batches)
-                rank_zero_info(f"{limit}={given}: {batches} batch(es) per device, the same on every rank")
+                if trainer.world_size > 1:  # one process: Lightning's own rule is the same
+                    self._given[limit] = given
+                    setattr(trainer, limit, batches)
+                    rank_zero_info(f"{limit}={given}: {batches} batch(es) per device, the same on every rank")
             if limit != "limit_predict_batches":  # predict's rows say their count
                 note = _subset_note(trainer, limit, given, samples, dm.batch_size)
                 if note is not None:
