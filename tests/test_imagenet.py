@@ -320,6 +320,32 @@ def test_macos_junk_and_hidden_entries_are_neither_classes_nor_images(tmp_path: 
     assert (len(dm.train_set), len(dm.val_set)) == (TRAIN_FILES, VAL_FILES)
 
 
+def test_files_left_out_for_their_extension_are_counted_and_named(tmp_path: Path, caplog) -> None:
+    """A phone's .heic photos and a browser's .jfif downloads in a class folder were left out of training
+    without a word (the listing counted only the files it kept): the listing names them, with the
+    extensions it reads. Hidden files stay unmentioned, as they are never images."""
+    make_tree(tmp_path)
+    cls = CLASSES[1]
+    for name in ("IMG_0001.HEIC", "IMG_0002.heic", "download.jfif", "Thumbs.db", ".DS_Store"):
+        (tmp_path / "train" / cls / name).write_bytes(b"x")
+    cache = str(tmp_path / "cache")
+    dm = ImageNetDataModule(
+        data_dir=str(tmp_path), image_size=32, val_resize=36, num_workers=0, index_cache=cache
+    )
+    with caplog.at_level("INFO"):
+        dm.prepare_data()
+    (line,) = [m for m in caplog.messages if m.startswith(str(tmp_path / "train"))]
+    assert line.endswith(
+        f" s); 4 other file(s) left out: .heic 2 ({cls}/IMG_0001.HEIC), .db 1 ({cls}/Thumbs.db), .jfif 1"
+        f" ({cls}/download.jfif). Only .jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif,"
+        " .tiff, .webp, .gif files are read as images: convert any image among them to .jpg or .png"
+    )
+    (line,) = [m for m in caplog.messages if m.startswith(str(tmp_path / "val"))]
+    assert "left out" not in line
+    dm.setup("fit")
+    assert (len(dm.train_set), len(dm.val_set)) == (TRAIN_FILES, VAL_FILES)
+
+
 def test_images_outside_the_class_folders_are_named_not_skipped_without_a_word(tmp_path: Path) -> None:
     make_tree(tmp_path)
     # A half-sorted train/: the files beside the class folders have no class. They are left out (as

@@ -32,6 +32,7 @@ import json
 import os
 import time
 import unicodedata
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -79,6 +80,26 @@ def class_key(name: str) -> str:
     """A class folder's name as compared between splits: NFC, so that ``café`` written by macOS (NFD: ``e``
     and a combining accent) is the same class as ``café`` written elsewhere (one code point)."""
     return unicodedata.normalize("NFC", name)
+
+
+def left_out_note(others: Sequence[str], shown: int = 6) -> str:
+    """What a listing says of the files it left out for their extension (not hidden; ``Thumbs.db``, a
+    ``.heic`` phone photo, a ``.jfif`` download): how many of each extension, each with one path, so that
+    images in a format lit_ddp does not read are not lost without a word. "" when there are none."""
+    if not others:
+        return ""
+    first: dict[str, str] = {}
+    tally = Counter()
+    for path in others:
+        ext = os.path.splitext(path)[1].lower() or "no extension"
+        first.setdefault(ext, path)
+        tally[ext] += 1
+    kinds = [f"{ext} {n:,} ({first[ext]})" for ext, n in tally.most_common()]
+    listed = ", ".join(kinds[:shown]) + (", ..." if len(kinds) > shown else "")
+    return (
+        f"; {len(others):,} other file(s) left out: {listed}. Only {', '.join(IMAGE_EXTENSIONS)} files are"
+        " read as images: convert any image among them to .jpg or .png"
+    )
 
 
 class SampleIndex(Sequence):
@@ -132,14 +153,16 @@ def _state(path: str) -> list[int]:
     return [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
-def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[int]]] | None]:
+def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[int]]] | None, list[str]]:
     """The image files of class folder ``root/name`` and of its sub-folders at any depth, as torchvision's
     ImageFolder takes them (symbolic links followed, each folder once, so a link back up cannot loop):
-    "class/a\\0class/sub/b\\0" chunks, one per folder, sorted by folder then name; and each folder's
+    "class/a\\0class/sub/b\\0" chunks, one per folder, sorted by folder then name; each folder's
     path (relative to ``root``, the class folder's first) with its state, read before it is listed: a
     change inside a sub-folder moves only that folder's timestamps. None for the states if a folder
-    vanished during the scan. Junk (is_junk) is neither descended into nor listed."""
+    vanished during the scan. Junk (is_junk) is neither descended into nor listed. Last, the paths of the
+    files left out for their extension (``left_out_note``)."""
     chunks: list[tuple[str, str]] = []
+    others: list[str] = []
     states: list[tuple[str, list[int]]] | None = []
     seen, pending = set(), [name]
     while pending:
@@ -167,30 +190,36 @@ def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[i
             states.append((rel, [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]))  # as _state
         pending += [os.path.join(rel, d) for d in sorted(dirs, reverse=True) if not is_junk(d)]
         # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
+        others += [
+            os.path.join(rel, n) for n in files if n[0] != "." and not n.lower().endswith(IMAGE_EXTENSIONS)
+        ]
         files = sorted(n for n in files + dangling if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
         if files:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
             prefix = rel + os.sep
             chunks.append((rel, prefix + ("\0" + prefix).join(files) + "\0"))
-    return [chunk for _, chunk in sorted(chunks)], states
+    return [chunk for _, chunk in sorted(chunks)], states, sorted(others)
 
 
 def scan_split(
     root: str,
-) -> tuple[list[str], list[str], list[list[int]] | None, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[list[str], list[str], list[list[int]] | None, list[str], np.ndarray, np.ndarray, np.ndarray]:
     """List ``root/<class>/`` and its sub-folders' image files: (class folders, their sub-folders (paths
     relative to ``root``), the state of root, of the class folders and of the sub-folders in that order,
-    blob, offsets, folder index per file), sorted by class folder, then by folder and name; paths in the
-    blob are relative to ``root``. Each folder's state is read before the folder is listed, so a change
-    during the scan shows as a changed state later. The state is None if a folder vanished during the scan."""
+    the files left out for their extension, blob, offsets, folder index per file), sorted by class folder,
+    then by folder and name; paths in the blob and of the files left out are relative to ``root``. Each
+    folder's state is read before the folder is listed, so a change during the scan shows as a changed
+    state later. The state is None if a folder vanished during the scan."""
     try:
         root_state: list[int] | None = _state(root)
     except OSError:
         root_state = None
     folders = find_classes(root)
     chunks, counts, class_states, sub_states, complete = [], [], [], [], root_state is not None
+    others: list[str] = []
     for name in folders:
-        found, states = _list_class(root, name)
+        found, states, left_out = _list_class(root, name)
         chunks += found
+        others += left_out
         counts.append(sum(chunk.count("\0") for chunk in found))
         if states is None:
             complete = False
@@ -203,7 +232,7 @@ def scan_split(
     folder_of_file = np.repeat(np.arange(len(folders), dtype=np.int32), counts)
     subfolders = [rel for rel, _ in sub_states]
     state = [root_state, *class_states, *(s for _, s in sub_states)] if complete else None
-    return folders, subfolders, state, blob, offsets, folder_of_file
+    return folders, subfolders, state, others, blob, offsets, folder_of_file
 
 
 # ---- the cache file ---------------------------------------------------------------------------------
@@ -281,10 +310,13 @@ def _prune(cache_dir: Path, keep: Path) -> None:
 class SplitListing:
     """One split's listing: its class folders (as on disk), the files, and where it came from."""
 
-    def __init__(self, root: str, folders: list[str], arrays: list[np.ndarray], source: str) -> None:
+    def __init__(
+        self, root: str, folders: list[str], arrays: list[np.ndarray], source: str, others: Sequence[str] = ()
+    ) -> None:
         self.root, self.folders = root, folders
         self.blob, self.offsets, self.folder_of_file = arrays
         self.source = source  # "listed" (this process scanned the tree) or "cache" (read a listing)
+        self.others = list(others)  # files left out for their extension, known where listed (left_out_note)
 
     def __len__(self) -> int:
         return len(self.folder_of_file)
@@ -327,8 +359,8 @@ def load_or_scan(
         if arrays is not None:
             return SplitListing(root, found[0]["folders"], arrays, "cache"), None
     listed_at, started = time.time(), time.time_ns()
-    folders, subfolders, state, *arrays = scan_split(root)
-    listing = SplitListing(root, folders, arrays, "listed")
+    folders, subfolders, state, others, *arrays = scan_split(root)
+    listing = SplitListing(root, folders, arrays, "listed", others)
     if path is None:
         return listing, None
     # A folder changed near the listing may change again within its timestamps' tick, unseen: recorded as

@@ -35,6 +35,7 @@ from lit_ddp.data.folder_index import (
     class_key,
     default_cache_dir,
     find_classes,
+    left_out_note,
     load_or_scan,
     loose_images,
 )
@@ -225,7 +226,8 @@ class ImageNetDataModule(ImageDataModule):
         if listing.source == "listed":
             self.scans[name] = self.scans.get(name, 0) + 1
             how = f"listed in {time.perf_counter() - started:.1f} s"
-            rank_zero_info(f"{self.data_dir / name}: {len(listing):,} image files ({how})")
+            note = left_out_note(listing.others)
+            rank_zero_info(f"{self.data_dir / name}: {len(listing):,} image files ({how}){note}")
         if not_saved:
             rank_zero_warn(
                 f"could not save the file list of {self.data_dir / name} in {self.index_cache} ({not_saved}):"
