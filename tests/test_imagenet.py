@@ -346,6 +346,21 @@ def test_files_left_out_for_their_extension_are_counted_and_named(tmp_path: Path
     assert (len(dm.train_set), len(dm.val_set)) == (TRAIN_FILES, VAL_FILES)
 
 
+def test_a_val_class_that_train_lacks_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    """Its line said "fix the layout": it names where the class folders must be, or go."""
+    make_tree(tmp_path)
+    (tmp_path / "val" / "yak").mkdir()
+    draw(0, (40, 40), np.random.default_rng(0)).save(tmp_path / "val" / "yak" / "y.jpg")
+    dm = ImageNetDataModule(data_dir=str(tmp_path), image_size=32, val_resize=36, num_workers=0)
+    with pytest.raises(UserError) as info:
+        dm.setup("fit")
+    assert str(info.value) == (
+        f"{tmp_path / 'val'} has class folders that train/ lacks ('yak'): the classes are the folders of"
+        f" {tmp_path / 'train'}; add each there with its training images, or move it out of"
+        f" {tmp_path / 'val'}"
+    )
+
+
 def test_images_outside_the_class_folders_are_named_not_skipped_without_a_word(tmp_path: Path) -> None:
     make_tree(tmp_path)
     # A half-sorted train/: the files beside the class folders have no class. They are left out (as

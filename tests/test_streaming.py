@@ -8,6 +8,7 @@ import pickle
 import random
 import shutil
 import threading
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,24 @@ def test_imagefolder_shards_read_back_the_original_file_bytes_labels_and_paths(t
         s = samples[i]
         assert s.index == i and bytes(s.image) == (tmp_path / "tree" / s.path).read_bytes()
         assert s.path.split("/")[1] == sorted(os.listdir(tmp_path / "tree" / "val"))[s.label]
+
+
+def test_a_val_folder_copied_from_a_mac_is_sharded_with_the_labels_of_train(tmp_path: Path) -> None:
+    """fit matches class folders between splits by their NFC form, but shard compared them as written: a
+    val/ copied from a Mac (names in NFD) was refused, 'val has class folders that train/ lacks ('café')'."""
+    from lit_ddp.data.convert import convert
+
+    make_tree(tmp_path / "tree")
+    first = sorted(os.listdir(tmp_path / "tree" / "train"))[0]
+    for split, form in (("train", "NFC"), ("val", "NFD")):
+        (tmp_path / "tree" / split / first).rename(
+            tmp_path / "tree" / split / unicodedata.normalize(form, "café")
+        )
+    convert(str(tmp_path / "tree"), str(tmp_path / "s"), shard_mb=0.05)
+    samples = ShardedSamples(str(tmp_path / "s"), "val")
+    labels = {samples[i].path.split("/")[1]: samples[i].label for i in range(len(samples))}
+    classes = sorted(os.listdir(tmp_path / "tree" / "train"))  # the NFC name sorts first, as in train/
+    assert labels == {unicodedata.normalize("NFD", "café"): 0, **{c: i for i, c in enumerate(classes) if i}}
 
 
 def test_encoded_shards_decode_as_the_folder_does_and_name_an_unreadable_image_in_a_black_slot(

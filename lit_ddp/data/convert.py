@@ -46,7 +46,7 @@ from lit_ddp.data.cifar10 import (
 )
 from lit_ddp.data.class_links import check_class_links
 from lit_ddp.data.dest_lock import LOCK, local_lock, store_lock
-from lit_ddp.data.folder_index import class_key, find_classes
+from lit_ddp.data.folder_index import class_key, classes_train_lacks, find_classes
 from lit_ddp.data.image_folder import list_images
 from lit_ddp.data.mds import MDSWriter
 from lit_ddp.data.shards import (
@@ -146,16 +146,15 @@ def _not_a_source(root: Path) -> UserError:
 def _samples_folder(root: Path, pool) -> tuple[dict, dict[str, Iterator[dict]], dict[str, int]]:
     folders = find_classes(root / "train")
     names = [class_key(f) for f in folders]
-    class_to_idx = {f: i for i, f in enumerate(folders)}
+    # by their NFC form, as ImageNetDataModule matches them: a val/ copied from a Mac names them in NFD
+    class_to_idx = {n: i for i, n in enumerate(names)}
     listings = {}
     for split in SPLITS:
         if (root / split).is_dir():
             found = find_classes(root / split)
-            unknown = [f for f in found if f not in class_to_idx]
+            unknown = [f for f in found if class_key(f) not in class_to_idx]
             if unknown:
-                raise UserError(
-                    f"{root / split} has class folders that train/ lacks ({unknown[:5]}): fix the layout"
-                )
+                raise UserError(classes_train_lacks(root / split, unknown))
             listings[split] = list_images(root / split, class_to_idx)
     # as ImageNetDataModule: a class without a training image would be a class the model never sees
     empty = [

@@ -82,6 +82,17 @@ def class_key(name: str) -> str:
     return unicodedata.normalize("NFC", name)
 
 
+def classes_train_lacks(root: Path | str, unknown: Sequence[str]) -> str:
+    """The line for class folders of ``root`` (val/ or test/) that train/ beside it lacks, which no label
+    of the model stands for."""
+    names = ", ".join(map(ascii, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
+    train = os.path.join(os.path.dirname(os.path.normpath(root)), "train")
+    return (
+        f"{root} has class folders that train/ lacks ({names}): the classes are the folders of {train};"
+        f" add each there with its training images, or move it out of {root}"
+    )
+
+
 def left_out_note(others: Sequence[str], shown: int = 6) -> str:
     """What a listing says of the files it left out for their extension (not hidden; ``Thumbs.db``, a
     ``.heic`` phone photo, a ``.jfif`` download): how many of each extension, each with one path, so that

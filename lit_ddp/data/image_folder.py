@@ -20,7 +20,14 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from lit_ddp.data.batch import Batch
-from lit_ddp.data.folder_index import IMAGE_EXTENSIONS, SampleIndex, find_classes, is_junk, load_or_scan
+from lit_ddp.data.folder_index import (
+    IMAGE_EXTENSIONS,
+    SampleIndex,
+    class_key,
+    find_classes,
+    is_junk,
+    load_or_scan,
+)
 from lit_ddp.data.jpeg import DECODE_ERRORS
 from lit_ddp.errors import UserError
 
@@ -40,10 +47,11 @@ T = TypeVar("T")  # what a loader decodes: a path, or an encoded image's bytes
 
 
 def list_images(root: Path, class_to_idx: dict[str, int]) -> SampleIndex:
-    """(path, label) of every image file under ``root/<class>/``, sorted, read from no cache; classes not in
-    ``class_to_idx`` are an error of the caller's to report (see ``find_classes``)."""
+    """(path, label) of every image file under ``root/<class>/``, sorted, read from no cache; each class
+    folder is looked up in ``class_to_idx`` by its NFC form (``class_key``); classes not there are an error
+    of the caller's to report (see ``find_classes``)."""
     listing, _ = load_or_scan(root, cache_dir=None)
-    return listing.samples([class_to_idx[name] for name in listing.folders])
+    return listing.samples([class_to_idx[class_key(name)] for name in listing.folders])
 
 
 def list_image_files(root: Path) -> list[str]:

@@ -33,6 +33,7 @@ from lit_ddp.data.folder_index import (
     SampleIndex,
     SplitListing,
     class_key,
+    classes_train_lacks,
     default_cache_dir,
     find_classes,
     left_out_note,
@@ -264,10 +265,7 @@ class ImageNetDataModule(ImageDataModule):
                 f"; its classes, --data.class_names: {known}): remove them, or use a model that learnt them"
             )
         if unknown:
-            raise UserError(
-                f"{root} has class folders that train/ lacks ({', '.join(map(ascii, unknown[:5]))}): fix the"
-                " layout"
-            )
+            raise UserError(classes_train_lacks(root, unknown))
         samples = listing.samples([class_to_idx[class_key(f)] for f in listing.folders])
         loose = loose_images(root)
         if not len(samples) and loose:
