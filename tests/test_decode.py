@@ -164,6 +164,23 @@ def test_16_bit_greyscale_png_keeps_its_top_byte(tmp_path: Path) -> None:
     assert (eval_crop == 255).mean() < 0.01
 
 
+@pytest.mark.parametrize("maxval", [65535, 4095])
+def test_16_bit_greyscale_pgm_keeps_its_top_byte(tmp_path: Path, maxval: int) -> None:
+    """PIL opens a PGM of maxval above 255 (a scanner's or a camera's 12- or 16-bit frame) as mode I, scaled
+    to 0..65535, and ``convert("RGB")`` clips it as it clips I;16: the picture came out all but white."""
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, maxval + 1, (40, 40), dtype=np.uint16)
+    path = tmp_path / "frame.pgm"
+    path.write_bytes(b"P5\n40 40\n%d\n" % maxval + values.astype(">u2").tobytes())
+    with Image.open(path) as img:
+        assert img.mode == "I"  # what the test is about
+        full = np.asarray(img)  # PIL's scaling of maxval to 65535
+    expected = np.repeat((full >> 8).astype(np.uint8)[..., None], 3, axis=-1)
+    np.testing.assert_array_equal(load_eval_crop(str(path), 40, 40), expected)
+    np.testing.assert_array_equal(load_train_crop(str(path), 40, (1.0, 1.0), (1.0, 1.0)), expected)
+    assert abs(float(expected.mean()) - 127.5) < 4
+
+
 def test_the_data_module_switch_reaches_train_eval_and_predict(tmp_path: Path) -> None:
     """``--data.exif_transpose`` (default true) decides for fit, validate and predict alike."""
     for split in ("train", "val"):

@@ -53,6 +53,9 @@ Box = tuple[float, float, float, float]  # (left, top, right, bottom) in pixels 
 
 ORIENTATION = 0x0112  # the EXIF tag; 1 is upright, 2-8 say how the camera stored the picture turned
 SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")  # PIL's modes of 16-bit greyscale (PNG, TIFF)
+# Formats whose mode "I" (32-bit integers) holds 16-bit greyscale: PGM with a maxval above 255 (scaled by
+# PIL to 0..65535) and PNG in older Pillow. A TIFF's "I" may be any 32-bit range: converted as PIL does.
+SIXTEEN_BIT_AS_I = ("PPM", "PNG")
 # Evaluation decodes a JPEG reduced in the DCT domain only while the crop keeps 4× the output's pixels
 # per side: the antialiased resize that follows then hides the difference between libjpeg's reduction and
 # the reference's filter (measured on photos and noisy synthetic images: a margin of 1.2-2 leaves 5-23 gray
@@ -113,10 +116,10 @@ def _orientation(img: Image.Image) -> int:
 
 def _pil_pixels(img: Image.Image) -> Tensor:
     """(3, H, W) uint8 RGB of a PIL image (grayscale, CMYK, palette, alpha, 16-bit: rare, converted at full
-    size). 16-bit greyscale keeps its top byte (value >> 8), as PIL itself does for 16-bit RGB PNGs; PIL's
-    ``convert`` would clip every value above 255, which turns most of a 16-bit photo white."""
-    if img.mode in SIXTEEN_BIT:
-        grey = torch.from_numpy((np.asarray(img).astype(np.uint16) >> 8).astype(np.uint8))
+    size). 16-bit greyscale (PNG, TIFF, PGM) keeps its top byte (value >> 8), as PIL itself does for 16-bit
+    RGB PNGs; PIL's ``convert`` would clip every value above 255, which turns most of a 16-bit photo white."""
+    if img.mode in SIXTEEN_BIT or (img.mode == "I" and img.format in SIXTEEN_BIT_AS_I):
+        grey = torch.from_numpy((np.asarray(img).clip(0, 65535).astype(np.uint16) >> 8).astype(np.uint8))
         return grey.expand(3, *grey.shape)
     if img.mode != "RGB":
         img = img.convert("RGB")
