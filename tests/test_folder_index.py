@@ -226,6 +226,26 @@ def test_gif_files_are_predicted_from_their_first_frame(tmp_path: Path) -> None:
     assert crop.shape == (16, 16, 3) and crop[..., 0].mean() > 200 and crop[..., 2].mean() < 50
 
 
+def test_a_predict_dir_names_the_files_it_leaves_out_for_their_extension(tmp_path: Path, caplog) -> None:
+    """A folder of a phone's .heic photos was refused as holding "no image files", and those beside .jpg
+    files got no row without a word: both name the files left out and the extensions read."""
+    make_tree(tmp_path / "tree")
+    photos = tmp_path / "photos"
+    touch_files(photos / "2024", ["IMG_1.HEIC", "IMG_2.heic", ".DS_Store"])
+    expected = (
+        "; 2 other file(s) left out: .heic 2 (2024/IMG_1.HEIC). Only .jpg, .jpeg, .png, .ppm, .bmp, .pgm,"
+        " .tif, .tiff, .webp, .gif files are read as images: convert any image among them to .jpg or .png"
+    )
+    with pytest.raises(UserError) as err:
+        ImageNetDataModule(data_dir=str(tmp_path / "tree"), predict_dir=str(photos))
+    assert str(err.value).endswith(f"are left out){expected}")
+    Image.new("RGB", (8, 8)).save(photos / "a.jpg")
+    with caplog.at_level("INFO"):
+        dm = ImageNetDataModule(data_dir=str(tmp_path / "tree"), predict_dir=str(photos))
+    assert dm.predict_files == [str(photos / "a.jpg")]
+    assert f"predict_dir={photos}: 1 image files{expected}" in caplog.messages
+
+
 class RecordScans(L.LightningModule):
     """Writes, per rank, how often that rank listed each split and what files it got."""
 

@@ -42,7 +42,8 @@ from lit_ddp.data.batch import Batch
 from lit_ddp.data.batch_transforms import SampleRandom, draw_mix, mix_batch, normalize
 from lit_ddp.data.datasets import IndexedDataset, TensorImageDataset, WorkerError, collate_batch
 from lit_ddp.data.decoders import ImageDecode, image_decode
-from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, list_image_files
+from lit_ddp.data.folder_index import left_out_note
+from lit_ddp.data.image_folder import ImageFileDataset, UnreadableFiles, scan_image_files
 from lit_ddp.data.jpeg import load_eval_crop
 from lit_ddp.data.loader_checks import (
     BUILT_FOR_TRAINING,
@@ -522,12 +523,15 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         if not Path(predict_dir).is_dir():
             where = from_here(predict_dir)
             raise UserError(f"predict_dir={where} is not a folder: pass a folder of image files")
-        files = list_image_files(Path(predict_dir))
+        files, others = scan_image_files(Path(predict_dir))
+        note = left_out_note(others)
         if not files:
             raise UserError(
                 f"no image files under predict_dir={predict_dir} (searched its sub-folders too; hidden files"
-                " and __MACOSX are left out)"
+                f" and __MACOSX are left out){note}"
             )
+        if note:  # the launching process lists it: said once
+            rank_zero_info(f"predict_dir={predict_dir}: {len(files):,} image files{note}")
         return files
 
     @property

@@ -39,6 +39,7 @@ __all__ = [
     "find_classes",
     "is_junk",
     "list_image_files",
+    "scan_image_files",
     "list_images",
     "stack_crops",
 ]
@@ -56,13 +57,22 @@ def list_images(root: Path, class_to_idx: dict[str, int]) -> SampleIndex:
 
 def list_image_files(root: Path) -> list[str]:
     """Every image file under ``root`` and its sub-folders, sorted by path; junk (``is_junk``) left out."""
-    paths = []
+    return scan_image_files(root)[0]
+
+
+def scan_image_files(root: Path) -> tuple[list[str], list[str]]:
+    """``list_image_files``, and the other files it leaves out for their extension (paths relative to
+    ``root``, sorted; ``left_out_note``)."""
+    paths, others = [], []
     for folder, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not is_junk(d)]  # os.walk descends only into what is left here
-        paths += [
-            os.path.join(folder, f) for f in files if f.lower().endswith(IMAGE_EXTENSIONS) and not is_junk(f)
-        ]
-    return sorted(paths)
+        for name in (f for f in files if not is_junk(f)):
+            path = os.path.join(folder, name)
+            if name.lower().endswith(IMAGE_EXTENSIONS):
+                paths.append(path)
+            else:
+                others.append(os.path.relpath(path, root))
+    return sorted(paths), sorted(others)
 
 
 @contextlib.contextmanager
