@@ -243,6 +243,21 @@ LINES = [
         " a new fit would write over its config.yaml and checkpoints; resume that run with --ckpt_path=last,"
         " or give the logger another version, or none (--trainer.logger.init_args.version=null: a new run)",
     ),
+    # ...and a fit from a file that does not go on in that run (here one outside any run, a URL)
+    # trained its weights there, over that run's files alike.
+    (
+        "pinned_run",
+        [
+            "--trainer.logger=CSVLogger",
+            "--trainer.logger.init_args.save_dir=held",
+            "--trainer.logger.version=0",
+            "--ckpt_path=https://example.org/model.ckpt",
+        ],
+        "--ckpt_path=https://example.org/model.ckpt starts a new run, and --trainer.logger.init_args.version"
+        " names held/lightning_logs/version_0, which holds an earlier run: the fit would write over its"
+        " config.yaml and checkpoints; give the logger a new version, or none"
+        " (--trainer.logger.init_args.version=null: a new run from that checkpoint)",
+    ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
     # Resumed without the EMA preset, fit trained on from the averaged weights, with Lightning's warning only.

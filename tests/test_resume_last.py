@@ -547,6 +547,56 @@ def test_a_pinned_version_whose_folder_holds_no_run_is_a_new_run_there(tmp_path:
         assert all((folder / name).is_file() for name in files)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("logger", PINNED)
+def test_a_checkpoint_from_elsewhere_into_a_pinned_version_that_holds_a_run_is_refused(
+    tmp_path: Path, capsys, logger: str
+) -> None:
+    """`version=0 --ckpt_path=<version_1's last.ckpt>` trained version_1's weights into version_0 over its
+    last.ckpt and config.yaml, and a file outside any run did the same: one line naming both runs and the
+    fixes. Run A's own last.ckpt still resumes it, and a file from elsewhere into an empty version starts
+    there; dropping the version resumes version_1 in its own folder."""
+    given = [f"--trainer.logger={logger}", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    for seed in (0, 1):
+        build_cli(["fit", *TINY, *given, f"--seed_everything={seed}"])
+    a, b = (tmp_path / "lightning_logs" / f"version_{n}" for n in (0, 1))
+    outside = tmp_path / "downloaded.ckpt"
+    outside.write_bytes((b / "checkpoints" / "last.ckpt").read_bytes())
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in a.rglob("*") if p.is_file()}
+    pinned = [*given, "--trainer.logger.init_args.version=0", "--trainer.max_epochs=2"]
+    option = "--trainer.logger.init_args.version"
+    for ckpt, line in (
+        (
+            b / "checkpoints" / "last.ckpt",
+            f"is the run {b}'s, and {option} names {a}, which holds another run: the fit would train"
+            f" version_1's weights over version_0's config.yaml and checkpoints; resume version_1 in its own"
+            f" run with {option}=version_1, or none ({option}=null), or give the logger a new version",
+        ),
+        (
+            outside,
+            f"starts a new run, and {option} names {a}, which holds an earlier run: the fit would write over"
+            f" its config.yaml and checkpoints; give the logger a new version, or none ({option}=null: a new"
+            " run from that checkpoint)",
+        ),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(["fit", *TINY, *pinned, f"--ckpt_path={ckpt}"])
+        err = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+        assert err == f"lit_ddp: error: --ckpt_path={ckpt} {line}", err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in a.rglob("*") if p.is_file()} == before
+    resumed = build_cli(["fit", *TINY, *pinned, f"--ckpt_path={a / 'checkpoints' / 'last.ckpt'}"])
+    assert resumed.trainer.global_step == 4 and resumed.trainer.log_dir == str(a)
+    empty = build_cli(
+        ["fit", *TINY, *given, "--trainer.logger.init_args.version=5", f"--ckpt_path={outside}"]
+    )
+    assert empty.trainer.log_dir == str(tmp_path / "lightning_logs" / "version_5")
+    own = build_cli(
+        ["fit", *TINY, *given, f"--ckpt_path={b / 'checkpoints' / 'last.ckpt'}", "--trainer.max_epochs=2"]
+    )
+    assert own.trainer.global_step == 4 and own.trainer.log_dir == str(b)
+
+
 def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -571,6 +621,34 @@ def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()} == before
     resumed = build_cli(["fit", *TINY, *pinned, "--ckpt_path=last", "--trainer.max_epochs=2"])
     assert resumed.trainer.global_step == 4 and resumed.trainer.logger.run_id == run.name
+
+
+@pytest.mark.timeout(240)
+def test_another_mlflow_runs_last_ckpt_into_a_pinned_run_is_refused(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_id=A --ckpt_path=<B's last.ckpt>` trained B's weights into A's folder over A's last.ckpt and
+    config.yaml (and logged B's steps into A's metrics): one line naming both; run_id=B resumes B."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    store = tmp_path / "mlruns"
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store.as_uri()}"]
+    a, b = (Path(build_cli(["fit", *TINY, *logger]).trainer.checkpoint_callback.dirpath).parent for _ in "ab")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in a.rglob("*") if p.is_file()}
+    b_last = f"--ckpt_path={b / 'checkpoints' / 'last.ckpt'}"
+    option = "--trainer.logger.init_args.run_id"
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, *logger, f"{option}={a.name}", b_last, "--trainer.max_epochs=2"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err == (
+        f"lit_ddp: error: {b_last} is the run {b}'s, and {option} names {a}, which holds another run: the fit"
+        f" would train {b.name}'s weights over {a.name}'s config.yaml and checkpoints; resume {b.name} in its"
+        f" own run with {option}={b.name}, or none ({option}=null), or give the logger a new run_id"
+    ), err
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in a.rglob("*") if p.is_file()} == before
+    resumed = build_cli(["fit", *TINY, *logger, f"{option}={b.name}", b_last, "--trainer.max_epochs=2"])
+    assert resumed.trainer.global_step == 4 and resumed.trainer.logger.run_id == b.name
 
 
 @pytest.mark.timeout(240)

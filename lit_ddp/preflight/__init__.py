@@ -38,7 +38,14 @@ from lit_ddp.preflight.checkpoint import (
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
 from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
-from lit_ddp.preflight.runs import goes_on_in_its_run, pinned_run, resolve_named, runs_of
+from lit_ddp.preflight.runs import (
+    goes_on_in_its_run,
+    is_wandb_run,
+    pinned_run,
+    resolve_named,
+    resumable_beside,
+    runs_of,
+)
 from lit_ddp.utils import MAX_SEED, local_path
 from lit_ddp.writes import WriteError
 
@@ -201,6 +208,8 @@ class RunPlan:
     resumes_run: bool = False  # a fit from a run's last.ckpt: it goes on in that run
     # A new fit's logger names this folder, which holds an earlier run, by this key (version, run_id, id).
     pinned_run: tuple[str, str] | None = None
+    # The run beside it whose last.ckpt that fit was given: it would train it there, not in its own run.
+    pinned_instead: str | None = None
     predictions_file: str | None = None  # predict's predictions.csv, where the predictions callback is on
     # The --ckpt_path file, loaded as data (None for last, best, a URL or none): what it names and holds.
     checkpoint: dict | None = field(default=None, compare=False, repr=False)
@@ -245,7 +254,10 @@ class RunPlan:
         # A fit from a run's last.ckpt goes on in that run.
         resumes = subcommand == "fit" and bool(checkpoint) and runs is not None
         resumes_run = resumes and goes_on_in_its_run(runs, Path(ckpt_path), checkpoint)
-        pinned = pinned_run(config) if logs and subcommand == "fit" and asked is None else None  # a new run
+        # A new run: from nothing, or from a file that does not go on in its run (`last` resumes the run
+        # given, or starts it where it has no last.ckpt; `hpc` is Lightning's requeue of this job's own).
+        new_run = asked not in ("last", "hpc") and not resumes_run and checkpoint_problem is None
+        pinned = pinned_run(config) if logs and subcommand == "fit" and new_run else None
         trainer = _get(config, "trainer", {})
         loggers = logger_configs(trainer)
         data_args = _get(_get(config, "data", {}), "init_args", {})
@@ -292,6 +304,9 @@ class RunPlan:
             ckpt_note=ckpt_note,
             resumes_run=resumes_run,
             pinned_run=(str(pinned[0]), pinned[1]) if pinned else None,
+            pinned_instead=str(beside)
+            if pinned and (beside := resumable_beside(pinned[0], ckpt_path))
+            else None,
             predictions_file=_get(_get(_get(config, "predictions", {}), "init_args", {}), "filename")
             if subcommand == "predict"
             else None,
@@ -643,16 +658,33 @@ def _checkpoint_file(plan: RunPlan) -> str | None:
 
 def _pinned_run(plan: RunPlan) -> str | None:
     # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and into an MLflow or W&B
-    # run a second history over the same steps). `last` reads a versioned logger's or MLflow's given run
-    # alone; W&B's is named by the file's path.
+    # run a second history over the same steps), from a --ckpt_path that does not go on in that run (another
+    # run's last.ckpt, an earlier checkpoint, a file from elsewhere) as from none. `last` reads a versioned
+    # logger's or MLflow's given run alone; W&B's is named by the file's path.
     if plan.pinned_run is None:
         return None
     folder, key = plan.pinned_run
-    resume = "--ckpt_path=last" if key != "id" else f"--ckpt_path={Path(folder, 'checkpoints', 'last.ckpt')}"
+    option = f"--trainer.logger.init_args.{key}"
+    if plan.pinned_instead is not None:
+        other = Path(plan.pinned_instead).name
+        return (
+            f"--ckpt_path={plan.ckpt_asked} is the run {plan.pinned_instead}'s, and {option} names {folder},"
+            f" which holds another run: the fit would train {other}'s weights over {Path(folder).name}'s"
+            f" config.yaml and checkpoints; resume {other} in its own run with {option}={other}, or none"
+            f" ({option}=null), or give the logger a new {key}"
+        )
+    if plan.ckpt_asked is not None:
+        return (
+            f"--ckpt_path={plan.ckpt_asked} starts a new run, and {option} names {folder}, which holds an"
+            f" earlier run: the fit would write over its config.yaml and checkpoints; give the logger a new"
+            f" {key}, or none ({option}=null: a new run from that checkpoint)"
+        )
+    last = Path(folder, "checkpoints", "last.ckpt")
+    resume = f"--ckpt_path={last}" if is_wandb_run(Path(folder)) else "--ckpt_path=last"
     return (
-        f"--trainer.logger.init_args.{key} names {folder}, which holds an earlier run: a new fit would write"
-        f" over its config.yaml and checkpoints; resume that run with {resume}, or give the logger another"
-        f" {key}, or none (--trainer.logger.init_args.{key}=null: a new run)"
+        f"{option} names {folder}, which holds an earlier run: a new fit would write over its config.yaml and"
+        f" checkpoints; resume that run with {resume}, or give the logger another {key}, or none"
+        f" ({option}=null: a new run)"
     )
 
 

@@ -177,6 +177,17 @@ def pinned_run(config) -> tuple[Path, str] | None:
     return next(((folder, key) for folder in folders if _holds_run(folder)), None)
 
 
+def resumable_beside(pinned: Path, ckpt_path: str | None) -> Path | None:
+    """The run beside the ``pinned`` one (under the same folder) whose ``last*.ckpt`` ``ckpt_path`` is, which
+    giving the logger that run's folder name resumes in its own run; None for any other file."""
+    path = Path(ckpt_path or "")
+    run = path.parent.parent
+    if not (path.name.startswith("last") and path.suffix == ".ckpt" and path.parent.name == "checkpoints"):
+        return None
+    beside = run.parent.resolve() == pinned.parent.resolve() and run.resolve() != pinned.resolve()
+    return run if beside and path.is_file() else None
+
+
 def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | None] | None:
     """The folder ``last`` searches, the glob of the runs' ``last*.ckpt`` there and the first logger's class,
     or None where Lightning's own lookup is right (a logger of another kind). A versioned logger keeps its
