@@ -198,15 +198,21 @@ def test_an_online_wandb_run_without_an_api_key_is_one_line_naming_login_and_off
     assert not (work / "logs").exists() or not any((work / "logs").rglob("*.ckpt"))
 
 
+@pytest.mark.parametrize("key", ["id", "version"])
 def test_a_new_fit_into_a_wandb_run_id_that_holds_a_run_is_refused(
-    tmp_path: Path, offline_wandb, capsys
+    tmp_path: Path, offline_wandb, capsys, key: str
 ) -> None:
     """A second fit with no --ckpt_path given an earlier run's `id` wrote its config.yaml, last.ckpt and best
     over that run's (and a second history into the W&B run): one line before anything is built, naming the
-    run's last.ckpt to resume it by."""
+    run's last.ckpt to resume it by. WandbLogger takes the id as `version` too."""
     from lit_ddp.cli import build_cli, main
 
-    given = [*FIT, *OFFLINE, "--trainer.logger.init_args.id=myrun", f"--trainer.default_root_dir={tmp_path}"]
+    given = [
+        *FIT,
+        *OFFLINE,
+        f"--trainer.logger.init_args.{key}=myrun",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
     build_cli(given)
     run = tmp_path / "lightning_logs" / "myrun"
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.rglob("*") if p.is_file()}
@@ -216,7 +222,7 @@ def test_a_new_fit_into_a_wandb_run_id_that_holds_a_run_is_refused(
     err = capsys.readouterr().err.strip()
     assert stop.value.code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(
-        f"lit_ddp: error: --trainer.logger.init_args.id names {run}, which holds an earlier run: a new fit"
+        f"lit_ddp: error: --trainer.logger.init_args.{key} names {run}, which holds an earlier run: a new fit"
         f" would write over its config.yaml and checkpoints; resume that run with"
         f" --ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
     ), err

@@ -148,16 +148,17 @@ def _holds_run(folder: Path) -> bool:
 def _given_run(trainer, cls: type | None, init_args) -> tuple[list[Path], str] | None:
     """The folders the run the first logger is given may be in, and the logger's key that names it: a
     versioned logger's ``version`` (``save_dir/name/version_N``), MLflow's ``run_id``
-    (``<store>/<experiment id>/<run id>``, ModelCheckpoint's folder for it) and W&B's ``id``
+    (``<store>/<experiment id>/<run id>``, ModelCheckpoint's folder for it) and W&B's ``id`` or ``version``
     (``save_dir/<project>/<id>``); None where it is given none."""
     root = str(trainer.get("default_root_dir") or os.getcwd())
     if cls is not None and issubclass(cls, MLFlowLogger) and (run_id := init_args.get("run_id")):
         ((uri, _, _),) = mlflow_stores([(cls, init_args)])
         store = Path(uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else root)
         return list(store.glob(f"*/{glob.escape(str(run_id))}")), "run_id"
-    if cls is not None and issubclass(cls, WandbLogger) and (run_id := init_args.get("id")):
+    if cls is not None and issubclass(cls, WandbLogger) and (init_args.get("version") or init_args.get("id")):
+        key = "version" if init_args.get("version") else "id"  # WandbLogger takes its run's id as either
         project = init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
-        return [Path(str(init_args.get("save_dir") or root)) / project / str(run_id)], "id"
+        return [Path(str(init_args.get("save_dir") or root)) / project / str(init_args[key])], key
     if (version := _pinned_version((cls, init_args))) is None:
         return None
     save_dir = str(init_args.get("save_dir"))
