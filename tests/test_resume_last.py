@@ -597,6 +597,31 @@ def test_a_checkpoint_from_elsewhere_into_a_pinned_version_that_holds_a_run_is_r
     assert own.trainer.global_step == 4 and own.trainer.log_dir == str(b)
 
 
+def test_a_pinned_tensorboard_version_with_a_sub_dir_holding_a_config_alone_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    """TensorBoard's `sub_dir` puts the run's config.yaml (its log_dir) in version_0/<sub_dir>: a run that
+    stopped before its first checkpoint left it alone there, and a new fit into version_0 wrote over it."""
+    given = [
+        "--trainer.logger=TensorBoardLogger",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+        "--trainer.logger.init_args.sub_dir=sub",
+        "--trainer.logger.init_args.version=0",
+    ]
+    build_cli(["fit", *TINY, *given])
+    run = tmp_path / "lightning_logs" / "version_0"
+    for checkpoint in (run / "checkpoints").iterdir():  # stopped before its first checkpoint
+        checkpoint.unlink()
+    assert (run / "sub" / "config.yaml").is_file() and not (run / "config.yaml").exists()
+    config = (run / "sub" / "config.yaml").read_bytes()
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *TINY, *given, "--seed_everything=1"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"lit_ddp: error: --trainer.logger.init_args.version names {run}, which holds"), err
+    assert (run / "sub" / "config.yaml").read_bytes() == config
+
+
 def test_a_new_fit_into_a_pinned_mlflow_run_that_holds_a_run_is_refused(
     tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

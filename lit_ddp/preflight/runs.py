@@ -139,10 +139,11 @@ def _pinned(logger: tuple[type | None, dict]) -> str | None:
     return _pinned_version(logger)
 
 
-def _holds_run(folder: Path) -> bool:
-    """Whether a run folder holds a run of lit_ddp's: its config.yaml or a checkpoint (an empty folder, or
-    another tool's event files alone, is none)."""
-    return (folder / "config.yaml").is_file() or any((folder / "checkpoints").glob("*.ckpt"))
+def _holds_run(folder: Path, sub_dir: str = "") -> bool:
+    """Whether a run folder holds a run of lit_ddp's: its config.yaml (in TensorBoard's ``sub_dir``, its
+    log_dir, where given) or a checkpoint (an empty folder, or another tool's event files alone, is none)."""
+    configs = (folder / given / "config.yaml" for given in {"", sub_dir})
+    return any(path.is_file() for path in configs) or any((folder / "checkpoints").glob("*.ckpt"))
 
 
 def _given_run(trainer, cls: type | None, init_args) -> tuple[list[Path], str] | None:
@@ -175,7 +176,8 @@ def pinned_run(config) -> tuple[Path, str] | None:
     if given is None:
         return None
     folders, key = given
-    return next(((folder, key) for folder in folders if _holds_run(folder)), None)
+    sub_dir = str(loggers[0][1].get("sub_dir") or "")
+    return next(((folder, key) for folder in folders if _holds_run(folder, sub_dir)), None)
 
 
 def resumable_beside(pinned: Path, ckpt_path: str | None) -> Path | None:
