@@ -712,3 +712,19 @@ def test_last_and_best_with_a_pinned_mlflow_run_read_that_run_alone(
             main([command, *TINY, *logger, f"--trainer.logger.init_args.run_id={run_id}", "--ckpt_path=last"])
         err = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and len(err.splitlines()) == 1 and line in err, err
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+def test_a_fit_resumed_inside_an_epoch_on_two_ranks_stops_inside_it_again(tmp_path: Path) -> None:
+    """Every rank holds the resumed epoch open: a checkpoint inside it sums the training metric states over
+    the ranks (a collective), which rank 0 alone ran, and the ranks hung (max_time, max_steps, a signal)."""
+    spawn = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp_spawn"]
+    args = ["fit", *TINY, *spawn, "--data.train_size=256", "--data.batch_size=16", "--dist_timeout=60"]
+    args += [f"--trainer.default_root_dir={tmp_path}", "--trainer.max_epochs=2"]
+    first = run_cli([*args, "--trainer.max_steps=2"], tmp_path, timeout=120)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_cli([*args, "--trainer.max_steps=4", "--ckpt_path=last"], tmp_path, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    last = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 4

@@ -561,7 +561,12 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self._check_optimizer_state_fits(checkpoint)
         states = checkpoint.get(TRAIN_STATES_KEY)
-        if not states or self.global_rank != 0:
+        if not states:
+            return
+        # Open on every rank: a checkpoint inside this epoch sums the states over the ranks, a collective
+        # that every rank must join.
+        self._train_epoch_open = True
+        if self.global_rank != 0:
             return  # the totals go to one rank: the epoch-end sum over ranks counts them once
         for name, metric in self._train_metric_objects().items():
             saved = states[name]
@@ -569,7 +574,6 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
                 saved = TopKAccuracy.states_from_stat_scores(saved)
             for state, value in saved.items():
                 setattr(metric, state, value.to(getattr(metric, state).device))
-        self._train_epoch_open = True
 
     def _check_optimizer_state_fits(self, checkpoint: dict) -> None:
         """UserError for a fit resumed from a checkpoint whose optimizer state this run's optimizer cannot
