@@ -180,6 +180,25 @@ LINES = [
         ["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=a_file/logs"],
         "--trainer.logger.init_args.save_dir=a_file/logs cannot be written",
     ),
+    # A remote run folder without its store's package (s3fs, not a lit_ddp dependency) was an ImportError
+    # traceback from the logger's creation.
+    *(
+        [
+            (
+                "run_dir",
+                ["--trainer.default_root_dir=s3://bucket/runs"],
+                "--trainer.default_root_dir=s3://bucket/runs needs the s3fs package, which is not installed:"
+                " pip install s3fs",
+            ),
+            (
+                "logger_dir",
+                ["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=s3://bucket/runs"],
+                "--trainer.logger.init_args.save_dir=s3://bucket/runs needs the s3fs package",
+            ),
+        ]
+        if importlib.util.find_spec("s3fs") is None
+        else []
+    ),
     # An unknown scheme was a 107-line traceback from the logger's creation (test_trackers: a server that does
     # not answer, which took minutes of MLflow's retries).
     *(
@@ -493,9 +512,13 @@ def test_plans_that_fit_the_machine_have_no_problem(tmp_path: Path) -> None:
         RunPlan(min_epochs=5, max_epochs=-1, min_steps=100),  # -1: no maximum
     ]
     (tmp_path / "hpc_ckpt_1.ckpt").write_bytes(b"")
+    # Without s3fs an s3:// folder has one line, the package's (LINES), and no other.
+    remote = [] if importlib.util.find_spec("s3fs") else ["run_dir"]
     for plan in fits:
-        plan = plan if plan.root_dir.startswith("s3") else replace(plan, root_dir=str(tmp_path))
-        assert problems(plan) == [], plan
+        remote_root = plan.root_dir.startswith("s3")
+        plan = plan if remote_root else replace(plan, root_dir=str(tmp_path))
+        found = [name for name, row in ROWS.items() if row(plan)]
+        assert found == (remote if remote_root else []), plan
 
 
 COMPOSED = "lit_ddp.models.ImageClassifier"

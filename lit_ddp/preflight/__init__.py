@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import fsspec
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.accelerators import MPSAccelerator, XLAAccelerator
@@ -579,9 +580,25 @@ def _write_probe(folder: str) -> OSError | None:
     return None
 
 
+def _missing_store_package(url: str) -> str | None:
+    """The package fsspec needs for a remote folder's store (s3fs for s3://) where it is not installed;
+    None where it is, or where the scheme is none fsspec knows (Lightning's to refuse)."""
+    try:
+        fsspec.get_filesystem_class(fsspec.utils.get_protocol(url))
+    except ImportError as err:  # fsspec raises its own, from the import that failed
+        failed = err.__cause__ if isinstance(err.__cause__, ImportError) else err
+        return failed.name
+    except ValueError:
+        return None
+    return None
+
+
 def unwritable(folder: str, option: str) -> str | None:
-    """The line for a folder a run cannot write into; None where it can, or for a remote folder (s3://),
-    whose store checks its own permissions."""
+    """The line for a folder a run cannot write into; None where it can, or for a remote folder (s3://)
+    whose store's package is installed: the store checks its own permissions."""
+    if "://" in folder and (package := _missing_store_package(folder)):
+        # Else an ImportError traceback from the logger's creation.
+        return f"{option}={folder} needs the {package} package, which is not installed: pip install {package}"
     err = None if "://" in folder else _write_probe(folder)
     if err is None:
         return None
