@@ -184,16 +184,12 @@ def local_path(value: str | os.PathLike, option: str) -> str:
     return expanded
 
 
-# A URL's scheme, also as a Path writes the URL (s3://bucket as s3:/bucket); a drive letter, C:, is a path's.
-URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+:/")
-
-
 def from_here(path: str | os.PathLike) -> str:
     """``path`` as a line names it, for a line saying it is missing: a relative path that does not exist
     with the absolute path it was read as. It is read from the current folder, which may not be the one a
     config's paths were written for (the project's, not the folder a job starts in)."""
     given = Path(path)
-    if given.is_absolute() or given.exists() or URL.match(str(path)):  # a URL is no path of this machine
+    if given.is_absolute() or given.exists() or "://" in str(path):  # a URL is no path of this machine
         return str(path)
     return f"{path} (read from the current folder, as {Path.cwd() / given})"
 

@@ -147,3 +147,28 @@ def test_a_remote_root_is_not_named_as_read_from_the_current_folder(home: Path, 
         main(["test", *TINY_RUN, "--trainer.default_root_dir=s3://bucket/runs", "--ckpt_path=last"])
     err = capsys.readouterr().err
     assert "test --ckpt_path=last: no last.ckpt" in err and "read from the current folder" not in err, err
+
+
+def test_a_remote_root_is_named_as_given(home: Path, monkeypatch, capsys) -> None:
+    """A URL root was named with one slash (`under s3:/bucket/runs/lightning_logs`), as a Path writes it: the
+    lines about its runs name it as given, in test's error and in fit's note (read from the plan: the test
+    stops each command at preflight, which without s3fs would stop it at its package's line)."""
+    seen = []
+    monkeypatch.setattr("lit_ddp.cli.problems", lambda plan: seen.append(plan) or ["stopped at preflight"])
+    root = "--trainer.default_root_dir=s3://bucket/runs"
+    csv = [root, "--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=s3://bucket/csv"]
+    for command in (["fit", root], ["test", root], ["test", *csv, "--trainer.logger.init_args.version=3"]):
+        with pytest.raises(SystemExit):
+            main([*command, *TINY_RUN, "--ckpt_path=last"])
+    fit, test, pinned = seen
+    assert fit.ckpt_note == (
+        "lit_ddp: note: --ckpt_path=last: no run under s3://bucket/runs/lightning_logs to resume, so this fit"
+        " starts a new one"
+    )
+    assert test.checkpoint_problem.startswith(
+        "test --ckpt_path=last: no last.ckpt from an earlier run under s3://bucket/runs/lightning_logs: "
+    ), test.checkpoint_problem
+    assert pinned.checkpoint_problem.startswith(
+        "test --ckpt_path=last: the logger's version names the run s3://bucket/csv/lightning_logs/version_3,"
+        " which has no last.ckpt, nor has any run under s3://bucket/csv/lightning_logs: "
+    ), pinned.checkpoint_problem

@@ -37,6 +37,25 @@ from lit_ddp.utils import from_here, imported
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
 FILE_STORE = "file:"  # MLflow's local tracking URI, whose folder ModelCheckpoint writes under
+# A folder of this machine, or a remote one (s3://bucket/runs) kept as the text given: a Path would write it
+# as s3:/bucket/runs, and nothing is read from it here (its runs are not searched).
+Folder = Path | str
+
+
+def _folder(given) -> Folder:
+    text = str(given)
+    return text if "://" in text else Path(text)
+
+
+def _under(folder: Folder, *names: str) -> Folder:
+    """``folder/names`` (an empty name adds nothing, as in a Path)."""
+    if isinstance(folder, Path):
+        return folder.joinpath(*names)
+    return "/".join([folder.rstrip("/"), *filter(None, names)])
+
+
+def _parent(folder: Folder) -> Folder:
+    return folder.parent if isinstance(folder, Path) else folder.rstrip("/").rpartition("/")[0]
 
 
 def is_mlflow_run_id(name: str) -> bool:
@@ -55,8 +74,8 @@ def is_wandb_run(folder: Path) -> bool:
 class Runs:
     """Where this run's earlier runs are, as its config places them."""
 
-    where: Path  # the folder named when nothing is found there
-    folder: Path | None  # the folder `last` searches; None where Lightning's own lookup is right
+    where: Folder  # the folder named when nothing is found there
+    folder: Folder | None  # the folder `last` searches; None where Lightning's own lookup is right
     pattern: str  # the glob of each run's last*.ckpt in it
     logger: type | None  # the first logger's class, which decides which folders are its runs
     fixed: tuple[Path, ...]  # the checkpoint callbacks' own dirpaths, where Lightning's lookup goes
@@ -77,7 +96,7 @@ class Runs:
 
     def lasts(self) -> list[Path]:
         """Every run's ``last*.ckpt`` in the searched folder, of any model and data, newest first."""
-        if self.folder is None or not self.pattern:
+        if not isinstance(self.folder, Path) or not self.pattern:  # none, or remote
             return []
         found = [p for p in self.folder.glob(self.pattern) if p.is_file() and self.is_run(p.parent.parent)]
         return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
@@ -191,7 +210,7 @@ def resumable_beside(pinned: Path, ckpt_path: str | None) -> Path | None:
     return run if beside and path.is_file() else None
 
 
-def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | None] | None:
+def _searched(config, experiment: str, root: Folder) -> tuple[Folder, str, type | None] | None:
     """The folder ``last`` searches, the glob of the runs' ``last*.ckpt`` there and the first logger's class,
     or None where Lightning's own lookup is right (a logger of another kind). A versioned logger keeps its
     runs under ``save_dir/name`` (a version given to it names the one run searched); with no logger,
@@ -206,39 +225,39 @@ def _searched(config, experiment: str, root: Path) -> tuple[Path, str, type | No
     if given is False or trainer.get("barebones"):
         return root, "checkpoints/last*.ckpt", None
     if given in (None, True):  # lit_ddp's default TensorBoard logger (assembly.trainer_arguments)
-        return root / experiment, "*/checkpoints/last*.ckpt", TensorBoardLogger
+        return _under(root, experiment), "*/checkpoints/last*.ckpt", TensorBoardLogger
     loggers = logger_configs(trainer)
     cls, init_args = loggers[0] if loggers else (None, {})
     if cls is None:
         return None
     if issubclass(cls, VERSIONED):
-        runs = Path(str(init_args.get("save_dir"))) / (init_args.get("name") or "")
+        runs = _under(_folder(init_args.get("save_dir")), init_args.get("name") or "")
         pinned = _pinned_version((cls, init_args))
         if pinned is not None:
-            return runs / pinned, "checkpoints/last*.ckpt", cls
+            return _under(runs, pinned), "checkpoints/last*.ckpt", cls
         return runs, "*/checkpoints/last*.ckpt", cls
     if issubclass(cls, WandbLogger):
         if init_args.get("id") or init_args.get("version"):
             return None
         project = init_args.get("project") or os.environ.get("WANDB_PROJECT") or "lightning_logs"
-        return Path(str(init_args.get("save_dir") or root)) / project, "*/checkpoints/last*.ckpt", cls
+        return _under(_folder(init_args.get("save_dir") or root), project), "*/checkpoints/last*.ckpt", cls
     if issubclass(cls, MLFlowLogger):
         ((uri, name, run_id),) = mlflow_stores([(cls, init_args)])
         store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
         if run_id is not None:  # that run alone, in its own experiment (none: the store row says why)
             holder = run_experiment(uri, run_id)
-            run = Path(store or root) / (holder or "") / run_id
+            run = _under(_folder(store or root), holder or "", run_id)
             return run, "checkpoints/last*.ckpt" if holder else "", cls
         # The named experiment's runs alone: another experiment's, beside them, is never resumed.
         found = experiment_id(uri, name)
-        return Path(store or root), f"{glob.escape(found)}/*/checkpoints/last*.ckpt" if found else "", cls
+        return _folder(store or root), f"{glob.escape(found)}/*/checkpoints/last*.ckpt" if found else "", cls
     return None
 
 
 def runs_of(config, experiment: str) -> Runs:
     """Where the earlier runs of a subcommand's parsed ``config`` are (``experiment``: the recipe's name)."""
     trainer = config.get("trainer") or {}
-    root = Path(str(trainer.get("default_root_dir") or os.getcwd()))
+    root = _folder(trainer.get("default_root_dir") or os.getcwd())
     dirs = _checkpoint_dirs(config)
     # One callback writing into the run's folder (lit_ddp's last_checkpoint, unless given a folder) makes
     # the runs the place to search, whatever folder another checkpoint callback has of its own.
@@ -249,7 +268,7 @@ def runs_of(config, experiment: str) -> Runs:
         loggers = logger_configs(trainer)
         cls, init_args = loggers[0] if loggers else (None, {})
         versioned = cls is not None and issubclass(cls, VERSIONED)
-        where = Path(str(init_args.get("save_dir"))) / (init_args.get("name") or "") if versioned else root
+        where = _under(_folder(init_args.get("save_dir")), init_args.get("name") or "") if versioned else root
         pattern, logger = "", cls
     return Runs(
         where=where,
@@ -302,7 +321,8 @@ def _new_run_note(runs: Runs) -> str:
     line = f"--ckpt_path=last: no run under {runs.folder} to resume, so this fit starts a new one"
     # Other recipes' folders beside this one: a versioned logger's (MLflow's and W&B's are not by recipe).
     versioned = runs.logger is not None and issubclass(runs.logger, VERSIONED) and runs.pinned is None
-    siblings = runs.folder.parent.glob(f"*/{runs.pattern}") if versioned else ()
+    local = isinstance(runs.folder, Path)
+    siblings = runs.folder.parent.glob(f"*/{runs.pattern}") if versioned and local else ()
     elsewhere = [
         p
         for p in siblings
@@ -351,8 +371,9 @@ def _no_checkpoint(runs: Runs, subcommand: str, asked: str) -> str:
         what = "last.ckpt" if asked == "last" else "checkpoint"
         where = from_here(runs.where)
         return f"{subcommand} --ckpt_path={asked}: no {what} from an earlier run under {where}: {train}"
-    parent = runs.where.parent
-    found = (p.parent.parent for p in parent.glob(f"*/{runs.pattern}") if p.is_file())
+    parent = _parent(runs.where)
+    beside = parent.glob(f"*/{runs.pattern}") if isinstance(parent, Path) else ()
+    found = (p.parent.parent for p in beside if p.is_file())
     others = ", ".join(sorted({run.name for run in found if runs.is_run(run)}))
     key = "run_id" if runs.logger is not None and issubclass(runs.logger, MLFlowLogger) else "version"
     line = f"{subcommand} --ckpt_path={asked}: the logger's {key} names the run {runs.where}, which has no"
