@@ -22,6 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import fsspec
 from jsonargparse import ArgumentError
 from lightning import Trainer, seed_everything
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -124,7 +125,10 @@ class SaveRunConfig(SaveConfigCallback):
             own = started is None or _within(str(started), str(folder))
             self.config = self.config.clone()
             self.config.ckpt_path = None if own else str(started)
-        if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
+        if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer, beside the run's too
+            fs, remote = fsspec.core.url_to_fs(f"{folder}/{self.config_filename}")
+            if stage != "fit" and fs.isfile(remote):
+                self.config_filename = f"{trainer.state.fn.value}_{self.config_filename}"
             return super().setup(trainer, pl_module, stage)
         path = Path(folder) / self.config_filename
         if stage != "fit" and path.is_file():  # an earlier run's folder (its version given): its config stays
