@@ -149,10 +149,11 @@ def test_a_remote_root_is_not_named_as_read_from_the_current_folder(home: Path, 
     assert "test --ckpt_path=last: no last.ckpt" in err and "read from the current folder" not in err, err
 
 
-def test_a_remote_root_is_named_as_given(home: Path, monkeypatch, capsys) -> None:
-    """A URL root was named with one slash (`under s3:/bucket/runs/lightning_logs`), as a Path writes it: the
-    lines about its runs name it as given, in test's error and in fit's note (read from the plan: the test
-    stops each command at preflight, which without s3fs would stop it at its package's line)."""
+def test_a_remote_root_is_named_as_given_and_not_said_to_be_empty(home: Path, monkeypatch) -> None:
+    """A URL root was named with one slash (`under s3:/bucket/runs/lightning_logs`), as a Path writes it, and
+    said to hold no run, though its runs are not searched: fit's note and test's line name it as given and
+    say so (read from the plan: the test stops each command at preflight, which without s3fs would stop it
+    at its package's line)."""
     seen = []
     monkeypatch.setattr("lit_ddp.cli.problems", lambda plan: seen.append(plan) or ["stopped at preflight"])
     root = "--trainer.default_root_dir=s3://bucket/runs"
@@ -162,13 +163,16 @@ def test_a_remote_root_is_named_as_given(home: Path, monkeypatch, capsys) -> Non
             main([*command, *TINY_RUN, "--ckpt_path=last"])
     fit, test, pinned = seen
     assert fit.ckpt_note == (
-        "lit_ddp: note: --ckpt_path=last: no run under s3://bucket/runs/lightning_logs to resume, so this fit"
-        " starts a new one"
+        "lit_ddp: note: --ckpt_path=last: the runs under s3://bucket/runs/lightning_logs are not searched"
+        " (lit_ddp looks for runs on this machine's disks only), so this fit starts a new one: pass a run's"
+        " last.ckpt there as --ckpt_path to train on from it"
     )
-    assert test.checkpoint_problem.startswith(
-        "test --ckpt_path=last: no last.ckpt from an earlier run under s3://bucket/runs/lightning_logs: "
-    ), test.checkpoint_problem
+    assert test.checkpoint_problem == (
+        "test --ckpt_path=last: no last.ckpt from an earlier run under s3://bucket/runs/lightning_logs is"
+        " looked for (lit_ddp looks for runs on this machine's disks only): pass --ckpt_path=PATH to a"
+        " checkpoint there"
+    )
     assert pinned.checkpoint_problem.startswith(
-        "test --ckpt_path=last: the logger's version names the run s3://bucket/csv/lightning_logs/version_3,"
-        " which has no last.ckpt, nor has any run under s3://bucket/csv/lightning_logs: "
+        "test --ckpt_path=last: no last.ckpt from an earlier run under"
+        " s3://bucket/csv/lightning_logs/version_3 is looked for"
     ), pinned.checkpoint_problem

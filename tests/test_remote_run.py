@@ -17,13 +17,16 @@ RUN = "runs/lightning_logs/version_0"
 
 
 def test_a_validate_into_a_remote_runs_version_keeps_its_config(
-    tmp_path: Path, monkeypatch, s3_server: s3.S3Server
+    tmp_path: Path, monkeypatch, capsys, s3_server: s3.S3Server
 ) -> None:
     """validate into an earlier s3:// run's version replaced the run's config.yaml with its own, where a local
-    folder keeps it: the validate's goes beside it, as validate_config.yaml."""
+    folder keeps it: the validate's goes beside it, as validate_config.yaml. The fit's closing line said
+    `--ckpt_path=last resumes it`, which does not search s3://."""
     monkeypatch.chdir(tmp_path)
     root = f"s3://{s3_server.bucket}/runs"
     build_cli(["fit", *TINY_RUN, f"--trainer.default_root_dir={root}"])
+    # --ckpt_path=last does not search s3://: the closing line does not promise that it resumes the run.
+    assert "pass it as --ckpt_path to train on from it" in capsys.readouterr().out
     client = s3_server.client()
 
     def read(key: str) -> bytes:

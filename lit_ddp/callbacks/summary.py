@@ -67,7 +67,11 @@ def where_saved(trainer: Trainer) -> str:
         score = f"{best.monitor} {float(best.best_model_score):.4f}"
         parts.append(f"best by {score} {_shown(best.best_model_path, folder)}")
     if last:
-        parts.append(f"last {_shown(last, folder)} (--ckpt_path=last resumes it)")
+        # --ckpt_path=last looks on this machine's disks only (preflight/runs.py).
+        again = "--ckpt_path=last resumes it"
+        if "://" in last:
+            again = "pass it as --ckpt_path to train on from it"
+        parts.append(f"last {_shown(last, folder)} ({again})")
     return f"run saved in {_shown(folder)}" + (f": {', '.join(parts)}" if parts else "")
 
 

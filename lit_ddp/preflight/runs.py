@@ -54,8 +54,8 @@ def _under(folder: Folder, *names: str) -> Folder:
     return "/".join([folder.rstrip("/"), *filter(None, names)])
 
 
-def _parent(folder: Folder) -> Folder:
-    return folder.parent if isinstance(folder, Path) else folder.rstrip("/").rpartition("/")[0]
+# Said where a remote root's runs would be: its last.ckpt is not looked for, so no line may say it has none.
+NOT_SEARCHED = "lit_ddp looks for runs on this machine's disks only"
 
 
 def is_mlflow_run_id(name: str) -> bool:
@@ -318,11 +318,15 @@ def _new_run_note(runs: Runs) -> str:
     """The line for ``fit --ckpt_path=last`` that found no run of its own to resume. A recipe's folder is
     named after its --config file, so a run of this model and data under another name (a config printed to
     my.yaml from a run without one) is named: the user may mean it."""
+    if not isinstance(runs.folder, Path):
+        return (
+            f"--ckpt_path=last: the runs under {runs.folder} are not searched ({NOT_SEARCHED}), so this fit"
+            " starts a new one: pass a run's last.ckpt there as --ckpt_path to train on from it"
+        )
     line = f"--ckpt_path=last: no run under {runs.folder} to resume, so this fit starts a new one"
     # Other recipes' folders beside this one: a versioned logger's (MLflow's and W&B's are not by recipe).
     versioned = runs.logger is not None and issubclass(runs.logger, VERSIONED) and runs.pinned is None
-    local = isinstance(runs.folder, Path)
-    siblings = runs.folder.parent.glob(f"*/{runs.pattern}") if versioned and local else ()
+    siblings = runs.folder.parent.glob(f"*/{runs.pattern}") if versioned else ()
     elsewhere = [
         p
         for p in siblings
@@ -367,13 +371,18 @@ def _no_checkpoint(runs: Runs, subcommand: str, asked: str) -> str:
     """The line for ``last`` or ``best`` that found no run's checkpoint. A version (MLflow: a run_id) given to
     the logger names the one run searched: the line says so, and names the runs beside it that have one."""
     train = "pass --ckpt_path=PATH to a checkpoint, or train first with fit"
+    if not isinstance(runs.where, Path):
+        what = "last.ckpt" if asked == "last" else "checkpoint"
+        return (
+            f"{subcommand} --ckpt_path={asked}: no {what} from an earlier run under {runs.where} is looked"
+            f" for ({NOT_SEARCHED}): pass --ckpt_path=PATH to a checkpoint there"
+        )
     if runs.pinned is None:
         what = "last.ckpt" if asked == "last" else "checkpoint"
         where = from_here(runs.where)
         return f"{subcommand} --ckpt_path={asked}: no {what} from an earlier run under {where}: {train}"
-    parent = _parent(runs.where)
-    beside = parent.glob(f"*/{runs.pattern}") if isinstance(parent, Path) else ()
-    found = (p.parent.parent for p in beside if p.is_file())
+    parent = runs.where.parent
+    found = (p.parent.parent for p in parent.glob(f"*/{runs.pattern}") if p.is_file())
     others = ", ".join(sorted({run.name for run in found if runs.is_run(run)}))
     key = "run_id" if runs.logger is not None and issubclass(runs.logger, MLFlowLogger) else "version"
     line = f"{subcommand} --ckpt_path={asked}: the logger's {key} names the run {runs.where}, which has no"
