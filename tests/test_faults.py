@@ -841,6 +841,23 @@ def test_e_atomic_writes_are_for_local_paths_remote_ones_keep_lightnings_writer(
     assert not is_local_path("s3://bucket/last.ckpt")
 
 
+def test_e_a_stopped_runs_last_ckpt_stays_in_a_remote_folder() -> None:
+    """SIGTERM's last.ckpt for an s3:// run went through a Path, `s3:/bucket/...`: a local folder named s3:,
+    written by the local writer, and named as if on S3."""
+    from types import SimpleNamespace
+
+    from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
+    from lit_ddp.runtime.preemption import last_checkpoint_path
+
+    remote = "s3://bucket/runs/lightning_logs/version_0/checkpoints"
+    last = LastCheckpoint()
+    last.dirpath = remote  # as its setup resolves it under the run's folder (no s3fs needed here)
+    trainer = SimpleNamespace(checkpoint_callbacks=[last], default_root_dir="s3://b")
+    assert str(last_checkpoint_path(trainer)) == f"{remote}/last.ckpt"
+    no_callback = SimpleNamespace(checkpoint_callbacks=[], default_root_dir="s3://b")
+    assert str(last_checkpoint_path(no_callback)) == "s3://b/last.ckpt"
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_e_a_checkpoint_is_classified_by_its_format_and_exception_type(tmp_path: Path, mmap: bool) -> None:
     """Read from the file (zip or legacy, the globals its pickle names) and the exception's type, never

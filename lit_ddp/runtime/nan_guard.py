@@ -82,7 +82,7 @@ class NonFiniteLossError(UserError):
 
 def _resume_hint(trainer: Trainer) -> str:
     last = last_checkpoint_path(trainer)
-    if not last.is_file():
+    if not Path(last).is_file():
         best = (getattr(cb, "best_model_path", "") for cb in trainer.checkpoint_callbacks)
         last = next((path for path in best if path and Path(path).is_file()), "")  # a save may have failed
     if last:

@@ -87,15 +87,15 @@ def steps_after(trainer: Trainer, batch_idx: int) -> bool:
     return (batch_idx + 1) % accumulate == 0 or batch_idx + 1 >= trainer.num_training_batches
 
 
-def last_checkpoint_path(trainer: Trainer) -> Path:
+def last_checkpoint_path(trainer: Trainer) -> str:
     """Where the run's ``last.ckpt`` lives: the folder of lit_ddp's last_checkpoint, which
     ``--ckpt_path=last`` resumes, before any other ModelCheckpoint's (a user's may have a folder of its own);
-    else ``default_root_dir``."""
+    else ``default_root_dir``. A remote folder (s3://) stays a URL, which a Path would make local (s3:/)."""
     callbacks = sorted(trainer.checkpoint_callbacks, key=lambda c: not isinstance(c, LastCheckpoint))
     for callback in callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is not None:
-            return Path(callback.dirpath) / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-    return Path(trainer.default_root_dir) / "last.ckpt"
+            return os.path.join(callback.dirpath, f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")
+    return os.path.join(trainer.default_root_dir, "last.ckpt")
 
 
 class PreemptionCheckpoint(Callback):
