@@ -50,6 +50,34 @@ def test_the_global_batch_and_the_scaled_lr_are_the_scheduled_ones(tmp_path: Pat
     assert "| global batch | 64; 128 (4 accumulated) from epoch 2 |" in texts(run, "environment")[0]
 
 
+@pytest.mark.timeout(300)
+def test_a_resume_in_a_later_epoch_logs_the_first_epochs_batch_and_notes_no_change_of_it(
+    tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume in epoch 2 of {0: 1, 1: 2} logged epoch 2's accumulation as the run's hparam: MLflow, which
+    keeps a run's first values, noted 'this fit changed trainer/accumulate_grad_batches (1 -> 2)' (and
+    tagged the run so), though nothing was changed but the budget."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 asks for this opt-in to a file store
+    store = tmp_path / "mlruns"
+    args = [
+        *TINY_RUN,
+        "--trainer.logger=MLFlowLogger",
+        f"--trainer.logger.init_args.tracking_uri={store.as_uri()}",
+    ]
+    args += [
+        "--trainer.callbacks+=GradientAccumulationScheduler",
+        "--trainer.callbacks.scheduling={0: 1, 1: 2}",
+    ]
+    args += [f"--trainer.default_root_dir={tmp_path}"]
+    build_cli(["fit", *args])
+    with caplog.at_level("INFO"):
+        resumed = build_cli(["fit", *args, "--ckpt_path=last", "--trainer.max_epochs=2"])
+    assert resumed.trainer.current_epoch == 2
+    (note,) = [m for m in caplog.messages if "keeps the first value of each parameter" in m]
+    assert note.endswith("this fit changed trainer/max_epochs (1 -> 2)"), note
+
+
 def test_a_resume_at_an_epochs_end_goes_on_as_the_uninterrupted_run(tmp_path: Path, caplog) -> None:
     """3 epochs of 4 batches, 2 accumulated, then 3 (a step of 3 batches and one of 1): the warmup (1 epoch)
     spanned 4 steps, and the resume after the first epoch stood at step 4 of the curve, where the run had

@@ -57,14 +57,16 @@ def run_hparams(trainer: Trainer, pl_module: LightningModule) -> dict:
             "trainer/world_size": trainer.world_size,
             "trainer/strategy": strategy_name(trainer),
             "trainer/precision": str(trainer.precision),
-            "trainer/accumulate_grad_batches": accumulation(trainer),
+            "trainer/accumulate_grad_batches": accumulation(trainer, 0),
             "trainer/max_epochs": trainer.max_epochs if trainer.max_epochs is not None else -1,
-            "global_batch_size": global_batch_size(trainer),
+            "global_batch_size": global_batch_size(trainer, 0),
             "seed": int(os.environ.get("PL_GLOBAL_SEED", -1)),  # set by seed_everything
         }
     )
     scheduler = accumulation_scheduler(trainer)
-    if scheduler is not None:  # the two above are the current epoch's: the rest of the run's, by epoch
+    # The two above are the first epoch's, as a resume in a later epoch logs them too (MLflow keeps a run's
+    # first values, and would note another as a change of this fit's); the scheduling gives the rest.
+    if scheduler is not None:
         params["trainer/accumulation_scheduling"] = str(dict(sorted(scheduler.scheduling.items())))
     return params
 
