@@ -674,10 +674,10 @@ def _checkpoint_file(plan: RunPlan) -> str | None:
 
 
 def _pinned_run(plan: RunPlan) -> str | None:
-    # The new run wrote its config.yaml, last.ckpt and best over the earlier run's (and into an MLflow or W&B
-    # run a second history over the same steps), from a --ckpt_path that does not go on in that run (another
-    # run's last.ckpt, an earlier checkpoint, a file from elsewhere) as from none. `last` reads a versioned
-    # logger's or MLflow's given run alone; W&B's is named by the file's path.
+    # A new run would write its config.yaml, last.ckpt and best over the earlier run's (and into an MLflow or
+    # W&B run a second history over the same steps), from a --ckpt_path that does not go on in that run
+    # (another run's last.ckpt, an earlier checkpoint, a file from elsewhere) as from none. `last` reads a
+    # versioned logger's or MLflow's given run alone; W&B's is named by the file's path.
     if plan.pinned_run is None:
         return None
     folder, key = plan.pinned_run
