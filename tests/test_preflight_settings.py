@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO
 
 import lit_ddp.cli as cli
+from lit_ddp.models import ImageClassifier
 from lit_ddp.preflight import settings
 
 NOTHING_TO_READ = "an error"
@@ -379,3 +380,21 @@ def test_a_class_in_a_module_that_fails_to_import_names_why_and_where(
     where = f"({tmp_path / 'brokenmod_x.py'}, line {lineno})"
     assert str(err.value).startswith(f"--model.net=brokenmod_x.Net: brokenmod_x cannot be imported: {line}")
     assert where in str(err.value), err.value
+
+
+class AnImportedSubclass(ImageClassifier):
+    """What a project (or another test module) imports: a subclass that takes ImageClassifier's net."""
+
+
+class _PrivateClassifier(ImageClassifier):
+    """A private helper class, never one to choose."""
+
+
+def test_an_argument_of_another_class_names_the_first_class_that_takes_it_not_its_subclasses() -> None:
+    """The subclasses imported beside lit_ddp's own (a project's, a test's) take net from ImageClassifier:
+    the line names ImageClassifier alone to choose, as on a bare install."""
+    with pytest.raises(cli.UserError) as err:
+        cli.build_cli(["fit", "--model.net.help", "LeNet"], run=True)
+    assert str(err.value).endswith(
+        "takes no net; ImageClassifier takes it: choose it first (--model=ImageClassifier before it)"
+    ), err.value

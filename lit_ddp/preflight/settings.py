@@ -763,12 +763,18 @@ def _taken_elsewhere(ctx: Context, place: Place, name: str) -> list[type]:
     if place.owner is None or len(place.at) != 1 or place.at not in CHOSEN:
         return []
     base = ctx.bases.get(place.at[0])
-    if not isinstance(base, type) or name in {k.split(".")[0] for k in _class_keys(place.owner)}:
+    if not isinstance(base, type) or name in _argument_names(place.owner):
         return []
     found = (c for c in (base, *_subclasses(base)) if c is not place.owner and not inspect.isabstract(c))
-    return sorted(
-        (c for c in found if name in {k.split(".")[0] for k in _class_keys(c)}), key=lambda c: c.__name__
-    )
+    taking = [c for c in found if not c.__name__.startswith("_") and name in _argument_names(c)]
+    # The first class of each line that takes it (ImageClassifier for net), not every subclass of it that
+    # happens to be imported: the line names the class to choose, and its subclasses take it from there.
+    roots = [c for c in taking if not any(other is not c and issubclass(c, other) for other in taking)]
+    return sorted(roots, key=lambda c: c.__name__)
+
+
+def _argument_names(cls: type) -> set[str]:
+    return {k.split(".")[0] for k in _class_keys(cls)}
 
 
 def _chooser(ctx: Context, place: Place) -> Setting | None:
