@@ -369,8 +369,9 @@ class PreemptionCheckpoint(Callback):
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._evaluating:
-            self._past_last_check = trainer.state.fn.value
-        self._evaluating, self._pending = False, None
+            self._past_last_check, self._pending = trainer.state.fn.value, None
+        # Fit's validation keeps training's check, started at the batch before it: read at the next batch.
+        self._evaluating = False
 
     on_predict_end = on_test_end
 
