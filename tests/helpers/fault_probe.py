@@ -26,9 +26,11 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from lightning import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Timer, timer
 
 ACTIONS = (
     "sigkill",
@@ -42,6 +44,7 @@ ACTIONS = (
     "raise",
     "hang",
     "should_stop",
+    "max_time",  # Lightning's Timer (--trainer.max_time) finds its time spent at the end of this batch
 )
 
 
@@ -97,6 +100,8 @@ class Fault(Callback):
             _until_received(signal.SIGINT, lambda: os.killpg(os.getpgid(0), signal.SIGINT))
         elif self.action == "should_stop":  # a stop decided as EarlyStopping or max_time decide theirs
             trainer.should_stop = True
+        elif self.action == "max_time":
+            _spend_max_time(trainer)
         elif self.action == "sigterm_parent":
             _until_received(signal.SIGTERM, lambda: os.kill(os.getppid(), signal.SIGTERM))
         elif self.action == "raise":
@@ -145,6 +150,15 @@ class Fault(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.current_epoch == self.at_epoch_end:
             self._fire(trainer, pl_module)
+
+
+def _spend_max_time(trainer: Trainer) -> None:
+    """Moves the Timer's clock past ``--trainer.max_time``: the real Timer then stops the fit at this batch's
+    end (its check, broadcast from rank 0, and its saved time), at a known batch however loaded the
+    machine."""
+    (timing,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    ahead, clock = timing.time_remaining() + 1.0, timer.time
+    timer.time = SimpleNamespace(monotonic=lambda: clock.monotonic() + ahead)
 
 
 def _until_received(signum: int, send, timeout_s: float = 300.0) -> None:
