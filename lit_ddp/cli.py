@@ -38,7 +38,7 @@ from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError, constructor_error, constructor_failure, exception_chain
 from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
-from lit_ddp.preflight import RunPlan, launcher_world, problems
+from lit_ddp.preflight import RunPlan, launcher_world, notes, problems
 from lit_ddp.preflight.arguments import argument_problems, classes_named
 from lit_ddp.preflight.checkpoint import UNTRAINED, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
@@ -274,7 +274,7 @@ class LitDDPCLI(LightningCLI):
             config["ckpt_path"] = None
         fit = subcommand or "fit"  # doctor's, with none, trains in check runs that log nowhere
         plan = RunPlan.of(
-            config, subcommand=fit, packages=packages, experiment=experiment, logs=bool(subcommand)
+            config, subcommand=fit, packages=packages, experiment=experiment, logs=bool(subcommand), argv=argv
         )
         found = problems(plan)
         if found:
@@ -283,8 +283,8 @@ class LitDDPCLI(LightningCLI):
             # `last` and `best` as the file they name, before the model is built from its settings as from a
             # path given by hand; each node resolves them alone (Resilience compares the ranks' at setup).
             config["ckpt_path"] = plan.ckpt_path
-        if plan.ckpt_note is not None:
-            rank_zero_info(plan.ckpt_note)
+        for note in notes(plan) if subcommand else ():  # doctor's checks judge the run themselves
+            rank_zero_info(note)
         # The --ckpt_path file, read once, for prepare_ckpt_path's shape check; the plan kept for the run
         # does not hold it (_before_run lets it go).
         self._checkpoint, self.plan = plan.checkpoint, replace(plan, checkpoint=None)

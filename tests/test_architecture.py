@@ -244,6 +244,40 @@ def test_the_data_modules_read_what_the_model_declares_not_its_layers(tmp_path: 
         planted.unlink()
 
 
+# What the data modules must not reach: the model a trainer holds, and what a model declares of itself.
+MODEL_READS = ("lightning_module", "batch_norm_per_device")
+
+
+def _model_reads(path: Path) -> list[str]:
+    """Attributes (``trainer.lightning_module``) and getattr names that reach the model."""
+    rel = path.relative_to(PACKAGE.parent)
+    return [
+        f"{rel}:{node.lineno} reads {name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        for name in [node.attr if isinstance(node, ast.Attribute) else getattr(node, "value", None)]
+        if isinstance(node, ast.Attribute | ast.Constant) and name in MODEL_READS
+    ]
+
+
+def test_the_data_modules_read_no_model() -> None:
+    """The data modules asked the model (``batch_norm_per_device``) for its BatchNorm: the model hands them
+    what they need (``batch_of_one_fails``) and preflight tells the rest from the config. The check flags a
+    planted read."""
+    problems = [p for path in sorted((PACKAGE / "data").rglob("*.py")) for p in _model_reads(path)]
+    assert not problems, "the data modules read the model:\n" + "\n".join(problems)
+    planted = PACKAGE / "data" / "_planted_for_test.py"
+    planted.write_text(
+        "def f(trainer):\n    return getattr(trainer.lightning_module, 'batch_norm_per_device', False)\n"
+    )
+    try:
+        assert _model_reads(planted) == [
+            "lit_ddp/data/_planted_for_test.py:2 reads lightning_module",
+            "lit_ddp/data/_planted_for_test.py:2 reads batch_norm_per_device",
+        ]
+    finally:
+        planted.unlink()
+
+
 def test_importing_the_cli_changes_no_process_wide_state() -> None:
     """Warning and logger filters are set by main() (runtime/quiet.py), torch's weights-only allow-list by
     build_cli, not by importing lit_ddp.cli."""

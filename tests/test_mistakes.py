@@ -170,9 +170,10 @@ def test_the_model_says_whether_its_batch_norm_normalises_each_devices_batch() -
     assert model.batch_norm_per_device
 
 
-def test_the_data_module_reads_the_models_declaration_not_its_layers(tmp_path: Path) -> None:
+def test_the_data_module_asks_what_the_model_declares_not_its_layers(tmp_path: Path) -> None:
     """A model that declares batch_norm_per_device gets its one-image last batch left out, whatever its layers
-    hold (none here): a data module looks at nothing else of the model."""
+    hold (none here): the model hands the data module the question as it is set up, and the data module
+    looks at no model (tests/test_architecture.py)."""
     from lightning import Trainer
 
     from lit_ddp.data import ShapesDataModule

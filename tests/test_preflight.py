@@ -13,7 +13,8 @@ from conftest import REPO, TINY_RUN
 
 from lit_ddp.callbacks import EMA
 from lit_ddp.cli import main
-from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, problems
+from lit_ddp.models.classifier import BATCH_OF_ONE
+from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, notes, problems
 from lit_ddp.preflight.arguments import SUBCOMMANDS, argument_problems
 from lit_ddp.preflight.checkpoint import packages_of, resumes_averages
 
@@ -276,6 +277,19 @@ LINES = [
         " names held/lightning_logs/version_0, which holds an earlier run: the fit would write over its"
         " config.yaml and checkpoints; give the logger a new version, or none"
         " (--trainer.logger.init_args.version=null: a new run from that checkpoint)",
+    ),
+    # A batch of one image per device through BatchNorm: BatchNorm's ValueError traceback at the first step
+    # (the data module refused it later, once the Trainer was built); a network given by class and a named
+    # architecture are read alike, and SyncBatchNorm on one process is still one image.
+    *(
+        ("batch_of_one", ["--data.batch_size=1", *model], BATCH_OF_ONE)
+        for model in (
+            ["--model.batch_norm=true"],
+            ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=true"],
+            ["--model=ArchClassifier", "--model.arch=resnet18"],
+            ["--model.batch_norm=true", "--trainer.sync_batchnorm=true", "--trainer.devices=1"],
+            ["--model.batch_norm=true", "--trainer.devices=2", "--trainer.strategy=ddp"],
+        )
     ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
     ("hpc_checkpoint", ["--ckpt_path=hpc"], "--ckpt_path=hpc: no hpc_ckpt_N.ckpt in "),
@@ -661,6 +675,81 @@ def test_the_plan_reads_the_command_line(tmp_path: Path, monkeypatch, args: list
     build_cli([*TINY_RUN, "--trainer.accelerator=cpu", *args], run=False)  # run=False: no subcommand
     plan = seen[0]
     assert {key: getattr(plan, key) for key in fields} == fields, plan
+
+
+# Command line → the notes it is told once, before anything is built. Two processes of b images each with
+# plain BatchNorm train another model than one process of 2b (docs/ddp.md): the fit said nothing of it.
+PLAIN_BN = ["--model.batch_norm=true", "--data.batch_size=4", "--trainer.devices=2", "--trainer.strategy=ddp"]
+SPLIT_BN = (
+    "lit_ddp: note: BatchNorm normalises each device's 4 images alone, not the 8 of all 2 devices together as"
+    " one process would: --trainer.sync_batchnorm=true normalises them together"
+)
+NOTES = [
+    (PLAIN_BN, [SPLIT_BN]),
+    (["--model=ArchClassifier", "--model.arch=resnet18", *PLAIN_BN[1:]], [SPLIT_BN]),
+    (
+        ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=true", *PLAIN_BN[1:]],
+        [SPLIT_BN],
+    ),
+    (["--model.batch_norm=false", *PLAIN_BN[1:]], []),
+    (["--model=ArchClassifier", "--model.arch=vit_b_16", *PLAIN_BN[1:]], []),  # LayerNorm: nothing per device
+    ([*PLAIN_BN[:2], "--trainer.devices=1"], []),  # one process normalises them all
+    ([*PLAIN_BN, "--trainer.sync_batchnorm=true"], []),
+    # Per-device statistics chosen: on the command line, or in a recipe (resnet50_imagenet_modern.yaml's).
+    ([*PLAIN_BN, "--trainer.sync_batchnorm=false"], []),
+    (["--config=per_device.yaml", *PLAIN_BN], []),
+]
+
+
+class _Planned(BaseException):
+    """Raised once the plan is made and told: nothing is built, and a recipe's data folder need not exist."""
+
+
+def _built(*_) -> None:
+    raise _Planned
+
+
+@pytest.mark.parametrize(("args", "expected"), NOTES)
+def test_the_notes_are_told_from_the_plan_before_anything_is_built(
+    tmp_path: Path, monkeypatch, caplog, args: list[str], expected: list[str]
+) -> None:
+    from lit_ddp.cli import LitDDPCLI, build_cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "per_device.yaml").write_text("trainer:\n  sync_batchnorm: false  # per-device statistics\n")
+    seen = _spy(monkeypatch)
+    monkeypatch.setattr(LitDDPCLI, "instantiate_classes", _built)
+    with caplog.at_level("INFO"), pytest.raises(_Planned):
+        build_cli(["fit", *TINY_RUN, "--trainer.accelerator=cpu", *args])
+    told = [m for m in caplog.messages if "BatchNorm normalises each device" in m]
+    assert told == expected == [n for n in notes(seen[0]) if "BatchNorm" in n]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "noted"), [("resnet50_imagenet_modern", False), ("finetune_imagefolder", True)]
+)
+def test_a_recipe_that_chooses_per_device_batch_norm_is_not_told_of_it(
+    monkeypatch, recipe: str, noted: bool
+) -> None:
+    """resnet50_imagenet_modern.yaml sets sync_batchnorm: false (torchvision's recipe normalises 128 images
+    per GPU); finetune_imagefolder.yaml leaves it at the default, so 8 GPUs each normalise their own 64."""
+    from lit_ddp.cli import build_cli
+
+    seen: list[RunPlan] = []
+
+    def spy(plan: RunPlan) -> list[str]:
+        seen.append(plan)
+        raise _Planned
+
+    monkeypatch.setattr("lit_ddp.cli.problems", spy)
+    with pytest.raises(_Planned):
+        build_cli([f"--config={REPO / 'configs' / recipe}.yaml", "--trainer.devices=8"], run=False)
+    assert (seen[0].sync_batchnorm, seen[0].batch_norm, seen[0].world_size) == (
+        None if noted else False,
+        True,
+        8,
+    )
+    assert bool(notes(seen[0])) is noted
 
 
 def test_the_plan_names_the_run_folder_after_the_recipe(tmp_path: Path, monkeypatch) -> None:

@@ -72,37 +72,6 @@ def test_one_process_is_plain_batchnorm(momentum: float | None) -> None:
     assert int(synced.num_batches_tracked) == 3
 
 
-@pytest.mark.parametrize("batch_norm", [True, False])
-def test_plain_batchnorm_on_two_devices_gets_one_note_per_fit(
-    batch_norm: bool, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Two processes of b images each with plain BatchNorm train another model than one process of 2b
-    (docs/ddp.md): the fit said nothing of it. One note, as the training loader is built (after the strategy
-    swapped in synchronised layers, which it leaves alone), however often the loader is rebuilt."""
-    from lit_ddp.data import ShapesDataModule
-    from lit_ddp.models import LeNetCIFAR
-
-    data = ShapesDataModule(train_size=16, val_size=8, batch_size=4, num_workers=0)
-    data.setup("fit")
-    data.trainer = SimpleNamespace(
-        distributed_sampler_kwargs={"num_replicas": 2, "rank": 0},
-        lightning_module=LeNetCIFAR(batch_norm=batch_norm),
-        world_size=2,
-        num_devices=2,
-        predicting=False,
-        strategy=SimpleNamespace(root_device=torch.device("cpu")),
-    )
-    with caplog.at_level("INFO"):
-        data.train_dataloader()
-        data.train_dataloader()
-    notes = [m for m in caplog.messages if "BatchNorm normalises each device" in m]
-    want = (
-        "lit_ddp: note: BatchNorm normalises each device's 4 images alone, not the 8 of all 2 devices"
-        " together as one process would: --trainer.sync_batchnorm=true normalises them together"
-    )
-    assert notes == ([want] if batch_norm else [])
-
-
 def test_plugin_picks_allreduce_batchnorm_off_cuda_and_reverts() -> None:
     plugin = SyncBatchNormPlugin()
     model = plugin.apply(LeNet(batch_norm=True))

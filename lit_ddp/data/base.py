@@ -25,7 +25,7 @@ import functools
 import inspect
 import math
 import random
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from dataclasses import replace
 from pathlib import Path
 
@@ -85,6 +85,11 @@ SPLITS_OF_STAGE = {"fit": ("train", "val"), "validate": ("val",), "test": ("test
 
 # The largest training split whose augmentation draws are hashed for the whole epoch at once (10 MB of them).
 EPOCH_DRAWS_MAX = 1 << 18
+
+
+def _trains() -> str | None:
+    """A model that has not said otherwise trains on a batch of one image per device."""
+    return None
 
 
 class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
@@ -159,7 +164,10 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         self._auto_workers: int | None = None
         # The workers an override's training loader sets itself (loader(..., num_workers=N)), or None.
         self._own_train_workers: int | None = None
-        self._batch_norm_noted = False  # the note that BatchNorm normalises per device, once per fit
+        # The line a training batch of one image per device fails with, or None where it trains: a model
+        # whose BatchNorm normalises each device's batch alone hands this question over as it is set up
+        # (ImageClassifier.setup); the training loader asks it once the strategy synchronised the layers.
+        self.batch_of_one_fails: Callable[[], str | None] = _trains
         self.seed = seed
         if isinstance(augmentation, dict):  # as a checkpoint holds it: load_from_checkpoint passes it back
             augmentation = rebuild(augmentation)
@@ -216,7 +224,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             # (a notebook, a sweep) would otherwise start at that fit's resume point, and count on from its
             # samples. A resumed fit's load_state_dict runs after setup and sets them from its checkpoint.
             self._epoch, self._samples, self._batches, self._resume = 0, 0, 0, None
-            self._batch_norm_noted = False
+            self.batch_of_one_fails = _trains  # until this fit's model hands over its own
         if stage == "fit" and self.trainer is not None:
             t = self.trainer
             rank_zero_info(
@@ -224,8 +232,6 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
                 f" × {accumulation(t)} accumulation"
                 f" = {global_batch_size(t)} images per optimizer step{later_global_batches(t)}"
             )
-            if t.world_size == 1:  # no strategy syncs one process's BatchNorm: refused before any write
-                self.check_batch_norm(t.lightning_module)
         if self.class_names and len(self.class_names) != self.num_classes:
             # Else predictions.csv names the classes that have a name and numbers the others, in silence.
             raise UserError(
@@ -307,32 +313,6 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             f"{type(self).__name__}.load_split('{split}') returned images of shape {shape} and dtype {dtype}:"
             f" give {fix}"
         )
-
-    def check_batch_norm(self, model: object) -> None:
-        """Training batches of one image cannot pass a BatchNorm that normalises each device's batch alone
-        (the model says so: ``ImageClassifier.batch_norm_per_device``, asked as the training loader is built,
-        once the strategy swapped in synchronised layers, and in setup on one process): refuse
-        ``batch_size=1``; otherwise an epoch's last batch that would hold one image per device is left out
-        (``_drop_one_image_batch``)."""
-        if self.batch_size == 1 and getattr(model, "batch_norm_per_device", False):
-            raise UserError(
-                "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per"
-                " device; pass --data.batch_size=2 or more, or a model without BatchNorm"
-            )
-
-    def _note_batch_norm_per_device(self) -> None:
-        """On several devices, a BatchNorm that normalises each device's batch alone trains another model than
-        one process with the global batch (docs/ddp.md): one note per fit, naming the option that syncs it."""
-        trainer = self.trainer
-        if self._batch_norm_noted or trainer is None:
-            return
-        if getattr(trainer.lightning_module, "batch_norm_per_device", False) and trainer.world_size > 1:
-            self._batch_norm_noted = True
-            rank_zero_info(
-                f"lit_ddp: note: BatchNorm normalises each device's {self.batch_size} images alone, not the"
-                f" {trainer.world_size * self.batch_size} of all {trainer.world_size} devices together as one"
-                " process would: --trainer.sync_batchnorm=true normalises them together"
-            )
 
     # ---- loaders -------------------------------------------------------------------------------
 
@@ -440,9 +420,9 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             raise RuntimeError(f"{type(self).__name__}.setup() did not create this split")
         check_loader_options(type(self).__name__, dataloader_kwargs, train, self.batch_size)
         sampler = self.train_sampler(dataset, *self._replicas()) if train else self._eval_sampler(dataset)
-        if train:  # the layers the model trains with: the strategy swaps SyncBatchNorm in after setup
-            self.check_batch_norm(self.trainer.lightning_module if self.trainer is not None else None)
-            self._note_batch_norm_per_device()
+        failure = self.batch_of_one_fails() if train else None  # the layers the model trains with
+        if failure is not None and self.batch_size == 1:
+            raise UserError(failure)
         if self._needs_index(train) and not isinstance(dataset, IndexedDataset):
             dataset = IndexedDataset(dataset)  # the indices key each sample's augmentation, or its prediction
         workers = dataloader_kwargs.get("num_workers")
@@ -457,7 +437,7 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
             "batch_size": self.batch_size,
             "sampler": sampler,
             "collate_fn": collate_batch,
-            "drop_last": train and self._drop_one_image_batch(len(sampler)),
+            "drop_last": failure is not None and self._drop_one_image_batch(len(sampler)),
         }
         options.pop("shuffle", None)  # as the sampler reads the split (check_loader_options)
         if workers == 0:  # torch refuses both without workers, which --data.num_workers=0 would then hit
@@ -481,13 +461,10 @@ class ImageDataModule(LoadsSavedSubclass, LightningDataModule):
         return self.trainer.strategy.root_device if self.trainer is not None else None
 
     def _drop_one_image_batch(self, shard: int) -> bool:
-        """Whether each epoch's last training batch, which would hold 1 image per device, is left out: a
-        model whose BatchNorm normalises each device's batch cannot train on one image. Shards are equal on
-        every rank, so every rank decides alike and takes the same steps."""
+        """Whether each epoch's last training batch, which would hold 1 image per device, is left out, where
+        the model cannot train on one image (``batch_of_one_fails``). Shards are equal on every rank, so every
+        rank decides alike and takes the same steps."""
         if shard % self.batch_size != 1 or shard == 1:
-            return False
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        if not getattr(model, "batch_norm_per_device", False):
             return False
         rank_zero_info(
             f"the last training batch of each epoch would hold 1 image per device ({shard} ="

@@ -1,10 +1,14 @@
 """A classifier over any torchvision or timm network named by ``arch`` (ResNet-50 by default), optionally
 started from a weights file and trained head-only: the ImageNet recipes' system, and any ImageFolder's."""
 
+from collections.abc import Mapping
+
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_ddp.errors import UserError
 from lit_ddp.models.backbones import build_net, freeze_all_but_head, freeze_norm_stats
-from lit_ddp.models.classifier import CompileMode, ImageClassifier
+from lit_ddp.models.classifier import CompileMode, ImageClassifier, has_batch_norm
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.weights import load_weights
 
@@ -69,6 +73,15 @@ class ArchClassifier(ImageClassifier):
         # checkpoint replaces what it loads. The run's config.yaml records it.
         self.save_hyperparameters(ignore=["weights"])
         self.train()  # freezes the BatchNorm statistics (see train)
+
+    @classmethod
+    def batch_norm_in(cls, init_args: Mapping) -> bool | None:
+        # The named network, built on the meta device: no memory, no weights read.
+        try:
+            with torch.device("meta"):
+                return has_batch_norm(build_net(str(init_args.get("arch", "resnet50"))))
+        except UserError:  # an unknown name, or timm missing: building the model says so
+            return None
 
     def train(self, mode: bool = True) -> "ArchClassifier":
         # Lightning's fit keeps the modules' modes as it finds them (and restores them after validation),

@@ -23,7 +23,7 @@ import inspect
 import math
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Literal, get_args
 
 import torch
@@ -92,6 +92,23 @@ def build_metrics(num_classes: int, top_k: tuple[int, ...]) -> MetricCollection:
 # torch's layers that normalise over the batch in training (their Lazy* forms and timm's BatchNormAct2d are
 # subclasses): they cannot normalise a batch of one image ("Expected more than 1 value per channel").
 BATCH_NORM_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+# The line for training batches of one image through such a layer; the testing kit names its own option.
+BATCH_OF_ONE = (
+    "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per device; pass"
+    " --data.batch_size=2 or more, or a model without BatchNorm"
+)
+
+
+def has_batch_norm(net: nn.Module) -> bool:
+    """Whether a layer of ``net`` normalises over the batch in training (``BATCH_NORM_TYPES``)."""
+    return any(isinstance(m, BATCH_NORM_TYPES) for m in net.modules())
+
+
+def check_batch_of_one(batch_size: int, model: object) -> None:
+    """UserError for training batches of one image per device through a model whose BatchNorm normalises
+    each device's batch alone (``batch_norm_per_device``, which a model of your own may define too)."""
+    if batch_size == 1 and getattr(model, "batch_norm_per_device", False):
+        raise UserError(BATCH_OF_ONE)
 
 
 class LossMean(MeanMetric):
@@ -343,6 +360,9 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         return logits
 
     def setup(self, stage: str) -> None:
+        data = getattr(self.trainer, "datamodule", None)
+        if stage == "fit" and hasattr(data, "batch_of_one_fails"):  # lit_ddp's: it asks, it reads no model
+            data.batch_of_one_fails = self.batch_of_one_failure
         # Every metric starts empty, in tensors of this process's own: ddp_spawn hands the module to its
         # workers through shared memory, so a CPU state they update in place would also be the launching
         # process's (a later trainer.validate there would count those samples again) and each other's.
@@ -367,9 +387,9 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
     @property
     def batch_norm_per_device(self) -> bool:
         """Whether a layer of the network normalises over this device's training batch alone (BatchNorm): it
-        cannot train on one image per device, so a data module leaves such a batch out. Layers the strategy
-        made synchronised (``--trainer.sync_batchnorm`` on several processes) normalise over every device's
-        batch: they carry the ``process_group`` they span, and N devices' one-image batches are N images."""
+        cannot train on one image per device (``batch_of_one_failure``). Layers the strategy made synchronised
+        (``--trainer.sync_batchnorm`` on several processes) normalise over every device's batch: they carry
+        the ``process_group`` they span, and N devices' one-image batches are N images."""
         layers = [m for m in self.modules() if isinstance(m, BATCH_NORM_TYPES)]
         if not layers:
             return False
@@ -378,6 +398,29 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         except RuntimeError:  # not attached to a Trainer: one process
             several = False
         return not (several and all(hasattr(m, "process_group") for m in layers))
+
+    def batch_of_one_failure(self) -> str | None:
+        """The line a training batch of one image per device fails with, or None where it trains: the data
+        module asks as it builds the training loader (once the strategy synchronised the layers), to refuse
+        ``batch_size=1`` and to leave out an epoch's last batch of one image per device."""
+        return BATCH_OF_ONE if self.batch_norm_per_device else None
+
+    @classmethod
+    def batch_norm_in(cls, init_args: Mapping) -> bool | None:
+        """Whether the network these constructor arguments build holds a BatchNorm layer, asked before
+        anything is built (preflight): a network class given (``--model.net``) is built on the meta device,
+        which allocates nothing. None where the arguments do not tell: a subclass that builds its own network
+        says so by overriding this."""
+        net = init_args.get("net")
+        found = imported(str(net.get("class_path"))) if isinstance(net, Mapping) else None
+        if not (isinstance(found, type) and issubclass(found, nn.Module)):
+            return None
+        try:
+            with torch.device("meta"):
+                built = found(init_args.get("num_classes") or 10, **(net.get("init_args") or {}))
+        except Exception:  # a network of your own that cannot be built so: building the model tells
+            return None
+        return has_batch_norm(built)
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.

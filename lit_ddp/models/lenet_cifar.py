@@ -1,5 +1,7 @@
 """LeNet-5 on CIFAR-10 (or the embedded CIFAR-shaped Shapes data)."""
 
+from collections.abc import Mapping
+
 from lit_ddp.models.classifier import ImageClassifier
 from lit_ddp.models.lenet import LeNet
 from lit_ddp.models.optim import OptimConfig
@@ -28,3 +30,7 @@ class LeNetCIFAR(ImageClassifier):
         net = LeNet(num_classes=num_classes, batch_norm=batch_norm)
         super().__init__(net, num_classes=num_classes, optim=optim, channels_last=channels_last, **kwargs)
         self.save_hyperparameters()
+
+    @classmethod
+    def batch_norm_in(cls, init_args: Mapping) -> bool | None:
+        return bool(init_args.get("batch_norm", False))

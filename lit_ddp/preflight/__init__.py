@@ -27,6 +27,7 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lit_ddp.errors import UserError
+from lit_ddp.models.classifier import BATCH_OF_ONE
 from lit_ddp.preflight.checkpoint import (
     LIBRARY,
     UNTRAINED,
@@ -47,7 +48,8 @@ from lit_ddp.preflight.runs import (
     resumable_beside,
     runs_of,
 )
-from lit_ddp.utils import MAX_SEED, local_path
+from lit_ddp.preflight.settings import given
+from lit_ddp.utils import MAX_SEED, imported, local_path
 from lit_ddp.writes import WriteError
 
 OPTION_PREDICTIONS = "--predictions.filename"
@@ -151,6 +153,16 @@ def _strategy_name(strategy) -> str:
     return strategy if isinstance(strategy, str) else str(_get(strategy, "class_path", ""))
 
 
+def _batch_norm(model) -> bool | None:
+    """Whether the configured model holds a BatchNorm layer, where its class tells from its arguments
+    (``ImageClassifier.batch_norm_in``); None where only building it would."""
+    told = getattr(imported(str(_get(model, "class_path", ""))), "batch_norm_in", None)
+    if not callable(told):
+        return None
+    init_args = _get(model, "init_args", {})
+    return told(init_args.as_dict() if hasattr(init_args, "as_dict") else init_args)
+
+
 def _logger_dirs(loggers: list[tuple[type | None, object]]) -> tuple[str, ...]:
     """The local folders the configured loggers write into (MLflow's store is probed on its own, and a
     logger without a save_dir writes under the run's)."""
@@ -190,6 +202,8 @@ class RunPlan:
     dist_timeout: float | None = None  # seconds; None: the CLI's default
     seed_everything: bool | int | None = None
     per_device_batch: int | None = None
+    sync_batchnorm: bool | None = None  # as given; None: left at Lightning's default (off)
+    batch_norm: bool | None = None  # the model as configured holds BatchNorm (None: its class cannot tell)
     root_dir: str = "."
     experiment: str = DEFAULT_EXPERIMENT  # the recipe's: the run logs into root_dir/experiment/version_N
     logger_dirs: tuple[str, ...] = ()
@@ -233,13 +247,15 @@ class RunPlan:
         packages: frozenset[str] = frozenset({LIBRARY}),
         experiment: str | None = None,
         logs: bool = True,
+        argv: list[str] | None = None,
     ) -> "RunPlan":
         """The plan of one subcommand's parsed config (``trainer``, ``model``, ``data``, ``ckpt_path``);
         ``cuda_devices``: this machine's count, ``other_accelerator`` its MPS or TPU and ``environ`` its
         environment, unless given; ``checkpoint``: the ``ckpt_path`` file, loaded here (weights-only,
         memory-mapped) unless given; ``packages``: the project's (``preflight.checkpoint.packages_of``);
         ``experiment``: the recipe's name, where the caller has read it (``folders.place_runs``); ``logs``:
-        whether the run writes into its logger's folder (doctor's check runs do not)."""
+        whether the run writes into its logger's folder (doctor's check runs do not); ``argv``: the command
+        line, which tells a setting given from its default."""
         environ = os.environ if environ is None else environ
         experiment = experiment or experiment_name(_get(config, "config"))
         asked = ckpt_path = _get(config, "ckpt_path")
@@ -263,6 +279,8 @@ class RunPlan:
         loggers = logger_configs(trainer)
         data_args = _get(_get(config, "data", {}), "init_args", {})
         model_args = _get(_get(config, "model", {}), "init_args", {})
+        sync = bool(_get(trainer, "sync_batchnorm", False))  # true is no default: it was given
+        sync_given = sync or given(argv or [], subcommand, ("trainer", "sync_batchnorm"))
         if cuda_devices is None:
             cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
             other_accelerator = next((name for name, cls in _OTHER_ACCELERATORS if cls.is_available()), None)
@@ -290,6 +308,8 @@ class RunPlan:
             dist_timeout=_get(config, "dist_timeout"),
             seed_everything=_get(config, "seed_everything"),
             per_device_batch=_get(data_args, "batch_size"),
+            sync_batchnorm=sync if sync_given else None,
+            batch_norm=_batch_norm(_get(config, "model")) if subcommand == "fit" else None,
             root_dir=str(_get(trainer, "default_root_dir", os.getcwd())),
             experiment=experiment,
             logger_dirs=_logger_dirs(loggers),
@@ -335,6 +355,14 @@ class RunPlan:
         except (TypeError, ValueError):
             return len(self.devices) if isinstance(self.devices, list | tuple) else None
         return count if count > 0 else None
+
+    @property
+    def world_size(self) -> int | None:
+        """The run's processes where the plan names them: the launcher's, or devices × nodes; None for auto
+        or -1, which Lightning counts as it starts (the doctor judges a CPU stand-in for a GPU run)."""
+        if self.launcher is not None and not self.launcher.starts_devices:
+            return self.launcher.world
+        return None if self.device_count is None else self.device_count * self.num_nodes
 
     @property
     def global_batch(self) -> int | None:
@@ -720,6 +748,30 @@ def _checkpoint_average(plan: RunPlan) -> str | None:
     )
 
 
+def _batch_of_one(plan: RunPlan) -> str | None:
+    # BatchNorm raised its ValueError ("Expected more than 1 value per channel") at the first step. Layers
+    # synchronised over several processes normalise their one-image batches together.
+    if plan.subcommand != "fit" or plan.per_device_batch != 1 or not plan.batch_norm:
+        return None
+    world = plan.world_size
+    return None if plan.sync_batchnorm and (world is None or world > 1) else BATCH_OF_ONE
+
+
+def _batch_norm_per_device(plan: RunPlan) -> str | None:
+    # Each device's BatchNorm normalises its own images: another model than one process with the global batch
+    # trains (docs/ddp.md). A recipe that sets sync_batchnorm: false chose it; the default is not a choice.
+    world, batch = plan.world_size, plan.per_device_batch
+    if plan.subcommand != "fit" or not plan.batch_norm or plan.sync_batchnorm is not None:
+        return None
+    if world is None or world < 2 or batch is None:
+        return None
+    return (
+        f"lit_ddp: note: BatchNorm normalises each device's {batch} images alone, not the {world * batch} of"
+        f" all {world} devices together as one process would: --trainer.sync_batchnorm=true normalises them"
+        " together"
+    )
+
+
 def _random_weights(plan: RunPlan) -> str | None:
     # validate and test scored the model's random initial weights, and predict labelled images with them,
     # with no word.
@@ -771,6 +823,7 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
     "checkpoint_state": _checkpoint_state,
     "checkpoint_average": _checkpoint_average,
     "random_weights": _random_weights,
+    "batch_of_one": _batch_of_one,
     "hpc_checkpoint": _no_hpc_checkpoint,
 }
 
@@ -778,3 +831,9 @@ ROWS: dict[str, Callable[[RunPlan], str | None]] = {
 def problems(plan: RunPlan) -> list[str]:
     """Every row's line for ``plan``, in ``ROWS``'s order: empty when the plan can run."""
     return [line for row in ROWS.values() if (line := row(plan)) is not None]
+
+
+def notes(plan: RunPlan) -> list[str]:
+    """The lines a plan that can run is told before it runs: what ``last`` or ``best`` resolved to, and a
+    choice left to the default that trains another model than the user may think."""
+    return [line for line in (plan.ckpt_note, _batch_norm_per_device(plan)) if line is not None]

@@ -214,6 +214,12 @@ def _settings(argv: list[str], words: list, command: str) -> list[Setting]:
     return settings
 
 
+def given(argv: list[str], command: str, key: tuple[str, ...]) -> bool:
+    """Whether the command line or one of its config files sets ``key`` (``("trainer", "sync_batchnorm")``):
+    the parsed config holds a default and a value given alike."""
+    return any(s.key == key for s in _settings(argv, command_line(argv), command))
+
+
 def _file_settings(path: Path | InlineConfig, command: str) -> list[Setting]:
     try:
         content = yaml.safe_load(path.read_text())

@@ -29,6 +29,7 @@ from torch import nn
 
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
+from lit_ddp.models.classifier import check_batch_of_one
 from lit_ddp.testing.config import instantiate
 from lit_ddp.testing.launch import LaunchError, LaunchStopped, free_ports, launch
 from lit_ddp.testing.record import DROPOUT, load
@@ -932,7 +933,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     # once its layers are synchronised; this one is not), or may: devices not counted (a GPU run judged on a
     # CPU) are not refused on a guess. Before the checks' own batch of 1, the kit's.
     if not (case.sync_batchnorm and (case.devices is None or case.devices > 1)):
-        dm.check_batch_norm(model)
+        check_batch_of_one(dm.batch_size, model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
     # With SyncBatchNorm the 2-process ranks normalise 2 images, and the 1-process ones a batch of 2.
     if b == 1 and not case.sync_batchnorm and getattr(model, "batch_norm_per_device", False):
