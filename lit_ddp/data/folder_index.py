@@ -200,14 +200,15 @@ def _list_class(root: str, name: str) -> tuple[list[str], list[tuple[str, list[i
         if states is not None:
             states.append((rel, [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]))  # as _state
         pending += [os.path.join(rel, d) for d in sorted(dirs, reverse=True) if not is_junk(d)]
-        # Junk files are the hidden ones (is_junk): "__MACOSX" has no image extension.
-        others += [
-            os.path.join(rel, n) for n in files if n[0] != "." and not n.lower().endswith(IMAGE_EXTENSIONS)
-        ]
-        files = sorted(n for n in files + dangling if n.lower().endswith(IMAGE_EXTENSIONS) and n[0] != ".")
-        if files:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
+        # Hidden files are junk (is_junk: "__MACOSX" has no image extension); a dead link is never left out.
+        images, left = [n for n in dangling if n[0] != "." and n.lower().endswith(IMAGE_EXTENSIONS)], []
+        for n in files:
+            if n[0] != ".":
+                (images if n.lower().endswith(IMAGE_EXTENSIONS) else left).append(n)
+        others += [os.path.join(rel, n) for n in left]
+        if images:  # "class/a\0class/b\0": the joins write the prefix, no string per file in Python
             prefix = rel + os.sep
-            chunks.append((rel, prefix + ("\0" + prefix).join(files) + "\0"))
+            chunks.append((rel, prefix + ("\0" + prefix).join(sorted(images)) + "\0"))
     return [chunk for _, chunk in sorted(chunks)], states, sorted(others)
 
 
