@@ -338,6 +338,48 @@ def test_an_mlflow_store_that_cannot_be_used_is_one_line_before_the_run(tmp_path
     assert not list(tmp_path.iterdir())  # stopped before the run made its folder
 
 
+@pytest.mark.timeout(60)
+def test_the_mlflow_store_is_asked_only_for_the_run_the_logger_is_given() -> None:
+    """With a run_id, the preflight also asked a server for the experiment named, whose answer it never used:
+    a request more per run. Now the run alone; a server that does not answer is still one line."""
+    pytest.importorskip("mlflow")
+    import json
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lit_ddp.preflight.mlflow import store_problem
+
+    run_id, asked = "a" * 32, []
+
+    class Server(BaseHTTPRequestHandler):  # answers every request with an active run in experiment 1
+        def do_GET(self) -> None:
+            asked.append(self.path.partition("?")[0])
+            info = {"run_id": run_id, "experiment_id": "1", "lifecycle_stage": "active"}
+            body = json.dumps({"run": {"info": info}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Server) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        uri = f"http://127.0.0.1:{server.server_port}"
+        try:
+            assert store_problem(uri, "lightning_logs", run_id) is None
+        finally:
+            server.shutdown()
+    assert asked == ["/api/2.0/mlflow/runs/get"]
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused at once
+        bound.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        line = store_problem(uri, "lightning_logs", run_id)
+    assert line.startswith(f"the MLflow tracking server {uri} does not answer (ConnectionError)")
+
+
 @pytest.mark.timeout(300)
 def test_a_csv_logger_after_mlflow_goes_on_in_the_runs_folder_when_the_fit_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

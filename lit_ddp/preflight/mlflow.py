@@ -101,13 +101,14 @@ def store_problem(uri: str, experiment: str, run_id: str | None = None) -> str |
     try:
         with _environment(PROBE_ENV):
             client = MlflowClient(uri)
-            found = client.get_experiment_by_name(experiment)
+            # One request probes the store: the run given (its experiment is its own), else the experiment.
+            found = client.get_experiment_by_name(experiment) if run_id is None else None
             stage = _run_stage(client, run_id)
     except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
         # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
         # as one line naming the logger (errors.constructor_failure).
         return _problem(err, uri)
-    if stage is not None:  # a given run logs into its own experiment, whatever experiment_name says
+    if stage is not None:
         return _run_problem(uri, str(run_id), stage)
     if found is not None and found.lifecycle_stage == "deleted":
         # MLFlowLogger would create it again, which the store refuses while the deleted one keeps its name.
