@@ -44,7 +44,6 @@ from lit_ddp.preflight.checkpoint import UNTRAINED, checkpoint_model_overrides, 
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
 from lit_ddp.preflight.settings import explain
-from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.failed_run import refusal
 from lit_ddp.runtime.faults import DEFAULT_DIST_TIMEOUT_S, LostRankReport
 from lit_ddp.runtime.launch import bind_rendezvous_to_loopback, check_launcher_world, first_to_say, mark_job
@@ -53,7 +52,7 @@ from lit_ddp.runtime.preemption import stop_spawned_ranks_cleanly
 from lit_ddp.runtime.quiet import SEED_LINE, QuietConsole, quiet_args_given, quiet_console
 from lit_ddp.runtime.resilience import Resilience
 from lit_ddp.runtime.resume import hold_shared_run, prepare_ckpt_path, recorded_seed
-from lit_ddp.utils import draw_seed, imported, local_path
+from lit_ddp.utils import draw_seed, imported, is_local_path, local_path
 from lit_ddp.writes import write_file
 
 # The default run: `python -m lit_ddp fit` with no arguments is configs/lenet_shapes.yaml (a test keeps

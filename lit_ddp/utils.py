@@ -184,12 +184,18 @@ def local_path(value: str | os.PathLike, option: str) -> str:
     return expanded
 
 
+def is_local_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is one of this machine's, not a URL (``s3://bucket/runs``, read and written through
+    fsspec), which is kept as text: a Path would fold it into ``s3:/bucket/runs``."""
+    return "://" not in str(path)
+
+
 def from_here(path: str | os.PathLike) -> str:
     """``path`` as a line names it, for a line saying it is missing: a relative path that does not exist
     with the absolute path it was read as. It is read from the current folder, which may not be the one a
     config's paths were written for (the project's, not the folder a job starts in)."""
     given = Path(path)
-    if given.is_absolute() or given.exists() or "://" in str(path):  # a URL is no path of this machine
+    if given.is_absolute() or given.exists() or not is_local_path(path):
         return str(path)
     return f"{path} (read from the current folder, as {Path.cwd() / given})"
 

@@ -841,6 +841,15 @@ def test_e_atomic_writes_are_for_local_paths_remote_ones_keep_lightnings_writer(
     assert not is_local_path("s3://bucket/last.ckpt")
 
 
+def test_e_a_checkpoint_saved_to_a_file_url_is_where_the_url_names(tmp_path: Path, monkeypatch) -> None:
+    """trainer.save_checkpoint("file:///abs/x.ckpt") went through a Path (`file:/abs/x.ckpt`): the local
+    writer wrote it into a folder named `file:` in the current folder. A URL keeps Lightning's writer."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "saved" / "x.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"step": 3}, target.as_uri())
+    assert torch.load(target, weights_only=True) == {"step": 3} and not (tmp_path / "file:").exists()
+
+
 def test_e_a_stopped_runs_last_ckpt_stays_in_a_remote_folder() -> None:
     """SIGTERM's last.ckpt for an s3:// run went through a Path, `s3:/bucket/...`: a local folder named s3:,
     written by the local writer, and named as if on S3."""

@@ -33,7 +33,7 @@ from lit_ddp.models import current_name
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.preflight.folders import logger_configs
 from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores, run_experiment
-from lit_ddp.utils import from_here, imported
+from lit_ddp.utils import from_here, imported, is_local_path
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
 FILE_STORE = "file:"  # MLflow's local tracking URI, whose folder ModelCheckpoint writes under
@@ -43,8 +43,7 @@ Folder = Path | str
 
 
 def _folder(given) -> Folder:
-    text = str(given)
-    return text if "://" in text else Path(text)
+    return Path(str(given)) if is_local_path(given) else str(given)
 
 
 def _under(folder: Folder, *names: str) -> Folder:
@@ -181,9 +180,8 @@ def _given_run(trainer, cls: type | None, init_args) -> tuple[list[Path], str] |
         return [Path(str(init_args.get("save_dir") or root)) / project / str(init_args[key])], key
     if (version := _pinned_version((cls, init_args))) is None:
         return None
-    save_dir = str(init_args.get("save_dir"))
-    local = "://" not in save_dir  # a remote store: not probed here
-    return [Path(save_dir) / (init_args.get("name") or "") / version] if local else [], "version"
+    run = _under(_folder(init_args.get("save_dir")), init_args.get("name") or "", version)
+    return [run] if isinstance(run, Path) else [], "version"  # a remote store: not probed here
 
 
 def pinned_run(config) -> tuple[Path, str] | None:

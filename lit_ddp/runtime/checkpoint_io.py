@@ -15,18 +15,13 @@
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.runtime.write_errors import write_error
+from lit_ddp.utils import is_local_path
 from lit_ddp.writes import WriteError, atomic_file
-
-
-def is_local_path(path) -> bool:
-    """Atomic writes apply to local paths; remote (fsspec) ones keep Lightning's own writer."""
-    return fsspec.utils.get_protocol(str(path)) == "file"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -21,8 +21,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.checkpoint_io import is_local_path
 from lit_ddp.runtime.run_lock import missing_folders, remove_empty_folders
+from lit_ddp.utils import is_local_path
 from lit_ddp.writes import write_file
 
 

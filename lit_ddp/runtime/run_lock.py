@@ -21,7 +21,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 from lit_ddp.callbacks.sinks import SHARED_SAVE_DIR, run_dir
 from lit_ddp.errors import UserError
-from lit_ddp.runtime.checkpoint_io import is_local_path
+from lit_ddp.utils import is_local_path
 from lit_ddp.writes import create_file, gone
 
 NEW_ROOT = "give this run another --trainer.default_root_dir"
