@@ -11,6 +11,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.callbacks.sinks import run_dir
 from lit_ddp.compat import batches_done, epoch_cut_short
+from lit_ddp.utils import is_local_path
 
 
 def _fmt(metrics: dict, stage: str) -> str:
@@ -47,7 +48,7 @@ def _fast_dev_resume(trainer: Trainer) -> str:
 def _shown(path: str, within: str | None = None) -> str:
     """A local path as short as it reads: relative to ``within`` (else the working folder) under it."""
     folder = os.path.abspath(within) if within is not None else os.getcwd()
-    if "://" in path or not os.path.abspath(path).startswith(folder + os.sep):
+    if not is_local_path(path) or not os.path.abspath(path).startswith(folder + os.sep):
         return path
     return os.path.relpath(os.path.abspath(path), folder)
 
@@ -69,7 +70,7 @@ def where_saved(trainer: Trainer) -> str:
     if last:
         # --ckpt_path=last looks on this machine's disks only (preflight/runs.py).
         again = "--ckpt_path=last resumes it"
-        if "://" in last:
+        if not is_local_path(last):
             again = "pass it as --ckpt_path to train on from it"
         parts.append(f"last {_shown(last, folder)} ({again})")
     return f"run saved in {_shown(folder)}" + (f": {', '.join(parts)}" if parts else "")

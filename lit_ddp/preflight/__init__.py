@@ -49,7 +49,7 @@ from lit_ddp.preflight.runs import (
     runs_of,
 )
 from lit_ddp.preflight.settings import given
-from lit_ddp.utils import MAX_SEED, imported, local_path
+from lit_ddp.utils import MAX_SEED, imported, is_local_path, local_path
 from lit_ddp.writes import WriteError
 
 OPTION_PREDICTIONS = "--predictions.filename"
@@ -624,10 +624,10 @@ def _missing_store_package(url: str) -> str | None:
 def unwritable(folder: str, option: str) -> str | None:
     """The line for a folder a run cannot write into; None where it can, or for a remote folder (s3://)
     whose store's package is installed: the store checks its own permissions."""
-    if "://" in folder and (package := _missing_store_package(folder)):
+    if not is_local_path(folder) and (package := _missing_store_package(folder)):
         # Else an ImportError traceback from the logger's creation.
         return f"{option}={folder} needs the {package} package, which is not installed: pip install {package}"
-    err = None if "://" in folder else _write_probe(folder)
+    err = _write_probe(folder) if is_local_path(folder) else None
     if err is None:
         return None
     return f"{option}={folder} cannot be written ({err.strerror or err}): pass a directory you can write to"
@@ -788,7 +788,9 @@ def _random_weights(plan: RunPlan) -> str | None:
 def _no_hpc_checkpoint(plan: RunPlan) -> str | None:
     # Lightning's SLURM checkpoint, which it looks for in default_root_dir (and raises a ValueError, after
     # start-up, when there is none; a remote folder is its to look in); lit_ddp's stop writes last.ckpt.
-    if plan.ckpt_path != "hpc" or "://" in plan.root_dir or any(Path(plan.root_dir).glob("hpc_ckpt_*.ckpt")):
+    if plan.ckpt_path != "hpc" or not is_local_path(plan.root_dir):
+        return None
+    if any(Path(plan.root_dir).glob("hpc_ckpt_*.ckpt")):
         return None
     return (
         f"--ckpt_path=hpc: no hpc_ckpt_N.ckpt in {plan.root_dir} (lit_ddp saves a stopped run as last.ckpt):"

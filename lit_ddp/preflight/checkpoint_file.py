@@ -16,7 +16,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import current_name
 from lit_ddp.models.weights import CHECKPOINT_GLOBALS, unsafe_globals
 from lit_ddp.preflight.checkpoint import SPECIAL, UNTRAINED
-from lit_ddp.utils import from_here
+from lit_ddp.utils import from_here, is_local_path
 
 
 def allow_checkpoint_globals() -> None:
@@ -119,6 +119,6 @@ def load_checkpoint_file(
 def load_ckpt_file(ckpt_path: str | None) -> dict | None:
     """An explicit local ``ckpt_path`` file, loaded (safely, memory-mapped), or UserError naming what is
     wrong with it; None for the special values (``last``, ...), a URL, or None."""
-    if ckpt_path and ckpt_path not in (*SPECIAL, UNTRAINED) and "://" not in str(ckpt_path):
+    if ckpt_path and ckpt_path not in (*SPECIAL, UNTRAINED) and is_local_path(ckpt_path):
         return load_checkpoint_file(ckpt_path, mmap=True)
     return None

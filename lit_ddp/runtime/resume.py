@@ -25,6 +25,7 @@ from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.runtime.mlflow_resume import continue_mlflow_run
 from lit_ddp.runtime.run_lock import RunLock, hold_run_dir
 from lit_ddp.runtime.wandb_resume import continue_wandb_run
+from lit_ddp.utils import is_local_path
 from lit_ddp.writes import write_file
 
 
@@ -196,7 +197,7 @@ def prepare_ckpt_path(
     where the preflight found that a fit goes on in its run (``goes_on``: a run's last.ckpt, from ``last`` or
     by its path), that run's loggers are continued (``logger_config``: the CLI's ``trainer.logger`` as given,
     which MLflow's run is rebuilt from) and its folder returned; else None."""
-    if ckpt_path in (None, UNTRAINED, *SPECIAL) or "://" in ckpt_path:
+    if ckpt_path in (None, UNTRAINED, *SPECIAL) or not is_local_path(ckpt_path):
         return None
     path = Path(ckpt_path)
     check_compatible(model, checkpoint or load_checkpoint_file(path, mmap=True), path)
