@@ -539,20 +539,14 @@ def test_metrics_are_not_shared_with_ddp_spawns_workers(tmp_path: Path) -> None:
     """ddp_spawn pickles the module into its workers through shared memory: their in-place metric updates
     were the launching process's states too, so a validate after fit counted the workers' samples with its
     own (64 of 32 images)."""
-    import subprocess
-    import sys
-
-    from conftest import cli_env
+    from conftest import cli_env, run_python
 
     script = tmp_path / "spawn_then_validate.py"  # a file: spawn's workers import the main module again
     script.write_text(SPAWN_THEN_VALIDATE)
-    run = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=350,
-        cwd=tmp_path,
+    # Forked with its two ranks (helpers/forked_cli.py): they still get the module through spawn's pickle
+    # and shared memory, without importing torch three times.
+    run = run_python(
+        [str(script), str(tmp_path)], env=cli_env(), capture_output=True, text=True, timeout=350, cwd=tmp_path
     )
     assert run.returncode == 0, run.stderr[-3000:]
     correct = float(run.stdout.split("validated")[-1])
