@@ -8,10 +8,9 @@ import time
 import unicodedata
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pytest
-import torch
+from conftest import WITH_PROBES, cli_env, run_python
 from imagenet_tree import CLASSES, make_tree
 from PIL import Image
 
@@ -246,38 +245,12 @@ def test_a_predict_dir_names_the_files_it_leaves_out_for_their_extension(tmp_pat
     assert f"predict_dir={photos}: 1 image files{expected}" in caplog.messages
 
 
-class RecordScans(L.LightningModule):
-    """Writes, per rank, how often that rank listed each split and what files it got."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.out = out
-        self.layer = torch.nn.Linear(1, 1)
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        pass
-
-    def on_validation_end(self) -> None:
-        dm = self.trainer.datamodule
-        record = {"scans": dm.scans, "files": [p for p, _ in dm.val_set.samples]}
-        Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(record))
-
-
 def validate_on_two_ranks(tree: Path, cache: Path, out: Path) -> list[dict]:
-    dm = ImageNetDataModule(
-        data_dir=str(tree), image_size=16, val_resize=16, batch_size=4, num_workers=0, index_cache=str(cache)
-    )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp_spawn",
-        limit_val_batches=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    out.mkdir()
-    trainer.validate(RecordScans(str(out)), datamodule=dm)
+    """What each of 2 ddp_spawn ranks listed (helpers/folder_index_ranks.py), run in a process forked with
+    its ranks (conftest.run_python): none of them imports torch anew."""
+    argv = ["-m", "folder_index_ranks", str(tree), str(cache), str(out)]
+    run = run_python(argv, env=cli_env(WITH_PROBES), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
