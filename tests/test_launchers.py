@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import socket
 import stat
 import subprocess
@@ -10,7 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, cli_env, read_scalars, run_dirs
+from conftest import (
+    HELPERS,
+    REPO,
+    TINY_SHAPES,
+    cli_env,
+    forked_cli_server,
+    read_scalars,
+    run_dirs,
+    run_python,
+)
 
 RUN = [
     *TINY_SHAPES,
@@ -30,7 +40,11 @@ def free_port() -> int:
 def run(
     cmd: list[str], cwd: Path, env: dict | None = None, timeout: float = 480
 ) -> subprocess.CompletedProcess:
-    """A timeout is for a hang: on a 2-core machine other jobs load, a 2-process run takes minutes."""
+    """A timeout is for a hang: on a 2-core machine other jobs load, a 2-process run takes minutes. A
+    ``python`` command (lit_ddp's, torchrun's, fake_srun's) is forked as conftest.python forks it, with its
+    first two ranks: they start without importing torch again."""
+    if cmd[0] == sys.executable:
+        return run_python(cmd[1:], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout)
     return subprocess.run(cmd, cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout)
 
 
@@ -119,8 +133,12 @@ def slurm_job(tmp_path: Path, template: str, nodes: int, per_node: int) -> tuple
     script.write_text(text)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    srun = [sys.executable, str(HELPERS / "fake_srun.py")]
+    server = forked_cli_server()
+    if server is not None:  # fake_srun forked with its first two tasks: they start without importing torch
+        srun[1:1] = [str(HELPERS / "forked_cli.py"), "--client", server.path]
     stand_ins = {
-        "srun": f'exec {sys.executable} {REPO / "tests" / "helpers" / "fake_srun.py"} "$@"',
+        "srun": f'exec {shlex.join(srun)} "$@"',
         "scontrol": f'echo "$@" >> {tmp_path / "scontrol.log"}',  # records `requeue <job id>`
     }
     for name, body in stand_ins.items():

@@ -21,6 +21,7 @@ changes one of those runs as a plain subprocess; so does every command when ``LI
 CUDA device is present (a CUDA test runs exactly the user's process).
 
     python tests/helpers/forked_cli.py SOCKET lit_ddp.cli   # the server; prints "ready" once it listens
+    python tests/helpers/forked_cli.py --client SOCKET ARGV  # python ARGV, forked by that server
 """
 
 from __future__ import annotations
@@ -343,6 +344,13 @@ class ForkedCli:
         if line.strip() != b"ready":
             raise RuntimeError(f"the forked-CLI server did not start (exit {self.server.wait()})")
 
+    @classmethod
+    def client(cls, path: str) -> ForkedCli:
+        """A client of the server listening at ``path``, from a process the tests started (``--client``)."""
+        client = cls.__new__(cls)
+        client.env, client.path, client.server = dict(os.environ), path, None
+        return client
+
     def close(self) -> None:
         """End the server (its children have ended with their tests) and remove its socket's folder."""
         self.server.stdin.close()
@@ -525,5 +533,18 @@ def _is_open(fd: int) -> bool:
     return True
 
 
+def forked(path: str, argv: list[str]) -> int:
+    """``python ARGV`` forked by the server at ``path``, with this process's standard streams, folder and
+    environment (a plain subprocess where the server has gone); its exit status, as a shell reports it."""
+    try:
+        process = ForkedPopen(ForkedCli.client(path), argv)
+    except ServerGone:
+        process = subprocess.Popen([sys.executable, *argv])
+    status = process.wait()
+    return status if status >= 0 else 128 - status
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--client":  # python forked_cli.py --client SOCKET ARGV: a stand-in's `python ARGV`
+        sys.exit(forked(sys.argv[2], sys.argv[3:]))
     serve(*sys.argv[1:])
