@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_SHAPES, cli_env, ctrl_c_while_importing, read_scalars, run_cli
+from conftest import REPO, TINY_SHAPES, cli_env, ctrl_c_while_importing, read_scalars, run_cli, run_python
 from forked_cli import FRESH_RANKS
 
 from lit_ddp.cli import build_cli
@@ -650,7 +650,7 @@ plugin.save_checkpoint({"state_dict": {"w": torch.zeros(100_000)}, "epoch": 1}, 
 
 def test_c_a_crash_mid_write_leaves_the_previous_checkpoint_loadable(tmp_path: Path) -> None:
     path = tmp_path / "checkpoints" / "last.ckpt"
-    crash = subprocess.run([sys.executable, "-c", CRASH_MID_WRITE, str(path)], timeout=120)
+    crash = run_python(["-c", CRASH_MID_WRITE, str(path)], timeout=120)  # forked: no import of torch
     assert crash.returncode == -signal.SIGXFSZ  # really killed in the middle of the second write
     checkpoint = AtomicCheckpointIO().load_checkpoint(path)
     assert checkpoint["epoch"] == 0 and torch.equal(checkpoint["state_dict"]["w"], torch.ones(4))
@@ -1189,9 +1189,7 @@ def test_gloos_own_failure_messages_are_classified(tmp_path: Path, mode: str) ->
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    out = subprocess.run(
-        [sys.executable, "-c", _GLOO_FAILURE, mode, str(port)], capture_output=True, text=True, timeout=90
-    )
+    out = run_python(["-c", _GLOO_FAILURE, mode, str(port)], capture_output=True, text=True, timeout=90)
     kind, _, text = out.stdout.strip().partition("|")
     assert kind == "RuntimeError", out.stdout + out.stderr[-2000:]
     error = RuntimeError(text)

@@ -4,13 +4,12 @@
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_RUN, WITH_PROBES, cli_env
+from conftest import REPO, TINY_RUN, WITH_PROBES, cli_env, python
 from test_mistakes import one_error_line
 from test_wandb import OFFLINE, offline_files, offline_wandb  # noqa: F401 (a fixture)
 
@@ -26,7 +25,7 @@ HOLD = (
 
 def _holder(run_dir: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=env)
+    holder = python(["-c", HOLD, str(run_dir)], env=env)  # forked (conftest.python): no import of torch
     deadline = time.monotonic() + 120
     while not lock_path(run_dir).exists():
         assert holder.poll() is None and time.monotonic() < deadline, "the holder did not take the lock"
@@ -136,8 +135,8 @@ def _fit(argv: list[str], cwd: Path, name: str) -> tuple[subprocess.Popen, Path]
     """``python -m lit_ddp fit ARGV`` started in the background; its stderr goes to ``cwd/<name>.err``."""
     err = cwd / f"{name}.err"
     with open(err, "w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lit_ddp", "fit", *argv],
+        proc = python(  # forked (conftest.python): it starts without importing torch again
+            ["-m", "lit_ddp", "fit", *argv],
             cwd=cwd,
             env=cli_env(WITH_PROBES),
             stdout=subprocess.DEVNULL,

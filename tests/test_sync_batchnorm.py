@@ -4,12 +4,12 @@ gloo processes the same outputs, gradients and running statistics as BatchNorm o
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import python
 from lightning import Trainer
 from sync_batchnorm_worker import CASES, STEPS, batchnorm_options, global_batch, set_affine
 from torch import nn
@@ -109,8 +109,8 @@ def two_rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out = tmp_path_factory.mktemp("syncbn")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "helpers" / "sync_batchnorm_worker.py"), str(out)],
+        python(  # forked (conftest.python): the ranks start without importing torch again
+            [str(HERE / "helpers" / "sync_batchnorm_worker.py"), str(out)],
             env={**env, "RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
