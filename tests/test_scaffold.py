@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import cli_env, ctrl_c_while_importing, run_cli
+from conftest import cli_env, ctrl_c_while_importing, run_cli, run_python
 from cookiecutter.exceptions import FailedHookException
 from cookiecutter.main import cookiecutter
 
@@ -800,11 +800,14 @@ def test_the_projects_suite_stays_green_with_the_users_own_network_and_data(tmp_
     project = bake(tmp_path, project_name="My Own", model_families="lenet_cifar")
     (project / "my_own" / "models" / "net.py").write_text(OTHER_NET)
     (project / "my_own" / "data" / "datamodule.py").write_text(OTHER_DATA)
-    tests = run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+    # Forked (conftest.run_python) with the first two ranks its trust kit starts: no import of torch anew.
+    tests = run_python(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=project,
         timeout=800,
-        PYTHONPATH=f"{project}{os.pathsep}{REPO}",
+        env={**os.environ, "PYTHONPATH": f"{project}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
     )
     assert tests.returncode == 0, (tests.stdout + tests.stderr)[-4000:]
     assert re.search(r"\b\d+ passed", tests.stdout) and "failed" not in tests.stdout, tests.stdout[-500:]
