@@ -62,7 +62,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port, interleaved, one_cpu_epoch, parser, summarize, write_results  # noqa: E402
 
-from lit_ddp.assembly import CALLBACKS  # noqa: E402
+from lit_ddp.assembly import CALLBACKS, NoProfiler  # noqa: E402
 from lit_ddp.callbacks import CallbackGroup, console  # noqa: E402
 from lit_ddp.callbacks.group import skip_unused_batch_hooks  # noqa: E402
 from lit_ddp.compat import BATCH_HOOKS  # noqa: E402
@@ -274,6 +274,8 @@ def run_lightning(
     # Lightning add its own, which redraws after every batch.
     shown = on and "console" not in leave_out
     settings.update(enable_progress_bar=shown, enable_model_summary=shown, enable_checkpointing=on)
+    if variant in ("callbacks", "lit_ddp"):
+        settings.update(profiler=NoProfiler())  # as assembly.py gives `fit` (bare keeps Lightning's default)
     trainer = L.Trainer(**settings, logger=logger, callbacks=callbacks)
     if variant in ("lit_ddp", "module"):
         model = ImageClassifier(TinyNet(), num_classes=CLASSES, optim=OPTIM)

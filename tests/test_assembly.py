@@ -9,6 +9,7 @@ from lightning import Callback
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.layer_sync import LayerSync
+from lightning.pytorch.profilers import PassThroughProfiler, SimpleProfiler
 
 from lit_ddp.assembly import BAREBONES_OFF, CALLBACKS, OPT_IN_CALLBACKS, trainer_arguments
 from lit_ddp.callbacks import ConsoleModelSummary, Dashboard, LastCheckpoint, PredictionWriter, ProgressBar
@@ -114,7 +115,7 @@ def test_each_rule_gives_its_callbacks_and_flags(
 ) -> None:
     arguments = trainer_arguments(trainer, _defaults() | changed, subcommand, "recipe")
     assert [type(c) for c in arguments["callbacks"]] == types
-    built = ("callbacks", "plugins", "logger")
+    built = ("callbacks", "plugins", "logger", "profiler")
     assert {key: value for key, value in arguments.items() if key not in built} == flags
 
 
@@ -155,6 +156,19 @@ def test_checkpoints_are_written_atomically_and_sync_batchnorm_runs_on_any_backe
     assert any(isinstance(p, LayerSync) for p in plugins)
     own_io = AtomicCheckpointIO()
     assert trainer_arguments({"plugins": [own_io]}, {}, "fit", "recipe")["plugins"] == [own_io]
+
+
+def test_the_default_profiler_records_nothing_at_no_cost_and_a_profiler_asked_for_stays() -> None:
+    profiler = trainer_arguments({}, {}, "fit", "recipe")["profiler"]
+    assert isinstance(profiler, PassThroughProfiler)  # Lightning's "no profiler", its summary empty
+    # One empty context for every call: Lightning enters one around each hook and step.
+    assert profiler.profile("[Callback]a.on_train_batch_end") is profiler.profile("run_training_batch")
+    with profiler.profile("run_training_batch"):
+        pass
+    assert profiler.summary() == ""
+    for given in ("simple", SimpleProfiler()):
+        assert "profiler" not in trainer_arguments({"profiler": given}, {}, "fit", "recipe")
+    assert "profiler" not in trainer_arguments({"barebones": True}, {}, "fit", "recipe")
 
 
 def test_the_table_holds_every_default_and_opt_in_callback() -> None:

@@ -594,6 +594,23 @@ def test_barebones_runs_without_the_default_logger_and_the_features_it_turns_off
     assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("events.out.tfevents.*"))
 
 
+@pytest.mark.parametrize("profiler", ["", "--trainer.profiler=simple"])
+def test_a_fit_profiles_only_when_asked(tmp_path: Path, profiler: str) -> None:
+    """By default the Trainer's profiler records nothing and costs nothing a hook (assembly.NoProfiler); one
+    the user names is the one that runs, and times the steps."""
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from lit_ddp.assembly import NoProfiler
+
+    cli = build_cli(["fit", *QUICK, *profiler.split(), f"--trainer.default_root_dir={tmp_path}"])
+    assert cli.trainer.global_step > 0
+    if not profiler:
+        assert type(cli.trainer.profiler) is NoProfiler
+    else:
+        assert isinstance(cli.trainer.profiler, SimpleProfiler)
+        assert cli.trainer.profiler.recorded_durations["run_training_batch"]
+
+
 def test_last_ckpt_is_the_newest_state_and_best_is_kept_beside_it(tmp_path: Path) -> None:
     """last.ckpt is rewritten at every epoch end (not only when the best improves), best by val/acc too."""
     cli = build_cli(["fit", *QUICK, "--trainer.max_epochs=3", f"--trainer.default_root_dir={tmp_path}"])
