@@ -25,8 +25,9 @@ class DashboardLearningRate(_LightningLearningRateMonitor):
     def on_train_batch_start(self, trainer: Trainer, *args, **kwargs) -> None:
         # Every batch of an accumulated optimizer step passes Lightning's logging check, at the same step
         # and with the same rates: the first writes them.
-        if trainer.loggers and trainer.global_step != self._written_at:
-            self._written_at = trainer.global_step
+        step = trainer.global_step  # read once: a chain of properties down to the optimizer's progress
+        if trainer.loggers and step != self._written_at:
+            self._written_at = step
             super().on_train_batch_start(trainer, *args, **kwargs)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
