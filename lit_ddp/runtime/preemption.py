@@ -280,12 +280,14 @@ class PreemptionCheckpoint(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
     ) -> None:
         check = (batch_idx + 1) % self.check_every_n_batches == 0
-        if self._collective(trainer):
+        if trainer.world_size == 1:  # one process: its own record, free, every batch
+            code = self._received
+        elif self._collective(trainer):
             # Every rank passes here with the same batch_idx, so the all-reduces pair up across ranks.
             code = self._result(self._pending)  # started one batch ago: done by now, or nearly
             self._pending = self._start_agreement() if check else None
-        else:  # one process: free, every batch; a strategy without torch.distributed: blocking, every n-th
-            code = self._agree_now(trainer, pl_module) if check or trainer.world_size == 1 else 0
+        else:  # a strategy without torch.distributed: blocking, every n-th
+            code = self._agree_now(trainer, pl_module) if check else 0
         if not steps_after(trainer, batch_idx):
             # Inside a gradient accumulation, a stop would lose the gradients of the batches since the last
             # optimizer step (no checkpoint holds them) while the data module counts those batches as
