@@ -385,6 +385,36 @@ def test_stopped_mid_epoch_resumes_on_another_process_count_to_the_uninterrupted
     assert_same_weights(weights(run), weights(streaming_reference(before)), atol=1e-5)
 
 
+# Stopped inside epoch 2 on 2 processes (at step 4 of 6), resumed on one, which stops inside the epoch again
+# (step 5), resumed on 2 to the end: each resume is inside an epoch, on another process count. Lightning's
+# Timer stops each stopped run (fault_probe.Fault's max_time: max_time found spent at the end of the run's
+# batch at_step, on rank 0); max_steps would rebuild the reference's cosine schedule for its length.
+HOUR, TWO_HOURS, DAY = (f"--trainer.max_time={t}" for t in ("00:01:00:00", "00:02:00:00", "01:00:00:00"))
+
+
+def max_time_at(batch: int) -> list[str]:
+    probe = ["--trainer.callbacks+=fault_probe.Fault", "--trainer.callbacks.action=max_time"]
+    return [*probe, f"--trainer.callbacks.at_step={batch}"]
+
+
+WORLD_CHAIN = [(2, [HOUR, *max_time_at(3)], 4), (1, [TWO_HOURS, *max_time_at(0)], 5), (2, [DAY], 6)]
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.timeout(900)
+def test_resumed_inside_an_epoch_on_one_process_then_on_two_to_the_uninterrupted_weights(
+    tmp_path: Path, cifar_shards: Path, streaming_reference
+) -> None:
+    for number, (processes, args, step) in enumerate(WORLD_CHAIN):
+        resume = ["--ckpt_path=last"] if number else []
+        proc = fit(tmp_path, cifar_shards, *PROCESSES[processes], *args, *resume)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        saved = torch.load(last_ckpt(tmp_path), weights_only=True)["global_step"]
+        assert saved == step, f"run {number + 1}, on {processes} process(es)"
+    assert_same_weights(weights(tmp_path), weights(streaming_reference(2)), atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.ddp
 @pytest.mark.timeout(900)
