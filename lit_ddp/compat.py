@@ -37,10 +37,13 @@ class PrivateName:
 
 PRIVATE_NAMES = (
     PrivateName(
-        "lightning.pytorch.loops._TrainingEpochLoop._broadcast_sigterm_tensor",
+        "lightning.pytorch.loops._TrainingEpochLoop._broadcast_sigterm_tensor and ._batches_that_stepped",
         "preemption.py",
         "a blocking broadcast of rank 0's stop flag before every batch; preemption agrees on the flag itself"
-        " every N batches without blocking, and there is no switch to turn the broadcast off",
+        " every N batches without blocking, and there is no switch to turn the broadcast off. The step the"
+        " loggers log at, which Lightning's restart counts once more for a checkpoint saved after a"
+        " validation inside an epoch, taking it for one saved during that validation: a stop's resume sets"
+        " it back",
         "--resilience.preemption=false",
     ),
     PrivateName(
@@ -284,6 +287,22 @@ def batch_in_progress(trainer: Trainer) -> int:
 def at_last_batch(trainer: Trainer) -> bool:
     """Whether the batch just run was its epoch's last (the loader is exhausted, whatever its length)."""
     return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+
+def batch_counted(trainer: Trainer) -> bool:
+    """Whether the training batch just run is counted whole: its ``on_train_batch_end``, the validation that
+    follows it and its logging step are behind it (a checkpoint saved now is saved after all three)."""
+    total = trainer.fit_loop.epoch_loop.batch_progress.total
+    return total.completed == total.processed and not trainer.validating
+
+
+def logging_step(trainer: Trainer) -> int:
+    """The step loggers put training's points at: the batches that stepped the optimizer, over resumes."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def set_logging_step(trainer: Trainer, step: int) -> None:
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
 def epochs_started_completed(trainer: Trainer) -> tuple[int, int]:

@@ -34,10 +34,9 @@ def _trainer(tmp_path: Path, callbacks: list, **kwargs) -> L.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
         default_root_dir=tmp_path,
         callbacks=callbacks,
-        **kwargs,
+        **{"limit_val_batches": 0, **kwargs},
     )
 
 
@@ -261,6 +260,37 @@ def test_the_loop_progress_readers_follow_a_real_fit_and_a_cut_short_epoch(tmp_p
     trainer.fit(LeNetCIFAR(), datamodule=_shapes())
     assert seen == [(4, False), (2, True)]
     assert compat.epochs_started_completed(trainer) == (2, 2)
+
+
+def test_the_logging_step_counts_the_stepped_batches_and_a_batch_is_counted_after_its_validation(
+    tmp_path: Path,
+) -> None:
+    """What the resume of a stop inside an epoch reads and sets (preemption.py): the loggers' step, and
+    whether a checkpoint saved now comes after its batch's validation and logging step."""
+    seen = []
+
+    class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            seen.append(("start", compat.logging_step(trainer), compat.batch_counted(trainer)))
+            if batch_idx == 3:
+                compat.set_logging_step(trainer, 10)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            seen.append(("end", compat.logging_step(trainer), compat.batch_counted(trainer)))
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            seen.append(("validation", compat.logging_step(trainer), compat.batch_counted(trainer)))
+
+    # 4 batches, a validation after the second and the fourth
+    trainer = _trainer(tmp_path, [Record()], max_epochs=1, limit_val_batches=1.0, val_check_interval=2)
+    trainer.fit(LeNetCIFAR(), datamodule=_shapes())
+    assert seen == [
+        *[("start", 0, True), ("end", 0, False)],
+        *[("start", 1, True), ("end", 1, False), ("validation", 1, False)],
+        *[("start", 2, True), ("end", 2, False)],
+        *[("start", 3, True), ("end", 10, False), ("validation", 10, False)],
+    ]
+    assert compat.logging_step(trainer) == 11 and compat.batch_counted(trainer)
 
 
 def test_the_train_loader_loads_for_a_run_without_a_length(tmp_path: Path) -> None:

@@ -60,12 +60,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lit_ddp.callbacks.group import find_callback
 from lit_ddp.callbacks.last_checkpoint import LastCheckpoint
 from lit_ddp.compat import (
+    batch_counted,
     epoch_cut_short,
     epochs_started_completed,
+    logging_step,
     request_stop,
     restore_handler_at_teardown,
     restore_stop_flag_broadcast,
     resume_inside_epoch,
+    set_logging_step,
     skip_stop_flag_broadcast,
     wrap_spawn_launch,
 )
@@ -78,6 +81,7 @@ from lit_ddp.utils import scheduled_accumulation
 from lit_ddp.writes import WriteError, write_file
 
 DEFAULT_CHECK_EVERY_N_BATCHES = 10  # why not 1: the module docstring
+LOGGING_STEP_KEY = "lit_ddp_logging_step"
 
 
 def steps_after(trainer: Trainer, batch_idx: int) -> bool:
@@ -126,6 +130,7 @@ class PreemptionCheckpoint(Callback):
         self._held_should_stop = False  # a should_stop (max_time, a callback) inside one, likewise
         self._quiet: warnings.catch_warnings | None = None  # while a resumed epoch starts
         self._resumed_accumulation: int | None = None  # a GradientAccumulationScheduler's, resumed mid-epoch
+        self._resumed_logging_step: int | None = None  # the loggers' step a stop inside an epoch saved
         self._evaluating = False  # validate, test or predict (not fit's validation)
         self._seen = self._common = 0  # evaluation batches run here / that every rank runs
         # The evaluation ("validate", ...) once its last check starts, set before that check reads the
@@ -275,6 +280,9 @@ class PreemptionCheckpoint(Callback):
         # whose accumulation is not 1.
         if self._resumed_accumulation is not None:
             trainer.accumulate_grad_batches, self._resumed_accumulation = self._resumed_accumulation, None
+        if self._resumed_logging_step is not None:
+            set_logging_step(trainer, self._resumed_logging_step)
+            self._resumed_logging_step = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int
@@ -390,6 +398,14 @@ class PreemptionCheckpoint(Callback):
         # as processed, so a resume would start the next epoch and never train the rest of this one.
         if trainer.state.fn == TrainerFn.FITTING and epoch_cut_short(trainer):
             resume_inside_epoch(checkpoint)
+            # Saved after its batch was counted, where a validation followed that batch Lightning's restart
+            # takes it for one saved during the validation and counts the batch again: every point of the
+            # resumed run would be logged a step late. The resumed run logs on from the saved step.
+            if batch_counted(trainer):
+                checkpoint[LOGGING_STEP_KEY] = logging_step(trainer)
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        self._resumed_logging_step = checkpoint.get(LOGGING_STEP_KEY)  # set as the first batch starts
 
     def _unquiet(self) -> None:
         if self._quiet is not None:
