@@ -124,14 +124,14 @@ class SaveRunConfig(SaveConfigCallback):
             own = started is None or _within(str(started), str(folder))
             self.config = self.config.clone()
             self.config.ckpt_path = None if own else str(started)
-        if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer, beside the run's too
-            fs, remote = fsspec.core.url_to_fs(f"{folder}/{self.config_filename}")
-            if stage != "fit" and fs.isfile(remote):
-                self.config_filename = f"{trainer.state.fn.value}_{self.config_filename}"
+        name = self.config_filename
+        fs, at = fsspec.core.url_to_fs(f"{folder}/{name}")
+        if stage != "fit" and fs.isfile(at):  # an earlier run's folder (its version given): its config stays
+            name = f"{trainer.state.fn.value}_{name}"
+        if not is_local_path(folder):  # a remote folder (s3://): Lightning's writer
+            self.config_filename = name
             return super().setup(trainer, pl_module, stage)
-        path = Path(folder) / self.config_filename
-        if stage != "fit" and path.is_file():  # an earlier run's folder (its version given): its config stays
-            path = path.with_name(f"{trainer.state.fn.value}_{path.name}")
+        path = Path(folder) / name
         if trainer.is_global_zero:  # written as lit_ddp writes files: whole or not at all (writes.py)
             text = self.parser.dump(self.config, skip_none=False)
             # A resume with the same settings leaves the file untouched: a folder synced by time stays synced.
