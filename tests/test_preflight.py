@@ -10,13 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_RUN
+from torch import nn
 
 from lit_ddp.callbacks import EMA
 from lit_ddp.cli import main
-from lit_ddp.models.classifier import BATCH_OF_ONE
+from lit_ddp.models.classifier import BATCH_OF_ONE, ImageClassifier
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, notes, problems
 from lit_ddp.preflight.arguments import SUBCOMMANDS, argument_problems
 from lit_ddp.preflight.checkpoint import packages_of, resumes_averages
+
+# A project's model as a subclass that builds its network in its own constructor (OwnNetClassifier).
+OWN_NET = "test_preflight.OwnNetClassifier"
 
 # Command line → the start of the line it gets. Each case was a traceback or Lightning's own words once.
 LINES = [
@@ -289,6 +293,7 @@ LINES = [
             ["--model=ArchClassifier", "--model.arch=resnet18"],
             ["--model.batch_norm=true", "--trainer.sync_batchnorm=true", "--trainer.devices=1"],
             ["--model.batch_norm=true", "--trainer.devices=2", "--trainer.strategy=ddp"],
+            [f"--model={OWN_NET}"],  # a subclass of your own that builds its network: read on the meta device
         )
     ),
     # Lightning raised a ValueError after start-up; lit_ddp's stop writes last.ckpt, not hpc_ckpt_N.ckpt.
@@ -628,6 +633,40 @@ def test_the_checkpoint_rows_read_the_file_as_data(
         assert len(found) == 1 and re.match(pattern, found[0]), found
 
 
+class OwnNetClassifier(ImageClassifier):
+    """A project's model: a subclass that builds its network in its own constructor, without ``net``."""
+
+    def __init__(self, num_classes: int = 10, batch_norm: bool = True, **kwargs) -> None:
+        norm = nn.BatchNorm2d(4) if batch_norm else nn.Identity()
+        net = nn.Sequential(
+            nn.Conv2d(3, 4, 3), norm, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, num_classes)
+        )
+        super().__init__(net, num_classes=num_classes, **kwargs)
+
+
+class UnbuildableClassifier(OwnNetClassifier):
+    """A constructor that cannot run on the meta device: it reads a file that is not there."""
+
+    def __init__(self, **kwargs) -> None:
+        torch.load("no_such_weights.pt")
+        super().__init__(**kwargs)
+
+
+class FrozenBatchNormClassifier(OwnNetClassifier):
+    """BatchNorm kept in eval mode by a model of its own, which says it trains on one image."""
+
+    def batch_of_one_failure(self) -> str | None:
+        return None
+
+
+def test_a_subclass_that_builds_its_own_network_is_read_as_built_and_never_fails_the_reading() -> None:
+    assert OwnNetClassifier.batch_norm_in({"batch_norm": True}) is True
+    assert OwnNetClassifier.batch_norm_in({"batch_norm": False}) is False
+    assert FrozenBatchNormClassifier.batch_norm_in({"batch_norm": True}) is False  # as the data module asks
+    assert UnbuildableClassifier.batch_norm_in({}) is None  # the fit's own start says what fails
+    assert ImageClassifier.batch_norm_in({}) is None  # no network: not a model to build
+
+
 class OwnEMA(EMA):
     """A user's EMA: it resumes the weight sets as lit_ddp's does."""
 
@@ -691,6 +730,8 @@ NOTES = [
         ["--model=ImageClassifier", "--model.net=LeNet", "--model.net.batch_norm=true", *PLAIN_BN[1:]],
         [SPLIT_BN],
     ),
+    ([f"--model={OWN_NET}", *PLAIN_BN[1:]], [SPLIT_BN]),
+    ([f"--model={OWN_NET}", "--model.batch_norm=false", *PLAIN_BN[1:]], []),
     (["--model.batch_norm=false", *PLAIN_BN[1:]], []),
     (["--model=ArchClassifier", "--model.arch=vit_b_16", *PLAIN_BN[1:]], []),  # LayerNorm: nothing per device
     ([*PLAIN_BN[:2], "--trainer.devices=1"], []),  # one process normalises them all

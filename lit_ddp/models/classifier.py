@@ -23,6 +23,7 @@ import inspect
 import math
 import sys
 import types
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Literal, get_args
 
@@ -102,6 +103,19 @@ BATCH_OF_ONE = (
 def has_batch_norm(net: nn.Module) -> bool:
     """Whether a layer of ``net`` normalises over the batch in training (``BATCH_NORM_TYPES``)."""
     return any(isinstance(m, BATCH_NORM_TYPES) for m in net.modules())
+
+
+def _batch_norm_on_meta(
+    build: Callable[[], nn.Module], holds: Callable[[nn.Module], bool] = has_batch_norm
+) -> bool | None:
+    """Whether the module ``build`` makes on the meta device holds BatchNorm, as ``holds`` reads it; None
+    where it cannot be built so. The constructor runs again for the fit: its warnings are that fit's."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return bool(holds(build()))
+    except Exception:  # a constructor that reads weights, or wants a device of its own: building it tells
+        return None
 
 
 def check_batch_of_one(batch_size: int, model: object) -> None:
@@ -408,19 +422,21 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
     @classmethod
     def batch_norm_in(cls, init_args: Mapping) -> bool | None:
         """Whether the network these constructor arguments build holds a BatchNorm layer, asked before
-        anything is built (preflight): a network class given (``--model.net``) is built on the meta device,
-        which allocates nothing. None where the arguments do not tell: a subclass that builds its own network
-        says so by overriding this."""
+        anything is built (preflight): a network class given (``--model.net``), or a subclass that builds
+        its own network, is built on the meta device, which allocates nothing. None where it cannot be built
+        so: a subclass may say so by overriding this."""
         net = init_args.get("net")
+        if net is None and cls is not ImageClassifier:  # a subclass of your own that builds its network
+            # Asked as the data module asks it, so that an override of batch_of_one_failure holds here too.
+            return _batch_norm_on_meta(
+                lambda: cls(**init_args), lambda model: model.batch_of_one_failure() is not None
+            )
         found = imported(str(net.get("class_path"))) if isinstance(net, Mapping) else None
         if not (isinstance(found, type) and issubclass(found, nn.Module)):
             return None
-        try:
-            with torch.device("meta"):
-                built = found(init_args.get("num_classes") or 10, **(net.get("init_args") or {}))
-        except Exception:  # a network of your own that cannot be built so: building the model tells
-            return None
-        return has_batch_norm(built)
+        return _batch_norm_on_meta(
+            lambda: found(init_args.get("num_classes") or 10, **(net.get("init_args") or {}))
+        )
 
     def configure_model(self) -> None:
         # On each rank after launch (a compiled module does not pickle for ddp_spawn), before DDP wraps it.
