@@ -11,13 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import TINY_RUN
 from imagenet_tree import CLASSES, make_tree
 from lightning import Trainer
+from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_ddp.cli import build_cli
 from lit_ddp.errors import UserError
 from lit_ddp.models import ArchClassifier, build_net
+from lit_ddp.models.backbones import freeze_norm_stats
+from lit_ddp.models.classifier import BATCH_OF_ONE, ImageClassifier, has_batch_norm
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 FINETUNE = CONFIGS / "finetune_imagefolder.yaml"
@@ -229,6 +233,29 @@ def test_freeze_backbone_trains_the_head_only_and_keeps_batchnorm_statistics(tmp
             assert torch.equal(after[key], value), key  # weights, running_mean/var, num_batches_tracked
     model.train()  # also when someone calls train() again
     assert not model.net.bn1.training and model.net.fc.training
+
+
+@pytest.mark.filterwarnings("ignore:Found .* module\\(s\\) in eval mode")  # the frozen BatchNorm layers
+def test_a_frozen_backbone_trains_on_one_image_per_device(tmp_path: Path) -> None:
+    """Preflight refused --data.batch_size=1 with --model.freeze_backbone=true, though the frozen BatchNorm
+    layers normalise with their statistics, one image alike: it now trains."""
+    root = f"--trainer.default_root_dir={tmp_path}"
+    frozen = ["--model=ArchClassifier", "--model.arch=resnet18", "--model.freeze_backbone=true"]
+    run = ["--data.batch_size=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
+    cli = build_cli(["fit", *TINY_RUN, "--trainer.accelerator=cpu", *frozen, *run, root])
+    assert cli.trainer.global_step == 2
+
+
+def test_a_batch_norm_layer_without_running_statistics_normalises_the_batch_though_frozen() -> None:
+    """Frozen statistics are running ones: a layer that keeps none normalises each batch by its own in eval
+    mode too, so a batch of one image through it is still refused."""
+    net = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False))
+    freeze_norm_stats(net)
+    assert has_batch_norm(net)
+    assert ImageClassifier(lambda num_classes: net, num_classes=3).batch_of_one_failure() == BATCH_OF_ONE
+    del net[2]
+    assert not has_batch_norm(net)
+    assert ImageClassifier(lambda num_classes: net, num_classes=3).batch_of_one_failure() is None
 
 
 # ---- the recipes --------------------------------------------------------------------------------------

@@ -701,6 +701,12 @@ FIELDS = [
         {"device_count": 2, "strategy": "ddp", "global_batch": 2 * 32 * 3},
     ),
     (["--trainer.devices=auto"], {"device_count": None, "global_batch": None}),
+    # A frozen backbone's BatchNorm normalises with its frozen statistics: a batch of one image trains.
+    (["--model=ArchClassifier", "--model.arch=resnet18"], {"batch_norm": True}),
+    (
+        ["--model=ArchClassifier", "--model.arch=resnet18", "--model.freeze_backbone=true"],
+        {"batch_norm": False},
+    ),
     (["--trainer.logger=CSVLogger", "--trainer.logger.init_args.save_dir=csv"], {"logger_dirs": ("csv",)}),
 ]
 

@@ -76,12 +76,16 @@ class ArchClassifier(ImageClassifier):
 
     @classmethod
     def batch_norm_in(cls, init_args: Mapping) -> bool | None:
-        # The named network, built on the meta device: no memory, no weights read.
+        # The named network, built on the meta device: no memory, no weights read. A frozen backbone's
+        # BatchNorm layers normalise with their frozen statistics, not the batch's.
         try:
             with torch.device("meta"):
-                return has_batch_norm(build_net(str(init_args.get("arch", "resnet50"))))
+                net = build_net(str(init_args.get("arch", "resnet50")))
         except UserError:  # an unknown name, or timm missing: building the model says so
             return None
+        if init_args.get("freeze_backbone"):
+            freeze_norm_stats(net)
+        return has_batch_norm(net)
 
     def train(self, mode: bool = True) -> "ArchClassifier":
         # Lightning's fit keeps the modules' modes as it finds them (and restores them after validation),

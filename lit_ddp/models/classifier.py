@@ -100,9 +100,16 @@ BATCH_OF_ONE = (
 )
 
 
+def normalises_over_batch(layer: nn.Module) -> bool:
+    """Whether ``layer`` normalises each training batch by its own statistics: a ``BATCH_NORM_TYPES`` layer
+    in training mode, or one without running statistics (which uses the batch's in eval mode too). One whose
+    statistics are frozen (eval mode, ``freeze_norm_stats``) normalises with those, a single image alike."""
+    return isinstance(layer, BATCH_NORM_TYPES) and (layer.training or layer.running_mean is None)
+
+
 def has_batch_norm(net: nn.Module) -> bool:
-    """Whether a layer of ``net`` normalises over the batch in training (``BATCH_NORM_TYPES``)."""
-    return any(isinstance(m, BATCH_NORM_TYPES) for m in net.modules())
+    """Whether a layer of ``net`` normalises over the batch as it trains (``normalises_over_batch``)."""
+    return any(normalises_over_batch(m) for m in net.modules())
 
 
 def _batch_norm_on_meta(
@@ -404,7 +411,7 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         cannot train on one image per device (``batch_of_one_failure``). Layers the strategy made synchronised
         (``--trainer.sync_batchnorm`` on several processes) normalise over every device's batch: they carry
         the ``process_group`` they span, and N devices' one-image batches are N images."""
-        layers = [m for m in self.modules() if isinstance(m, BATCH_NORM_TYPES)]
+        layers = [m for m in self.modules() if normalises_over_batch(m)]
         if not layers:
             return False
         try:
