@@ -772,6 +772,33 @@ def test_the_notes_are_told_from_the_plan_before_anything_is_built(
     assert told == expected == [n for n in notes(seen[0]) if "BatchNorm" in n]
 
 
+# devices auto or -1 on a machine with CUDA GPUs runs on every one of them, as Lightning counts them: the run
+# of 4 devices was told nothing of its per-device BatchNorm. Another accelerator, or the CPU: Lightning's.
+AUTO_WORLDS = [
+    (RunPlan(devices="auto", cuda_devices=4), 4),
+    (RunPlan(devices=-1, cuda_devices=4, num_nodes=2), 8),
+    (RunPlan(accelerator="gpu", devices="-1", cuda_devices=4), 4),
+    (RunPlan(accelerator="cuda", devices="auto", cuda_devices=1), 1),
+    (RunPlan(devices="auto", cuda_devices=0), None),
+    (RunPlan(accelerator="cpu", devices="auto", cuda_devices=4), None),
+    (RunPlan(devices="auto", other_accelerator="tpu"), None),
+    (RunPlan(accelerator="gpu", devices=-1, other_accelerator="mps"), None),
+]
+
+
+@pytest.mark.parametrize(("plan", "world"), AUTO_WORLDS)
+def test_devices_auto_on_cuda_counts_every_gpu_for_the_batch_norm_rows(
+    plan: RunPlan, world: int | None
+) -> None:
+    assert plan.world_size == world
+    per_device = replace(plan, batch_norm=True, per_device_batch=4)
+    noted = [n for n in notes(per_device) if "BatchNorm normalises each device's 4 images alone" in n]
+    assert len(noted) == (1 if world and world > 1 else 0), noted
+    # One image per device through SyncBatchNorm trains on several devices, not on one.
+    synced = replace(per_device, per_device_batch=1, sync_batchnorm=True)
+    assert (BATCH_OF_ONE in problems(synced)) is (world == 1)
+
+
 @pytest.mark.parametrize(
     ("recipe", "noted"), [("resnet50_imagenet_modern", False), ("finetune_imagefolder", True)]
 )

@@ -357,12 +357,25 @@ class RunPlan:
         return count if count > 0 else None
 
     @property
+    def every_gpu(self) -> int | None:
+        """The devices per node that auto or -1 means where Lightning runs on CUDA: every CUDA GPU of this
+        machine; None where it picks another accelerator (MPS, TPU) or the CPU, or the plan names a count."""
+        on_cuda = self.accelerator == "cuda" or (
+            self.accelerator in ("gpu", "auto") and not self.other_accelerator
+        )
+        if str(self.devices).strip() not in ("auto", "-1") or not on_cuda or self.cuda_devices < 1:
+            return None
+        return self.cuda_devices
+
+    @property
     def world_size(self) -> int | None:
-        """The run's processes where the plan names them: the launcher's, or devices × nodes; None for auto
-        or -1, which Lightning counts as it starts (the doctor judges a CPU stand-in for a GPU run)."""
+        """The run's processes where the plan tells them: the launcher's, or devices × nodes, auto and -1
+        counted as Lightning counts them on CUDA (``every_gpu``); None where Lightning counts them as it
+        starts (the doctor judges a CPU stand-in for a GPU run)."""
         if self.launcher is not None and not self.launcher.starts_devices:
             return self.launcher.world
-        return None if self.device_count is None else self.device_count * self.num_nodes
+        devices = self.device_count or self.every_gpu
+        return None if devices is None else devices * self.num_nodes
 
     @property
     def global_batch(self) -> int | None:
