@@ -380,6 +380,44 @@ def test_the_mlflow_store_is_asked_only_for_the_run_the_logger_is_given() -> Non
     assert line.startswith(f"the MLflow tracking server {uri} does not answer (ConnectionError)")
 
 
+class _Planned(BaseException):
+    """Raised where the CLI would build the classes: the preflight has run, nothing is built."""
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["run_id", "experiment"])
+def test_one_preflight_asks_the_mlflow_store_for_the_run_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: bool
+) -> None:
+    """`fit --ckpt_path=last` with an MLflow logger asked the store for the run it is given twice (the runs
+    `last` searches, then the store row), and for the experiment named twice where it is given none."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    from lit_ddp.cli import LitDDPCLI, build_cli
+
+    store = f"file:{tmp_path / 'mlruns'}"
+    client = MlflowClient(store)
+    run_id = client.create_run(client.create_experiment("lightning_logs")).info.run_id
+    asked = []
+
+    def spy(method: str):
+        real = getattr(MlflowClient, method)
+        return lambda self, *args, **kwargs: asked.append((method, *args)) or real(self, *args, **kwargs)
+
+    def planned(*_) -> None:
+        raise _Planned
+
+    for method in ("get_run", "get_experiment_by_name"):
+        monkeypatch.setattr(MlflowClient, method, spy(method))
+    monkeypatch.setattr(LitDDPCLI, "instantiate_classes", planned)
+    logger = ["--trainer.logger=MLFlowLogger", f"--trainer.logger.init_args.tracking_uri={store}"]
+    logger += [f"--trainer.logger.init_args.run_id={run_id}"] if given else []
+    with pytest.raises(_Planned):
+        build_cli([*FIT, *logger, "--ckpt_path=last", f"--trainer.default_root_dir={tmp_path}"])
+    assert asked == ([("get_run", run_id)] if given else [("get_experiment_by_name", "lightning_logs")])
+
+
 @pytest.mark.timeout(300)
 def test_a_csv_logger_after_mlflow_goes_on_in_the_runs_folder_when_the_fit_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

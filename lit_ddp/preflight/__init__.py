@@ -39,7 +39,7 @@ from lit_ddp.preflight.checkpoint import (
 )
 from lit_ddp.preflight.checkpoint_file import load_ckpt_file
 from lit_ddp.preflight.folders import DEFAULT_EXPERIMENT, experiment_name, logger_configs
-from lit_ddp.preflight.mlflow import mlflow_stores, store_problem
+from lit_ddp.preflight.mlflow import StoreAnswers, mlflow_stores
 from lit_ddp.preflight.runs import (
     goes_on_in_its_run,
     is_wandb_run,
@@ -209,6 +209,8 @@ class RunPlan:
     logger_dirs: tuple[str, ...] = ()
     # (tracking URI, experiment, run id given) of each MLflow logger
     mlflow_stores: tuple[tuple[str, str, str | None], ...] = ()
+    # Their answers, each store asked once in this preflight (the runs `last` searches, the store row).
+    mlflow_answers: StoreAnswers = field(default_factory=StoreAnswers, compare=False, repr=False)
     cuda_devices: int = 0  # this machine's
     # This machine's other accelerator, "mps" (Apple silicon) or "tpu", which Lightning's `auto` picks and
     # where devices=-1 means all of them, as on CUDA; None where it has neither.
@@ -260,7 +262,8 @@ class RunPlan:
         experiment = experiment or experiment_name(_get(config, "config"))
         asked = ckpt_path = _get(config, "ckpt_path")
         checkpoint_problem = ckpt_note = None
-        runs = runs_of(config, experiment) if asked is not None else None
+        answers = StoreAnswers()
+        runs = runs_of(config, experiment, answers) if asked is not None else None
         try:
             # `last` and `best` become the file they name (preflight/runs.py), read as a path given by hand
             ckpt_path, ckpt_note = resolve_named(runs, asked, subcommand) if runs else (asked, None)
@@ -314,6 +317,7 @@ class RunPlan:
             experiment=experiment,
             logger_dirs=_logger_dirs(loggers),
             mlflow_stores=mlflow_stores(loggers),
+            mlflow_answers=answers,
             cuda_devices=cuda_devices,
             other_accelerator=other_accelerator,
             launcher=launcher_world(environ),
@@ -668,7 +672,7 @@ def _mlflow_store(plan: RunPlan) -> str | None:
     # MLFlowLogger reports a scheme MLflow has no store for as a traceback from its creation, and a server
     # that does not answer after minutes of retries at the run's first log, and a run_id the store has not as
     # a traceback too.
-    found = (store_problem(*store) for store in plan.mlflow_stores)
+    found = (plan.mlflow_answers(*store).problem for store in plan.mlflow_stores)
     return next((line for line in found if line), None)
 
 

@@ -13,6 +13,7 @@ retries: a server that answered at the start and then hiccups is retried as usua
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from lit_ddp.errors import exception_chain
 from lit_ddp.writes import ADVICE, advice
@@ -76,48 +77,79 @@ def _problem(err: BaseException, uri: str) -> str | None:
     return None
 
 
-def _run_stage(client, run_id: str | None) -> str | None:
-    """The lifecycle stage of the run ``run_id`` in ``client``'s store, "missing" where it has none; None
-    where no run is given."""
+def _run_stage(client, run_id: str) -> tuple[str, str | None]:
+    """The lifecycle stage of the run ``run_id`` in ``client``'s store and the id of its experiment;
+    ("missing", None) where the store has no such run."""
     from mlflow.exceptions import MlflowException
 
-    if run_id is None:
-        return None
     try:
-        return client.get_run(run_id).info.lifecycle_stage
+        info = client.get_run(run_id).info
     except MlflowException as err:
         if err.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        return "missing"
+        return "missing", None
+    return info.lifecycle_stage, str(info.experiment_id)
+
+
+@dataclass(frozen=True)
+class StoreAnswer:
+    """What one request to an MLflow store told: the line for a store or run that cannot be used (None where
+    it answers), and the id of the experiment that holds the run given, else of the experiment named (None
+    where there is none, or the store cannot be asked)."""
+
+    problem: str | None = None
+    experiment_id: str | None = None
+
+
+def ask_store(uri: str, experiment: str, run_id: str | None = None) -> StoreAnswer:
+    """The store at ``uri`` asked once: for the run ``run_id`` (the one the logger is given; its experiment is
+    its own), else for the experiment named (read, nothing created)."""
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        return StoreAnswer()  # the logger's creation names the missing package (errors.constructor_failure)
+    try:
+        with _environment(PROBE_ENV):
+            client = MlflowClient(uri)
+            if run_id is not None:
+                stage, holder = _run_stage(client, run_id)
+                return StoreAnswer(_run_problem(uri, run_id, stage), holder)
+            found = client.get_experiment_by_name(experiment)
+    except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
+        # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
+        # as one line naming the logger (errors.constructor_failure).
+        return StoreAnswer(_problem(err, uri))
+    if found is None:
+        return StoreAnswer()
+    if found.lifecycle_stage == "deleted":
+        # MLFlowLogger would create it again, which the store refuses while the deleted one keeps its name.
+        return StoreAnswer(
+            f"the MLflow experiment '{experiment}' in {uri} was deleted: restore it"
+            f" (MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {found.experiment_id}),"
+            " or pass --trainer.logger.init_args.experiment_name=<another name>",
+            str(found.experiment_id),
+        )
+    return StoreAnswer(experiment_id=str(found.experiment_id))
+
+
+class StoreAnswers:
+    """One preflight's answers of the MLflow stores, each store asked once whoever asks (the runs that
+    ``last`` searches, the ``mlflow_store`` row): made for each plan, so a later run's preflight asks anew."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, str, str | None], StoreAnswer] = {}
+
+    def __call__(self, uri: str, experiment: str, run_id: str | None = None) -> StoreAnswer:
+        key = (uri, experiment, run_id)
+        if key not in self._answers:
+            self._answers[key] = ask_store(*key)
+        return self._answers[key]
 
 
 def store_problem(uri: str, experiment: str, run_id: str | None = None) -> str | None:
     """The line for an MLflow store at ``uri`` that cannot be used, or that has no run ``run_id`` (the one
     the logger is given), asked once; None where it answers."""
-    try:
-        from mlflow.tracking import MlflowClient
-    except ImportError:
-        return None  # the logger's creation names the missing package (errors.constructor_failure)
-    try:
-        with _environment(PROBE_ENV):
-            client = MlflowClient(uri)
-            # One request probes the store: the run given (its experiment is its own), else the experiment.
-            found = client.get_experiment_by_name(experiment) if run_id is None else None
-            stage = _run_stage(client, run_id)
-    except Exception as err:  # noqa: BLE001 (told apart by type in _problem; the rest is the logger's)
-        # Another refusal (a file store MLflow 3 asks an opt-in for): the logger's own creation reports it,
-        # as one line naming the logger (errors.constructor_failure).
-        return _problem(err, uri)
-    if stage is not None:
-        return _run_problem(uri, str(run_id), stage)
-    if found is not None and found.lifecycle_stage == "deleted":
-        # MLFlowLogger would create it again, which the store refuses while the deleted one keeps its name.
-        return (
-            f"the MLflow experiment '{experiment}' in {uri} was deleted: restore it"
-            f" (MLFLOW_TRACKING_URI={uri} mlflow experiments restore --experiment-id {found.experiment_id}),"
-            " or pass --trainer.logger.init_args.experiment_name=<another name>"
-        )
-    return None
+    return ask_store(uri, experiment, run_id).problem
 
 
 def _run_problem(uri: str, run_id: str, stage: str) -> str | None:
@@ -136,28 +168,3 @@ def _run_problem(uri: str, run_id: str, stage: str) -> str | None:
             " (a new run)"
         )
     return None
-
-
-def run_experiment(uri: str, run_id: str) -> str | None:
-    """The id of the experiment that holds the run ``run_id`` in the store at ``uri``, or None where the store
-    has no such run or cannot be asked (``store_problem`` says why)."""
-    try:
-        from mlflow.tracking import MlflowClient
-
-        with _environment(PROBE_ENV):
-            return str(MlflowClient(uri).get_run(run_id).info.experiment_id)
-    except Exception:  # noqa: BLE001 (the preflight's store row reports a run or store that cannot be used)
-        return None
-
-
-def experiment_id(uri: str, experiment: str) -> str | None:
-    """The id of the experiment named ``experiment`` in the store at ``uri`` (read, nothing created), or None
-    where there is none yet, or the store cannot be asked (``store_problem`` says why)."""
-    try:
-        from mlflow.tracking import MlflowClient
-
-        with _environment(PROBE_ENV):
-            found = MlflowClient(uri).get_experiment_by_name(experiment)
-    except Exception:  # noqa: BLE001 (the preflight's store row reports a store that cannot be asked)
-        return None
-    return None if found is None else str(found.experiment_id)

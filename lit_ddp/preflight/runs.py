@@ -32,7 +32,7 @@ from lit_ddp.errors import UserError
 from lit_ddp.models import current_name
 from lit_ddp.preflight.checkpoint_file import load_checkpoint_file
 from lit_ddp.preflight.folders import logger_configs
-from lit_ddp.preflight.mlflow import experiment_id, mlflow_stores, run_experiment
+from lit_ddp.preflight.mlflow import StoreAnswers, mlflow_stores
 from lit_ddp.utils import from_here, imported, is_local_path
 
 VERSIONED = (TensorBoardLogger, CSVLogger)
@@ -208,14 +208,16 @@ def resumable_beside(pinned: Path, ckpt_path: str | None) -> Path | None:
     return run if beside and path.is_file() else None
 
 
-def _searched(config, experiment: str, root: Folder) -> tuple[Folder, str, type | None] | None:
+def _searched(
+    config, experiment: str, root: Folder, ask: StoreAnswers
+) -> tuple[Folder, str, type | None] | None:
     """The folder ``last`` searches, the glob of the runs' ``last*.ckpt`` there and the first logger's class,
     or None where Lightning's own lookup is right (a logger of another kind). A versioned logger keeps its
     runs under ``save_dir/name`` (a version given to it names the one run searched); with no logger,
     ModelCheckpoint writes to ``default_root_dir/checkpoints``. MLflow names each run's folder after its run
     id, under the experiment's id (ModelCheckpoint's rule:
-    ``default_root_dir/<experiment id>/<run id>/checkpoints``): every rank asks the store for the id of the
-    experiment named (no glob where there is none yet). W&B
+    ``default_root_dir/<experiment id>/<run id>/checkpoints``): every rank asks the store (``ask``) for the
+    id of the experiment named (no glob where there is none yet). W&B
     names each run's folder after its run id, under the project (``save_dir/<project>/<run id>/checkpoints``),
     unless the user named the run (``id``): that one folder is then Lightning's to look in."""
     trainer = config.get("trainer") or {}
@@ -243,23 +245,24 @@ def _searched(config, experiment: str, root: Folder) -> tuple[Folder, str, type 
         ((uri, name, run_id),) = mlflow_stores([(cls, init_args)])
         store = uri[len(FILE_STORE) :] if uri.startswith(FILE_STORE) else None
         if run_id is not None:  # that run alone, in its own experiment (none: the store row says why)
-            holder = run_experiment(uri, run_id)
+            holder = ask(uri, name, run_id).experiment_id
             run = _under(_folder(store or root), holder or "", run_id)
             return run, "checkpoints/last*.ckpt" if holder else "", cls
         # The named experiment's runs alone: another experiment's, beside them, is never resumed.
-        found = experiment_id(uri, name)
+        found = ask(uri, name).experiment_id
         return _folder(store or root), f"{glob.escape(found)}/*/checkpoints/last*.ckpt" if found else "", cls
     return None
 
 
-def runs_of(config, experiment: str) -> Runs:
-    """Where the earlier runs of a subcommand's parsed ``config`` are (``experiment``: the recipe's name)."""
+def runs_of(config, experiment: str, ask: StoreAnswers | None = None) -> Runs:
+    """Where the earlier runs of a subcommand's parsed ``config`` are (``experiment``: the recipe's name;
+    ``ask``: the preflight's MLflow answers, which the store row reads too)."""
     trainer = config.get("trainer") or {}
     root = _folder(trainer.get("default_root_dir") or os.getcwd())
     dirs = _checkpoint_dirs(config)
     # One callback writing into the run's folder (lit_ddp's last_checkpoint, unless given a folder) makes
     # the runs the place to search, whatever folder another checkpoint callback has of its own.
-    searched = _searched(config, experiment, root) if None in dirs else None
+    searched = _searched(config, experiment, root, ask or StoreAnswers()) if None in dirs else None
     if searched is not None:
         where, pattern, logger = searched
     else:  # a versioned logger's folder, else the run's root, to name in a message
