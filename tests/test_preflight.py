@@ -14,6 +14,7 @@ from torch import nn
 
 from lit_ddp.callbacks import EMA
 from lit_ddp.cli import main
+from lit_ddp.models.arch_classifier import ArchClassifier
 from lit_ddp.models.classifier import BATCH_OF_ONE, ImageClassifier
 from lit_ddp.preflight import ROWS, Launcher, RunPlan, launcher_world, notes, problems
 from lit_ddp.preflight.arguments import SUBCOMMANDS, argument_problems
@@ -665,6 +666,13 @@ def test_a_subclass_that_builds_its_own_network_is_read_as_built_and_never_fails
     assert FrozenBatchNormClassifier.batch_norm_in({"batch_norm": True}) is False  # as the data module asks
     assert UnbuildableClassifier.batch_norm_in({}) is None  # the fit's own start says what fails
     assert ImageClassifier.batch_norm_in({}) is None  # no network: not a model to build
+
+
+def test_a_named_architecture_that_cannot_be_built_on_the_meta_device_is_not_read() -> None:
+    # regnet's constructor reads a tensor's values: the fit crashed in its preflight with a traceback.
+    assert ArchClassifier.batch_norm_in({"arch": "regnet_x_400mf"}) is None
+    assert ArchClassifier.batch_norm_in({"arch": "no_such_net"}) is None
+    assert ArchClassifier.batch_norm_in({"arch": "resnet18"}) is True
 
 
 class OwnEMA(EMA):

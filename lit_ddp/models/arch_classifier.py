@@ -3,12 +3,11 @@ started from a weights file and trained head-only: the ImageNet recipes' system,
 
 from collections.abc import Mapping
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch import nn
 
-from lit_ddp.errors import UserError
 from lit_ddp.models.backbones import build_net, freeze_all_but_head, freeze_norm_stats
-from lit_ddp.models.classifier import CompileMode, ImageClassifier, has_batch_norm
+from lit_ddp.models.classifier import CompileMode, ImageClassifier, _batch_norm_on_meta
 from lit_ddp.models.optim import OptimConfig
 from lit_ddp.models.weights import load_weights
 
@@ -76,16 +75,17 @@ class ArchClassifier(ImageClassifier):
 
     @classmethod
     def batch_norm_in(cls, init_args: Mapping) -> bool | None:
-        # The named network, built on the meta device: no memory, no weights read. A frozen backbone's
-        # BatchNorm layers normalise with their frozen statistics, not the batch's.
-        try:
-            with torch.device("meta"):
-                net = build_net(str(init_args.get("arch", "resnet50")))
-        except UserError:  # an unknown name, or timm missing: building the model says so
-            return None
-        if init_args.get("freeze_backbone"):
-            freeze_norm_stats(net)
-        return has_batch_norm(net)
+        # The named network, built on the meta device: no memory, no weights read. None where it cannot be
+        # built so (an unknown name or timm missing, which building the model says; regnet's constructor
+        # reads a tensor's values, which the meta device has none of). A frozen backbone's BatchNorm layers
+        # normalise with their frozen statistics, not the batch's.
+        def build() -> nn.Module:
+            net = build_net(str(init_args.get("arch", "resnet50")))
+            if init_args.get("freeze_backbone"):
+                freeze_norm_stats(net)
+            return net
+
+        return _batch_norm_on_meta(build)
 
     def train(self, mode: bool = True) -> "ArchClassifier":
         # Lightning's fit keeps the modules' modes as it finds them (and restores them after validation),
