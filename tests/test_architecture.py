@@ -232,8 +232,8 @@ def _model_tree_walks(path: Path) -> list[str]:
 
 
 def test_the_data_modules_read_what_the_model_declares_not_its_layers(tmp_path: Path) -> None:
-    """A data module asks the model (``batch_norm_per_device``), it does not walk its layers: what a network
-    needs of its batches is the model's to say. The check flags a planted walk."""
+    """A data module does not walk the model's layers: what a network needs of its batches is the model's to
+    say, and the model hands it over (``batch_of_one_fails``). The check flags a planted walk."""
     problems = [p for path in sorted((PACKAGE / "data").rglob("*.py")) for p in _model_tree_walks(path)]
     assert not problems, "the data modules walk the model's layers:\n" + "\n".join(problems)
     planted = PACKAGE / "data" / "_planted_for_test.py"

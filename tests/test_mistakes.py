@@ -170,6 +170,29 @@ def test_the_model_says_whether_its_batch_norm_normalises_each_devices_batch() -
     assert model.batch_norm_per_device
 
 
+def test_the_kit_asks_a_batch_of_one_as_fit_asks() -> None:
+    """doctor and the kit read ``batch_norm_per_device`` where fit asks ``batch_of_one_failure()``: a model
+    whose override says it trains on one image was refused by doctor and not by fit."""
+    from lit_ddp.errors import UserError
+    from lit_ddp.models import LeNetCIFAR
+    from lit_ddp.models.classifier import BATCH_OF_ONE, check_batch_of_one, fails_on_one
+
+    class Trains(LeNetCIFAR):
+        def batch_of_one_failure(self) -> str | None:
+            return None
+
+    class OwnLine(LeNetCIFAR):
+        def batch_of_one_failure(self) -> str | None:
+            return "batch_size=1: this model's own reason"
+
+    check_batch_of_one(1, Trains(batch_norm=True))
+    with pytest.raises(UserError, match="this model's own reason"):
+        check_batch_of_one(1, OwnLine())
+    assert fails_on_one(LeNetCIFAR(batch_norm=True)) == BATCH_OF_ONE
+    assert fails_on_one(type("Declared", (), {"batch_norm_per_device": True})()) == BATCH_OF_ONE  # yours
+    assert fails_on_one(nn.Linear(2, 2)) is None
+
+
 def test_the_data_module_asks_what_the_model_declares_not_its_layers(tmp_path: Path) -> None:
     """A model that declares batch_norm_per_device gets its one-image last batch left out, whatever its layers
     hold (none here): the model hands the data module the question as it is set up, and the data module

@@ -125,11 +125,20 @@ def _batch_norm_on_meta(
         return None
 
 
+def fails_on_one(model: object) -> str | None:
+    """The line a training batch of one image per device fails with through ``model``, or None: its
+    ``batch_of_one_failure()`` (an ImageClassifier's, or its override), else whether it declares
+    ``batch_norm_per_device`` (a model of your own may), as fit asks."""
+    ask = getattr(model, "batch_of_one_failure", None)
+    if callable(ask):
+        return ask()
+    return BATCH_OF_ONE if getattr(model, "batch_norm_per_device", False) else None
+
+
 def check_batch_of_one(batch_size: int, model: object) -> None:
-    """UserError for training batches of one image per device through a model whose BatchNorm normalises
-    each device's batch alone (``batch_norm_per_device``, which a model of your own may define too)."""
-    if batch_size == 1 and getattr(model, "batch_norm_per_device", False):
-        raise UserError(BATCH_OF_ONE)
+    """UserError for training batches of one image per device through a model that fails on them."""
+    if batch_size == 1 and (line := fails_on_one(model)) is not None:
+        raise UserError(line)
 
 
 class LossMean(MeanMetric):

@@ -29,7 +29,7 @@ from torch import nn
 
 from lit_ddp.data import ImageDataModule
 from lit_ddp.errors import UserError
-from lit_ddp.models.classifier import check_batch_of_one
+from lit_ddp.models.classifier import check_batch_of_one, fails_on_one
 from lit_ddp.testing.config import instantiate
 from lit_ddp.testing.launch import LaunchError, LaunchStopped, free_ports, launch
 from lit_ddp.testing.record import DROPOUT, load
@@ -936,7 +936,7 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
         check_batch_of_one(dm.batch_size, model)
     # The data module refuses this too, in the ranks, naming --data.batch_size: the checks set their own.
     # With SyncBatchNorm the 2-process ranks normalise 2 images, and the 1-process ones a batch of 2.
-    if b == 1 and not case.sync_batchnorm and getattr(model, "batch_norm_per_device", False):
+    if b == 1 and not case.sync_batchnorm and fails_on_one(model) is not None:
         raise UserError(
             "batch_size=1 with a BatchNorm model: BatchNorm cannot normalise a batch of one image per device;"
             " run the checks at a batch of 2 or more (doctor --batch-size=2; check_ddp_invariants(...,"
