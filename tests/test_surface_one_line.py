@@ -366,3 +366,47 @@ def test_another_error_of_a_run_with_early_stopping_is_not_taken_for_its_monitor
                 f"--trainer.default_root_dir={tmp_path}",
             ]
         )
+
+
+UNUSED_NET = """
+from torch import nn
+
+
+class UnusedNet(nn.Module):
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.head = nn.Linear(3, num_classes)
+        self.aux = nn.Linear(3, num_classes)  # in no forward
+
+    def forward(self, x):
+        return self.head(x.mean(dim=(2, 3)))
+"""
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_find_unused_parameters_true"])
+def test_a_parameter_the_loss_does_not_reach_is_one_line_under_ddp(tmp_path: Path, strategy: str) -> None:
+    """A network with a layer its forward never calls trained on 1 device, and on 2 each rank printed DDP's
+    reducer traceback at the second step. One line names the parameters; the strategy that looks for unused
+    parameters trains it."""
+    (tmp_path / "unused_net.py").write_text(UNUSED_NET)
+    args = [
+        "fit",
+        *TINY_RUN,
+        "--data.batch_size=16",
+        "--model=ImageClassifier",
+        "--model.net=unused_net.UnusedNet",
+    ]
+    args += ["--trainer.accelerator=cpu", "--trainer.devices=2", f"--trainer.strategy={strategy}"]
+    result = run_cli(args, tmp_path / "run", env={"PYTHONPATH": str(tmp_path)})
+    if strategy != "ddp":
+        assert result.returncode == 0, result.stderr[-3000:]
+        return
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lit_ddp: error: ")]
+    assert errors == [
+        "lit_ddp: error: net.aux.weight, net.aux.bias took no part in the loss, and DDP waits for every"
+        " parameter's gradient: use them in forward, freeze them (requires_grad=False) or remove them, or"
+        " pass --trainer.strategy=ddp_find_unused_parameters_true (slower: DDP searches the graph each step)"
+    ], result.stderr[-3000:]

@@ -34,6 +34,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from torchmetrics import MeanMetric, Metric, MetricCollection
 
 from lit_ddp.compat import epoch_cut_short, load_train_dataloader
@@ -284,6 +285,7 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         self._accumulated: tuple[int, int] | None = None  # images of the accumulation's first, all batches
         self._loss_weight = 1.0  # the batch's weight in its accumulation's backward (_count_accumulated)
         self._input_fits = False  # a batch went through the network (forward's first-batch check)
+        self._grads_checked = False  # the first backward of a fit looked for unused parameters
         self._labels_fit: set[str] = set()  # stages whose first batch's labels were checked (_check_labels)
         self.num_classes = num_classes
         # A checkpoint's hyperparameters hold the config as a dict (on_save_checkpoint): what
@@ -399,6 +401,7 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
         self._reset_metrics(*STAGES)
         self._labels_fit.clear()  # another run may bring other data
         self._accumulated, self._loss_weight = None, 1.0  # an earlier fit that stopped on an error
+        self._grads_checked = False  # another fit may run under another strategy
         if stage != "fit" or self.cuda_graph is False:
             return
         self._drop_step_graph()  # an earlier fit of this module that stopped on an error kept its graphs
@@ -550,6 +553,27 @@ class ImageClassifier(LoadsSavedSubclass, LightningModule):
 
     def backward(self, loss: Tensor, *args, **kwargs) -> None:
         super().backward(loss * self._loss_weight if self._loss_weight != 1.0 else loss, *args, **kwargs)
+        if not self._grads_checked:  # once a fit: the first backward tells
+            self._grads_checked = True
+            self._check_every_parameter_learns()
+
+    def _check_every_parameter_learns(self) -> None:
+        """A parameter the loss does not reach fails DDP's next forward in every rank with a long traceback
+        (its reducer waits for that gradient), where one device trains on: said here, naming them."""
+        wrapper = self.trainer.strategy.model
+        if not isinstance(wrapper, DistributedDataParallel) or wrapper.find_unused_parameters:
+            return
+        if wrapper.static_graph:  # it learns at the first step which parameters take part
+            return
+        unused = [name for name, p in self.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+            raise UserError(
+                f"{shown} took no part in the loss, and DDP waits for every parameter's gradient: use them"
+                " in forward, freeze them (requires_grad=False) or remove them, or pass"
+                " --trainer.strategy=ddp_find_unused_parameters_true (slower: DDP searches the graph each"
+                " step)"
+            )
 
     @torch.no_grad()
     def on_before_optimizer_step(self, optimizer) -> None:
