@@ -39,7 +39,7 @@ from lit_ddp.errors import UserError, constructor_error, constructor_failure, ex
 from lit_ddp.models import ImageClassifier, current_name
 from lit_ddp.models.weights import checkpoint_replaces_weights
 from lit_ddp.preflight import RunPlan, launcher_world, notes, problems
-from lit_ddp.preflight.arguments import argument_problems, classes_named
+from lit_ddp.preflight.arguments import argument_problems, classes_named, without_classes_named
 from lit_ddp.preflight.checkpoint import UNTRAINED, checkpoint_model_overrides, packages_of
 from lit_ddp.preflight.checkpoint_file import allow_checkpoint_globals
 from lit_ddp.preflight.folders import place_runs
@@ -239,8 +239,10 @@ class LitDDPCLI(LightningCLI):
         found = argument_problems(argv)  # an alias bomb, a key given twice, a setting a later file replaces
         if found:
             raise UserError("\n".join(found))
-        picked = classes_named(args if isinstance(args, dict) else argv)
+        given = args if isinstance(args, dict) else argv
+        picked = classes_named(given)
         defaults = {"model": self.default_model, "data": self.default_data}
+        defaults = {key: without_classes_named(default, key, given) for key, default in defaults.items()}
         for choice_parser in self._choice_parsers:
             choice_parser.set_defaults({k: v for k, v in defaults.items() if k not in picked})
         try:

@@ -116,3 +116,43 @@ def test_what_picks_a_class(tmp_path: Path) -> None:
     assert classes_named(["--data={class_path: X}", "--model={init_args: {batch_norm: true}}"]) == {"data"}
     assert classes_named(["--data.batch_size=3", "--model.optim.lr=1"]) == set()
     assert classes_named({"data": {"class_path": "X"}, "model": {"init_args": {}}}) == {"data"}
+
+
+NETS = """
+from torch import nn
+
+
+class Small(nn.Linear):
+    def __init__(self, num_classes: int = 10, width: int = 1) -> None:
+        super().__init__(3, num_classes)
+
+
+class Wide(nn.Linear):
+    def __init__(self, num_classes: int = 10, width: int = 8, p: float = 0.3) -> None:
+        super().__init__(3, num_classes)
+"""
+
+
+@pytest.mark.parametrize(
+    "pick",
+    [
+        "--model.net=my_nets.Wide",
+        "--model.init_args.net=my_nets.Wide",
+        "--model.net={class_path: my_nets.Wide}",
+    ],
+)
+def test_a_network_picked_under_a_projects_default_model_gets_its_own_defaults(
+    parse, tmp_path: Path, monkeypatch, pick: str
+) -> None:
+    """A project's `python -m PKG fit --model.net=Wide` built Wide(width=1), the default network's width,
+    where `--config configs/default.yaml --model.net=Wide` built Wide(width=8), its own."""
+    (tmp_path / "my_nets.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    net = {"class_path": "my_nets.Small"}
+    project = {"model": {"class_path": "lit_ddp.models.ImageClassifier", "init_args": {"net": net}}}
+    picked = parse([pick], **project)["model"]["init_args"]["net"]
+    assert picked == {"class_path": "my_nets.Wide", "init_args": {"width": 8, "p": 0.3}}
+    picked = parse([pick, "--model.net.width=2"], **project)["model"]["init_args"]["net"]
+    assert picked["init_args"] == {"width": 2, "p": 0.3}
+    kept = parse(["--model.net.width=2"], **project)["model"]["init_args"]["net"]  # the default network's
+    assert kept == {"class_path": "my_nets.Small", "init_args": {"width": 2}}

@@ -330,29 +330,63 @@ def _picks_a_class(value: object) -> bool:
     return value is None or (isinstance(value, dict) and "class_path" in value)
 
 
+def _config_sections(args: list[str] | dict) -> list[dict]:
+    """The settings of each config the command line gives (a dict of them in place of a command line), and
+    each command's section of a file for the root parser."""
+    configs: list[object] = [args] if isinstance(args, dict) else []
+    for _, option, value in [] if isinstance(args, dict) else command_line(args):
+        if option in ("-c", "--config"):
+            try:
+                path = Path(value or "")
+                configs.append(yaml.safe_load(path.read_text() if path.is_file() else value or ""))
+            except (OSError, yaml.YAMLError):
+                pass  # jsonargparse reports it
+    sections = []
+    for config in configs:
+        if isinstance(config, dict):
+            # a config for the root parser holds each subcommand's settings under its name
+            sections += [config, *(v for v in config.values() if isinstance(v, dict))]
+    return sections
+
+
 def classes_named(args: list[str] | dict) -> set[str]:
     """Which of "model" and "data" the command line (or its config files) picks a class for.
 
     The default class is set only for the others: given as a default, jsonargparse would keep its init_args
     that the picked class also takes (ShapesDataModule's augmentation in ImageNetDataModule) in place of the
     picked class's own defaults (jsonargparse issue 460)."""
-    configs: list[object] = [args] if isinstance(args, dict) else []
     named = set()
     for _, option, value in [] if isinstance(args, dict) else command_line(args):
-        value = value or ""
-        if option in ("-c", "--config"):
-            try:
-                path = Path(value)
-                configs.append(yaml.safe_load(path.read_text() if path.is_file() else value))
-            except (OSError, yaml.YAMLError):
-                pass  # jsonargparse reports it
         for key in ("model", "data"):
-            if option == f"--{key}.class_path" or (option == f"--{key}" and _picks_a_class(value)):
+            if option == f"--{key}.class_path" or (option == f"--{key}" and _picks_a_class(value or "")):
                 named.add(key)
-    for config in configs:
-        if not isinstance(config, dict):
-            continue
-        # a config for the root parser holds each subcommand's settings under its name
-        for section in (config, *(v for v in config.values() if isinstance(v, dict))):
-            named |= {key for key in ("model", "data") if key in section and _picks_a_class(section[key])}
+    for section in _config_sections(args):
+        named |= {key for key in ("model", "data") if key in section and _picks_a_class(section[key])}
     return named
+
+
+def without_classes_named(default: dict, key: str, args: list[str] | dict) -> dict:
+    """``default`` (the command's default ``{class_path, init_args}`` for ``key``) without the arguments
+    holding a class (a project's ``net``) that the command line or its config files pick another class for:
+    as for the default class itself (``classes_named``), jsonargparse would keep the default network's
+    arguments that the picked one also takes (``width``) in place of its own defaults."""
+    init_args = default.get("init_args") or {}
+    held = {name for name, value in init_args.items() if isinstance(value, dict) and "class_path" in value}
+    picked = set()
+    for _, option, value in [] if isinstance(args, dict) else command_line(args):
+        for name in held:
+            spelt = (f"--{key}.{name}", f"--{key}.init_args.{name}")
+            if (
+                option in spelt
+                and _picks_a_class(value or "")
+                or option in {f"{o}.class_path" for o in spelt}
+            ):
+                picked.add(name)
+    for section in _config_sections(args):
+        given = section.get(key)
+        if isinstance(given, dict):
+            inner = given.get("init_args") if isinstance(given.get("init_args"), dict) else given
+            picked |= {name for name in held if name in inner and _picks_a_class(inner[name])}
+    if not picked:
+        return default
+    return {**default, "init_args": {k: v for k, v in init_args.items() if k not in picked}}
