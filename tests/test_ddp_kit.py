@@ -502,6 +502,15 @@ def test_kit_settings_are_the_trainer_settings_the_config_trains_with(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert kit_settings({"trainer": {"devices": "-1", "num_nodes": 2}})["devices"] == 8
+    # A DDP that looks for parameters the loss does not reach (the kit's ran without: doctor refused the model
+    # with the line naming this strategy as the fix).
+    assert "find_unused_parameters" not in kit_settings({"trainer": {"strategy": "ddp"}})
+    assert kit_settings({"trainer": {"strategy": "ddp_find_unused_parameters_true"}})[
+        "find_unused_parameters"
+    ]
+    ddp = {"class_path": "lightning.pytorch.strategies.DDPStrategy"}
+    ddp["init_args"] = {"find_unused_parameters": True}
+    assert kit_settings({"trainer": {"strategy": ddp}})["find_unused_parameters"]
 
 
 def test_a_config_whose_seed_is_drawn_is_judged_at_a_drawn_seed_that_the_report_names() -> None:
@@ -569,3 +578,30 @@ def test_build_gives_a_model_that_forwards_its_arguments_the_datas_classes_as_fi
     }
     model, _ = build(config, num_classes=3)
     assert model.num_classes == 3 and model.net.classifier[-1].out_features == 3
+
+
+class UnusedParameterNet(torch.nn.Module):
+    """A user's network with a layer its forward never calls."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(3, num_classes)
+        self.aux = torch.nn.Linear(3, num_classes)
+
+    def forward(self, x):
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def test_a_parameter_the_loss_does_not_reach_is_one_line_unless_the_run_looks_for_unused_ones(
+    tmp_path: Path,
+) -> None:
+    """The 2-process runs failed in DDP's reducer, printed as each rank's traceback ("no check ran"), and
+    with the run's ddp_find_unused_parameters_true, which trains the model, the kit's runs failed the same."""
+    model, data = ImageClassifier(net=UnusedParameterNet), ShapesDataModule(**SHAPES)
+    with pytest.raises(UserError) as err:
+        check_ddp_invariants(model, data, checks=("grads",), workdir=tmp_path / "plain", timeout=300)
+    assert str(err.value).startswith("net.aux.weight, net.aux.bias took no part in the loss"), err.value
+    report = check_ddp_invariants(
+        model, data, checks=("grads",), find_unused_parameters=True, workdir=tmp_path / "finds", timeout=300
+    )
+    assert report.ok, report.table()

@@ -41,7 +41,7 @@ it fails the resume check too: a checkpoint does not hold those RNGs' state).
 count"]`` is one row (``holds``, ``measured``, ``fix``); ``report.table()`` prints check | holds? |
 measured | what to change, then the runs' seed. ``python -m lit_ddp doctor --config my.yaml`` runs the
 same on a config; ``kit_settings(config)`` gives a test the arguments doctor takes from it (seed,
-SyncBatchNorm, accumulation, clipping, device count).
+SyncBatchNorm, accumulation, clipping, unused-parameter search, device count).
 
 The model and data module travel to the ranks pickled by value (cloudpickle): their classes may live in a
 script, a notebook or a test function.

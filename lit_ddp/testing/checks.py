@@ -913,6 +913,7 @@ class Case:
     gradient_clip_val: float | None = None
     devices: int | None = None
     checks: tuple[str, ...] = CHECKS
+    find_unused_parameters: bool = False
 
 
 def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]:
@@ -961,6 +962,8 @@ def _jobs(case: Case, key: str, root: Path) -> tuple[dict[int, list[Job]], dict]
     }
     if case.sync_batchnorm:
         trainer_kwargs["sync_batchnorm"] = True
+    if case.find_unused_parameters:
+        trainer_kwargs["find_unused_parameters"] = True  # the worker's DDP strategy
 
     def job(
         name: str,
@@ -1222,6 +1225,7 @@ def check_ddp_invariants(
     gradient_clip_val: float | None = None,
     devices: int | None = None,
     checks: tuple[str, ...] = CHECKS,
+    find_unused_parameters: bool = False,
     timeout: float = 600,
     workdir: str | Path | None = None,
 ) -> Report:
@@ -1235,8 +1239,9 @@ def check_ddp_invariants(
     largest) and ``gradient_clip_val`` as the real run will use them; ``devices``: the
     device count it will use (the padding warning considers it; None: not known, SyncBatchNorm is taken to
     span 2 or more). ``checks``: a subset of ``CHECKS`` to run
-    (fewer runs). ``workdir``: keep the runs' records and logs there. Warnings come back as rows of the
-    report and as ``DDPInvariantWarning``.
+    (fewer runs). ``find_unused_parameters``: the 2-process runs' DDP looks for parameters the loss does not
+    reach, as the run's ``ddp_find_unused_parameters_true`` does. ``workdir``: keep the runs' records and
+    logs there. Warnings come back as rows of the report and as ``DDPInvariantWarning``.
     """
     case = Case(
         model,
@@ -1249,6 +1254,7 @@ def check_ddp_invariants(
         gradient_clip_val,
         devices,
         tuple(checks),
+        find_unused_parameters,
     )
     (report,) = run_cases([case], timeout, workdir)
     for row in report.warnings:

@@ -112,7 +112,7 @@ def kit_settings(config) -> dict:
     """The ``check_ddp_invariants`` arguments a resolved config fixes, as ``doctor`` passes them: its seed
     (``true``: one drawn, as ``fit`` and ``doctor`` draw it, which the report names), and the settings the
     real run trains with (SyncBatchNorm, gradient accumulation, a GradientAccumulationScheduler's scheduling
-    in its place, and clipping, and the device count it starts
+    in its place, clipping, a DDP that looks for unused parameters, and the device count it starts
     on this machine, left out where this machine cannot count them: devices=auto for a GPU run on a machine
     without one), so that a test of the config checks what ``doctor`` does.
 
@@ -128,6 +128,18 @@ def kit_settings(config) -> dict:
         or int(trainer.get("accumulate_grad_batches") or 1),
         "gradient_clip_val": trainer.get("gradient_clip_val"),
     }
+    if _finds_unused_parameters(trainer.get("strategy")):  # named in the doctor's header only when set
+        settings["find_unused_parameters"] = True
     nodes, accelerator = int(trainer.get("num_nodes") or 1), str(trainer.get("accelerator") or "auto")
     devices = _device_count(trainer.get("devices", "auto"), nodes, accelerator)
     return {**settings, **({"devices": devices} if devices is not None else {})}
+
+
+def _finds_unused_parameters(strategy) -> bool:
+    """Whether the run's DDP looks for parameters the loss does not reach: by name
+    (``ddp_find_unused_parameters_true``) or ``{class_path: DDPStrategy, init_args: {find_unused_parameters:
+    true}}``."""
+    if isinstance(strategy, str):
+        return strategy.endswith("_find_unused_parameters_true")
+    init_args = strategy.get("init_args") if hasattr(strategy, "get") else None
+    return bool(init_args and init_args.get("find_unused_parameters"))

@@ -6,9 +6,10 @@
 
 Reads the config and overrides as ``fit`` would, then runs the checks on CPU with 2 gloo processes and 1,
 with the config's sync_batchnorm, accumulate_grad_batches (a GradientAccumulationScheduler's largest),
-gradient_clip_val and seed (in float32, whatever the config's precision), and prints
-check | holds? | measured | what to change. Exit status 0 when every check holds (warnings are printed,
-not failures), 1 when one does not, or when a rank failed before any check (its last output is printed).
+gradient_clip_val, a strategy that finds unused parameters and seed (in float32, whatever the config's
+precision), and prints check | holds? | measured | what to change. Exit status 0 when every check holds
+(warnings are printed, not failures), 1 when one does not, or when a rank failed before any check (its
+last output is printed).
 ``--batch-size`` is the per-device batch of the check runs (default: the config's, at most 8, or 4 for
 images over 64 px, which keeps ResNet-50 at 224 px within about two minutes on 2 cores: the checks need a
 few steps, not a full batch); the BatchNorm warning judges that batch (its gradient figure is measured

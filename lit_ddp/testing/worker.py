@@ -207,10 +207,11 @@ def run(job: Job) -> None:
         )
     if kwargs.get("sync_batchnorm"):
         kwargs["plugins"] = with_sync_batchnorm()  # lit_ddp's: works on CPU/gloo (runtime/sync_batchnorm.py)
+    ddp = "ddp_find_unused_parameters_true" if kwargs.pop("find_unused_parameters", False) else "ddp"
     trainer = Trainer(
         accelerator="cpu",
         devices=job.world_size,
-        strategy="ddp" if job.world_size > 1 else "auto",
+        strategy=ddp if job.world_size > 1 else "auto",
         max_steps=job.max_steps,
         limit_val_batches=0 if job.stage == "fit" else None,  # the validate jobs measure the metrics
         num_sanity_val_steps=0,
