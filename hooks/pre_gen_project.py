@@ -12,7 +12,9 @@ if (SOURCE / "lit_ddp").is_dir():
 
 from lit_ddp.scaffold.template import validate  # noqa: E402
 
-problems = validate(CONTEXT)
+# An installed project of this template under this name is what cruft diff and update generate again
+# (`lit_ddp new` refuses the name before this hook runs).
+problems = validate(CONTEXT, own_project_ok=True)
 if problems:
     print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
     sys.exit(1)

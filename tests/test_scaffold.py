@@ -628,17 +628,20 @@ def generated_at_template_commit_a(tmp_path: Path) -> tuple[str, Path, Path, Pat
 @pytest.mark.timeout(300)
 def test_cruft_update_brings_a_template_change_and_keeps_the_users(tmp_path: Path) -> None:
     """Generate at template commit A, change the project, change the template at commit B: `cruft check`
-    says the project is behind, and `cruft update` applies B's change without losing the user's."""
+    says the project is behind, and `cruft update` applies B's change without losing the user's. The project
+    is importable, as after its README's `pip install -e .`: the template's hook refused to generate it
+    again ("package_name 'proj' would shadow the installed module proj"), and cruft diff and update failed."""
     cruft, template_repo, project, net = generated_at_template_commit_a(tmp_path)
     gitignore = template_repo / "{{cookiecutter.project_slug}}" / ".gitignore"
     gitignore.write_text(gitignore.read_text() + "/checkpoints/\n")
     git("commit", "-q", "-am", "B: ignore checkpoints/", cwd=template_repo)
+    installed = {"PYTHONPATH": os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))}
 
     # cruft diff: the project against its recorded template commit, i.e. the user's own changes.
-    diff = run([cruft, "diff"], cwd=project)
+    diff = run([cruft, "diff"], cwd=project, **installed)
     assert diff.returncode == 0 and "widened by the user" in diff.stdout, diff.stdout + diff.stderr
     assert run([cruft, "check"], cwd=project).returncode != 0  # B is newer than the recorded A
-    update = run([cruft, "update", "-y"], cwd=project)
+    update = run([cruft, "update", "-y"], cwd=project, **installed)
     assert update.returncode == 0, update.stdout + update.stderr
     assert (project / ".gitignore").read_text().endswith("/checkpoints/\n")
     assert "widened by the user" in net.read_text()

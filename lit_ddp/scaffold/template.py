@@ -50,16 +50,30 @@ PROJECT_FOLDERS = frozenset(
 JINJA_SYNTAX = re.compile(r"\{\{|\{%|\{#")
 
 
-def _shadowed(package: str) -> str | None:
-    """What a top-level package of this name would hide: a standard library or installed module."""
+def _shadowed(package: str, own_project_ok: bool = False) -> str | None:
+    """What a top-level package of this name would hide: a standard library or installed module.
+    ``own_project_ok``: a project generated under this name and installed (``pip install -e .``) is no
+    clash, as ``cruft diff`` and ``cruft update`` generate that project again."""
     if package in sys.stdlib_module_names:
         return f"the standard library module {package}"
     spec = importlib.util.find_spec(package)
     # Any plain directory on sys.path (in the cwd, say) is a namespace package to find_spec, with no
     # origin: only a real module or package counts as installed.
-    if spec is not None and spec.origin is not None:
-        return f"the installed module {package} ({spec.origin})"
-    return None
+    if spec is None or spec.origin is None:
+        return None
+    if own_project_ok and _generated_as(Path(spec.origin), package):
+        return None
+    return f"the installed module {package} ({spec.origin})"
+
+
+def _generated_as(origin: Path, package: str) -> bool:
+    """Whether the package at ``origin`` (its ``__init__.py``) is that of a project generated under this
+    package name: the ``.cruft.json`` beside its folder records the answer."""
+    try:
+        answers = json.loads((origin.parent.parent / ".cruft.json").read_text())["context"]["cookiecutter"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(answers, dict) and answers.get("package_name") == package
 
 
 def jinja_in(key: str, value: object) -> str | None:
@@ -72,8 +86,9 @@ def jinja_in(key: str, value: object) -> str | None:
     return None
 
 
-def validate(context: dict) -> list[str]:
-    """Problems with the user's answers, as one-sentence messages (empty when all is well)."""
+def validate(context: dict, own_project_ok: bool = False) -> list[str]:
+    """Problems with the user's answers, as one-sentence messages (empty when all is well).
+    ``own_project_ok``: the template's hook, which cruft runs to generate an existing project again."""
     problems = []
     package = context.get("package_name", "")
     if keyword.iskeyword(package):  # an identifier, so the advice below would name nothing to change
@@ -91,7 +106,7 @@ def validate(context: dict) -> list[str]:
             f"package_name {package!r} is the name of the project's {package}/ folder: pass another name,"
             f" e.g. package_name={package}_classifier"
         )
-    elif clash := _shadowed(package):
+    elif clash := _shadowed(package, own_project_ok):
         problems.append(
             f"package_name {package!r} would shadow {clash}: pass another name,"
             f" e.g. package_name={package}_classifier"
